@@ -1,0 +1,33 @@
+# Two set-up commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: demo test bench serve lint clean venv
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.base: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[test,spark,bench]'
+	touch $@ $(VENV)/.base
+
+demo: $(VENV)/.base
+	$(VENV)/bin/fencemq demo
+
+test: $(VENV)/.test
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.test
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+serve: $(VENV)/.base
+	$(VENV)/bin/fencemq serve
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

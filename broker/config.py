@@ -1,0 +1,45 @@
+"""Broker configuration: defaults, limits, and the environment overrides."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class Config:
+    redis_url: str | None = None  # None: start an embedded server
+    prefix: str = "fmq"
+    host: str = "127.0.0.1"
+    port: int = 7379
+    password: str | None = None  # clients must AUTH with it when set
+    metrics_port: int | None = None
+
+    default_lock_ms: int = 30_000
+    max_lock_ms: int = 300_000
+    max_failures: int = 16  # NACKs before a message is dead-lettered (0 = never)
+    retention_maxlen: int = 1_000_000  # messages kept per queue (0 = unbounded)
+    retention_maxage_ms: int = 7 * 24 * 3600 * 1000
+    dedup_window_ms: int = 120_000
+    mailbox_capacity: int = 1024
+
+    session_lease_ms: int = 10_000  # a detached or orphaned session ends after this
+    sweep_interval_ms: int = 100  # leases come back within this (+ script time) of their deadline
+    sweep_batch: int = 1000
+
+    max_payload: int = 1024 * 1024
+    max_batch: int = 1000  # messages per MPUB, tags per ACK, COUNT per PULL
+    max_args: int = 4096  # arguments in one command
+    max_block_ms: int = 300_000
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "Config":
+        """FENCEMQ_<FIELD> environment variables, then explicit overrides."""
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = os.environ.get("FENCEMQ_" + f.name.upper())
+            if raw is None:
+                continue
+            values[f.name] = raw if f.type in ("str", "str | None") else int(raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)

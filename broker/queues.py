@@ -1,0 +1,304 @@
+"""The core operations as an async API: publish, subscribe, pull, settle, seek.
+
+Each operation validates its input, names the keys through the keyspace and
+runs exactly one fence (one atomic Lua call) on the queue's slot. The global
+lease schedule lives in another slot, so it is updated after the fence with
+ZADD LT; a schedule entry that is too early only costs an empty sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+
+from broker.config import Config
+from broker.errors import BadArgument, LimitExceeded
+from broker.keyspace import Handle, Keyspace, QueueRef, check_name, check_topic
+from broker.messages import Delivery, pack_body, unpack_delivery
+from broker.scripts import Fences
+
+MODES = ("exclusive", "shared", "single-active")
+POLICIES = ("preempt", "reject")
+FROM_KINDS = ("earliest", "latest", "id", "time")
+
+
+@dataclass(slots=True)
+class Subscription:
+    handle: str
+    mode: str
+    epoch: int
+    owner: str
+    evicted: str | None
+    returned: int
+    cursor: int
+    qos: int = 1
+
+    def as_reply(self) -> dict[str, object]:
+        reply: dict[str, object] = {"handle": self.handle, "mode": self.mode, "epoch": self.epoch, "qos": self.qos}
+        if self.owner:
+            reply["owner"] = self.owner
+        return reply
+
+
+@dataclass(slots=True)
+class PullResult:
+    epoch: int
+    status: str  # ok | evicted | suspected | standby | ended
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SweepResult:
+    next_due: int
+    returned: int
+    timeouts: list[tuple[str, str, list[str], str]]  # group, member, tags, new active member
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Queues:
+    """Core operations over one Redis connection pool."""
+
+    def __init__(self, redis: Redis, config: Config) -> None:
+        self.redis = redis
+        self.config = config
+        self.keys = Keyspace(config.prefix)
+        self.fences = Fences(redis)
+        self._topic_kinds: dict[str, str] = {}
+
+    # -- topics -----------------------------------------------------------------
+
+    async def _check_topic_kind(self, topic: str, lite: bool) -> None:
+        """A topic is lite or plain for good; using it the other way is BADARG."""
+        want = "lite" if lite else "plain"
+        kind = self._topic_kinds.get(topic)
+        if kind is None:
+            key = self.keys.topic(topic)
+            await self.redis.hsetnx(key, "kind", want)
+            kind = _text(await self.redis.hget(key, "kind"))
+            self._topic_kinds[topic] = kind
+        if kind != want:
+            how = "with LMQ name" if kind == "lite" else "without LMQ"
+            raise BadArgument(f"topic {topic!r} is a {kind} topic; use it {how}")
+
+    def _queue(self, topic: str, lmq: str | None) -> QueueRef:
+        check_topic(topic)
+        if lmq is not None:
+            check_name(lmq, "lmq")
+        return QueueRef(topic, lmq)
+
+    # -- publish ----------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        payloads: list[bytes],
+        *,
+        lmq: str | None = None,
+        qos: int = 1,
+        dedup_ids: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        producer: str | None = None,
+    ) -> list[str]:
+        ref = self._queue(topic, lmq)
+        if not payloads:
+            raise BadArgument("nothing to publish; give at least one payload")
+        if len(payloads) > self.config.max_batch:
+            raise LimitExceeded(f"batch of {len(payloads)} exceeds {self.config.max_batch} messages; split it")
+        if qos not in (0, 1):
+            raise BadArgument("QOS must be 0 or 1")
+        for p in payloads:
+            if len(p) > self.config.max_payload:
+                raise LimitExceeded(f"payload of {len(p)} bytes exceeds {self.config.max_payload}; split it")
+        await self._check_topic_kind(topic, lmq is not None)
+        k = self.keys.queue(ref)
+        args: list[Any] = [
+            self.config.retention_maxlen,
+            self.config.retention_maxage_ms,
+            self.config.dedup_window_ms,
+            len(payloads),
+        ]
+        dedup_ids = dedup_ids or [""] * len(payloads)
+        for payload, dedup in zip(payloads, dedup_ids, strict=True):
+            args.append(pack_body(payload, headers, qos, producer))
+            args.append(dedup)
+        ids = await self.fences.call("publish", [k.meta, k.log, k.dedup, k.dedup_ids, k.wake], args)
+        return [_text(i) for i in ids]
+
+    # -- subscribe ---------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        client: str,
+        topic: str,
+        *,
+        lmq: str | None = None,
+        group: str | None = None,
+        mode: str | None = None,
+        policy: str | None = None,
+        start: tuple[str, int | None] = ("earliest", None),
+        lock_ms: int | None = None,
+        epoch: int | None = None,
+        max_messages: int | None = None,
+        capacity: int | None = None,
+        qos: int = 1,
+        on_preempt: str | None = None,
+    ) -> Subscription:
+        ref = self._queue(topic, lmq)
+        check_name(client, "client")
+        if group is not None:
+            check_name(group, "group")
+        else:
+            # Lite queues are held per group; without GROUP a plain topic
+            # subscription is the client's own.
+            group = "default" if lmq is not None else "~" + client
+        if mode is not None and mode not in MODES:
+            raise BadArgument(f"MODE must be one of {', '.join(MODES)}")
+        if policy is not None and policy not in POLICIES:
+            raise BadArgument("POLICY must be preempt or reject")
+        if start[0] not in FROM_KINDS:
+            raise BadArgument("FROM takes earliest, latest, ID id or TIME ms")
+        if lock_ms is not None and not 0 < lock_ms <= self.config.max_lock_ms:
+            raise BadArgument(f"LOCK must be between 1 and {self.config.max_lock_ms} ms")
+        if max_messages is not None and max_messages < 0:
+            raise BadArgument("MAX must be 0 or more")
+        if capacity is not None and not 0 < capacity <= 1_000_000:
+            raise BadArgument("CAPACITY must be between 1 and 1000000")
+        if qos not in (0, 1):
+            raise BadArgument("QOS must be 0 or 1")
+        if on_preempt is not None and on_preempt not in ("keep", "earliest", "latest"):
+            raise BadArgument("ON-PREEMPT must be keep, earliest or latest")
+        await self._check_topic_kind(topic, lmq is not None)
+        # Without GROUP the subscription is the client's own: exclusive to it.
+        default_mode = "exclusive" if (lmq is not None or group.startswith("~")) else "shared"
+        k = self.keys.queue(ref)
+
+        def opt(v: object) -> object:
+            return "" if v is None else v
+
+        res = await self.fences.call(
+            "subscribe",
+            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake],
+            [
+                group, client, opt(mode), default_mode, opt(policy), start[0], opt(start[1]), opt(lock_ms),
+                opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt),
+            ],
+        )
+        handle = Handle(ref, group, client).encode()
+        await self.redis.sadd(self.keys.session_handles(client), handle)
+        evicted = _text(res[3]) or None
+        return Subscription(handle, _text(res[0]), int(res[1]), _text(res[2]), evicted, int(res[4]), int(res[5]), qos)
+
+    # -- pull and settle ----------------------------------------------------------
+
+    async def pull(self, handle: Handle, count: int = 1) -> PullResult:
+        if not 0 < count <= self.config.max_batch:
+            raise BadArgument(f"COUNT must be between 1 and {self.config.max_batch}")
+        k = self.keys.queue(handle.queue)
+        res = await self.fences.call(
+            "pull", k.lease_keys(), [handle.group, handle.member, count, self.config.default_lock_ms]
+        )
+        epoch, deadline, status = int(res[0]), int(res[1]), _text(res[2])
+        topic, lmq = handle.queue.topic, handle.queue.lmq
+        deliveries = [
+            unpack_delivery(topic, lmq, epoch, res[i], int(res[i + 1]), int(res[i + 2]), res[i + 3])
+            for i in range(3, len(res), 4)
+        ]
+        if deadline >= 0:
+            await self.schedule(handle.queue.qid, deadline)
+        return PullResult(epoch, status, deliveries)
+
+    def _tags(self, tags: list[str]) -> list[str]:
+        if not tags:
+            raise BadArgument("give at least one delivery tag")
+        if len(tags) > self.config.max_batch:
+            raise LimitExceeded(f"{len(tags)} tags exceed {self.config.max_batch}; settle in smaller batches")
+        return tags
+
+    async def ack(self, handle: Handle, tags: list[str]) -> int:
+        k = self.keys.queue(handle.queue)
+        return int(
+            await self.fences.call(
+                "ack", [k.meta, k.checkouts, k.deadlines, k.owned], [handle.group, handle.member, *self._tags(tags)]
+            )
+        )
+
+    async def nack(self, handle: Handle, tags: list[str], *, delay_ms: int = 0, discard: bool = False) -> int:
+        if not 0 <= delay_ms <= self.config.max_lock_ms:
+            raise BadArgument(f"DELAY must be between 0 and {self.config.max_lock_ms} ms")
+        k = self.keys.queue(handle.queue)
+        res = await self.fences.call(
+            "nack",
+            [*k.lease_keys(), k.dead, k.wake],
+            [handle.group, handle.member, delay_ms, int(discard), self.config.max_failures, *self._tags(tags)],
+        )
+        if int(res[2]) >= 0:
+            await self.schedule(handle.queue.qid, int(res[2]))
+        return int(res[0])
+
+    async def renew(self, handle: Handle, tags: list[str], *, lock_ms: int | None = None) -> int:
+        if lock_ms is not None and not 0 < lock_ms <= self.config.max_lock_ms:
+            raise BadArgument(f"LOCK must be between 1 and {self.config.max_lock_ms} ms")
+        k = self.keys.queue(handle.queue)
+        res = await self.fences.call(
+            "renew",
+            [k.meta, k.checkouts, k.deadlines],
+            [handle.group, handle.member, lock_ms or 0, self.config.default_lock_ms, *self._tags(tags)],
+        )
+        return int(res[0])
+
+    async def unsubscribe(self, handle: Handle) -> int:
+        """Leave the subscription; all checkouts go back at once. Idempotent."""
+        k = self.keys.queue(handle.queue)
+        res = await self.fences.call(
+            "unsubscribe",
+            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake],
+            [handle.group, handle.member],
+        )
+        await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
+        return int(res[0])
+
+    async def seek(self, handle: Handle, kind: str, arg: int | None = None) -> tuple[int, int, bool]:
+        """Move the group's cursor; returns (new epoch, cursor, clamped to retention)."""
+        if kind not in FROM_KINDS:
+            raise BadArgument("SEEK takes ID id, TIME ms, EARLIEST or LATEST")
+        k = self.keys.queue(handle.queue)
+        res = await self.fences.call(
+            "seek", [*k.lease_keys(), k.wake], [handle.group, kind, "" if arg is None else arg]
+        )
+        return int(res[0]), int(res[1]), bool(int(res[2]))
+
+    # -- leases -------------------------------------------------------------------
+
+    async def schedule(self, qid: str, due_ms: int) -> None:
+        await self.redis.zadd(self.keys.schedule, {qid: due_ms}, lt=True)
+
+    async def sweep(self, qid: str) -> SweepResult:
+        """Return one queue's expired leases and reschedule it."""
+        k = self.keys.queue_by_id(qid)
+        res = await self.fences.call(
+            "sweep", [*k.lease_keys(), k.wake], [self.config.sweep_batch]
+        )
+        next_due = int(res[0])
+        if next_due < 0:
+            await self.redis.zrem(self.keys.schedule, qid)
+        else:
+            await self.redis.zadd(self.keys.schedule, {qid: next_due})
+        # A checkout made between the sweep and the line above was scheduled
+        # with LT against the old (due) entry, which we just overwrote: look again.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(k.deadlines, 0, 0, withscores=True)
+            pipe.zrange(k.delayed, 0, 0, withscores=True)
+            firsts = await pipe.execute()
+        dues = [int(f[0][1]) for f in firsts if f]
+        if dues:
+            await self.schedule(qid, min(dues))
+        timeouts = [(_text(g), _text(m), [_text(t) for t in tags], _text(s)) for g, m, tags, s in res[2]]
+        return SweepResult(next_due, int(res[1]), timeouts)
+
+    async def due_queues(self, now_ms: int, limit: int = 100) -> list[str]:
+        return [_text(q) for q in await self.redis.zrangebyscore(self.keys.schedule, "-inf", now_ms, 0, limit)]

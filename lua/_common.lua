@@ -1,0 +1,145 @@
+-- _common.lua: helpers shared by the fences; included at load time by
+-- broker/scripts.py wherever a script says `--@include _common.lua`.
+-- Nothing here touches a key that the including script did not get in KEYS.
+--
+-- Encodings (see docs/data-model.md):
+--   checkout record  group NUL member NUL id NUL epoch NUL acquisitions NUL failures
+--   ready member     group NUL id(16 digits) NUL acquisitions NUL failures
+--   owned member     group NUL member NUL tag
+--   meta fields      g|<group>|<field>   m|<group>|<member>|<field>
+
+local SEP = '\0'
+local MEMBER_FIELDS = {'n', 'max', 'lock', 'sus', 'mk', 'cap', 'qos', 'on', 'seen'}
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Abort with a coded error. Callers validate before they write, so an error
+-- never leaves a half-applied change behind.
+local function raise(code, message)
+  error({err = code .. ' ' .. message})
+end
+
+local function split(s, sep)
+  local out, start = {}, 1
+  while true do
+    local i = string.find(s, sep, start, true)
+    if not i then
+      out[#out + 1] = string.sub(s, start)
+      return out
+    end
+    out[#out + 1] = string.sub(s, start, i - 1)
+    start = i + #sep
+  end
+end
+
+local function gf(g, f) return 'g|' .. g .. '|' .. f end
+local function mf(g, m, f) return 'm|' .. g .. '|' .. m .. '|' .. f end
+local function pad(id) return string.format('%016d', id) end
+
+local function int_arg(v, name)
+  local n = tonumber(v)
+  if not n or n ~= math.floor(n) then raise('BADARG', name .. ' must be an integer, got ' .. tostring(v)) end
+  return n
+end
+
+local function members_of(meta, g)
+  local list = redis.call('HGET', meta, gf(g, 'mem'))
+  if not list or list == '' then return {} end
+  return split(list, '\n')
+end
+
+local function set_members(meta, g, list)
+  if #list == 0 then redis.call('HDEL', meta, gf(g, 'mem'))
+  else redis.call('HSET', meta, gf(g, 'mem'), table.concat(list, '\n')) end
+end
+
+local function parse_checkout(tag, rec)
+  local p = split(rec, SEP)
+  return {tag = tag, group = p[1], member = p[2], id = tonumber(p[3]), epoch = tonumber(p[4]),
+          acq = tonumber(p[5]), fail = tonumber(p[6])}
+end
+
+-- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
+-- tag is not checked out any more (settled, expired, or never existed).
+local function take_checkout(K, tag)
+  local rec = redis.call('HGET', K.co, tag)
+  if not rec then return nil end
+  local c = parse_checkout(tag, rec)
+  redis.call('HDEL', K.co, tag)
+  redis.call('ZREM', K.dl, tag)
+  redis.call('ZREM', K.own, c.group .. SEP .. c.member .. SEP .. tag)
+  return c
+end
+
+local function ready_member(g, id, acq, fail)
+  return g .. SEP .. pad(id) .. SEP .. acq .. SEP .. fail
+end
+
+-- Put a returned message back where it was in id order, ahead of newer ones.
+local function requeue(K, c, fail)
+  redis.call('ZADD', K.rd, 0, ready_member(c.group, c.id, c.acq, fail))
+end
+
+-- Tags a member holds, in O(its own checkouts).
+local function member_tags(K, g, m)
+  local prefix = g .. SEP .. m .. SEP
+  local owned = redis.call('ZRANGEBYLEX', K.own, '[' .. prefix, '(' .. g .. SEP .. m .. '\1')
+  local tags = {}
+  for i, member in ipairs(owned) do tags[i] = string.sub(member, #prefix + 1) end
+  return tags
+end
+
+local function return_member_checkouts(K, g, m)
+  local tags = member_tags(K, g, m)
+  for _, tag in ipairs(tags) do
+    local c = take_checkout(K, tag)
+    if c then requeue(K, c, c.fail) end
+  end
+  return tags
+end
+
+local function promote_delayed(K, now)
+  local due = redis.call('ZRANGEBYSCORE', K.dly, '-inf', now, 'LIMIT', 0, 1000)
+  if #due > 0 then
+    for _, member in ipairs(due) do redis.call('ZADD', K.rd, 0, member) end
+    redis.call('ZREM', K.dly, unpack(due))
+  end
+  return #due
+end
+
+-- Earliest moment something in this queue is due (a lease deadline or a
+-- delayed redelivery), or -1: the worker keeps the global schedule with it.
+local function next_due(K)
+  local best = -1
+  local d = redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES')
+  if d[2] then best = tonumber(d[2]) end
+  local l = redis.call('ZRANGE', K.dly, 0, 0, 'WITHSCORES')
+  if l[2] and (best < 0 or tonumber(l[2]) < best) then best = tonumber(l[2]) end
+  return best
+end
+
+-- A consumer that settles or renews is no longer suspected. In single-active
+-- mode it takes over when the active member is gone or suspected itself, so a
+-- group whose members all timed out never deadlocks.
+local function clear_suspicion(meta, g, m)
+  redis.call('HDEL', meta, mf(g, m, 'sus'))
+end
+
+local function published_at(body)
+  return tonumber(string.match(body, '^(%d+):'))
+end
+
+-- First retained id published at or after `ms` (seq + 1 when none): a binary
+-- search over the log, since ids are assigned in publish-time order.
+local function first_at_or_after(log, first, seq, ms)
+  local lo, hi = first, seq + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local body = redis.call('HGET', log, mid)
+    if body and published_at(body) >= ms then hi = mid else lo = mid + 1 end
+  end
+  return lo
+end

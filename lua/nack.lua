@@ -1,0 +1,46 @@
+-- nack.lua: return checkouts of one member to the queue, later, or for good.
+--@include _common.lua
+--
+-- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
+-- KEYS[6] ready  KEYS[7] delayed  KEYS[8] dead letters  KEYS[9] wake channel
+-- ARGV[1] group  ARGV[2] member  ARGV[3] delay ms (0 = now)  ARGV[4] discard (1/0)
+-- ARGV[5] default max failures before dead-lettering (0 = never)  ARGV[6..] tags
+-- Returns: {returned, dead-lettered, due}: checkouts returned (or discarded),
+--   how many of them went to the dead-letter list, and when delayed ones
+--   become ready (-1 when none were delayed).
+-- A NACK counts a failure; at the limit the message goes to the dead-letter
+-- list instead of back to the queue. DISCARD drops it (no redelivery).
+-- Cost: O(tags).
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
+           dly = KEYS[7], dead = KEYS[8], wake = KEYS[9]}
+local g, m = ARGV[1], ARGV[2]
+local delay = int_arg(ARGV[3], 'DELAY')
+if delay < 0 then raise('BADARG', 'DELAY must be 0 or more milliseconds') end
+local discard = ARGV[4] == '1'
+local maxfail = tonumber(redis.call('HGET', K.meta, 'maxdel') or ARGV[5])
+local now = now_ms()
+local returned, dead, woke = 0, 0, false
+for i = 6, #ARGV do
+  local rec = redis.call('HGET', K.co, ARGV[i])
+  local c = rec and parse_checkout(ARGV[i], rec)
+  if c and c.group == g and c.member == m then
+    take_checkout(K, ARGV[i])
+    returned = returned + 1
+    if not discard then
+      local fail = c.fail + 1
+      if maxfail > 0 and fail >= maxfail then
+        local body = redis.call('HGET', K.log, c.id)
+        if body then redis.call('RPUSH', K.dead, cmsgpack.pack(c.id, g, m, c.acq, fail, now, body)) end
+        dead = dead + 1
+      elseif delay > 0 then
+        redis.call('ZADD', K.dly, now + delay, ready_member(g, c.id, c.acq, fail))
+      else
+        requeue(K, c, fail)
+        woke = true
+      end
+    end
+  end
+end
+if returned > 0 then clear_suspicion(K.meta, g, m) end
+if woke then redis.call('SPUBLISH', K.wake, 'nack') end
+return {returned, dead, (delay > 0 and not discard and returned > dead) and now + delay or -1}

@@ -1,0 +1,59 @@
+-- seek.lua: move a subscription's cursor and raise its epoch.
+--@include _common.lua
+--
+-- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
+-- KEYS[6] ready  KEYS[7] delayed  KEYS[8] wake channel
+-- ARGV[1] group  ARGV[2] target kind: id | time | earliest | latest
+-- ARGV[3] target argument (id or ms; '' for earliest/latest)
+-- Returns: {new epoch, new cursor, 1 if the target was below retention and
+--   was clamped to the oldest retained message else 0}
+-- Every checkout of the group taken under the old epoch is released (its tag
+-- goes stale: ACK/RENEW of it settle nothing) and every returned or delayed
+-- message of the group is dropped: after the seek the group reads from the
+-- new cursor only. The epoch is raised inside this one atomic call, so it
+-- only ever grows, across workers and concurrent seeks.
+-- Errors: NOTFOUND (no such subscription), BADARG (bad target).
+-- Cost: O(the group's checkouts + delayed messages of the queue + log2 n).
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
+           dly = KEYS[7], wake = KEYS[8]}
+local g, kind, arg = ARGV[1], ARGV[2], ARGV[3]
+local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'ep'), 'seq', 'first')
+if not f[1] then raise('NOTFOUND', 'no subscription ' .. g .. ' on this queue; SUB first') end
+local seq, first = tonumber(f[3] or '0'), tonumber(f[4] or '1')
+local cur, clamped
+if kind == 'earliest' then cur = first
+elseif kind == 'latest' then cur = seq + 1
+elseif kind == 'id' then
+  cur = int_arg(arg, 'SEEK ID')
+  if cur < 1 then raise('BADARG', 'SEEK ID must be a message id (1 or more)') end
+  if cur > seq + 1 then cur = seq + 1 end
+elseif kind == 'time' then
+  local ms = int_arg(arg, 'SEEK TIME')
+  cur = first_at_or_after(K.log, first, seq, ms)
+  -- below retention: the oldest retained message is newer than the target
+  if cur == first and first > 1 then
+    local body = redis.call('HGET', K.log, first)
+    clamped = body and published_at(body) > ms
+  end
+else
+  raise('BADARG', 'SEEK takes ID id, TIME ms, EARLIEST or LATEST')
+end
+if clamped == nil then clamped = cur < first end
+if cur < first then cur = first end
+
+local prefix = g .. SEP
+local owned = redis.call('ZRANGEBYLEX', K.own, '[' .. prefix, '(' .. g .. '\1')
+for _, member in ipairs(owned) do
+  take_checkout(K, split(member, SEP)[3])
+end
+redis.call('ZREMRANGEBYLEX', K.rd, '[' .. prefix, '(' .. g .. '\1')
+local stale = {}
+for _, member in ipairs(redis.call('ZRANGE', K.dly, 0, -1)) do
+  if string.sub(member, 1, #prefix) == prefix then stale[#stale + 1] = member end
+end
+if #stale > 0 then redis.call('ZREM', K.dly, unpack(stale)) end
+
+local epoch = redis.call('HINCRBY', K.meta, gf(g, 'ep'), 1)
+redis.call('HSET', K.meta, gf(g, 'cur'), cur)
+redis.call('SPUBLISH', K.wake, 'seek')
+return {epoch, cur, clamped and 1 or 0}

@@ -1,0 +1,60 @@
+-- sweep.lua: return every checkout of one queue whose lease has expired.
+--@include _common.lua
+--
+-- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
+-- KEYS[6] ready  KEYS[7] delayed  KEYS[8] wake channel
+-- ARGV[1] limit: at most this many expired checkouts per call
+-- Returns: {next due (-1 = nothing pending), returned,
+--           {{group, member, {expired tags}, new active member or ''}, ...}}
+-- Expired messages go back to the ready set in id order; a timeout counts as
+-- an acquisition, not a failure, so it never pushes a message toward the
+-- dead-letter limit. Each member that lost a lease becomes suspected. An
+-- active single-active member that times out has all its checkouts returned
+-- and the next member in arrival order that is not suspected takes over.
+-- Idempotent: several workers may sweep the same queue at once.
+-- Cost: O(expired · log n + due delayed); never a scan of live checkouts.
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
+           dly = KEYS[7], wake = KEYS[8]}
+local limit = int_arg(ARGV[1], 'limit')
+local now = now_ms()
+local moved = promote_delayed(K, now)
+local expired = redis.call('ZRANGEBYSCORE', K.dl, '-inf', now, 'LIMIT', 0, limit)
+local by_member, order = {}, {}
+for _, tag in ipairs(expired) do
+  local c = take_checkout(K, tag)
+  if c then
+    requeue(K, c, c.fail)
+    local key = c.group .. SEP .. c.member
+    if not by_member[key] then
+      by_member[key] = {c.group, c.member, {}}
+      order[#order + 1] = key
+    end
+    table.insert(by_member[key][3], tag)
+  else
+    redis.call('ZREM', K.dl, tag)
+  end
+end
+
+local notices = {}
+for _, key in ipairs(order) do
+  local g, m, tags = by_member[key][1], by_member[key][2], by_member[key][3]
+  local successor = ''
+  if redis.call('HEXISTS', K.meta, mf(g, m, 'n')) == 1 then
+    redis.call('HSET', K.meta, mf(g, m, 'sus'), now)
+    local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'))
+    if f[1] == 'single-active' and f[2] == m then
+      return_member_checkouts(K, g, m)
+      for _, other in ipairs(members_of(K.meta, g)) do
+        if other ~= m and redis.call('HEXISTS', K.meta, mf(g, other, 'sus')) == 0 then
+          successor = other
+          break
+        end
+      end
+      if successor == '' then redis.call('HDEL', K.meta, gf(g, 'own'))
+      else redis.call('HSET', K.meta, gf(g, 'own'), successor) end
+    end
+  end
+  notices[#notices + 1] = {g, m, tags, successor}
+end
+if #expired > 0 or moved > 0 then redis.call('SPUBLISH', K.wake, 'sweep') end
+return {next_due(K), #expired, notices}

@@ -1,0 +1,38 @@
+-- unsubscribe.lua: a member leaves its subscription (cancel or session end).
+--@include _common.lua
+--
+-- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
+-- KEYS[6] ready  KEYS[7] wake channel
+-- ARGV[1] group  ARGV[2] member
+-- Returns: {checkouts returned, owner after (or '')}. Idempotent: leaving
+--   twice returns {0, owner}.
+-- All the member's checkouts go back to the queue at once, its marker and
+-- state are removed (no marker outlives its member), and an exclusive or
+-- single-active group hands ownership to the next member in arrival order.
+-- The group itself, with its cursor and epoch, stays: it is durable.
+-- Cost: O(the member's checkouts + members of the group).
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7]}
+local g, m = ARGV[1], ARGV[2]
+local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'), mf(g, m, 'n'))
+local mode, owner = f[1], f[2]
+if not f[3] then return {0, owner or ''} end
+
+local returned = #return_member_checkouts(K, g, m)
+for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
+local rest = {}
+for _, other in ipairs(members_of(K.meta, g)) do
+  if other ~= m then rest[#rest + 1] = other end
+end
+set_members(K.meta, g, rest)
+
+if owner == m then
+  owner = nil
+  if mode == 'single-active' then
+    for _, other in ipairs(rest) do
+      if redis.call('HEXISTS', K.meta, mf(g, other, 'sus')) == 0 then owner = other; break end
+    end
+  end
+  if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) else redis.call('HDEL', K.meta, gf(g, 'own')) end
+end
+if returned > 0 then redis.call('SPUBLISH', K.wake, 'leave') end
+return {returned, owner or ''}
