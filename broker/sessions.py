@@ -1,0 +1,100 @@
+"""Client sessions: one client id, one live connection, a lease in Redis.
+
+``HELLO … SETNAME id`` binds a session to a connection; the same id binding
+again takes the session over and the older connection is told to close.
+Connected sessions are kept alive by their worker; a dropped connection stops
+the refresh, so the session ends when its lease runs out — found by any
+worker's sweeper, which makes a dead worker's sessions someone else's job. A
+session that ends leaves every subscription it held: all its checkouts go
+back to their queues and its markers are removed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+from redis.asyncio import Redis
+
+from broker.keyspace import Handle, Keyspace
+from broker.queues import Queues
+
+MAX_QUEUED_NOTICES = 1000
+
+
+class RedisClock:
+    """Milliseconds on Redis's clock, so every worker's leases agree."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self.offset_ms = 0.0
+        self.synced_at = -1e9
+
+    async def now_ms(self) -> int:
+        local = time.time() * 1000
+        if local - self.synced_at > 5000:
+            seconds, micros = await self.redis.time()
+            self.offset_ms = seconds * 1000 + micros / 1000 - local
+            self.synced_at = local
+        return int(local + self.offset_ms)
+
+
+class Sessions:
+    def __init__(self, redis: Redis, keys: Keyspace, queues: Queues, clock: RedisClock, lease_ms: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.queues = queues
+        self.clock = clock
+        self.lease_ms = lease_ms
+
+    async def bind(self, client: str, connection: str, worker: str) -> None:
+        now = await self.clock.now_ms()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self.keys.session(client), mapping={"conn": connection, "worker": worker, "since": now})
+            pipe.zadd(self.keys.sessions, {client: now + self.lease_ms})
+            pipe.publish(self.keys.session_channel(client), msgpack.packb({"type": "takeover", "conn": connection}))
+            await pipe.execute()
+
+    async def keep_alive(self, clients: list[str]) -> None:
+        if clients:
+            deadline = await self.clock.now_ms() + self.lease_ms
+            await self.redis.zadd(self.keys.sessions, {c: deadline for c in clients}, xx=True)
+
+    async def end(self, client: str) -> int:
+        """End a session now: leave every subscription. Returns checkouts returned."""
+        returned = 0
+        for raw in await self.redis.smembers(self.keys.session_handles(client)):
+            returned += await self.queues.unsubscribe(Handle.decode(raw.decode()))
+        await self.redis.delete(
+            self.keys.session(client), self.keys.session_handles(client), self.keys.session_notices(client)
+        )
+        await self.redis.zrem(self.keys.sessions, client)
+        return returned
+
+    async def claim_expired(self, limit: int = 100) -> list[str]:
+        """Sessions whose lease ran out; ZREM makes exactly one worker the cleaner."""
+        now = await self.clock.now_ms()
+        expired = await self.redis.zrangebyscore(self.keys.sessions, "-inf", now, 0, limit)
+        claimed = []
+        for raw in expired:
+            if await self.redis.zrem(self.keys.sessions, raw):
+                claimed.append(raw.decode())
+        return claimed
+
+    async def notify(self, client: str, notice: dict[str, Any]) -> None:
+        """Queue a notice for the client's next HEARTBEAT and push it if connected."""
+        packed = msgpack.packb(notice)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(self.keys.session_notices(client), packed)
+            pipe.ltrim(self.keys.session_notices(client), -MAX_QUEUED_NOTICES, -1)
+            pipe.publish(self.keys.session_channel(client), packed)
+            await pipe.execute()
+
+    async def drain_notices(self, client: str) -> list[dict[str, Any]]:
+        key = self.keys.session_notices(client)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lrange(key, 0, -1)
+            pipe.delete(key)
+            raw, _ = await pipe.execute()
+        return [msgpack.unpackb(r) for r in raw]

@@ -1,0 +1,106 @@
+"""Pub/sub for one worker: queue wake-ups and per-session messages.
+
+Long-polls wait on a queue's sharded channel (SSUBSCRIBE, slot-local on
+Cluster) instead of polling. A waiter is registered before its final look at
+the queue and the subscription is confirmed before that look, so a publish can
+never fall between the look and the wait.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+import anyio
+from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+LINGER_S = 30.0
+
+
+class Waiter:
+    """Wakes its owner each time the channel fires after the last wait."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+    def fire(self) -> None:
+        self.event.set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        # No await between the wake and the new event: nothing can be missed,
+        # and the caller looks at the queue again before waiting again.
+        self.event = anyio.Event()
+
+
+class Wakeups:
+    def __init__(self, redis: Redis, control_channel: str) -> None:
+        self.pubsub = redis.pubsub(ignore_subscribe_messages=False)
+        self.control_channel = control_channel
+        self.waiters: dict[str, set[Waiter]] = defaultdict(set)
+        self.confirmed: dict[str, anyio.Event] = {}
+        self.last_used: dict[str, float] = {}
+        self.session_handlers: dict[str, Callable[[bytes], None]] = {}
+        self.ready = anyio.Event()
+
+    async def run(self) -> None:
+        await self.pubsub.subscribe(self.control_channel)
+        self.ready.set()
+        try:
+            while True:
+                msg = await self.pubsub.get_message(timeout=1.0)
+                if msg is None:
+                    await self._prune()
+                    continue
+                kind = msg["type"]
+                channel = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
+                if kind == "ssubscribe" and channel in self.confirmed:
+                    self.confirmed[channel].set()
+                elif kind == "smessage":
+                    for waiter in self.waiters.get(channel, ()):
+                        waiter.fire()
+                elif kind == "message" and channel in self.session_handlers:
+                    self.session_handlers[channel](msg["data"])
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.pubsub.aclose()
+
+    async def _prune(self) -> None:
+        now = anyio.current_time()
+        idle = [c for c, t in self.last_used.items() if not self.waiters.get(c) and now - t > LINGER_S]
+        for channel in idle:
+            del self.last_used[channel]
+            self.confirmed.pop(channel, None)
+            self.waiters.pop(channel, None)
+        if idle:
+            await self.pubsub.sunsubscribe(*idle)
+
+    @asynccontextmanager
+    async def watching(self, channel: str) -> AsyncIterator[Waiter]:
+        """A waiter woken whenever the channel fires; subscribed on entry."""
+        await self.ready.wait()
+        waiter = Waiter()
+        self.waiters[channel].add(waiter)
+        self.last_used[channel] = anyio.current_time()
+        try:
+            if channel not in self.confirmed:
+                self.confirmed[channel] = anyio.Event()
+                await self.pubsub.ssubscribe(channel)
+            await self.confirmed[channel].wait()
+            yield waiter
+        finally:
+            self.waiters[channel].discard(waiter)
+            self.last_used[channel] = anyio.current_time()
+
+    async def follow_session(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        await self.ready.wait()
+        self.session_handlers[channel] = handler
+        await self.pubsub.subscribe(channel)
+
+    async def unfollow_session(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        if self.session_handlers.get(channel) is handler:
+            del self.session_handlers[channel]
+            await self.pubsub.unsubscribe(channel)

@@ -1,0 +1,429 @@
+"""The worker: a thin anyio TCP server in front of the fences.
+
+It speaks RESP2 and RESP3 (codec in broker.resp, command table in
+broker.commands, both free of I/O), keeps no state that matters — everything
+lives in Redis — and may die at any instant. Pipelined PUBs to one queue are
+run as one fence call. SIGTERM drains: stop accepting, finish the commands in
+hand, close connections (sessions stay, to be resumed on another worker).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+import anyio
+import msgpack
+from anyio.abc import SocketAttribute, SocketStream
+from redis.asyncio import Redis
+
+from broker import __version__, metrics
+from broker.commands import Request, parse
+from broker.config import Config
+from broker.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, NoPermission
+from broker.keyspace import Handle, check_name
+from broker.queues import Queues
+from broker.resp import ErrorReply, Push, RequestError, RequestParser, SimpleString, encode_many
+from broker.sessions import RedisClock, Sessions
+from broker.sweeper import Sweeper
+from broker.wakeups import Wakeups
+
+log = logging.getLogger(__name__)
+OK = SimpleString("OK")
+
+
+class Worker:
+    def __init__(self, config: Config) -> None:
+        if not config.redis_url:
+            raise BadArgument("a worker needs redis_url (fencemq serve starts an embedded Redis when none is given)")
+        self.config = config
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.port: int | None = None
+        self.connections: dict[str, "ClientConnection"] = {}  # by connection token
+        self._numbers = itertools.count(1)
+        self._draining = anyio.Event()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        redis = Redis.from_url(self.config.redis_url, max_connections=256)
+        try:
+            self.redis = redis
+            self.queues = Queues(redis, self.config)
+            self.keys = self.queues.keys
+            self.clock = RedisClock(redis)
+            self.sessions = Sessions(redis, self.keys, self.queues, self.clock, self.config.session_lease_ms)
+            self.wakeups = Wakeups(redis, f"{self.config.prefix}:worker:{self.id}")
+            sweeper = Sweeper(self.queues, self.sessions, self.config.sweep_interval_ms)
+            listener = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
+            self.port = listener.extra(SocketAttribute.local_port)
+            async with anyio.create_task_group() as services:
+                services.start_soon(self.wakeups.run)
+                services.start_soon(sweeper.run)
+                services.start_soon(self._keep_alive)
+                async with anyio.create_task_group() as conns:
+                    accepting = anyio.CancelScope()
+                    conns.start_soon(self._accept, listener, conns, accepting)
+                    task_status.started(self.port)
+                    await self._draining.wait()
+                    accepting.cancel()
+                    for conn in list(self.connections.values()):
+                        conn.closing = True
+                        if conn.idle:  # waiting for a request: nothing in hand to finish
+                            conn.scope.cancel()
+                services.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await redis.aclose()
+
+    async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
+        with scope:
+            await listener.serve(self._serve_connection, task_group=conns)
+
+    def drain(self) -> None:
+        """Stop accepting; connections finish what they hold and close."""
+        self._draining.set()
+
+    async def _serve_connection(self, stream: SocketStream) -> None:
+        conn = ClientConnection(self, stream, f"{self.id}:{next(self._numbers)}")
+        self.connections[conn.token] = conn
+        metrics.CONNECTIONS.inc()
+        try:
+            await conn.run()
+        finally:
+            del self.connections[conn.token]
+            metrics.CONNECTIONS.dec()
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    async def _keep_alive(self) -> None:
+        """Refresh the leases of sessions connected here, and this worker's own."""
+        while True:
+            clients = [c.client_id for c in self.connections.values() if c.client_id and c.bound]
+            try:
+                await self.sessions.keep_alive(clients)
+                now = await self.clock.now_ms()
+                await self.redis.zadd(self.keys.workers, {self.id: now + self.config.session_lease_ms})
+            except (OSError, ConnectionError) as exc:
+                log.warning("could not refresh session leases: %s", exc)
+            await anyio.sleep(self.config.session_lease_ms / 3000)
+
+
+class ClientConnection:
+    def __init__(self, worker: Worker, stream: SocketStream, token: str) -> None:
+        self.worker = worker
+        self.config = worker.config
+        self.stream = stream
+        self.token = token
+        self.proto = 2
+        self.client_id: str | None = None
+        self.bound = False  # this connection holds its session
+        self.anonymous = True
+        self.authed = worker.config.password is None
+        self.closing = False
+        self.idle = True
+        self.scope = anyio.CancelScope()
+        self.send_lock = anyio.Lock()
+        # The parser's limits only guard memory (the connection is closed past
+        # them); payload and batch limits are checked per command, so a client
+        # that sends one oversize payload gets LIMIT and keeps its connection.
+        self.parser = RequestParser(max_bulk=max(64 << 20, 2 * self.config.max_payload), max_args=1_000_000)
+
+    # -- I/O loop ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        push_in, push_out = anyio.create_memory_object_stream[Push](64)
+        self._pushes = push_in
+        with self.scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._send_pushes, push_out)
+                await self._serve_requests()
+                tg.cancel_scope.cancel()
+
+    async def _send_pushes(self, pushes: Any) -> None:
+        async with pushes:
+            async for push in pushes:
+                await self.send(encode_many([push], 3))
+
+    async def _serve_requests(self) -> None:
+        while not self.closing:
+            try:
+                data = await self.stream.receive(65536)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            self.idle = False
+            self.parser.feed(data)
+            commands: list[list[bytes]] = []
+            fatal: RequestError | None = None
+            try:
+                while (cmd := self.parser.gets()) is not None:
+                    commands.append(cmd)
+            except RequestError as exc:
+                fatal = exc
+            replies = await self.execute(commands) if commands else []
+            if fatal is not None:
+                replies.append(ErrorReply(fatal.message))
+                self.closing = True
+            if replies:
+                await self.send(encode_many(replies, self.proto))
+            self.idle = True
+
+    async def send(self, data: bytes) -> None:
+        async with self.send_lock:
+            try:
+                await self.stream.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self.closing = True
+
+    async def close(self) -> None:
+        if self.client_id is not None:
+            channel = self.worker.keys.session_channel(self.client_id)
+            try:
+                await self.worker.wakeups.unfollow_session(channel, self._on_session_message)
+                # A named session outlives its connection until its lease runs
+                # out (the worker stops refreshing it now); an anonymous one ends.
+                if self.bound and (self.anonymous or self.quit):
+                    await self.worker.sessions.end(self.client_id)
+            except (OSError, ConnectionError) as exc:
+                log.warning("cleanup of %s failed, its lease will expire: %s", self.client_id, exc)
+        await self.stream.aclose()
+
+    quit = False
+
+    # -- dispatch ------------------------------------------------------------------
+
+    async def execute(self, commands: list[list[bytes]]) -> list[Any]:
+        requests: list[Request | FenceMQError] = []
+        for args in commands:
+            try:
+                requests.append(parse(args))
+            except FenceMQError as exc:
+                requests.append(exc)
+        replies: list[Any] = []
+        i = 0
+        while i < len(requests):
+            req = requests[i]
+            if isinstance(req, FenceMQError):
+                replies.append(self._error(req))
+                i += 1
+                continue
+            key = req.batch_key() if self.authed else None
+            j = i + 1
+            if key is not None:
+                while j < len(requests) and isinstance(requests[j], Request) and requests[j].batch_key() == key:
+                    j += 1
+            try:
+                if j - i > 1:
+                    replies.extend(await self._publish_batch(requests[i:j]))  # type: ignore[arg-type]
+                else:
+                    replies.append(await self.dispatch(req))
+            except FenceMQError as exc:
+                replies.extend([self._error(exc)] * (j - i))
+            i = j
+            if self.quit:
+                break
+        return replies
+
+    def _error(self, exc: FenceMQError) -> ErrorReply:
+        metrics.ERRORS.labels(exc.code).inc()
+        return ErrorReply(exc.resp())
+
+    async def dispatch(self, req: Request) -> Any:
+        if len(req.args.get("payloads", ())) > self.config.max_batch or len(req.args.get("tags", ())) > self.config.max_batch:
+            raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
+        metrics.COMMANDS.labels(req.verb).inc()
+        if not self.authed and req.verb not in ("HELLO", "AUTH", "PING", "QUIT"):
+            raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
+        handler = getattr(self, "cmd_" + req.verb.lower())
+        return await handler(**req.args)
+
+    def _handle(self, text: str) -> Handle:
+        handle = Handle.decode(text)
+        if handle.member != self.client_id:
+            raise NoPermission("this handle belongs to another client; use the handle your own SUB returned")
+        return handle
+
+    async def _ensure_session(self) -> str:
+        if self.client_id is None:
+            await self._bind("anon-" + self.token.replace(":", "-"), anonymous=True)
+        assert self.client_id is not None
+        return self.client_id
+
+    async def _bind(self, client_id: str, anonymous: bool) -> None:
+        check_name(client_id, "client")
+        if self.client_id is not None and self.client_id != client_id:
+            raise BadArgument("this connection already has a client id; open a new connection for another")
+        self.client_id, self.anonymous = client_id, anonymous
+        await self.worker.wakeups.follow_session(self.worker.keys.session_channel(client_id), self._on_session_message)
+        await self.worker.sessions.bind(client_id, self.token, self.worker.id)
+        self.bound = True
+
+    def _on_session_message(self, data: bytes) -> None:
+        notice = msgpack.unpackb(data)
+        if notice.get("type") == "takeover":
+            if notice.get("conn") != self.token:
+                # The same client id connected elsewhere: that connection owns the session now.
+                self.bound = False
+                self.closing = True
+                self.scope.cancel()
+            return
+        if self.proto == 3 and not self.closing:
+            try:
+                self._pushes.send_nowait(Push(["notice", notice]))
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # never block the pub/sub reader; the notice stays queued for HEARTBEAT
+
+    # -- verbs ---------------------------------------------------------------------
+
+    async def cmd_hello(self, proto: int | None = None, username: str | None = None,
+                        password: str | None = None, client_id: str | None = None) -> Any:
+        if password is not None:
+            await self.cmd_auth(argv=[password.encode()])
+        if not self.authed:
+            raise NoAuth("HELLO must carry AUTH user password on this server")
+        if proto is not None:
+            self.proto = proto
+        if client_id is not None and client_id != self.client_id:
+            await self._bind(client_id, anonymous=False)
+        return {
+            "server": "fencemq", "version": __version__, "proto": self.proto,
+            "id": self.client_id or "", "worker": self.worker.id, "mode": "standalone", "role": "master",
+            "modules": [],
+        }
+
+    async def cmd_auth(self, argv: list[bytes]) -> Any:
+        expected = self.config.password
+        if expected is None:
+            raise FenceMQError("AUTH called without any password configured for this worker")
+        if argv[-1].decode("utf-8", "replace") != expected:
+            raise FenceMQError("WRONGPASS invalid username-password pair or user is disabled.")
+        self.authed = True
+        return OK
+
+    async def cmd_ping(self, argv: list[bytes]) -> Any:
+        return argv[0] if argv else SimpleString("PONG")
+
+    async def cmd_quit(self, argv: list[bytes]) -> Any:
+        self.quit = True
+        self.closing = True
+        return OK
+
+    async def cmd_select(self, argv: list[bytes]) -> Any:
+        if argv[0] != b"0":
+            raise BadArgument("FenceMQ has a single database; SELECT 0")
+        return OK
+
+    async def cmd_command(self, argv: list[bytes]) -> Any:
+        return []  # redis-cli asks for COMMAND DOCS; an empty table keeps it happy
+
+    async def cmd_client(self, argv: list[bytes]) -> Any:
+        sub = argv[0].decode("utf-8", "replace").upper()
+        if sub == "SETNAME" and len(argv) == 2:
+            await self._bind(argv[1].decode("utf-8", "replace"), anonymous=False)
+            return OK
+        if sub == "GETNAME":
+            return self.client_id
+        if sub == "ID":
+            return int(self.token.rsplit(":", 1)[1])
+        if sub == "SETINFO":
+            return OK
+        raise BadArgument("CLIENT takes SETNAME id, GETNAME, ID or SETINFO")
+
+    async def cmd_pub(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
+                      retain: bool = False, dedup_ids: list[str] | None = None,
+                      headers: dict[str, str] | None = None) -> Any:
+        if retain:
+            raise BadArgument("RETAIN is not supported yet on this version; publish without it")
+        ids = await self.worker.queues.publish(
+            topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=self.client_id
+        )
+        metrics.PUBLISHED.inc(len(ids))
+        return ids[0]
+
+    async def cmd_mpub(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1) -> Any:
+        ids = await self.worker.queues.publish(topic, payloads, lmq=lmq, qos=qos, producer=self.client_id)
+        metrics.PUBLISHED.inc(len(ids))
+        return ids
+
+    async def _publish_batch(self, reqs: list[Request]) -> list[Any]:
+        """Pipelined PUB/MPUB to one queue: one fence call, ids handed back per command."""
+        first = reqs[0].args
+        payloads = [p for r in reqs for p in r.args["payloads"]]
+        ids: list[str] = []
+        for start in range(0, len(payloads), self.config.max_batch):
+            ids += await self.worker.queues.publish(
+                first["topic"], payloads[start : start + self.config.max_batch], lmq=first.get("lmq"),
+                qos=first.get("qos", 1), producer=self.client_id,
+            )
+        metrics.PUBLISHED.inc(len(ids))
+        replies: list[Any] = []
+        for r in reqs:
+            n = len(r.args["payloads"])
+            replies.append(ids[:n] if r.verb == "MPUB" else ids[0])
+            ids = ids[n:]
+        return replies
+
+    async def cmd_sub(self, topic: str, push: bool = False, **options: Any) -> Any:
+        if push:
+            raise BadArgument("PUSH mailboxes are not available in this version; subscribe without PUSH and PULL")
+        client = await self._ensure_session()
+        sub = await self.worker.queues.subscribe(client, topic, **options)
+        if sub.evicted:
+            ref = Handle.decode(sub.handle).queue
+            notice = {"type": "unsubscribe", "reason": "preempted", "by": client, "topic": ref.topic,
+                      "handle": Handle(ref, Handle.decode(sub.handle).group, sub.evicted).encode()}
+            if ref.lmq is not None:
+                notice["lmq"] = ref.lmq
+            await self.worker.sessions.notify(sub.evicted, notice)
+        return sub.as_reply()
+
+    async def cmd_pull(self, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
+        h = self._handle(handle)
+        queues = self.worker.queues
+        result = await queues.pull(h, count)
+        if not result.deliveries and result.status == "ok" and block_ms is not None:
+            timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
+            with anyio.move_on_after(timeout):
+                async with self.worker.wakeups.watching(queues.keys.queue(h.queue).wake) as waiter:
+                    while True:
+                        result = await queues.pull(h, count)
+                        if result.deliveries or result.status != "ok":
+                            break
+                        await waiter.wait()
+        metrics.DELIVERED.inc(len(result.deliveries))
+        return [d.as_reply() for d in result.deliveries]
+
+    async def cmd_take(self, handle: str, block_ms: int | None = None) -> Any:
+        raise BadArgument("TAKE needs a PUSH subscription, which this version does not offer yet; use PULL")
+
+    async def cmd_ack(self, handle: str, tags: list[str]) -> Any:
+        n = await self.worker.queues.ack(self._handle(handle), tags)
+        metrics.ACKED.inc(n)
+        return n
+
+    async def cmd_nack(self, handle: str, tags: list[str], delay_ms: int = 0, discard: bool = False) -> Any:
+        return await self.worker.queues.nack(self._handle(handle), tags, delay_ms=delay_ms, discard=discard)
+
+    async def cmd_renew(self, handle: str, tags: list[str], lock_ms: int | None = None) -> Any:
+        n = await self.worker.queues.renew(self._handle(handle), tags, lock_ms=lock_ms)
+        metrics.RENEWALS.inc(n)
+        return n
+
+    async def cmd_seek(self, handle: str, kind: str, arg: int | None) -> Any:
+        epoch, _, _ = await self.worker.queues.seek(self._handle(handle), kind, arg)
+        return epoch
+
+    async def cmd_unsub(self, handle: str, max_messages: int | None = None) -> Any:
+        if max_messages is not None:
+            raise BadArgument("UNSUB MAX needs PUSH mailboxes, which this version does not offer yet")
+        await self.worker.queues.unsubscribe(self._handle(handle))
+        return OK
+
+    async def cmd_heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> Any:
+        if sync is not None:
+            raise BadArgument("HEARTBEAT SYNC is not available in this version yet; send HEARTBEAT alone")
+        client = await self._ensure_session()
+        return await self.worker.sessions.drain_notices(client)
+

