@@ -43,7 +43,7 @@ class Wakeups:
         self.waiters: dict[str, set[Waiter]] = defaultdict(set)
         self.confirmed: dict[str, anyio.Event] = {}
         self.last_used: dict[str, float] = {}
-        self.session_handlers: dict[str, Callable[[bytes], None]] = {}
+        self.session_handlers: dict[str, list[Callable[[bytes], None]]] = defaultdict(list)
         self.ready = anyio.Event()
 
     async def run(self) -> None:
@@ -62,8 +62,9 @@ class Wakeups:
                 elif kind == "smessage":
                     for waiter in self.waiters.get(channel, ()):
                         waiter.fire()
-                elif kind == "message" and channel in self.session_handlers:
-                    self.session_handlers[channel](msg["data"])
+                elif kind == "message":
+                    for handler in list(self.session_handlers.get(channel, ())):
+                        handler(msg["data"])
         finally:
             with anyio.CancelScope(shield=True):
                 await self.pubsub.aclose()
@@ -97,10 +98,15 @@ class Wakeups:
 
     async def follow_session(self, channel: str, handler: Callable[[bytes], None]) -> None:
         await self.ready.wait()
-        self.session_handlers[channel] = handler
+        # Two connections of one client id may overlap on this worker during a
+        # takeover: both must hear it, so the older one can close.
+        self.session_handlers[channel].append(handler)
         await self.pubsub.subscribe(channel)
 
     async def unfollow_session(self, channel: str, handler: Callable[[bytes], None]) -> None:
-        if self.session_handlers.get(channel) is handler:
-            del self.session_handlers[channel]
+        handlers = self.session_handlers.get(channel, [])
+        if handler in handlers:
+            handlers.remove(handler)
+        if not handlers:
+            self.session_handlers.pop(channel, None)
             await self.pubsub.unsubscribe(channel)

@@ -73,6 +73,7 @@ class Worker:
                         conn.closing = True
                         if conn.idle:  # waiting for a request: nothing in hand to finish
                             conn.scope.cancel()
+                    conns.start_soon(self._cut_stragglers)
                 services.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -81,6 +82,12 @@ class Worker:
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
         with scope:
             await listener.serve(self._serve_connection, task_group=conns)
+
+    async def _cut_stragglers(self, grace_s: float = 2.0) -> None:
+        """A long-poll in progress is not worth holding a shutdown for."""
+        await anyio.sleep(grace_s)
+        for conn in list(self.connections.values()):
+            conn.scope.cancel()
 
     def drain(self) -> None:
         """Stop accepting; connections finish what they hold and close."""
@@ -123,6 +130,7 @@ class ClientConnection:
         self.anonymous = True
         self.authed = worker.config.password is None
         self.closing = False
+        self.quit = False
         self.idle = True
         self.scope = anyio.CancelScope()
         self.send_lock = anyio.Lock()
@@ -189,8 +197,6 @@ class ClientConnection:
             except (OSError, ConnectionError) as exc:
                 log.warning("cleanup of %s failed, its lease will expire: %s", self.client_id, exc)
         await self.stream.aclose()
-
-    quit = False
 
     # -- dispatch ------------------------------------------------------------------
 
