@@ -81,6 +81,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import inspect
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -88,7 +89,7 @@ from typing import Any, TypeVar
 
 import redis.exceptions
 from redis._parsers import _AsyncRESP3Parser
-from redis.asyncio.connection import Connection, parse_url
+from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.exceptions import ResponseError
 
 from broker.errors import FenceMQError, from_reply
@@ -124,6 +125,12 @@ class ConnectionLost(redis.exceptions.ConnectionError, builtins.ConnectionError)
 class EndOfStream(Exception):
     """A push subscription reached its end (``TAKE`` replied ``EOS``)."""
 
+
+# redis-py >= 7.1 takes driver_info (None: no CLIENT SETINFO) and deprecates lib_name/lib_version.
+_NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None} if "driver_info" in inspect.signature(AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
 
 _PUSHED = object()  # what the parser returns for a push frame: "not a reply, read on"
 
@@ -256,8 +263,7 @@ class Client:
         self._conn = conn_class(
             **kwargs,
             protocol=protocol,
-            lib_name=None,
-            lib_version=None,
+            **_NO_SETINFO,
             socket_timeout=None,  # a reply may take as long as a BLOCK: no read timeout
             socket_connect_timeout=connect_timeout,
             parser_class=_parser_class(protocol),
@@ -805,7 +811,11 @@ class SyncClient:
         return cls(client, loop, thread)
 
     def _run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        if self._loop.is_closed():
+            getattr(coro, "close", lambda: None)()
+            raise ConnectionLost("client closed")
         if threading.current_thread() is self._thread:
+            getattr(coro, "close", lambda: None)()
             raise RuntimeError("SyncClient called from its own loop thread (e.g. in on_notice): use the async API")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
 

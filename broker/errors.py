@@ -8,6 +8,8 @@ every layer.
 
 from __future__ import annotations
 
+import re
+
 
 class FenceMQError(Exception):
     """Base class; ``code`` is the RESP error word."""
@@ -67,9 +69,13 @@ _BY_CODE: dict[str, type[FenceMQError]] = {
 }
 
 
+_SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
+
+
 def from_reply(text: str) -> FenceMQError:
     """Turn an error line (from a Lua script or a worker) into its exception."""
-    text = text.strip()
+    # Redis 7 appends where in the script the error was raised; clients need not see it.
+    text = _SCRIPT_SUFFIX.sub("", text.strip())
     # redis-py prefixes script errors with the script context on some versions
     code, _, message = text.partition(" ")
     cls = _BY_CODE.get(code)

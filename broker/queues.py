@@ -126,8 +126,20 @@ class Queues:
         for payload, dedup in zip(payloads, dedup_ids, strict=True):
             args.append(pack_body(payload, headers, qos, producer))
             args.append(dedup)
-        ids = await self.fences.call("publish", [k.meta, k.log, k.dedup, k.dedup_ids, k.wake], args)
+        ids, push_members = await self.fences.call("publish", [k.meta, k.log, k.dedup, k.dedup_ids, k.wake], args)
+        if push_members:
+            await self.dispatch(ref, [tuple(_text(line).split("\t", 1)) for line in push_members.split(b"\n")])
         return [_text(i) for i in ids]
+
+    async def dispatch(self, ref: QueueRef, members: list[tuple[str, str]]) -> list[int]:
+        """Fill these members' push mailboxes; returns how many each got."""
+        k = self.keys.queue(ref)
+        keys = [*k.lease_keys(), k.wake, *(k.mailbox(g, m) for g, m in members)]
+        return await self.fences.call("dispatch", keys, [x for pair in members for x in pair])
+
+    async def push_members(self, ref: QueueRef) -> list[tuple[str, str]]:
+        raw = await self.redis.hget(self.keys.queue(ref).meta, "push")
+        return [tuple(_text(line).split("\t", 1)) for line in raw.split(b"\n")] if raw else []
 
     # -- subscribe ---------------------------------------------------------------
 
@@ -190,6 +202,8 @@ class Queues:
         )
         handle = Handle(ref, group, client).encode()
         await self.redis.sadd(self.keys.session_handles(client), handle)
+        if capacity is not None:
+            await self.dispatch(ref, [(group, client)])
         evicted = _text(res[3]) or None
         return Subscription(handle, _text(res[0]), int(res[1]), _text(res[2]), evicted, int(res[4]), int(res[5]), qos)
 
@@ -251,16 +265,49 @@ class Queues:
         )
         return int(res[0])
 
-    async def unsubscribe(self, handle: Handle) -> int:
-        """Leave the subscription; all checkouts go back at once. Idempotent."""
+    async def unsubscribe(self, handle: Handle, *, session_over: bool = False) -> int:
+        """Leave the subscription; all checkouts go back at once. Idempotent.
+
+        A push member that cancels keeps its handle until it TAKEs the
+        end-of-stream sentinel seated here; when its session is over it goes
+        at once.
+        """
         k = self.keys.queue(handle.queue)
         res = await self.fences.call(
             "unsubscribe",
-            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake],
-            [handle.group, handle.member],
+            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.mailbox(handle.group, handle.member)],
+            [handle.group, handle.member, "leave" if session_over else "cancel"],
         )
         await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
         return int(res[0])
+
+    async def end_after(self, handle: Handle, max_messages: int) -> bool:
+        """Arm MAX: end after that many deliveries in total; True if already ended."""
+        k = self.keys.queue(handle.queue)
+        res = await self.fences.call(
+            "end_after",
+            [*k.lease_keys(), k.wake, k.mailbox(handle.group, handle.member)],
+            [handle.group, handle.member, max_messages],
+        )
+        return bool(res)
+
+    async def take(self, handle: Handle) -> Delivery | None | str:
+        """Next delivery from the member's push mailbox, None when empty, "EOS" at the end."""
+        k = self.keys.queue(handle.queue)
+        res = await self.fences.call(
+            "take",
+            [*k.lease_keys(), k.wake, k.mailbox(handle.group, handle.member)],
+            [handle.group, handle.member, self.config.default_lock_ms],
+        )
+        kind = _text(res[0])
+        if kind == "eos":
+            await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
+            return "EOS"
+        if kind == "none":
+            return None
+        epoch, deadline, tag, msg_id, acq, body = res[1:]
+        await self.schedule(handle.queue.qid, int(deadline))
+        return unpack_delivery(handle.queue.topic, handle.queue.lmq, int(epoch), tag, int(msg_id), int(acq), body)
 
     async def seek(self, handle: Handle, kind: str, arg: int | None = None) -> tuple[int, int, bool]:
         """Move the group's cursor; returns (new epoch, cursor, clamped to retention)."""

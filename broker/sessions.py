@@ -65,7 +65,7 @@ class Sessions:
         """End a session now: leave every subscription. Returns checkouts returned."""
         returned = 0
         for raw in await self.redis.smembers(self.keys.session_handles(client)):
-            returned += await self.queues.unsubscribe(Handle.decode(raw.decode()))
+            returned += await self.queues.unsubscribe(Handle.decode(raw.decode()), session_over=True)
         await self.redis.delete(
             self.keys.session(client), self.keys.session_handles(client), self.keys.session_notices(client)
         )

@@ -53,6 +53,10 @@ class Sweeper:
             result = await self.queues.sweep(qid)
             returned += result.returned
             ref = queue_ref(qid)
+            if result.returned:
+                push_members = await self.queues.push_members(ref)
+                if push_members:
+                    await self.queues.dispatch(ref, push_members)
             for group, member, tags, successor in result.timeouts:
                 metrics.LEASE_TIMEOUTS.inc(len(tags))
                 metrics.SUSPICIONS.inc()

@@ -373,7 +373,7 @@ class ClientConnection:
 
     async def cmd_sub(self, topic: str, push: bool = False, **options: Any) -> Any:
         if push:
-            raise BadArgument("PUSH mailboxes are not available in this version; subscribe without PUSH and PULL")
+            options["capacity"] = options.get("capacity") or self.config.mailbox_capacity
         client = await self._ensure_session()
         sub = await self.worker.queues.subscribe(client, topic, **options)
         if sub.evicted:
@@ -390,19 +390,41 @@ class ClientConnection:
         queues = self.worker.queues
         result = await queues.pull(h, count)
         if not result.deliveries and result.status == "ok" and block_ms is not None:
-            timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
-            with anyio.move_on_after(timeout):
-                async with self.worker.wakeups.watching(queues.keys.queue(h.queue).wake) as waiter:
-                    while True:
-                        result = await queues.pull(h, count)
-                        if result.deliveries or result.status != "ok":
-                            break
-                        await waiter.wait()
+            result = await self._long_poll(h, block_ms, lambda: queues.pull(h, count), lambda r: bool(
+                r.deliveries or r.status != "ok"))
         metrics.DELIVERED.inc(len(result.deliveries))
         return [d.as_reply() for d in result.deliveries]
 
+    async def _long_poll(self, h: Handle, block_ms: int, attempt: Any, done: Any) -> Any:
+        """Wait on the queue's wake channel, looking again after each wake-up.
+
+        The subscription is confirmed before the first look, so a publish
+        between a look and the wait is never missed; BLOCK 0 waits up to
+        max_block_ms.
+        """
+        timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
+        result = None
+        with anyio.move_on_after(timeout):
+            async with self.worker.wakeups.watching(self.worker.keys.queue(h.queue).wake) as waiter:
+                while True:
+                    result = await attempt()
+                    if done(result):
+                        break
+                    await waiter.wait()
+        return result if result is not None else await attempt()
+
     async def cmd_take(self, handle: str, block_ms: int | None = None) -> Any:
-        raise BadArgument("TAKE needs a PUSH subscription, which this version does not offer yet; use PULL")
+        h = self._handle(handle)
+        queues = self.worker.queues
+        result = await queues.take(h)
+        if result is None and block_ms is not None:
+            result = await self._long_poll(h, block_ms, lambda: queues.take(h), lambda r: r is not None)
+        if result == "EOS":
+            return SimpleString("EOS")
+        if result is None:
+            return None
+        metrics.DELIVERED.inc()
+        return result.as_reply()
 
     async def cmd_ack(self, handle: str, tags: list[str]) -> Any:
         n = await self.worker.queues.ack(self._handle(handle), tags)
@@ -423,7 +445,8 @@ class ClientConnection:
 
     async def cmd_unsub(self, handle: str, max_messages: int | None = None) -> Any:
         if max_messages is not None:
-            raise BadArgument("UNSUB MAX needs PUSH mailboxes, which this version does not offer yet")
+            await self.worker.queues.end_after(self._handle(handle), max_messages)
+            return OK
         await self.worker.queues.unsubscribe(self._handle(handle))
         return OK
 

@@ -9,7 +9,7 @@
 --   meta fields      g|<group>|<field>   m|<group>|<member>|<field>
 
 local SEP = '\0'
-local MEMBER_FIELDS = {'n', 'max', 'lock', 'sus', 'mk', 'cap', 'qos', 'on', 'seen'}
+local MEMBER_FIELDS = {'n', 'max', 'lock', 'sus', 'mk', 'cap', 'qos', 'end'}
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -142,4 +142,92 @@ local function first_at_or_after(log, first, seq, ms)
     if body and published_at(body) >= ms then hi = mid else lo = mid + 1 end
   end
   return lo
+end
+
+-- May member m of group g receive messages now, and how many at most?
+-- Returns status ('ok' or the fence that stops it), epoch, the member's
+-- state fields, and the count allowed by its MAX.
+local function delivery_gate(K, g, m, count)
+  local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'ep'), gf(g, 'own'), mf(g, m, 'n'),
+    mf(g, m, 'max'), mf(g, m, 'mk'), mf(g, m, 'sus'), mf(g, m, 'lock'), mf(g, m, 'cap'), mf(g, m, 'end'))
+  local mode, ep, owner = f[1], tonumber(f[2] or '0'), f[3]
+  if not mode or not f[4] then raise('NOTFOUND', 'not subscribed to this queue any more; SUB again for a new handle') end
+  local member = {lock = f[8], cap = f[9], ended = f[10], delivered = tonumber(f[4]), max = f[5]}
+  if f[6] then
+    -- Evicted: fenced. Whatever it still holds goes back for the new owner.
+    return_member_checkouts(K, g, m)
+    return 'evicted', ep, member, 0
+  end
+  if f[7] then return 'suspected', ep, member, 0 end
+  if f[10] then return 'ended', ep, member, 0 end
+  if mode == 'exclusive' and owner ~= m then return 'standby', ep, member, 0 end
+  if mode == 'single-active' and owner ~= m then
+    -- Take over from an active member that is gone or suspected: no deadlock.
+    if owner and redis.call('HEXISTS', K.meta, mf(g, owner, 'n')) == 1
+       and redis.call('HEXISTS', K.meta, mf(g, owner, 'sus')) == 0 then
+      return 'standby', ep, member, 0
+    end
+    redis.call('HSET', K.meta, gf(g, 'own'), m)
+  end
+  if f[5] then
+    local left = tonumber(f[5]) - member.delivered
+    if left <= 0 then return 'ended', ep, member, 0 end
+    if left < count then count = left end
+  end
+  return 'ok', ep, member, count
+end
+
+-- Check out up to `count` messages for member m: returned ones first, in id
+-- order, then new ones from the group's cursor. Each gets a fresh tag, a
+-- record and an ownership entry; a deadline only when `deadline` is given (a
+-- push mailbox starts the lease when the consumer TAKEs the message).
+-- Returns a list of {tag, id, acquisitions, body}. O(count + due delayed).
+local function check_out(K, g, m, count, ep, now, deadline)
+  promote_delayed(K, now)
+  local taken = {}
+  local returned = redis.call('ZRANGEBYLEX', K.rd, '[' .. g .. SEP, '(' .. g .. '\1', 'LIMIT', 0, count)
+  if #returned > 0 then
+    redis.call('ZREM', K.rd, unpack(returned))
+    for _, member in ipairs(returned) do
+      local p = split(member, SEP)
+      local id = tonumber(p[2])
+      local body = redis.call('HGET', K.log, id)
+      -- a body trimmed by retention while pending is skipped, not delivered
+      if body then taken[#taken + 1] = {nil, id, tonumber(p[3]) + 1, body, tonumber(p[4])} end
+    end
+  end
+  local f = redis.call('HMGET', K.meta, gf(g, 'cur'), 'seq', 'first')
+  local last, first = tonumber(f[2] or '0'), tonumber(f[3] or '1')
+  local cur = tonumber(f[1] or first)
+  if cur < first then cur = first end
+  local start = cur
+  while #taken < count and cur <= last do
+    local body = redis.call('HGET', K.log, cur)
+    if body then taken[#taken + 1] = {nil, cur, 1, body, 0} end
+    cur = cur + 1
+  end
+  if cur ~= start then redis.call('HSET', K.meta, gf(g, 'cur'), cur) end
+  if #taken == 0 then return taken end
+
+  local top = redis.call('HINCRBY', K.meta, 'tag', #taken)
+  redis.call('HINCRBY', K.meta, mf(g, m, 'n'), #taken)
+  local records, deadlines, owned = {}, {}, {}
+  for i, t in ipairs(taken) do
+    local tag = tostring(top - #taken + i)
+    t[1] = tag
+    records[#records + 1] = tag
+    records[#records + 1] = table.concat({g, m, t[2], ep, t[3], t[5]}, SEP)
+    deadlines[#deadlines + 1] = deadline
+    deadlines[#deadlines + 1] = tag
+    owned[#owned + 1] = 0
+    owned[#owned + 1] = g .. SEP .. m .. SEP .. tag
+  end
+  redis.call('HSET', K.co, unpack(records))
+  if deadline then redis.call('ZADD', K.dl, unpack(deadlines)) end
+  redis.call('ZADD', K.own, unpack(owned))
+  return taken
+end
+
+local function lock_of(K, member, default)
+  return tonumber(member.lock or redis.call('HGET', K.meta, 'lock') or default)
 end

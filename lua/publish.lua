@@ -7,8 +7,10 @@
 -- ARGV[2] max age to retain in ms (0 = unbounded)
 -- ARGV[3] dedup window in ms
 -- ARGV[4] n, then n pairs: body (opaque, packed by the caller), dedup id ('' = none)
--- Returns: array of n message ids (a repeated dedup id within the window
---          returns the id of the first publish and stores nothing).
+-- Returns: {ids, push members}: the n message ids (a repeated dedup id within
+--          the window returns the id of the first publish and stores
+--          nothing), and the queue's push members as 'group TAB member' lines
+--          (false when none) for the worker to dispatch to.
 -- Errors: BADARG when n does not match the arguments.
 -- Cost: O(n + trimmed), trimming at most n + 100 old entries per call.
 local K = {meta = KEYS[1], log = KEYS[2], dd = KEYS[3], ddm = KEYS[4], wake = KEYS[5]}
@@ -47,7 +49,7 @@ for i = 1, n do
     ids[i] = tostring(seq)
   end
 end
-if #pairs_ == 0 then return ids end
+if #pairs_ == 0 then return {ids, false} end
 
 redis.call('HSET', K.log, unpack(pairs_))
 if redis.call('HSETNX', K.meta, 'first', 1) == 1 then redis.call('HSET', K.meta, 'ct', now) end
@@ -74,4 +76,4 @@ if maxlen > 0 or maxage > 0 then
 end
 
 redis.call('SPUBLISH', K.wake, seq)
-return ids
+return {ids, redis.call('HGET', K.meta, 'push')}

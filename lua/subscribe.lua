@@ -1,5 +1,6 @@
 -- subscribe.lua: join (or create) a subscription of one queue as a member.
 --@include _common.lua
+--@include _mailbox.lua
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
 -- KEYS[6] ready  KEYS[7] wake channel
@@ -9,7 +10,7 @@
 -- ARGV[6] FROM kind for a new group: earliest | latest | id | time
 -- ARGV[7] FROM argument (id or ms)   ARGV[8] member lock ms ('' = queue default)
 -- ARGV[9] epoch the client knows ('' = none)   ARGV[10] MAX ('' = none)
--- ARGV[11] push capacity ('' = pull mode)   ARGV[12] granted qos
+-- ARGV[11] push mailbox capacity ('' = pull mode; the worker fills it with dispatch.lua)   ARGV[12] granted qos
 -- ARGV[13] offset policy on preemption for a new group: keep | earliest | latest
 -- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor}
 -- Exclusive groups: the last subscriber wins (preempt) — in this one call the
@@ -68,6 +69,8 @@ for field, value in pairs(settings) do
   if value ~= '' then redis.call('HSET', K.meta, mf(g, m, field), value)
   else redis.call('HDEL', K.meta, mf(g, m, field)) end
 end
+redis.call('HDEL', K.meta, mf(g, m, 'end'))
+if ARGV[11] ~= '' then push_list_add(K.meta, g, m) else push_list_remove(K.meta, g, m) end
 
 if ARGV[9] ~= '' and int_arg(ARGV[9], 'EPOCH') > epoch then
   epoch = tonumber(ARGV[9])

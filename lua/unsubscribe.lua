@@ -1,9 +1,13 @@
 -- unsubscribe.lua: a member leaves its subscription (cancel or session end).
 --@include _common.lua
+--@include _mailbox.lua
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
--- KEYS[6] ready  KEYS[7] wake channel
+-- KEYS[6] ready  KEYS[7] wake channel  KEYS[8] the member's push mailbox
 -- ARGV[1] group  ARGV[2] member
+-- ARGV[3] 'cancel' (UNSUB: a push member's mailbox is cleared and the
+--   end-of-stream sentinel seated, so a blocked TAKE wakes with EOS; the
+--   member goes when it TAKEs it) or 'leave' (session over: gone at once)
 -- Returns: {checkouts returned, owner after (or '')}. Idempotent: leaving
 --   twice returns {0, owner}.
 -- All the member's checkouts go back to the queue at once, its marker and
@@ -12,12 +16,19 @@
 -- The group itself, with its cursor and epoch, stays: it is durable.
 -- Cost: O(the member's checkouts + members of the group).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7]}
-local g, m = ARGV[1], ARGV[2]
-local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'), mf(g, m, 'n'))
+local mb, g, m = KEYS[8], ARGV[1], ARGV[2]
+local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'), mf(g, m, 'n'), mf(g, m, 'cap'), mf(g, m, 'end'))
 local mode, owner = f[1], f[2]
 if not f[3] then return {0, owner or ''} end
 
 local returned = #return_member_checkouts(K, g, m)
+redis.call('DEL', mb)
+if ARGV[3] == 'cancel' and f[4] then
+  seat_sentinel(K, mb, g, m, tonumber(f[4]))
+  redis.call('SPUBLISH', K.wake, 'cancel')
+  return {returned, owner or ''}
+end
+push_list_remove(K.meta, g, m)
 for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
 local rest = {}
 for _, other in ipairs(members_of(K.meta, g)) do

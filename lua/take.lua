@@ -1,0 +1,47 @@
+-- take.lua: pop the next delivery from a member's push mailbox.
+--@include _common.lua
+--@include _mailbox.lua
+--
+-- KEYS[1..7] meta log checkouts deadlines owned ready delayed
+-- KEYS[8] wake channel  KEYS[9] the member's mailbox
+-- ARGV[1] group  ARGV[2] member  ARGV[3] default lock ms
+-- Returns: {'msg', epoch, deadline, tag, id, acquisitions, body}, {'none'}
+--   when the mailbox is empty, or {'eos'} at the end-of-stream sentinel —
+--   the member is then removed (its handle is closed).
+-- The taken message's lease starts now; the mailbox is topped up in the same
+-- call. Entries whose checkout was released meanwhile (a seek, a preemption)
+-- are skipped.
+-- Errors: NOTFOUND (not subscribed), BADARG (not a push subscription).
+-- Cost: O(skipped + messages topped up).
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
+           dly = KEYS[7], wake = KEYS[8]}
+local mb, g, m = KEYS[9], ARGV[1], ARGV[2]
+local f = redis.call('HMGET', K.meta, mf(g, m, 'n'), mf(g, m, 'cap'), mf(g, m, 'lock'), gf(g, 'ep'))
+if not f[1] then raise('NOTFOUND', 'not subscribed to this queue any more; SUB again for a new handle') end
+if not f[2] then raise('BADARG', 'this is not a PUSH subscription; PULL instead of TAKE') end
+local now = now_ms()
+if redis.call('HEXISTS', K.meta, mf(g, m, 'end')) == 0 then fill_mailbox(K, mb, g, m, now) end
+
+while true do
+  local entry = redis.call('LPOP', mb)
+  if not entry then return {'none'} end
+  if entry == EOS then
+    return_member_checkouts(K, g, m)
+    for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
+    local rest = {}
+    for _, other in ipairs(members_of(K.meta, g)) do if other ~= m then rest[#rest + 1] = other end end
+    set_members(K.meta, g, rest)
+    push_list_remove(K.meta, g, m)
+    redis.call('DEL', mb)
+    return {'eos'}
+  end
+  local p = split(string.sub(entry, 1, 200), SEP)
+  local tag = p[1]
+  if redis.call('HEXISTS', K.co, tag) == 1 then
+    local header = #p[1] + #p[2] + #p[3] + #p[4] + 4
+    local deadline = now + tonumber(f[3] or redis.call('HGET', K.meta, 'lock') or ARGV[3])
+    redis.call('ZADD', K.dl, deadline, tag)
+    fill_mailbox(K, mb, g, m, now)
+    return {'msg', tonumber(p[4]), deadline, tag, tonumber(p[2]), tonumber(p[3]), string.sub(entry, header + 1)}
+  end
+end
