@@ -147,6 +147,10 @@ class Keyspace:
     def session_handles(self, client: str) -> str:
         return self.session(client) + ":subs"
 
+    def session_lite_counts(self, client: str) -> str:
+        """Hash: lite topic -> lite subscriptions the client holds (the quota)."""
+        return self.session(client) + ":lite"
+
     def session_notices(self, client: str) -> str:
         return self.session(client) + ":notices"
 

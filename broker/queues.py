@@ -85,6 +85,9 @@ class Queues:
             how = "with LMQ name" if kind == "lite" else "without LMQ"
             raise BadArgument(f"topic {topic!r} is a {kind} topic; use it {how}")
 
+    def _idle_ttl(self, ref: QueueRef) -> int:
+        return self.config.lmq_idle_ttl_ms if ref.lite else 0
+
     def _queue(self, topic: str, lmq: str | None) -> QueueRef:
         check_topic(topic)
         if lmq is not None:
@@ -120,6 +123,7 @@ class Queues:
             self.config.retention_maxlen,
             self.config.retention_maxage_ms,
             self.config.dedup_window_ms,
+            self._idle_ttl(ref),
             len(payloads),
         ]
         dedup_ids = dedup_ids or [""] * len(payloads)
@@ -185,6 +189,9 @@ class Queues:
         if on_preempt is not None and on_preempt not in ("keep", "earliest", "latest"):
             raise BadArgument("ON-PREEMPT must be keep, earliest or latest")
         await self._check_topic_kind(topic, lmq is not None)
+        handle = Handle(ref, group, client).encode()
+        if ref.lite:
+            await self._check_lite_quota(client, topic, handle)
         # Without GROUP the subscription is the client's own: exclusive to it.
         default_mode = "exclusive" if (lmq is not None or group.startswith("~")) else "shared"
         k = self.keys.queue(ref)
@@ -200,12 +207,35 @@ class Queues:
                 opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt),
             ],
         )
-        handle = Handle(ref, group, client).encode()
         await self.redis.sadd(self.keys.session_handles(client), handle)
+        if ref.lite and int(res[6]):
+            await self.redis.hincrby(self.keys.session_lite_counts(client), topic, 1)
         if capacity is not None:
             await self.dispatch(ref, [(group, client)])
         evicted = _text(res[3]) or None
         return Subscription(handle, _text(res[0]), int(res[1]), _text(res[2]), evicted, int(res[4]), int(res[5]), qos)
+
+    async def _check_lite_quota(self, client: str, topic: str, handle: str) -> None:
+        held = int(await self.redis.hget(self.keys.session_lite_counts(client), topic) or 0)
+        if held >= self.config.lite_quota and not await self.redis.sismember(self.keys.session_handles(client), handle):
+            raise LimitExceeded(
+                f"client {client} holds {held} lite subscriptions of {topic!r}, the quota; unsubscribe some first"
+            )
+
+    async def evict(self, handle: Handle, by: str = "operator") -> int:
+        """Fence a member off its subscription; -1 when it is not a member."""
+        k = self.keys.queue(handle.queue)
+        return int(await self.fences.call(
+            "evict", [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake],
+            [handle.group, handle.member, by],
+        ))
+
+    async def marked(self, handles: list[Handle]) -> list[str | None]:
+        """Who evicted each member (its eviction marker), None where unmarked."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for h in handles:
+                pipe.hget(self.keys.queue(h.queue).meta, f"m|{h.group}|{h.member}|mk")
+            return [None if v is None else _text(v) for v in await pipe.execute()]
 
     # -- pull and settle ----------------------------------------------------------
 
@@ -237,7 +267,9 @@ class Queues:
         k = self.keys.queue(handle.queue)
         return int(
             await self.fences.call(
-                "ack", [k.meta, k.checkouts, k.deadlines, k.owned], [handle.group, handle.member, *self._tags(tags)]
+                "ack",
+                [k.meta, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed],
+                [handle.group, handle.member, self._idle_ttl(handle.queue), *self._tags(tags)],
             )
         )
 
@@ -275,10 +307,13 @@ class Queues:
         k = self.keys.queue(handle.queue)
         res = await self.fences.call(
             "unsubscribe",
-            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.mailbox(handle.group, handle.member)],
-            [handle.group, handle.member, "leave" if session_over else "cancel"],
+            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.mailbox(handle.group, handle.member),
+             k.delayed],
+            [handle.group, handle.member, "leave" if session_over else "cancel", self._idle_ttl(handle.queue)],
         )
         await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
+        if handle.queue.lite and int(res[2]):
+            await self.redis.hincrby(self.keys.session_lite_counts(handle.member), handle.queue.topic, -1)
         return int(res[0])
 
     async def end_after(self, handle: Handle, max_messages: int) -> bool:

@@ -23,6 +23,18 @@ from broker.queues import Queues
 MAX_QUEUED_NOTICES = 1000
 
 
+def unsubscribe_notice(handle: Handle, by: str, resent: bool = False) -> dict[str, Any]:
+    """Told to a client whose subscription was taken (preempted or evicted)."""
+    notice: dict[str, Any] = {
+        "type": "unsubscribe", "reason": "preempted", "by": by, "topic": handle.queue.topic, "handle": handle.encode(),
+    }
+    if handle.queue.lmq is not None:
+        notice["lmq"] = handle.queue.lmq
+    if resent:
+        notice["resent"] = True
+    return notice
+
+
 class RedisClock:
     """Milliseconds on Redis's clock, so every worker's leases agree."""
 
@@ -67,10 +79,33 @@ class Sessions:
         for raw in await self.redis.smembers(self.keys.session_handles(client)):
             returned += await self.queues.unsubscribe(Handle.decode(raw.decode()), session_over=True)
         await self.redis.delete(
-            self.keys.session(client), self.keys.session_handles(client), self.keys.session_notices(client)
+            self.keys.session(client), self.keys.session_handles(client), self.keys.session_notices(client),
+            self.keys.session_lite_counts(client),
         )
         await self.redis.zrem(self.keys.sessions, client)
         return returned
+
+    async def resync(self, client: str, topic: str, group: str, lmqs: list[str]) -> None:
+        """HEARTBEAT SYNC: the client's complete set of lmqs of (topic, group).
+
+        Held but not listed: unsubscribed, markers included (a marker never
+        outlives what the client says it holds). Listed and marked: the
+        unsubscribe notice is sent again — notices are fire-and-forget, so
+        every sync heals a lost one.
+        """
+        held: dict[str, Handle] = {}
+        for raw in await self.redis.smembers(self.keys.session_handles(client)):
+            h = Handle.decode(raw.decode())
+            if h.queue.lite and h.queue.topic == topic and h.group == group:
+                held[h.queue.lmq] = h  # type: ignore[index]
+        listed = set(lmqs)
+        for lmq, h in held.items():
+            if lmq not in listed:
+                await self.queues.unsubscribe(h, session_over=True)
+        still = [held[lmq] for lmq in lmqs if lmq in held]
+        for h, marker in zip(still, await self.queues.marked(still)):
+            if marker is not None:
+                await self.notify(client, unsubscribe_notice(h, marker, resent=True))
 
     async def claim_expired(self, limit: int = 100) -> list[str]:
         """Sessions whose lease ran out; ZREM makes exactly one worker the cleaner."""

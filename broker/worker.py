@@ -28,7 +28,7 @@ from broker.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, NoPe
 from broker.keyspace import Handle, check_name
 from broker.queues import Queues
 from broker.resp import ErrorReply, Push, RequestError, RequestParser, SimpleString, encode_many
-from broker.sessions import RedisClock, Sessions
+from broker.sessions import RedisClock, Sessions, unsubscribe_notice
 from broker.sweeper import Sweeper
 from broker.wakeups import Wakeups
 
@@ -377,12 +377,9 @@ class ClientConnection:
         client = await self._ensure_session()
         sub = await self.worker.queues.subscribe(client, topic, **options)
         if sub.evicted:
-            ref = Handle.decode(sub.handle).queue
-            notice = {"type": "unsubscribe", "reason": "preempted", "by": client, "topic": ref.topic,
-                      "handle": Handle(ref, Handle.decode(sub.handle).group, sub.evicted).encode()}
-            if ref.lmq is not None:
-                notice["lmq"] = ref.lmq
-            await self.worker.sessions.notify(sub.evicted, notice)
+            mine = Handle.decode(sub.handle)
+            evicted = Handle(mine.queue, mine.group, sub.evicted)
+            await self.worker.sessions.notify(sub.evicted, unsubscribe_notice(evicted, client))
         return sub.as_reply()
 
     async def cmd_pull(self, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
@@ -451,8 +448,9 @@ class ClientConnection:
         return OK
 
     async def cmd_heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> Any:
-        if sync is not None:
-            raise BadArgument("HEARTBEAT SYNC is not available in this version yet; send HEARTBEAT alone")
         client = await self._ensure_session()
+        if sync is not None:
+            topic, group, lmqs = sync
+            await self.worker.sessions.resync(client, topic, group, lmqs)
         return await self.worker.sessions.drain_notices(client)
 

@@ -231,3 +231,24 @@ end
 local function lock_of(K, member, default)
   return tonumber(member.lock or redis.call('HGET', K.meta, 'lock') or default)
 end
+
+-- An lmq nobody owns and nobody has left to read is reclaimed after an idle
+-- TTL (the caller passes it for lmqs only, 0 for plain topics): its keys get that expiry now, and lose it at the next write that gives
+-- it an owner or a message to read. Plain topics are never reclaimed.
+-- Cost: O(groups of the queue).
+local function reclaim_if_idle(K, ttl_ms)
+  if not ttl_ms or ttl_ms <= 0 then return end
+  local idle = redis.call('HLEN', K.co) == 0 and redis.call('ZCARD', K.rd) == 0 and redis.call('ZCARD', K.dly) == 0
+  if idle then
+    local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
+    local groups = redis.call('HGET', K.meta, 'groups')
+    for _, g in ipairs(groups and split(groups, '\n') or {}) do
+      local f = redis.call('HMGET', K.meta, gf(g, 'own'), gf(g, 'mem'), gf(g, 'cur'))
+      if f[1] or f[2] or tonumber(f[3] or '1') <= seq then idle = false; break end
+    end
+    if not groups and seq > 0 then idle = false end
+  end
+  for _, key in ipairs({K.meta, K.log, K.dd or K.meta, K.ddm or K.meta}) do
+    if idle then redis.call('PEXPIRE', key, ttl_ms) else redis.call('PERSIST', key) end
+  end
+end

@@ -2,15 +2,17 @@
 --@include _common.lua
 --
 -- KEYS[1] meta  KEYS[2] checkouts  KEYS[3] deadlines  KEYS[4] owned
--- ARGV[1] group  ARGV[2] member  ARGV[3..] delivery tags
+-- KEYS[5] ready  KEYS[6] delayed
+-- ARGV[1] group  ARGV[2] member  ARGV[3] idle TTL ms of an lmq (0 = plain)
+-- ARGV[4..] delivery tags
 -- Returns: the number of checkouts settled. A tag that is not (any more)
 --   checked out to this member — expired, redelivered, released by a seek,
 --   settled before — settles nothing.
 -- Cost: O(tags).
-local K = {meta = KEYS[1], co = KEYS[2], dl = KEYS[3], own = KEYS[4]}
+local K = {meta = KEYS[1], co = KEYS[2], dl = KEYS[3], own = KEYS[4], rd = KEYS[5], dly = KEYS[6]}
 local g, m = ARGV[1], ARGV[2]
 local settled = 0
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   local rec = redis.call('HGET', K.co, ARGV[i])
   if rec then
     local c = parse_checkout(ARGV[i], rec)
@@ -20,5 +22,8 @@ for i = 3, #ARGV do
     end
   end
 end
-if settled > 0 then clear_suspicion(K.meta, g, m) end
+if settled > 0 then
+  clear_suspicion(K.meta, g, m)
+  reclaim_if_idle(K, tonumber(ARGV[3]))
+end
 return settled

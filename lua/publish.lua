@@ -6,7 +6,8 @@
 -- ARGV[1] max length to retain (0 = unbounded)
 -- ARGV[2] max age to retain in ms (0 = unbounded)
 -- ARGV[3] dedup window in ms
--- ARGV[4] n, then n pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- ARGV[4] idle TTL ms of an lmq (0 = plain topic)
+-- ARGV[5] n, then n pairs: body (opaque, packed by the caller), dedup id ('' = none)
 -- Returns: {ids, push members}: the n message ids (a repeated dedup id within
 --          the window returns the id of the first publish and stores
 --          nothing), and the queue's push members as 'group TAB member' lines
@@ -17,8 +18,9 @@ local K = {meta = KEYS[1], log = KEYS[2], dd = KEYS[3], ddm = KEYS[4], wake = KE
 local maxlen = int_arg(ARGV[1], 'MAXLEN')
 local maxage = int_arg(ARGV[2], 'MAXAGE')
 local window = int_arg(ARGV[3], 'dedup window')
-local n = int_arg(ARGV[4], 'batch size')
-if #ARGV ~= 4 + 2 * n then raise('BADARG', 'publish batch declares ' .. n .. ' messages but carries ' .. (#ARGV - 4) / 2) end
+local idle_ttl = int_arg(ARGV[4], 'idle TTL')
+local n = int_arg(ARGV[5], 'batch size')
+if #ARGV ~= 5 + 2 * n then raise('BADARG', 'publish batch declares ' .. n .. ' messages but carries ' .. (#ARGV - 5) / 2) end
 
 local now = now_ms()
 if window > 0 then
@@ -33,7 +35,7 @@ local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
 local stamp = now .. ':'
 local ids, pairs_ = {}, {}
 for i = 1, n do
-  local body, dedup = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
+  local body, dedup = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
   local existing = false
   if dedup ~= '' then existing = redis.call('HGET', K.ddm, dedup) end
   if existing then
@@ -75,5 +77,9 @@ if maxlen > 0 or maxage > 0 then
   if first ~= start then redis.call('HSET', K.meta, 'first', first) end
 end
 
+if idle_ttl > 0 then
+  redis.call('PERSIST', K.meta)
+  redis.call('PERSIST', K.log)
+end
 redis.call('SPUBLISH', K.wake, seq)
 return {ids, redis.call('HGET', K.meta, 'push')}

@@ -12,7 +12,8 @@
 -- ARGV[9] epoch the client knows ('' = none)   ARGV[10] MAX ('' = none)
 -- ARGV[11] push mailbox capacity ('' = pull mode; the worker fills it with dispatch.lua)   ARGV[12] granted qos
 -- ARGV[13] offset policy on preemption for a new group: keep | earliest | latest
--- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor}
+-- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor,
+--   1 if the caller became a new member else 0}
 -- Exclusive groups: the last subscriber wins (preempt) — in this one call the
 --   owner switches, an eviction marker is written for the old owner and its
 --   checkouts go back to the queue; with POLICY reject a second client gets
@@ -59,6 +60,8 @@ end
 
 if not f[8] then
   redis.call('HSET', K.meta, mf(g, m, 'n'), 0)
+  redis.call('PERSIST', K.meta)
+  redis.call('PERSIST', K.log)
   local list = members_of(K.meta, g)
   list[#list + 1] = m
   set_members(K.meta, g, list)
@@ -95,4 +98,4 @@ elseif (mode == 'exclusive' or mode == 'single-active') and not owner then
 end
 if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) end
 if returned > 0 then redis.call('SPUBLISH', K.wake, 'preempt') end
-return {mode, epoch, owner or '', evicted, returned, cur}
+return {mode, epoch, owner or '', evicted, returned, cur, f[8] and 0 or 1}

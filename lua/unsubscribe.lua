@@ -8,25 +8,28 @@
 -- ARGV[3] 'cancel' (UNSUB: a push member's mailbox is cleared and the
 --   end-of-stream sentinel seated, so a blocked TAKE wakes with EOS; the
 --   member goes when it TAKEs it) or 'leave' (session over: gone at once)
--- Returns: {checkouts returned, owner after (or '')}. Idempotent: leaving
---   twice returns {0, owner}.
+-- ARGV[4] idle TTL ms of an lmq (0 = plain topic)
+-- KEYS[9] delayed
+-- Returns: {checkouts returned, owner after (or ''), 1 if the member was
+--   removed now else 0}. Idempotent: leaving twice returns {0, owner, 0}.
 -- All the member's checkouts go back to the queue at once, its marker and
 -- state are removed (no marker outlives its member), and an exclusive or
 -- single-active group hands ownership to the next member in arrival order.
 -- The group itself, with its cursor and epoch, stays: it is durable.
 -- Cost: O(the member's checkouts + members of the group).
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7]}
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7],
+           dly = KEYS[9]}
 local mb, g, m = KEYS[8], ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'), mf(g, m, 'n'), mf(g, m, 'cap'), mf(g, m, 'end'))
 local mode, owner = f[1], f[2]
-if not f[3] then return {0, owner or ''} end
+if not f[3] then return {0, owner or '', 0} end
 
 local returned = #return_member_checkouts(K, g, m)
 redis.call('DEL', mb)
 if ARGV[3] == 'cancel' and f[4] then
   seat_sentinel(K, mb, g, m, tonumber(f[4]))
   redis.call('SPUBLISH', K.wake, 'cancel')
-  return {returned, owner or ''}
+  return {returned, owner or '', 0}
 end
 push_list_remove(K.meta, g, m)
 for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
@@ -46,4 +49,5 @@ if owner == m then
   if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) else redis.call('HDEL', K.meta, gf(g, 'own')) end
 end
 if returned > 0 then redis.call('SPUBLISH', K.wake, 'leave') end
-return {returned, owner or ''}
+reclaim_if_idle(K, tonumber(ARGV[4]))
+return {returned, owner or '', 1}
