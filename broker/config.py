@@ -23,6 +23,7 @@ class Config:
     dedup_window_ms: int = 120_000
     mailbox_capacity: int = 1024
     lmq_idle_ttl_ms: int = 7 * 24 * 3600 * 1000  # an empty, unowned lmq is reclaimed after this
+    journal_cap: int = 10_000  # events kept per queue (0 = journal off)
     lite_quota: int = 100_000  # lite subscriptions one client may hold per topic
 
     session_lease_ms: int = 10_000  # a detached or orphaned session ends after this

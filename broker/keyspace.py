@@ -101,6 +101,11 @@ class QueueKeys:
         """The keys every lease-moving fence declares, in this order."""
         return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed]
 
+    def all_keys(self) -> list[str]:
+        """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed,
+                self.dedup, self.dedup_ids, self.dead, self.journal]
+
 
 class Keyspace:
     """Builds key names under a configurable prefix (default ``fmq``)."""

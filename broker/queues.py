@@ -125,12 +125,15 @@ class Queues:
             self.config.dedup_window_ms,
             self._idle_ttl(ref),
             len(payloads),
+            self.config.journal_cap,
         ]
         dedup_ids = dedup_ids or [""] * len(payloads)
         for payload, dedup in zip(payloads, dedup_ids, strict=True):
             args.append(pack_body(payload, headers, qos, producer))
             args.append(dedup)
-        ids, push_members = await self.fences.call("publish", [k.meta, k.log, k.dedup, k.dedup_ids, k.wake], args)
+        ids, push_members = await self.fences.call(
+            "publish", [k.meta, k.log, k.dedup, k.dedup_ids, k.wake, k.journal], args
+        )
         if push_members:
             await self.dispatch(ref, [tuple(_text(line).split("\t", 1)) for line in push_members.split(b"\n")])
         return [_text(i) for i in ids]
@@ -138,7 +141,7 @@ class Queues:
     async def dispatch(self, ref: QueueRef, members: list[tuple[str, str]]) -> list[int]:
         """Fill these members' push mailboxes; returns how many each got."""
         k = self.keys.queue(ref)
-        keys = [*k.lease_keys(), k.wake, *(k.mailbox(g, m) for g, m in members)]
+        keys = [*k.lease_keys(), k.wake, *(k.mailbox(g, m) for g, m in members), k.journal]
         return await self.fences.call("dispatch", keys, [x for pair in members for x in pair])
 
     async def push_members(self, ref: QueueRef) -> list[tuple[str, str]]:
@@ -201,10 +204,10 @@ class Queues:
 
         res = await self.fences.call(
             "subscribe",
-            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake],
+            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.journal],
             [
                 group, client, opt(mode), default_mode, opt(policy), start[0], opt(start[1]), opt(lock_ms),
-                opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt),
+                opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt), self.config.journal_cap,
             ],
         )
         await self.redis.sadd(self.keys.session_handles(client), handle)
@@ -226,7 +229,7 @@ class Queues:
         """Fence a member off its subscription; -1 when it is not a member."""
         k = self.keys.queue(handle.queue)
         return int(await self.fences.call(
-            "evict", [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake],
+            "evict", [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.journal],
             [handle.group, handle.member, by],
         ))
 
@@ -244,7 +247,7 @@ class Queues:
             raise BadArgument(f"COUNT must be between 1 and {self.config.max_batch}")
         k = self.keys.queue(handle.queue)
         res = await self.fences.call(
-            "pull", k.lease_keys(), [handle.group, handle.member, count, self.config.default_lock_ms]
+            "pull", [*k.lease_keys(), k.journal], [handle.group, handle.member, count, self.config.default_lock_ms]
         )
         epoch, deadline, status = int(res[0]), int(res[1]), _text(res[2])
         topic, lmq = handle.queue.topic, handle.queue.lmq
@@ -268,7 +271,7 @@ class Queues:
         return int(
             await self.fences.call(
                 "ack",
-                [k.meta, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed],
+                [k.meta, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed, k.journal],
                 [handle.group, handle.member, self._idle_ttl(handle.queue), *self._tags(tags)],
             )
         )
@@ -279,7 +282,7 @@ class Queues:
         k = self.keys.queue(handle.queue)
         res = await self.fences.call(
             "nack",
-            [*k.lease_keys(), k.dead, k.wake],
+            [*k.lease_keys(), k.dead, k.wake, k.journal],
             [handle.group, handle.member, delay_ms, int(discard), self.config.max_failures, *self._tags(tags)],
         )
         if int(res[2]) >= 0:
@@ -308,7 +311,7 @@ class Queues:
         res = await self.fences.call(
             "unsubscribe",
             [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.mailbox(handle.group, handle.member),
-             k.delayed],
+             k.delayed, k.journal],
             [handle.group, handle.member, "leave" if session_over else "cancel", self._idle_ttl(handle.queue)],
         )
         await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
@@ -321,7 +324,7 @@ class Queues:
         k = self.keys.queue(handle.queue)
         res = await self.fences.call(
             "end_after",
-            [*k.lease_keys(), k.wake, k.mailbox(handle.group, handle.member)],
+            [*k.lease_keys(), k.wake, k.mailbox(handle.group, handle.member), k.journal],
             [handle.group, handle.member, max_messages],
         )
         return bool(res)
@@ -331,7 +334,7 @@ class Queues:
         k = self.keys.queue(handle.queue)
         res = await self.fences.call(
             "take",
-            [*k.lease_keys(), k.wake, k.mailbox(handle.group, handle.member)],
+            [*k.lease_keys(), k.wake, k.mailbox(handle.group, handle.member), k.journal],
             [handle.group, handle.member, self.config.default_lock_ms],
         )
         kind = _text(res[0])
@@ -350,7 +353,7 @@ class Queues:
             raise BadArgument("SEEK takes ID id, TIME ms, EARLIEST or LATEST")
         k = self.keys.queue(handle.queue)
         res = await self.fences.call(
-            "seek", [*k.lease_keys(), k.wake], [handle.group, kind, "" if arg is None else arg]
+            "seek", [*k.lease_keys(), k.wake, k.journal], [handle.group, kind, "" if arg is None else arg]
         )
         return int(res[0]), int(res[1]), bool(int(res[2]))
 
@@ -363,7 +366,7 @@ class Queues:
         """Return one queue's expired leases and reschedule it."""
         k = self.keys.queue_by_id(qid)
         res = await self.fences.call(
-            "sweep", [*k.lease_keys(), k.wake], [self.config.sweep_batch]
+            "sweep", [*k.lease_keys(), k.wake, k.journal], [self.config.sweep_batch]
         )
         next_due = int(res[0])
         if next_due < 0:

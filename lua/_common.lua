@@ -101,6 +101,29 @@ local function return_member_checkouts(K, g, m)
   return tags
 end
 
+-- The journal: compact events appended to a capped per-queue list in the
+-- queue's own slot (snapshots carry it to the analytics). Buffered during a
+-- call and written by flush_journal with one RPUSH and one LTRIM. The cap
+-- lives in the meta hash (`jcap`, set by publish and subscribe from the
+-- config); 0 turns the journal off.
+-- Entry: ms TAB event TAB group TAB member TAB id TAB tag TAB epoch TAB extra
+local JOURNAL = {}
+local function journal(ms, ev, g, m, id, tag, ep, extra)
+  JOURNAL[#JOURNAL + 1] = table.concat({ms, ev, g or '', m or '', id or '', tag or '', ep or '', extra or ''}, '\t')
+end
+
+local function flush_journal(K)
+  if #JOURNAL == 0 then return end
+  local cap = tonumber(redis.call('HGET', K.meta, 'jcap') or '0')
+  if cap > 0 then
+    for i = 1, #JOURNAL, 1000 do
+      redis.call('RPUSH', K.jr, unpack(JOURNAL, i, math.min(i + 999, #JOURNAL)))
+    end
+    redis.call('LTRIM', K.jr, -cap, -1)
+  end
+  JOURNAL = {}
+end
+
 local function promote_delayed(K, now)
   local due = redis.call('ZRANGEBYSCORE', K.dly, '-inf', now, 'LIMIT', 0, 1000)
   if #due > 0 then
@@ -156,6 +179,7 @@ local function delivery_gate(K, g, m, count)
   if f[6] then
     -- Evicted: fenced. Whatever it still holds goes back for the new owner.
     return_member_checkouts(K, g, m)
+    journal(now_ms(), 'fenced', g, m, nil, nil, ep, f[6])
     return 'evicted', ep, member, 0
   end
   if f[7] then return 'suspected', ep, member, 0 end
@@ -221,6 +245,7 @@ local function check_out(K, g, m, count, ep, now, deadline)
     deadlines[#deadlines + 1] = tag
     owned[#owned + 1] = 0
     owned[#owned + 1] = g .. SEP .. m .. SEP .. tag
+    journal(now, 'out', g, m, t[2], tag, ep, t[3])
   end
   redis.call('HSET', K.co, unpack(records))
   if deadline then redis.call('ZADD', K.dl, unpack(deadlines)) end
@@ -248,7 +273,7 @@ local function reclaim_if_idle(K, ttl_ms)
     end
     if not groups and seq > 0 then idle = false end
   end
-  for _, key in ipairs({K.meta, K.log, K.dd or K.meta, K.ddm or K.meta}) do
+  for _, key in ipairs({K.meta, K.log, K.jr or K.meta, K.dd or K.meta, K.ddm or K.meta}) do
     if idle then redis.call('PEXPIRE', key, ttl_ms) else redis.call('PERSIST', key) end
   end
 end

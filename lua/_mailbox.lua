@@ -37,6 +37,7 @@ local function seat_sentinel(K, mb, g, m, cap)
   end
   redis.call('RPUSH', mb, EOS)
   redis.call('HSET', K.meta, mf(g, m, 'end'), 1)
+  journal(now_ms(), 'end', g, m)
   push_list_remove(K.meta, g, m)
 end
 

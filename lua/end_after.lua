@@ -1,5 +1,6 @@
 -- end_after.lua: arm MAX on a member: end after n messages in total (UNSUB … MAX n).
 --@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
 --@include _mailbox.lua
 --
 -- KEYS[1..7] meta log checkouts deadlines owned ready delayed
@@ -12,7 +13,7 @@
 -- Errors: NOTFOUND (not subscribed), BADARG (n < 0).
 -- Cost: O(messages dispatched).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], wake = KEYS[8]}
+           dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
 local mb, g, m = KEYS[9], ARGV[1], ARGV[2]
 local n = int_arg(ARGV[3], 'MAX')
 if n < 0 then raise('BADARG', 'MAX must be 0 or more') end
@@ -23,4 +24,5 @@ if f[2] then
   fill_mailbox(K, mb, g, m, now_ms())
   redis.call('SPUBLISH', K.wake, 'max')
 end
+flush_journal(K)
 return tonumber(f[1]) >= n and 1 or 0

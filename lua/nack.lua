@@ -1,5 +1,6 @@
 -- nack.lua: return checkouts of one member to the queue, later, or for good.
 --@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
 -- KEYS[6] ready  KEYS[7] delayed  KEYS[8] dead letters  KEYS[9] wake channel
@@ -12,7 +13,7 @@
 -- list instead of back to the queue. DISCARD drops it (no redelivery).
 -- Cost: O(tags).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], dead = KEYS[8], wake = KEYS[9]}
+           dly = KEYS[7], dead = KEYS[8], wake = KEYS[9], jr = KEYS[#KEYS]}
 local g, m = ARGV[1], ARGV[2]
 local delay = int_arg(ARGV[3], 'DELAY')
 if delay < 0 then raise('BADARG', 'DELAY must be 0 or more milliseconds') end
@@ -26,12 +27,14 @@ for i = 6, #ARGV do
   if c and c.group == g and c.member == m then
     take_checkout(K, ARGV[i])
     returned = returned + 1
+    journal(now, discard and 'discard' or 'nack', g, m, c.id, c.tag, c.epoch, c.fail + 1)
     if not discard then
       local fail = c.fail + 1
       if maxfail > 0 and fail >= maxfail then
         local body = redis.call('HGET', K.log, c.id)
         if body then redis.call('RPUSH', K.dead, cmsgpack.pack(c.id, g, m, c.acq, fail, now, body)) end
         dead = dead + 1
+        journal(now, 'dead', g, m, c.id, c.tag, c.epoch, fail)
       elseif delay > 0 then
         redis.call('ZADD', K.dly, now + delay, ready_member(g, c.id, c.acq, fail))
       else
@@ -42,5 +45,6 @@ for i = 6, #ARGV do
   end
 end
 if returned > 0 then clear_suspicion(K.meta, g, m) end
+flush_journal(K)
 if woke then redis.call('SPUBLISH', K.wake, 'nack') end
 return {returned, dead, (delay > 0 and not discard and returned > dead) and now + delay or -1}

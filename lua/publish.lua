@@ -1,5 +1,6 @@
 -- publish.lua: append a batch of messages to one queue's log.
 --@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
 --
 -- KEYS[1] meta   KEYS[2] log   KEYS[3] dedup (zset)   KEYS[4] dedup ids (hash)
 -- KEYS[5] wake channel (sharded pub/sub; same hash tag)
@@ -7,6 +8,7 @@
 -- ARGV[2] max age to retain in ms (0 = unbounded)
 -- ARGV[3] dedup window in ms
 -- ARGV[4] idle TTL ms of an lmq (0 = plain topic)
+-- ARGV[6] journal cap (0 = off)
 -- ARGV[5] n, then n pairs: body (opaque, packed by the caller), dedup id ('' = none)
 -- Returns: {ids, push members}: the n message ids (a repeated dedup id within
 --          the window returns the id of the first publish and stores
@@ -14,13 +16,13 @@
 --          (false when none) for the worker to dispatch to.
 -- Errors: BADARG when n does not match the arguments.
 -- Cost: O(n + trimmed), trimming at most n + 100 old entries per call.
-local K = {meta = KEYS[1], log = KEYS[2], dd = KEYS[3], ddm = KEYS[4], wake = KEYS[5]}
+local K = {meta = KEYS[1], log = KEYS[2], dd = KEYS[3], ddm = KEYS[4], wake = KEYS[5], jr = KEYS[#KEYS]}
 local maxlen = int_arg(ARGV[1], 'MAXLEN')
 local maxage = int_arg(ARGV[2], 'MAXAGE')
 local window = int_arg(ARGV[3], 'dedup window')
 local idle_ttl = int_arg(ARGV[4], 'idle TTL')
 local n = int_arg(ARGV[5], 'batch size')
-if #ARGV ~= 5 + 2 * n then raise('BADARG', 'publish batch declares ' .. n .. ' messages but carries ' .. (#ARGV - 5) / 2) end
+if #ARGV ~= 6 + 2 * n then raise('BADARG', 'publish batch declares ' .. n .. ' messages but carries ' .. (#ARGV - 6) / 2) end
 
 local now = now_ms()
 if window > 0 then
@@ -35,7 +37,7 @@ local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
 local stamp = now .. ':'
 local ids, pairs_ = {}, {}
 for i = 1, n do
-  local body, dedup = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local body, dedup = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
   local existing = false
   if dedup ~= '' then existing = redis.call('HGET', K.ddm, dedup) end
   if existing then
@@ -49,13 +51,14 @@ for i = 1, n do
       redis.call('HSET', K.ddm, dedup, seq)
     end
     ids[i] = tostring(seq)
+    journal(now, 'pub', nil, nil, seq)
   end
 end
 if #pairs_ == 0 then return {ids, false} end
 
 redis.call('HSET', K.log, unpack(pairs_))
 if redis.call('HSETNX', K.meta, 'first', 1) == 1 then redis.call('HSET', K.meta, 'ct', now) end
-redis.call('HSET', K.meta, 'seq', seq, 'wt', now)
+redis.call('HSET', K.meta, 'seq', seq, 'wt', now, 'jcap', ARGV[6])
 
 -- Retention trims from the head only, whatever the messages' state: a
 -- consumer that later reaches a trimmed id skips it (documented in docs/).
@@ -81,5 +84,6 @@ if idle_ttl > 0 then
   redis.call('PERSIST', K.meta)
   redis.call('PERSIST', K.log)
 end
+flush_journal(K)
 redis.call('SPUBLISH', K.wake, seq)
 return {ids, redis.call('HGET', K.meta, 'push')}

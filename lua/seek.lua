@@ -1,5 +1,6 @@
 -- seek.lua: move a subscription's cursor and raise its epoch.
 --@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
 -- KEYS[6] ready  KEYS[7] delayed  KEYS[8] wake channel
@@ -15,7 +16,7 @@
 -- Errors: NOTFOUND (no such subscription), BADARG (bad target).
 -- Cost: O(the group's checkouts + delayed messages of the queue + log2 n).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], wake = KEYS[8]}
+           dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
 local g, kind, arg = ARGV[1], ARGV[2], ARGV[3]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'ep'), 'seq', 'first')
 if not f[1] then raise('NOTFOUND', 'no subscription ' .. g .. ' on this queue; SUB first') end
@@ -55,5 +56,7 @@ if #stale > 0 then redis.call('ZREM', K.dly, unpack(stale)) end
 
 local epoch = redis.call('HINCRBY', K.meta, gf(g, 'ep'), 1)
 redis.call('HSET', K.meta, gf(g, 'cur'), cur)
+journal(now_ms(), 'seek', g, nil, cur, nil, epoch, kind)
+flush_journal(K)
 redis.call('SPUBLISH', K.wake, 'seek')
 return {epoch, cur, clamped and 1 or 0}

@@ -1,5 +1,6 @@
 -- subscribe.lua: join (or create) a subscription of one queue as a member.
 --@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
 --@include _mailbox.lua
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
@@ -12,6 +13,7 @@
 -- ARGV[9] epoch the client knows ('' = none)   ARGV[10] MAX ('' = none)
 -- ARGV[11] push mailbox capacity ('' = pull mode; the worker fills it with dispatch.lua)   ARGV[12] granted qos
 -- ARGV[13] offset policy on preemption for a new group: keep | earliest | latest
+-- ARGV[14] journal cap (0 = off)
 -- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor,
 --   1 if the caller became a new member else 0}
 -- Exclusive groups: the last subscriber wins (preempt) — in this one call the
@@ -22,7 +24,7 @@
 --   raises the server's to it, so it never filters everything out.
 -- Errors: BADARG (mode/policy conflict with the group), BUSY (reject policy).
 -- Cost: O(checkouts of a preempted owner).
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7]}
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7], jr = KEYS[#KEYS]}
 local g, m = ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'pol'), gf(g, 'own'), gf(g, 'ep'), gf(g, 'cur'),
   'seq', 'first', mf(g, m, 'n'))
@@ -92,10 +94,14 @@ if mode == 'exclusive' and owner and owner ~= m then
     redis.call('HSET', K.meta, gf(g, 'cur'), cur)
     redis.call('ZREMRANGEBYLEX', K.rd, '[' .. g .. SEP, '(' .. g .. '\1')
   end
+  journal(now, 'preempt', g, m, nil, nil, epoch, evicted)
   owner = m
 elseif (mode == 'exclusive' or mode == 'single-active') and not owner then
   owner = m
 end
 if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) end
+redis.call('HSET', K.meta, 'jcap', ARGV[14])
+journal(now, 'sub', g, m, cur, nil, epoch, mode)
+flush_journal(K)
 if returned > 0 then redis.call('SPUBLISH', K.wake, 'preempt') end
 return {mode, epoch, owner or '', evicted, returned, cur, f[8] and 0 or 1}

@@ -1,5 +1,6 @@
 -- sweep.lua: return every checkout of one queue whose lease has expired.
 --@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
 -- KEYS[6] ready  KEYS[7] delayed  KEYS[8] wake channel
@@ -14,7 +15,7 @@
 -- Idempotent: several workers may sweep the same queue at once.
 -- Cost: O(expired · log n + due delayed); never a scan of live checkouts.
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], wake = KEYS[8]}
+           dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
 local limit = int_arg(ARGV[1], 'limit')
 local now = now_ms()
 local moved = promote_delayed(K, now)
@@ -24,6 +25,7 @@ for _, tag in ipairs(expired) do
   local c = take_checkout(K, tag)
   if c then
     requeue(K, c, c.fail)
+    journal(now, 'timeout', c.group, c.member, c.id, tag, c.epoch)
     local key = c.group .. SEP .. c.member
     if not by_member[key] then
       by_member[key] = {c.group, c.member, {}}
@@ -56,5 +58,6 @@ for _, key in ipairs(order) do
   end
   notices[#notices + 1] = {g, m, tags, successor}
 end
+flush_journal(K)
 if #expired > 0 or moved > 0 then redis.call('SPUBLISH', K.wake, 'sweep') end
 return {next_due(K), #expired, notices}

@@ -1,5 +1,6 @@
 -- take.lua: pop the next delivery from a member's push mailbox.
 --@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
 --@include _mailbox.lua
 --
 -- KEYS[1..7] meta log checkouts deadlines owned ready delayed
@@ -14,7 +15,7 @@
 -- Errors: NOTFOUND (not subscribed), BADARG (not a push subscription).
 -- Cost: O(skipped + messages topped up).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], wake = KEYS[8]}
+           dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
 local mb, g, m = KEYS[9], ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, mf(g, m, 'n'), mf(g, m, 'cap'), mf(g, m, 'lock'), gf(g, 'ep'))
 if not f[1] then raise('NOTFOUND', 'not subscribed to this queue any more; SUB again for a new handle') end
@@ -24,7 +25,10 @@ if redis.call('HEXISTS', K.meta, mf(g, m, 'end')) == 0 then fill_mailbox(K, mb, 
 
 while true do
   local entry = redis.call('LPOP', mb)
-  if not entry then return {'none'} end
+  if not entry then
+    flush_journal(K)
+    return {'none'}
+  end
   if entry == EOS then
     return_member_checkouts(K, g, m)
     for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
@@ -33,6 +37,8 @@ while true do
     set_members(K.meta, g, rest)
     push_list_remove(K.meta, g, m)
     redis.call('DEL', mb)
+    journal(now, 'eos', g, m)
+    flush_journal(K)
     return {'eos'}
   end
   local p = split(string.sub(entry, 1, 200), SEP)
@@ -42,6 +48,7 @@ while true do
     local deadline = now + tonumber(f[3] or redis.call('HGET', K.meta, 'lock') or ARGV[3])
     redis.call('ZADD', K.dl, deadline, tag)
     fill_mailbox(K, mb, g, m, now)
+    flush_journal(K)
     return {'msg', tonumber(p[4]), deadline, tag, tonumber(p[2]), tonumber(p[3]), string.sub(entry, header + 1)}
   end
 end

@@ -1,5 +1,6 @@
 -- unsubscribe.lua: a member leaves its subscription (cancel or session end).
 --@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
 --@include _mailbox.lua
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
@@ -18,7 +19,7 @@
 -- The group itself, with its cursor and epoch, stays: it is durable.
 -- Cost: O(the member's checkouts + members of the group).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7],
-           dly = KEYS[9]}
+           dly = KEYS[9], jr = KEYS[#KEYS]}
 local mb, g, m = KEYS[8], ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'), mf(g, m, 'n'), mf(g, m, 'cap'), mf(g, m, 'end'))
 local mode, owner = f[1], f[2]
@@ -28,6 +29,7 @@ local returned = #return_member_checkouts(K, g, m)
 redis.call('DEL', mb)
 if ARGV[3] == 'cancel' and f[4] then
   seat_sentinel(K, mb, g, m, tonumber(f[4]))
+  flush_journal(K)
   redis.call('SPUBLISH', K.wake, 'cancel')
   return {returned, owner or '', 0}
 end
@@ -49,5 +51,7 @@ if owner == m then
   if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) else redis.call('HDEL', K.meta, gf(g, 'own')) end
 end
 if returned > 0 then redis.call('SPUBLISH', K.wake, 'leave') end
+journal(now_ms(), 'leave', g, m, nil, nil, nil, ARGV[3])
+flush_journal(K)
 reclaim_if_idle(K, tonumber(ARGV[4]))
 return {returned, owner or '', 1}
