@@ -1,19 +1,27 @@
 """What a message is once stored, and what a consumer receives.
 
-The log keeps ``<publish ms>:<msgpack [payload, headers, qos, producer]>``:
-the fence stamps the time (Redis's clock, never the caller's) and treats the
-rest as opaque, so Lua never decodes a body.
+The log keeps ``<publish ms>:<qos>:<hash>:<msgpack [payload, headers, qos,
+producer, topic]>``: the fence stamps the time (Redis's clock, never the
+caller's); the qos digit and the hash bucket (of the producer, else the topic,
+for the ``hash`` strategy of shared groups) are readable by Lua with one
+pattern match; the msgpack body stays opaque to Lua.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import zlib
+
 import msgpack
 
 
-def pack_body(payload: bytes, headers: dict[str, str] | None, qos: int, producer: str | None) -> bytes:
-    return msgpack.packb([payload, headers or None, qos, producer], use_bin_type=True)
+def pack_body(
+    payload: bytes, headers: dict[str, str] | None, qos: int, producer: str | None, topic: str | None = None
+) -> bytes:
+    bucket = zlib.crc32((producer or topic or "").encode())
+    packed = msgpack.packb([payload, headers or None, qos, producer, topic], use_bin_type=True)
+    return b"%d:%d:%s" % (qos, bucket, packed)
 
 
 @dataclass(slots=True)
@@ -50,13 +58,14 @@ class Delivery:
 
 
 def unpack_delivery(topic: str, lmq: str | None, epoch: int, tag: bytes, msg_id: int, acq: int, stored: bytes) -> Delivery:
-    stamp, _, body = stored.partition(b":")
-    payload, headers, qos, producer = msgpack.unpackb(body, raw=False)
+    """``topic`` is the queue's; a copy fanned out to a filter carries its source topic."""
+    stamp, _qos, _bucket, body = stored.split(b":", 3)
+    payload, headers, qos, producer, source = msgpack.unpackb(body, raw=False)
     return Delivery(
         id=str(msg_id),
         tag=tag.decode() if isinstance(tag, bytes) else str(tag),
         epoch=int(epoch),
-        topic=topic,
+        topic=source or topic,
         payload=payload,
         deliveries=int(acq),
         published_ms=int(stamp),

@@ -344,7 +344,8 @@ class Queues:
         if kind == "none":
             return None
         epoch, deadline, tag, msg_id, acq, body = res[1:]
-        await self.schedule(handle.queue.qid, int(deadline))
+        if int(deadline) >= 0:
+            await self.schedule(handle.queue.qid, int(deadline))
         return unpack_delivery(handle.queue.topic, handle.queue.lmq, int(epoch), tag, int(msg_id), int(acq), body)
 
     async def seek(self, handle: Handle, kind: str, arg: int | None = None) -> tuple[int, int, bool]:

@@ -172,10 +172,12 @@ end
 -- state fields, and the count allowed by its MAX.
 local function delivery_gate(K, g, m, count)
   local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'ep'), gf(g, 'own'), mf(g, m, 'n'),
-    mf(g, m, 'max'), mf(g, m, 'mk'), mf(g, m, 'sus'), mf(g, m, 'lock'), mf(g, m, 'cap'), mf(g, m, 'end'))
+    mf(g, m, 'max'), mf(g, m, 'mk'), mf(g, m, 'sus'), mf(g, m, 'lock'), mf(g, m, 'cap'), mf(g, m, 'end'),
+    mf(g, m, 'qos'), mf(g, m, 'on'))
   local mode, ep, owner = f[1], tonumber(f[2] or '0'), f[3]
   if not mode or not f[4] then raise('NOTFOUND', 'not subscribed to this queue any more; SUB again for a new handle') end
-  local member = {lock = f[8], cap = f[9], ended = f[10], delivered = tonumber(f[4]), max = f[5]}
+  local member = {lock = f[8], cap = f[9], ended = f[10], delivered = tonumber(f[4]), max = f[5],
+                  qos = tonumber(f[11] or '1'), online = f[12] ~= '0'}
   if f[6] then
     -- Evicted: fenced. Whatever it still holds goes back for the new owner.
     return_member_checkouts(K, g, m)
@@ -205,8 +207,10 @@ end
 -- order, then new ones from the group's cursor. Each gets a fresh tag, a
 -- record and an ownership entry; a deadline only when `deadline` is given (a
 -- push mailbox starts the lease when the consumer TAKEs the message).
+-- Granted QoS is min(member's, message's): a QoS 0 delivery is at most once —
+-- no record, no lease, never redelivered — and its tag starts with 'q'.
 -- Returns a list of {tag, id, acquisitions, body}. O(count + due delayed).
-local function check_out(K, g, m, count, ep, now, deadline)
+local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   promote_delayed(K, now)
   local taken = {}
   local returned = redis.call('ZRANGEBYLEX', K.rd, '[' .. g .. SEP, '(' .. g .. '\1', 'LIMIT', 0, count)
@@ -239,14 +243,19 @@ local function check_out(K, g, m, count, ep, now, deadline)
   for i, t in ipairs(taken) do
     local tag = tostring(top - #taken + i)
     t[1] = tag
-    records[#records + 1] = tag
-    records[#records + 1] = table.concat({g, m, t[2], ep, t[3], t[5]}, SEP)
-    deadlines[#deadlines + 1] = deadline
-    deadlines[#deadlines + 1] = tag
-    owned[#owned + 1] = 0
-    owned[#owned + 1] = g .. SEP .. m .. SEP .. tag
-    journal(now, 'out', g, m, t[2], tag, ep, t[3])
+    if member_qos == 0 or string.match(t[4], '^%d+:(%d)') == '0' then
+      t[1] = 'q' .. tag
+    else
+      records[#records + 1] = tag
+      records[#records + 1] = table.concat({g, m, t[2], ep, t[3], t[5]}, SEP)
+      deadlines[#deadlines + 1] = deadline
+      deadlines[#deadlines + 1] = tag
+      owned[#owned + 1] = 0
+      owned[#owned + 1] = g .. SEP .. m .. SEP .. tag
+    end
+    journal(now, 'out', g, m, t[2], t[1], ep, t[3])
   end
+  if #records == 0 then return taken end
   redis.call('HSET', K.co, unpack(records))
   if deadline then redis.call('ZADD', K.dl, unpack(deadlines)) end
   redis.call('ZADD', K.own, unpack(owned))

@@ -55,7 +55,7 @@ local function fill_mailbox(K, mb, g, m, now)
   local room = cap - redis.call('LLEN', mb)
   if room < count then count = room end
   local taken = {}
-  if count > 0 then taken = check_out(K, g, m, count, ep, now, nil) end
+  if count > 0 then taken = check_out(K, g, m, count, ep, now, nil, member.qos) end
   if #taken > 0 then
     local entries = {}
     for i, t in ipairs(taken) do entries[i] = table.concat({t[1], t[2], t[3], ep, t[4]}, SEP) end

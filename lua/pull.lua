@@ -30,7 +30,7 @@ end
 
 local now = now_ms()
 local deadline = now + lock_of(K, member, ARGV[4])
-local taken = check_out(K, g, m, count, ep, now, deadline)
+local taken = check_out(K, g, m, count, ep, now, deadline, member.qos)
 if #taken == 0 then return {ep, -1, 'ok'} end
 flush_journal(K)
 local out = {ep, deadline, 'ok'}

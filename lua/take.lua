@@ -43,12 +43,16 @@ while true do
   end
   local p = split(string.sub(entry, 1, 200), SEP)
   local tag = p[1]
-  if redis.call('HEXISTS', K.co, tag) == 1 then
-    local header = #p[1] + #p[2] + #p[3] + #p[4] + 4
-    local deadline = now + tonumber(f[3] or redis.call('HGET', K.meta, 'lock') or ARGV[3])
-    redis.call('ZADD', K.dl, deadline, tag)
+  local qos0 = string.sub(tag, 1, 1) == 'q'  -- at most once: no lease to start
+  if qos0 or redis.call('HEXISTS', K.co, tag) == 1 then
+    local deadline = -1
+    if not qos0 then
+      deadline = now + tonumber(f[3] or redis.call('HGET', K.meta, 'lock') or ARGV[3])
+      redis.call('ZADD', K.dl, deadline, tag)
+    end
     fill_mailbox(K, mb, g, m, now)
     flush_journal(K)
+    local header = #p[1] + #p[2] + #p[3] + #p[4] + 4
     return {'msg', tonumber(p[4]), deadline, tag, tonumber(p[2]), tonumber(p[3]), string.sub(entry, header + 1)}
   end
 end
