@@ -177,8 +177,14 @@ def parse_sub(args: list[bytes]) -> Request:
             out["epoch"] = _int(opts.value(word), "EPOCH", 0)
         elif word == "ON-PREEMPT":
             out["on_preempt"] = _text(opts.value(word), "ON-PREEMPT").lower()
+        elif word == "STRATEGY":
+            out["strategy"] = _text(opts.value(word), "STRATEGY").lower()
+        elif word == "SKIP-OFFLINE":
+            out["skip_offline"] = True
         else:
-            raise opts.unknown(word, "LMQ, GROUP, MODE, POLICY, FROM, QOS, LOCK, PUSH, CAPACITY, MAX, EPOCH, ON-PREEMPT")
+            raise opts.unknown(
+                word, "LMQ, GROUP, MODE, POLICY, FROM, QOS, LOCK, PUSH, CAPACITY, MAX, EPOCH, ON-PREEMPT, STRATEGY, SKIP-OFFLINE"
+            )
     if "capacity" in out and not out.get("push"):
         raise BadArgument("CAPACITY goes with PUSH")
     return Request("SUB", out)

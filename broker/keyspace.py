@@ -5,8 +5,10 @@ one hash tag, hence one Cluster slot, and a fence script can declare them all
 in KEYS. Client-supplied names are escaped so that no two queues can ever
 produce the same key and no name can break out of its hash tag.
 
-A *queue* is a plain topic (``t:<topic>``) or one lite queue of a lite topic
-(``l:<topic>:<lmq>``). The layout of a queue, and why it is so small, is
+A *queue* is a plain topic (``t:<topic>``), one lite queue of a lite topic
+(``l:<topic>:<lmq>``), or the queue of one MQTT filter subscription
+(``f:<owner>:<filter>``: owner is the client, or ``$share/<group>``), fed
+by fan-out at publish. The layout of a queue, and why it is so small, is
 described in docs/data-model.md.
 """
 
@@ -58,17 +60,24 @@ def check_name(name: str, what: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class QueueRef:
-    """Identifies one queue: a plain topic, or one lmq of a lite topic."""
+    """Identifies one queue: a plain topic, one lmq of a lite topic, or a filter subscription's."""
 
-    topic: str
+    topic: str  # the topic, or the filter of a filter subscription
     lmq: str | None = None
+    owner: str | None = None  # filter subscriptions: the client, or $share/<group>
 
     @property
     def lite(self) -> bool:
         return self.lmq is not None
 
     @property
+    def is_filter(self) -> bool:
+        return self.owner is not None
+
+    @property
     def qid(self) -> str:
+        if self.owner is not None:
+            return "f:" + escape(self.owner) + ":" + escape(self.topic)
         if self.lmq is None:
             return "t:" + escape(self.topic)
         return "l:" + escape(self.topic) + ":" + escape(self.lmq)
@@ -152,6 +161,24 @@ class Keyspace:
     def session_handles(self, client: str) -> str:
         return self.session(client) + ":subs"
 
+    @property
+    def filters(self) -> str:
+        """Hash: filter subscription queue id -> msgpack [filter, share group or None, client or None]."""
+        return f"{self.prefix}:filters"
+
+    @property
+    def filters_version(self) -> str:
+        return f"{self.prefix}:filters:version"
+
+    @property
+    def filters_channel(self) -> str:
+        return f"{self.prefix}:filters:changed"
+
+    @property
+    def retained(self) -> str:
+        """Hash: topic -> its retained message (stored form)."""
+        return f"{self.prefix}:retained"
+
     def session_lite_counts(self, client: str) -> str:
         """Hash: lite topic -> lite subscriptions the client holds (the quota)."""
         return self.session(client) + ":lite"
@@ -164,7 +191,7 @@ class Keyspace:
 
     def queue_pattern(self) -> str:
         """SCAN pattern matching every queue's meta hash (and only those, with TYPE hash)."""
-        return f"{self.prefix}:{{[tl]:*}}"
+        return f"{self.prefix}:{{[tlf]:*}}"
 
     @staticmethod
     def qid_from_meta_key(key: str) -> str:
@@ -185,7 +212,10 @@ class Handle:
     member: str
 
     def encode(self) -> str:
-        packed = msgpack.packb([1, self.queue.topic, self.queue.lmq, self.group, self.member])
+        fields = [1, self.queue.topic, self.queue.lmq, self.group, self.member]
+        if self.queue.owner is not None:
+            fields.append(self.queue.owner)
+        packed = msgpack.packb(fields)
         return "h" + base64.urlsafe_b64encode(packed).rstrip(b"=").decode()
 
     @staticmethod
@@ -194,9 +224,11 @@ class Handle:
             if not text.startswith("h"):
                 raise ValueError
             raw = text[1:]
-            version, topic, lmq, group, member = msgpack.unpackb(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-            if version != 1:
+            version, topic, lmq, group, member, *owner = msgpack.unpackb(
+                base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+            )
+            if version != 1 or len(owner) > 1:
                 raise ValueError
         except Exception:
             raise BadArgument(f"{text[:64]!r} is not a subscription handle; use the handle SUB returned") from None
-        return Handle(QueueRef(topic, lmq), group, member)
+        return Handle(QueueRef(topic, lmq, owner[0] if owner else None), group, member)

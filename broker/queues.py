@@ -9,7 +9,7 @@ ZADD LT; a schedule entry that is too early only costs an empty sweep.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from redis.asyncio import Redis
 
@@ -22,6 +22,7 @@ from broker.scripts import Fences
 MODES = ("exclusive", "shared", "single-active")
 POLICIES = ("preempt", "reject")
 FROM_KINDS = ("earliest", "latest", "id", "time")
+STRATEGIES = ("round-robin", "sticky", "hash")
 
 
 @dataclass(slots=True)
@@ -34,6 +35,7 @@ class Subscription:
     returned: int
     cursor: int
     qos: int = 1
+    new_member: bool = False
 
     def as_reply(self) -> dict[str, object]:
         reply: dict[str, object] = {"handle": self.handle, "mode": self.mode, "epoch": self.epoch, "qos": self.qos}
@@ -69,6 +71,7 @@ class Queues:
         self.keys = Keyspace(config.prefix)
         self.fences = Fences(redis)
         self._topic_kinds: dict[str, str] = {}
+        self.on_queue_dropped: Callable[[QueueRef], Awaitable[None]] | None = None
 
     # -- topics -----------------------------------------------------------------
 
@@ -118,18 +121,21 @@ class Queues:
             if len(p) > self.config.max_payload:
                 raise LimitExceeded(f"payload of {len(p)} bytes exceeds {self.config.max_payload}; split it")
         await self._check_topic_kind(topic, lmq is not None)
+        return await self.append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids)
+
+    async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str] | None = None) -> list[str]:
+        """Append packed bodies to one queue and fill its push members' mailboxes."""
         k = self.keys.queue(ref)
         args: list[Any] = [
             self.config.retention_maxlen,
             self.config.retention_maxage_ms,
             self.config.dedup_window_ms,
             self._idle_ttl(ref),
-            len(payloads),
+            len(bodies),
             self.config.journal_cap,
         ]
-        dedup_ids = dedup_ids or [""] * len(payloads)
-        for payload, dedup in zip(payloads, dedup_ids, strict=True):
-            args.append(pack_body(payload, headers, qos, producer))
+        for body, dedup in zip(bodies, dedup_ids or [""] * len(bodies), strict=True):
+            args.append(body)
             args.append(dedup)
         ids, push_members = await self.fences.call(
             "publish", [k.meta, k.log, k.dedup, k.dedup_ids, k.wake, k.journal], args
@@ -166,8 +172,12 @@ class Queues:
         capacity: int | None = None,
         qos: int = 1,
         on_preempt: str | None = None,
+        strategy: str | None = None,
+        skip_offline: bool = False,
+        queue: QueueRef | None = None,
     ) -> Subscription:
-        ref = self._queue(topic, lmq)
+        """Join a subscription. ``queue`` names a filter subscription's own queue."""
+        ref = queue or self._queue(topic, lmq)
         check_name(client, "client")
         if group is not None:
             check_name(group, "group")
@@ -191,7 +201,10 @@ class Queues:
             raise BadArgument("QOS must be 0 or 1")
         if on_preempt is not None and on_preempt not in ("keep", "earliest", "latest"):
             raise BadArgument("ON-PREEMPT must be keep, earliest or latest")
-        await self._check_topic_kind(topic, lmq is not None)
+        if strategy is not None and strategy not in STRATEGIES:
+            raise BadArgument(f"STRATEGY must be one of {', '.join(STRATEGIES)}")
+        if queue is None:
+            await self._check_topic_kind(topic, lmq is not None)
         handle = Handle(ref, group, client).encode()
         if ref.lite:
             await self._check_lite_quota(client, topic, handle)
@@ -208,6 +221,7 @@ class Queues:
             [
                 group, client, opt(mode), default_mode, opt(policy), start[0], opt(start[1]), opt(lock_ms),
                 opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt), self.config.journal_cap,
+                opt(strategy), int(skip_offline),
             ],
         )
         await self.redis.sadd(self.keys.session_handles(client), handle)
@@ -216,7 +230,10 @@ class Queues:
         if capacity is not None:
             await self.dispatch(ref, [(group, client)])
         evicted = _text(res[3]) or None
-        return Subscription(handle, _text(res[0]), int(res[1]), _text(res[2]), evicted, int(res[4]), int(res[5]), qos)
+        return Subscription(
+            handle, _text(res[0]), int(res[1]), _text(res[2]), evicted, int(res[4]), int(res[5]), qos,
+            new_member=bool(int(res[6])),
+        )
 
     async def _check_lite_quota(self, client: str, topic: str, handle: str) -> None:
         held = int(await self.redis.hget(self.keys.session_lite_counts(client), topic) or 0)
@@ -224,6 +241,19 @@ class Queues:
             raise LimitExceeded(
                 f"client {client} holds {held} lite subscriptions of {topic!r}, the quota; unsubscribe some first"
             )
+
+    async def drop_if_empty(self, ref: QueueRef) -> bool:
+        """Delete a filter subscription's queue once no member is left (MQTT groups)."""
+        k = self.keys.queue(ref)
+        dropped = bool(await self.fences.call("drop_if_empty", k.all_keys(), []))
+        if dropped and self.on_queue_dropped is not None:
+            await self.on_queue_dropped(ref)
+        return dropped
+
+    async def set_presence(self, handles: list[Handle], online: bool) -> None:
+        for h in handles:
+            k = self.keys.queue(h.queue)
+            await self.fences.call("presence", [k.meta, k.journal], [h.group, h.member, int(online)])
 
     async def evict(self, handle: Handle, by: str = "operator") -> int:
         """Fence a member off its subscription; -1 when it is not a member."""
@@ -317,6 +347,13 @@ class Queues:
         await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
         if handle.queue.lite and int(res[2]):
             await self.redis.hincrby(self.keys.session_lite_counts(handle.member), handle.queue.topic, -1)
+        if int(res[0]):
+            # The returned messages go to another member now, not at the next publish.
+            members = await self.push_members(handle.queue)
+            if members:
+                await self.dispatch(handle.queue, members)
+        if int(res[2]) and handle.queue.is_filter:
+            await self.drop_if_empty(handle.queue)
         return int(res[0])
 
     async def end_after(self, handle: Handle, max_messages: int) -> bool:
@@ -340,6 +377,8 @@ class Queues:
         kind = _text(res[0])
         if kind == "eos":
             await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
+            if handle.queue.is_filter:
+                await self.drop_if_empty(handle.queue)
             return "EOS"
         if kind == "none":
             return None

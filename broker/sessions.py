@@ -107,6 +107,11 @@ class Sessions:
             if marker is not None:
                 await self.notify(client, unsubscribe_notice(h, marker, resent=True))
 
+    async def set_presence(self, client: str, online: bool) -> None:
+        """Mark the client's filter-subscription memberships online or offline."""
+        handles = [Handle.decode(raw.decode()) for raw in await self.redis.smembers(self.keys.session_handles(client))]
+        await self.queues.set_presence([h for h in handles if h.queue.is_filter], online)
+
     async def claim_expired(self, limit: int = 100) -> list[str]:
         """Sessions whose lease ran out; ZREM makes exactly one worker the cleaner."""
         now = await self.clock.now_ms()

@@ -25,6 +25,9 @@ def queue_ref(qid: str) -> QueueRef:
     kind, _, rest = qid.partition(":")
     if kind == "t":
         return QueueRef(unquote(rest))
+    if kind == "f":
+        owner, _, filt = rest.partition(":")
+        return QueueRef(unquote(filt), None, unquote(owner))
     topic, _, lmq = rest.partition(":")
     return QueueRef(unquote(topic), unquote(lmq))
 

@@ -96,14 +96,15 @@ class Wakeups:
             self.waiters[channel].discard(waiter)
             self.last_used[channel] = anyio.current_time()
 
-    async def follow_session(self, channel: str, handler: Callable[[bytes], None]) -> None:
+    async def follow(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """Call handler with every message on a (non-sharded) channel, e.g. a session's."""
         await self.ready.wait()
         # Two connections of one client id may overlap on this worker during a
         # takeover: both must hear it, so the older one can close.
         self.session_handlers[channel].append(handler)
         await self.pubsub.subscribe(channel)
 
-    async def unfollow_session(self, channel: str, handler: Callable[[bytes], None]) -> None:
+    async def unfollow(self, channel: str, handler: Callable[[bytes], None]) -> None:
         handlers = self.session_handlers.get(channel, [])
         if handler in handlers:
             handlers.remove(handler)

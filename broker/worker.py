@@ -26,6 +26,7 @@ from broker.commands import Request, parse
 from broker.config import Config
 from broker.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, NoPermission
 from broker.keyspace import Handle, check_name
+from broker.fanout import FanOut, is_filter_target
 from broker.queues import Queues
 from broker.resp import ErrorReply, Push, RequestError, RequestParser, SimpleString, encode_many
 from broker.sessions import RedisClock, Sessions, unsubscribe_notice
@@ -52,6 +53,7 @@ class Worker:
         try:
             self.redis = redis
             self.queues = Queues(redis, self.config)
+            self.fanout = FanOut(self.queues)
             self.keys = self.queues.keys
             self.clock = RedisClock(redis)
             self.sessions = Sessions(redis, self.keys, self.queues, self.clock, self.config.session_lease_ms)
@@ -61,6 +63,7 @@ class Worker:
             self.port = listener.extra(SocketAttribute.local_port)
             async with anyio.create_task_group() as services:
                 services.start_soon(self.wakeups.run)
+                await self.wakeups.follow(self.keys.filters_channel, lambda _: self.fanout.registry.invalidate())
                 services.start_soon(sweeper.run)
                 services.start_soon(self._keep_alive)
                 async with anyio.create_task_group() as conns:
@@ -189,11 +192,13 @@ class ClientConnection:
         if self.client_id is not None:
             channel = self.worker.keys.session_channel(self.client_id)
             try:
-                await self.worker.wakeups.unfollow_session(channel, self._on_session_message)
+                await self.worker.wakeups.unfollow(channel, self._on_session_message)
                 # A named session outlives its connection until its lease runs
                 # out (the worker stops refreshing it now); an anonymous one ends.
                 if self.bound and (self.anonymous or self.quit):
                     await self.worker.sessions.end(self.client_id)
+                elif self.bound:
+                    await self.worker.sessions.set_presence(self.client_id, online=False)
             except (OSError, ConnectionError) as exc:
                 log.warning("cleanup of %s failed, its lease will expire: %s", self.client_id, exc)
         await self.stream.aclose()
@@ -262,9 +267,11 @@ class ClientConnection:
         if self.client_id is not None and self.client_id != client_id:
             raise BadArgument("this connection already has a client id; open a new connection for another")
         self.client_id, self.anonymous = client_id, anonymous
-        await self.worker.wakeups.follow_session(self.worker.keys.session_channel(client_id), self._on_session_message)
+        await self.worker.wakeups.follow(self.worker.keys.session_channel(client_id), self._on_session_message)
         await self.worker.sessions.bind(client_id, self.token, self.worker.id)
         self.bound = True
+        if not anonymous:
+            await self.worker.sessions.set_presence(client_id, online=True)
 
     def _on_session_message(self, data: bytes) -> None:
         notice = msgpack.unpackb(data)
@@ -340,16 +347,15 @@ class ClientConnection:
     async def cmd_pub(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
                       retain: bool = False, dedup_ids: list[str] | None = None,
                       headers: dict[str, str] | None = None) -> Any:
-        if retain:
-            raise BadArgument("RETAIN is not supported yet on this version; publish without it")
-        ids = await self.worker.queues.publish(
-            topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=self.client_id
+        ids = await self.worker.fanout.publish(
+            topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=self.client_id,
+            retain=retain,
         )
         metrics.PUBLISHED.inc(len(ids))
         return ids[0]
 
     async def cmd_mpub(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1) -> Any:
-        ids = await self.worker.queues.publish(topic, payloads, lmq=lmq, qos=qos, producer=self.client_id)
+        ids = await self.worker.fanout.publish(topic, payloads, lmq=lmq, qos=qos, producer=self.client_id)
         metrics.PUBLISHED.inc(len(ids))
         return ids
 
@@ -359,7 +365,7 @@ class ClientConnection:
         payloads = [p for r in reqs for p in r.args["payloads"]]
         ids: list[str] = []
         for start in range(0, len(payloads), self.config.max_batch):
-            ids += await self.worker.queues.publish(
+            ids += await self.worker.fanout.publish(
                 first["topic"], payloads[start : start + self.config.max_batch], lmq=first.get("lmq"),
                 qos=first.get("qos", 1), producer=self.client_id,
             )
@@ -375,6 +381,14 @@ class ClientConnection:
         if push:
             options["capacity"] = options.get("capacity") or self.config.mailbox_capacity
         client = await self._ensure_session()
+        if is_filter_target(topic):
+            if options.get("lmq") is not None or options.get("group") is not None or options.get("mode"):
+                raise BadArgument("a topic filter takes no LMQ, GROUP or MODE; share it as $share/<group>/<filter>")
+            allowed = {"qos", "capacity", "max_messages", "lock_ms", "strategy", "skip_offline", "epoch"}
+            extra = set(options) - allowed
+            if extra:
+                raise BadArgument(f"a topic filter subscription does not take {', '.join(sorted(extra)).upper()}")
+            return (await self.worker.fanout.subscribe(client, topic, **options)).as_reply()
         sub = await self.worker.queues.subscribe(client, topic, **options)
         if sub.evicted:
             mine = Handle.decode(sub.handle)

@@ -9,7 +9,7 @@
 --   meta fields      g|<group>|<field>   m|<group>|<member>|<field>
 
 local SEP = '\0'
-local MEMBER_FIELDS = {'n', 'max', 'lock', 'sus', 'mk', 'cap', 'qos', 'end'}
+local MEMBER_FIELDS = {'n', 'max', 'lock', 'sus', 'mk', 'cap', 'qos', 'end', 'on'}
 
 local function now_ms()
   local t = redis.call('TIME')

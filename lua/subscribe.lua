@@ -14,6 +14,8 @@
 -- ARGV[11] push mailbox capacity ('' = pull mode; the worker fills it with dispatch.lua)   ARGV[12] granted qos
 -- ARGV[13] offset policy on preemption for a new group: keep | earliest | latest
 -- ARGV[14] journal cap (0 = off)
+-- ARGV[15] shared group strategy ('' = the group's, round-robin for a new one):
+--   round-robin | sticky | hash   ARGV[16] skip offline members (1/0/'')
 -- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor,
 --   1 if the caller became a new member else 0}
 -- Exclusive groups: the last subscriber wins (preempt) — in this one call the
@@ -37,6 +39,10 @@ end
 if existing_policy and policy ~= existing_policy then
   raise('BADARG', 'group ' .. g .. ' has POLICY ' .. existing_policy .. '; subscribe with that POLICY or use another GROUP')
 end
+local strategy = redis.call('HGET', K.meta, gf(g, 'strat'))
+if existing_mode and ARGV[15] ~= '' and ARGV[15] ~= (strategy or 'round-robin') then
+  raise('BADARG', 'group ' .. g .. ' uses STRATEGY ' .. (strategy or 'round-robin') .. ', chosen when it was created; use that or another group')
+end
 if mode == 'exclusive' and owner and owner ~= m and policy == 'reject' then
   raise('BUSY', 'group ' .. g .. ' is held by client ' .. owner .. ' (POLICY reject); wait for it to unsubscribe or use POLICY preempt')
 end
@@ -56,6 +62,10 @@ if not existing_mode then
   redis.call('HSETNX', K.meta, 'ct', now)
   redis.call('HSET', K.meta, gf(g, 'mode'), mode, gf(g, 'pol'), policy, gf(g, 'ep'), epoch, gf(g, 'cur'), cur,
     gf(g, 'onpre'), ARGV[13] ~= '' and ARGV[13] or 'keep')
+  if mode == 'shared' then
+    redis.call('HSET', K.meta, gf(g, 'strat'), ARGV[15] ~= '' and ARGV[15] or 'round-robin')
+    if ARGV[16] == '1' then redis.call('HSET', K.meta, gf(g, 'skip'), 1) end
+  end
   local groups = redis.call('HGET', K.meta, 'groups')
   redis.call('HSET', K.meta, 'groups', groups and (groups .. '\n' .. g) or g)
 end
@@ -75,6 +85,7 @@ for field, value in pairs(settings) do
   else redis.call('HDEL', K.meta, mf(g, m, field)) end
 end
 redis.call('HDEL', K.meta, mf(g, m, 'end'))
+redis.call('HSET', K.meta, mf(g, m, 'on'), 1)
 if ARGV[11] ~= '' then push_list_add(K.meta, g, m) else push_list_remove(K.meta, g, m) end
 
 if ARGV[9] ~= '' and int_arg(ARGV[9], 'EPOCH') > epoch then

@@ -1,0 +1,105 @@
+-- snapshot.lua: one queue's whole state, read in one atomic call (read-only).
+--@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
+--
+-- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
+-- KEYS[6] ready  KEYS[7] delayed  KEYS[8] dead letters
+-- KEYS[9..last-1] push mailboxes (`<meta>:mb:<group>:<member>`), any number:
+--   the caller names those of the members that have a `cap` field (it learns
+--   them from an earlier snapshot of the queue) and checks them against this
+--   call's meta; see broker/snapshot.py
+-- ARGV[1] max log entries to list, oldest first (0 = none): ids, publish ms
+--   and stored size only, never the bodies
+-- ARGV[2] max journal entries, the newest (0 = none, -1 = all)
+-- Returns (nothing is written):
+--   { now ms (Redis TIME),
+--     meta (HGETALL, flat),
+--     checkouts (HGETALL, flat: tag, record),
+--     deadlines (ZRANGE WITHSCORES, flat: tag, deadline ms),
+--     ready members,
+--     delayed (ZRANGE WITHSCORES, flat: member, due ms),
+--     {log entries retained (HLEN), owned entries (ZCARD), dead letters (LLEN),
+--      journal entries kept (LLEN)},
+--     mailbox depths (LLEN, one per KEYS[9..last-1], the EOS sentinel included),
+--     oldest pending message per group (flat: group, id, publish ms): the
+--       smallest retained id (>= first) the group has not settled — checked
+--       out, returned, delayed, or not yet read (cursor ≤ seq); groups with
+--       nothing pending are left out,
+--     log entries (flat: id, publish ms, stored body bytes),
+--     journal entries (oldest first, format in _common.lua `journal`) }
+--   An empty meta (the queue vanished after the SCAN that found it) returns
+--   the same shape with empty parts.
+-- Consistent: every part is read in this one call, so every invariant of the
+-- queue holds between them (e.g. each checkout has its deadline or is in a
+-- mailbox, each group's cursor and epoch agree with its checkouts).
+-- Cost: O(state of the queue + log entries + journal entries listed); one
+--   HGET of the log per group (the oldest pending message).
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
+           dly = KEYS[7], dead = KEYS[8], jr = KEYS[#KEYS]}
+local max_log = int_arg(ARGV[1], 'max log entries')
+local max_journal = int_arg(ARGV[2], 'max journal entries')
+local now = now_ms()
+
+local meta = redis.call('HGETALL', K.meta)
+local f = {}
+for i = 1, #meta, 2 do f[meta[i]] = meta[i + 1] end
+local co = redis.call('HGETALL', K.co)
+local dl = redis.call('ZRANGE', K.dl, 0, -1, 'WITHSCORES')
+local rd = redis.call('ZRANGE', K.rd, 0, -1)
+local dly = redis.call('ZRANGE', K.dly, 0, -1, 'WITHSCORES')
+local counts = {redis.call('HLEN', K.log), redis.call('ZCARD', K.own), redis.call('LLEN', K.dead),
+                redis.call('LLEN', K.jr)}
+local mailboxes = {}
+for i = 9, #KEYS - 1 do mailboxes[#mailboxes + 1] = redis.call('LLEN', KEYS[i]) end
+
+local seq, first = tonumber(f.seq or '0'), tonumber(f.first or '1')
+local low = {}
+local function pending(g, id)
+  if id and id >= first and id <= seq and (low[g] == nil or id < low[g]) then low[g] = id end
+end
+for i = 2, #co, 2 do
+  local p = split(co[i], SEP)
+  pending(p[1], tonumber(p[3]))
+end
+for _, member in ipairs(rd) do
+  local p = split(member, SEP)
+  pending(p[1], tonumber(p[2]))
+end
+for i = 1, #dly, 2 do
+  local p = split(dly[i], SEP)
+  pending(p[1], tonumber(p[2]))
+end
+local oldest = {}
+for _, g in ipairs(f.groups and split(f.groups, '\n') or {}) do
+  local cur = tonumber(f[gf(g, 'cur')] or first)
+  if cur < first then cur = first end
+  pending(g, cur)
+  if low[g] then
+    local body = redis.call('HGET', K.log, low[g])
+    if body then
+      oldest[#oldest + 1] = g
+      oldest[#oldest + 1] = low[g]
+      oldest[#oldest + 1] = published_at(body)
+    end
+  end
+end
+
+local entries = {}
+if max_log > 0 then
+  local last = math.min(seq, first + max_log - 1)
+  for id = first, last do
+    local body = redis.call('HGET', K.log, id)
+    if body then
+      local ms = string.match(body, '^(%d+):')
+      entries[#entries + 1] = id
+      entries[#entries + 1] = tonumber(ms)
+      entries[#entries + 1] = #body - #ms - 1
+    end
+  end
+end
+
+local jr = {}
+if max_journal < 0 then jr = redis.call('LRANGE', K.jr, 0, -1)
+elseif max_journal > 0 then jr = redis.call('LRANGE', K.jr, -max_journal, -1) end
+
+return {now, meta, co, dl, rd, dly, counts, mailboxes, oldest, entries, jr}
