@@ -20,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPECTED_COMMANDS = {"serve", "demo", "status", "analyze"}
+EXPECTED_COMMANDS = {"serve", "demo", "status"}
 
 
 def _pyproject() -> dict:
@@ -80,7 +80,7 @@ def test_cli_app_has_the_expected_commands() -> None:
 def test_compose_commands_are_real_cli_commands() -> None:
     services = _compose_services()
     ours = {name: svc for name, svc in services.items() if "build" in svc}
-    assert {"worker1", "worker2", "analytics"} <= set(ours)
+    assert {"worker1", "worker2"} <= set(ours)
     for name, svc in ours.items():
         assert "command" in svc, f"service {name} builds our image but sets no command"
         command = svc["command"]
@@ -100,7 +100,6 @@ def test_compose_topology() -> None:
         assert "redis://redis:6379/" in svc["command"]
         published[name] = {p.split(":")[0] for p in svc["ports"]}
     assert "7379" in published["worker1"] and "7380" in published["worker2"]
-    assert services["analytics"]["profiles"] == ["analytics"]
 
 
 def _dockerfile_stages() -> dict[str, str]:
@@ -111,9 +110,7 @@ def _dockerfile_stages() -> dict[str, str]:
 
 def test_dockerfile_cmds_are_real_cli_commands() -> None:
     stages = _dockerfile_stages()
-    assert {"base", "analytics", "runtime"} <= set(stages)
-    assert "openjdk-17-jre-headless" in stages["analytics"]
-    assert '.[spark]' in stages["analytics"]
+    assert {"base", "runtime"} <= set(stages)
     for stage, body in stages.items():
         for cmd in re.findall(r"(?m)^CMD\s+(\[.*\])\s*$", body):
             _assert_runs(json.loads(cmd), f"Dockerfile stage {stage} CMD")

@@ -1,0 +1,97 @@
+"""Helpers shared by the CLI commands: Redis URLs, reachability, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+ENV_REDIS_URL = "FENCEMQ_REDIS_URL"
+EXIT_UNREACHABLE = 2  # no Redis URL, or the Redis at it does not answer
+
+
+class CliError(Exception):
+    """A failure the user can fix: printed as one line to stderr, then exit ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def fail(command: str, error: CliError) -> None:
+    print(f"fencemq {command}: {error.message}", file=sys.stderr, flush=True)
+
+
+def redis_url_given(flag: str | None) -> str | None:
+    """--redis-url, else $FENCEMQ_REDIS_URL, else None (empty strings count as unset)."""
+    return flag or os.environ.get(ENV_REDIS_URL) or None
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        netloc = user + host + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+def unreachable_message(url: str, exc: BaseException | None) -> str:
+    why = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+    shown = safe_url(url)
+    return f"cannot reach Redis at {shown}{why}; is Redis running at {shown}? set --redis-url or {ENV_REDIS_URL}"
+
+
+def connect(url: str, **kwargs: object) -> redis.Redis:
+    """A redis-py client that has answered PING; CliError(code 2) otherwise.
+
+    No retries: an operator asking for status wants an answer in a second or
+    two, not after redis-py's backoff schedule.
+    """
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=3, socket_timeout=10, retry=Retry(NoBackoff(), 0), **kwargs
+        )
+    except ValueError as exc:
+        raise CliError(
+            f"{safe_url(url)!r} is not a Redis URL ({exc}); give one like redis://host:6379/0 "
+            f"with --redis-url or {ENV_REDIS_URL}",
+            EXIT_UNREACHABLE,
+        ) from None
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        client.close()
+        raise CliError(
+            f"Redis at {safe_url(url)} refused the credentials ({exc}); put the right password in the URL "
+            f"(redis://:password@host:port/0)",
+            EXIT_UNREACHABLE,
+        ) from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        client.close()
+        raise CliError(unreachable_message(url, exc), EXIT_UNREACHABLE) from None
+    except redis.ResponseError as exc:  # e.g. NOAUTH from a server that needs a password
+        client.close()
+        raise CliError(
+            f"Redis at {safe_url(url)} answered PING with an error ({exc}); check the URL's password and database",
+            EXIT_UNREACHABLE,
+        ) from None
+    return client
+
+
+def text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)

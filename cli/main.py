@@ -1,0 +1,280 @@
+"""`fencemq`: the operator CLI (console script ``cli.main:app``).
+
+    fencemq serve    run a worker (an embedded Redis when no URL is given)
+    fencemq demo     a short scripted tour of the guarantees
+    fencemq status   workers, sessions and queues, read straight from Redis
+
+Exit codes: 0 success; 1 failure (or a demo check that did not hold);
+2 no Redis URL, or the Redis at it does not answer (and usage errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from typing import Annotated, Optional
+
+import redis
+import typer
+from rich.console import Console
+
+from broker import __version__
+from broker.errors import BadArgument
+from broker.keyspace import Keyspace
+from cli.common import (
+    ENV_REDIS_URL,
+    EXIT_UNREACHABLE,
+    CliError,
+    connect,
+    fail,
+    redis_url_given,
+    safe_url,
+    unreachable_message,
+)
+
+app = typer.Typer(
+    name="fencemq",
+    help="FenceMQ: a message broker whose state lives in Redis and whose guarantees are atomic Lua fences.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+RedisUrlOption = Annotated[
+    Optional[str],
+    typer.Option("--redis-url", metavar="URL", show_default=False,
+                 help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL})"),
+]
+
+
+def _check_prefix(value: Optional[str]) -> Optional[str]:
+    if value is not None:
+        try:
+            Keyspace(value)
+        except BadArgument as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+PrefixOption = Annotated[
+    Optional[str],
+    typer.Option("--prefix", callback=_check_prefix, show_default=False,
+                 help="Key prefix of the broker's state in Redis (default: $FENCEMQ_PREFIX or fmq)"),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"fencemq {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """FenceMQ operator CLI."""
+
+
+@contextlib.contextmanager
+def _terminal_interrupts_spare_children() -> Iterator[None]:
+    """Children started inside this block (the embedded Redis) never see SIGINT.
+
+    Ctrl-C in a terminal signals the whole foreground process group: the
+    private Redis would shut down at once, under the worker that is draining.
+    A blocked signal mask is inherited across fork/exec and Redis does not
+    unblock SIGINT; SIGTERM (how EmbeddedRedis stops it) still works. A Ctrl-C
+    during the block is delivered to us when it ends.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+# -- serve -------------------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="Address to listen on (default: $FENCEMQ_HOST or 127.0.0.1)",
+                                                show_default=False)] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port to listen on; 0 picks a free one "
+                                                "(default: $FENCEMQ_PORT or 7379)", show_default=False,
+                                                min=0, max=65535)] = None,
+    redis_url: RedisUrlOption = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        "--metrics-port", metavar="N", min=1, max=65535, show_default=False,
+        help="Serve Prometheus metrics on this port (same address as --host; default: $FENCEMQ_METRICS_PORT, "
+             "else off)")] = None,
+    prefix: PrefixOption = None,
+    password: Annotated[Optional[str], typer.Option(
+        help="Clients must AUTH with this password (default: $FENCEMQ_PASSWORD, else none)",
+        show_default=False)] = None,
+) -> None:
+    """Run a worker until SIGTERM/SIGINT, then drain and exit 0.
+
+    Without --redis-url (or $FENCEMQ_REDIS_URL) it starts a private embedded
+    Redis whose data is discarded on exit: for trying things out, not production.
+    """
+    import anyio
+    from prometheus_client import start_http_server
+
+    from broker.config import Config
+    from broker.runner import redis_for
+    from broker.runner import serve as run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = Config.from_env(host=host, port=port, redis_url=redis_url, metrics_port=metrics_port,
+                                 prefix=prefix, password=password)
+        Keyspace(config.prefix)
+    except (ValueError, BadArgument) as exc:  # a FENCEMQ_* variable that does not parse
+        fail("serve", CliError(f"bad configuration: {exc}; fix the FENCEMQ_* environment variables"))
+        raise typer.Exit(1) from None
+
+    embedded = not config.redis_url
+    try:
+        if not embedded:
+            connect(config.redis_url).close()  # fail fast, with a message that says what to check
+        with contextlib.ExitStack() as stack:
+            with _terminal_interrupts_spare_children():
+                config = stack.enter_context(redis_for(config))
+            if embedded:
+                print(f"no --redis-url or {ENV_REDIS_URL}: started a private Redis at {config.redis_url} "
+                      "(its data is discarded on exit)", flush=True)
+            if config.metrics_port:
+                start_http_server(config.metrics_port, addr=config.host)
+                print(f"metrics on http://{config.host}:{config.metrics_port}/metrics", flush=True)
+            shown_url = safe_url(config.redis_url)
+
+            def on_ready(worker, bound_port: int) -> None:
+                # Printed on the next loop turn: by then the SIGTERM/SIGINT handlers are in
+                # place, so whoever waits for this line may signal at once.
+                line = f"fencemq worker {worker.id} listening on {config.host}:{bound_port} (redis: {shown_url})"
+                asyncio.get_running_loop().call_soon(lambda: print(line, flush=True))
+
+            anyio.run(run_worker, config, on_ready)
+    except CliError as exc:
+        fail("serve", exc)
+        raise typer.Exit(exc.code) from None
+    except KeyboardInterrupt:
+        print("fencemq serve: interrupted", file=sys.stderr)
+        raise typer.Exit(130) from None
+    except (OSError, RuntimeError) as exc:  # port in use, no Redis binary for the embedded server...
+        fail("serve", CliError(f"{type(exc).__name__}: {exc}"))
+        raise typer.Exit(1) from None
+    except BaseExceptionGroup as group:
+        errors = [e for e in _leaves(group) if not isinstance(e, KeyboardInterrupt)]
+        if not errors:
+            raise typer.Exit(130) from None
+        unique = dict.fromkeys(f"{type(e).__name__}: {e}" for e in errors)
+        fail("serve", CliError("the worker stopped: " + "; ".join(unique)))
+        raise typer.Exit(1) from None
+    print("fencemq worker drained; bye", flush=True)
+
+
+# -- demo --------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(redis_url: RedisUrlOption = None) -> None:
+    """A short scripted tour (~2 s): shared group, lease expiry and redelivery, lite-queue preemption.
+
+    Starts a private embedded Redis unless --redis-url (or $FENCEMQ_REDIS_URL)
+    is given, and a worker; both are stopped on exit.
+    """
+    from broker.config import Config
+    from broker.runner import redis_for
+    from cli import demo as tour
+
+    console = Console(highlight=False)
+    url = redis_url_given(redis_url)
+    try:
+        if url:
+            connect(url).close()
+            source = f"{safe_url(url)} (from {'--redis-url' if redis_url else ENV_REDIS_URL})"
+        with redis_for(Config(redis_url=url)) as config:
+            if not url:
+                source = f"a private embedded server at {config.redis_url}, removed on exit"
+            ok = tour.run(console, config.redis_url, source)
+    except CliError as exc:
+        fail("demo", exc)
+        raise typer.Exit(exc.code) from None
+    except (OSError, RuntimeError, redis.RedisError) as exc:  # no Redis binary, a worker error reply...
+        fail("demo", CliError(f"{type(exc).__name__}: {exc}"))
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:  # the worker and the embedded Redis are stopped on the way out
+        print("fencemq demo: interrupted", file=sys.stderr)
+        raise typer.Exit(130) from None
+    if not url:
+        console.print("[dim]Stopped the embedded Redis.[/dim]")
+    if not ok:
+        raise typer.Exit(1)
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+@app.command()
+def status(
+    redis_url: RedisUrlOption = None,
+    prefix: PrefixOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object {workers, sessions, queues}.")] = False,
+    limit: Annotated[int, typer.Option(min=0, help="Show at most this many queues and sessions.")] = 1000,
+) -> None:
+    """Workers, sessions and queues (backlog, checkouts, groups, owners, suspects), read from Redis.
+
+    Read-only. Needs the broker's Redis: --redis-url or $FENCEMQ_REDIS_URL
+    (status never starts an embedded server).
+    """
+    from cli import status as report
+
+    url = redis_url_given(redis_url)
+    if not url:
+        fail("status", CliError(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis "
+                                "(status never starts an embedded server)", EXIT_UNREACHABLE))
+        raise typer.Exit(EXIT_UNREACHABLE)
+    key_prefix = prefix or os.environ.get("FENCEMQ_PREFIX") or "fmq"
+    try:
+        Keyspace(key_prefix)
+    except BadArgument as exc:
+        fail("status", CliError(f"bad prefix {key_prefix!r}: {exc}"))
+        raise typer.Exit(1) from None
+    try:
+        client = connect(url)
+        try:
+            snap = report.collect(client, key_prefix, limit)
+        finally:
+            client.close()
+    except CliError as exc:
+        fail("status", exc)
+        raise typer.Exit(exc.code) from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:  # the server went away mid-read
+        fail("status", CliError(unreachable_message(url, exc)))
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+    except redis.RedisError as exc:  # e.g. an ACL user without SCAN/HGETALL rights
+        fail("status", CliError(f"Redis at {safe_url(url)} answered {type(exc).__name__}: {exc}"))
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(report.to_json(snap))
+    else:
+        report.render(Console(highlight=False), snap, url)
+
+
+if __name__ == "__main__":
+    app()

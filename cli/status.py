@@ -1,0 +1,354 @@
+"""`fencemq status`: what the broker's state in Redis says, read directly from Redis.
+
+Read-only and script-free: it never writes, so it is safe against a live
+broker. Reads are pipelined, not atomic: on a busy broker the numbers of one
+queue may be a few milliseconds apart (e.g. a member's pending count against
+the queue's checkouts). Times are relative to Redis's clock (TIME), like the
+leases themselves.
+
+Per queue (a plain topic, or one lmq of a lite topic, ``topic[lmq]``):
+
+* ``last_id``/``first_id``: the meta hash's ``seq`` and ``first``.
+* per group: ``unread`` = last id - cursor + 1 (never read by the group),
+  ``returned`` = messages of the group waiting for redelivery (lease expired,
+  NACKed, or given back by a preempted/leaving member), ``backlog`` = unread +
+  returned, ``checkouts`` = leases held by its members.
+* ``checkouts`` = ZCARD of the deadlines zset; ``oldest_deadline_in_s`` = the
+  first deadline, in seconds from now (negative: overdue, the sweeper is about
+  to return it).
+* ``backlog`` of the queue = the largest group backlog (null with no group).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from broker.keyspace import Keyspace
+from broker.sweeper import queue_ref
+from cli.common import safe_url, text
+
+PIPELINE_CHUNK = 200
+
+
+def _int(value: object, default: int = 0) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _in_s(deadline_ms: float, now_ms: int) -> float:
+    return round((deadline_ms - now_ms) / 1000, 3)
+
+
+def collect(client: redis.Redis, prefix: str = "fmq", limit: int = 1000) -> dict[str, Any]:
+    """The status snapshot as plain data (what ``--json`` prints)."""
+    keys = Keyspace(prefix)
+    seconds, micros = client.time()
+    now = seconds * 1000 + micros // 1000
+
+    workers = [
+        {"id": text(member), "deadline_ms": int(score), "expires_in_s": _in_s(score, now), "alive": score > now}
+        for member, score in client.zrange(keys.workers, 0, -1, withscores=True)
+    ]
+    workers.sort(key=lambda w: w["id"])
+
+    session_total = client.zcard(keys.sessions)
+    raw_sessions = client.zrange(keys.sessions, 0, limit - 1, withscores=True) if limit > 0 else []
+    sessions: list[dict[str, Any]] = []
+    for start in range(0, len(raw_sessions), PIPELINE_CHUNK):
+        chunk = raw_sessions[start : start + PIPELINE_CHUNK]
+        with client.pipeline(transaction=False) as pipe:
+            for member, _ in chunk:
+                client_id = text(member)
+                pipe.hmget(keys.session(client_id), "worker", "since")
+                pipe.scard(keys.session_handles(client_id))
+            replies = pipe.execute()
+        for i, (member, score) in enumerate(chunk):
+            (worker, since), subs = replies[2 * i], replies[2 * i + 1]
+            sessions.append({
+                "client": text(member),
+                "deadline_ms": int(score),
+                "expires_in_s": _in_s(score, now),
+                "alive": score > now,
+                "worker": text(worker) if worker is not None else None,
+                "since_ms": _int(since, 0) or None,
+                "subscriptions": int(subs),
+            })
+    sessions.sort(key=lambda s: s["client"])
+
+    metas: set[bytes] = set()
+    truncated_queues = False
+    for key in client.scan_iter(match=keys.queue_pattern(), count=1000, _type="HASH"):
+        if key in metas:
+            continue  # SCAN may return a key twice
+        if len(metas) >= limit:
+            truncated_queues = True
+            break
+        metas.add(key)
+    queues: list[dict[str, Any]] = []
+    ordered = sorted(metas)
+    for start in range(0, len(ordered), PIPELINE_CHUNK):
+        queues.extend(_queues(client, keys, ordered[start : start + PIPELINE_CHUNK], now))
+    queues.sort(key=lambda q: (q["topic"], q["lmq"] or ""))
+
+    return {
+        "prefix": prefix,
+        "now_ms": now,
+        "workers": workers,
+        "sessions": sessions,
+        "queues": queues,
+        "truncated": {
+            "sessions": session_total > len(sessions),
+            "queues": truncated_queues,
+        },
+    }
+
+
+def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -> Iterable[dict[str, Any]]:
+    qids = [Keyspace.qid_from_meta_key(text(m)) for m in metas]
+    with client.pipeline(transaction=False) as pipe:
+        for qid in qids:
+            k = keys.queue_by_id(qid)
+            pipe.hgetall(k.meta)
+            pipe.zcard(k.deadlines)
+            pipe.zrange(k.deadlines, 0, 0, withscores=True)
+            pipe.zcard(k.ready)
+            pipe.zcard(k.delayed)
+            pipe.llen(k.dead)
+        replies = pipe.execute()
+
+    parsed = []
+    for i, qid in enumerate(qids):
+        meta, checkouts, oldest, ready, delayed, dead = replies[6 * i : 6 * i + 6]
+        if not meta:
+            continue  # reclaimed between SCAN and now
+        parsed.append((qid, _parse_meta(meta), checkouts, oldest, ready, delayed, dead))
+
+    # Per-group returned/checked-out counts and per-member pending: lex counts, O(log n) each.
+    with client.pipeline(transaction=False) as pipe:
+        for qid, (fields, groups), *_ in parsed:
+            k = keys.queue_by_id(qid)
+            for g in sorted(groups):  # the same order as the loop that reads the counts below
+                group = groups[g]
+                gb = g.encode()
+                pipe.zlexcount(k.ready, b"[" + gb + b"\x00", b"(" + gb + b"\x01")
+                pipe.zlexcount(k.owned, b"[" + gb + b"\x00", b"(" + gb + b"\x01")
+                for m in group["members"]:
+                    mb = gb + b"\x00" + m.encode()
+                    pipe.zlexcount(k.owned, b"[" + mb + b"\x00", b"(" + mb + b"\x01")
+        counts = iter(pipe.execute())
+
+    for qid, (fields, groups), checkouts, oldest, ready, delayed, dead in parsed:
+        ref = queue_ref(qid)
+        seq = _int(fields.get("seq"))
+        first = _int(fields.get("first"), 1)
+        out_groups = []
+        for g in sorted(groups):
+            group = groups[g]
+            returned, held = next(counts), next(counts)
+            cursor = max(_int(group.get("cur"), first), first)
+            unread = max(0, seq - cursor + 1)
+            members = []
+            for m, mfields in group["members"].items():
+                pending = next(counts)
+                members.append({
+                    "id": m,
+                    "delivered": _int(mfields.get("n")),
+                    "pending": pending,
+                    "suspected": "sus" in mfields,
+                    "suspected_since_ms": _int(mfields.get("sus")) if "sus" in mfields else None,
+                    "evicted_by": mfields.get("mk"),
+                    "lock_ms": _int(mfields.get("lock")) if "lock" in mfields else None,
+                })
+            out_groups.append({
+                "name": g,
+                "mode": group.get("mode"),
+                "policy": group.get("pol"),
+                "epoch": _int(group.get("ep")),
+                "cursor": cursor,
+                "owner": group.get("own"),
+                "unread": unread,
+                "returned": returned,
+                "backlog": unread + returned,
+                "checkouts": held,
+                "members": members,
+                "suspected": [m["id"] for m in members if m["suspected"]],
+                "evicted": [m["id"] for m in members if m["evicted_by"] is not None],
+            })
+        oldest_ms = int(oldest[0][1]) if oldest else None
+        yield {
+            "name": str(ref),
+            "topic": ref.topic,
+            "lmq": ref.lmq,
+            "qid": qid,
+            "first_id": first,
+            "last_id": seq,
+            "retained": max(0, seq - first + 1),
+            "backlog": max((g["backlog"] for g in out_groups), default=None),
+            "checkouts": int(checkouts),
+            "oldest_deadline_ms": oldest_ms,
+            "oldest_deadline_in_s": _in_s(oldest_ms, now) if oldest_ms is not None else None,
+            "returned": int(ready),
+            "delayed": int(delayed),
+            "dead_lettered": int(dead),
+            "groups": out_groups,
+        }
+
+
+def _parse_meta(raw: dict[bytes, bytes]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """Queue-level fields, and groups: {group: {field: value, "members": {member: {field: value}}}}."""
+    fields: dict[str, str] = {}
+    groups: dict[str, dict[str, Any]] = {}
+    member_fields: list[tuple[str, str, str, str]] = []
+    for k, v in raw.items():
+        key, value = text(k), text(v)
+        parts = key.split("|")
+        if len(parts) == 3 and parts[0] == "g":
+            groups.setdefault(parts[1], {"members": {}})[parts[2]] = value
+        elif len(parts) == 4 and parts[0] == "m":
+            member_fields.append((parts[1], parts[2], parts[3], value))
+        else:
+            fields[key] = value
+    for g, group in groups.items():
+        # The group's member list keeps arrival order (single-active succession order).
+        for m in filter(None, group.get("mem", "").split("\n")):
+            group["members"][m] = {}
+    for g, m, f, value in member_fields:
+        group = groups.setdefault(g, {"members": {}})
+        group["members"].setdefault(m, {})[f] = value
+    return fields, groups
+
+
+# -- rendering -------------------------------------------------------------------------
+
+
+def _ago(seconds: float | None) -> Text:
+    if seconds is None:
+        return Text("–", style="dim")
+    if seconds >= 0:
+        return Text(f"in {seconds:.1f}s")
+    return Text(f"{-seconds:.1f}s overdue", style="yellow")
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                 collapse_padding=True)
+
+
+def render(console: Console, snap: dict[str, Any], redis_url: str) -> None:
+    console.print(Text.assemble(
+        ("FenceMQ status", "bold"), f"  redis {safe_url(redis_url)}  prefix {snap['prefix']}",
+    ))
+    render_workers(console, snap)
+    render_sessions(console, snap)
+    render_queues(console, snap)
+    render_groups(console, snap)
+
+
+def render_workers(console: Console, snap: dict[str, Any]) -> None:
+    workers = _table("Workers")
+    workers.add_column("worker", overflow="fold")
+    workers.add_column("state", min_width=5)
+    workers.add_column("lease", min_width=10)
+    for w in snap["workers"]:
+        state = Text("alive", style="green") if w["alive"] else Text("gone", style="red")
+        lease = Text(f"expires in {w['expires_in_s']:.1f}s") if w["alive"] else Text(
+            f"expired {-w['expires_in_s']:.1f}s ago", style="dim")
+        workers.add_row(Text(w["id"]), state, lease)
+    if snap["workers"]:
+        console.print(workers)
+    else:
+        console.print(Text("No workers have registered under this prefix.", style="yellow"))
+
+
+def render_sessions(console: Console, snap: dict[str, Any]) -> None:
+    if snap["sessions"]:
+        sessions = _table("Sessions")
+        sessions.add_column("client", overflow="fold")
+        sessions.add_column("worker", overflow="fold")
+        sessions.add_column("subs", justify="right", min_width=4)
+        sessions.add_column("lease", min_width=10)
+        for s in snap["sessions"]:
+            lease = _ago(s["expires_in_s"]) if s["alive"] else Text("expired (being cleaned up)", style="yellow")
+            sessions.add_row(Text(s["client"]), Text(s["worker"] or "–"), str(s["subscriptions"]), lease)
+        console.print(sessions)
+        if snap["truncated"]["sessions"]:
+            console.print(Text(f"(first {len(snap['sessions'])} sessions shown; raise --limit)", style="dim"))
+    else:
+        console.print(Text("No sessions.", style="dim"))
+
+
+def render_queues(console: Console, snap: dict[str, Any]) -> None:
+    if not snap["queues"]:
+        console.print(Text("No queues.", style="dim"))
+        return
+    queues = _table("Queues")
+    queues.add_column("queue", overflow="fold", ratio=1, min_width=12)
+    queues.add_column("last\nid", justify="right", min_width=4)
+    queues.add_column("backlog", justify="right", min_width=7)
+    queues.add_column("checked\nout", justify="right", min_width=7)
+    queues.add_column("oldest\ndeadline", min_width=8)
+    queues.add_column("returned", justify="right", min_width=8)
+    queues.add_column("dead", justify="right", min_width=4)
+    for q in snap["queues"]:
+        queues.add_row(
+            Text(q["name"], style="bold"),
+            str(q["last_id"]),
+            "–" if q["backlog"] is None else str(q["backlog"]),
+            str(q["checkouts"]),
+            _ago(q["oldest_deadline_in_s"]),
+            str(q["returned"]),
+            str(q["dead_lettered"]),
+        )
+    console.print(queues)
+    if snap["truncated"]["queues"]:
+        console.print(Text(f"(first {len(snap['queues'])} queues found shown; raise --limit)", style="dim"))
+
+
+def _members(group: dict[str, Any]) -> Text:
+    out = Text()
+    for i, m in enumerate(group["members"]):
+        if i:
+            out.append(", ")
+        out.append(m["id"], style="cyan" if m["id"] == group["owner"] else "")
+        if m["evicted_by"] is not None:
+            out.append(f" (evicted by {m['evicted_by']})", style="red")
+        elif m["suspected"]:
+            out.append(" (suspected)", style="yellow")
+    return out if group["members"] else Text("–", style="dim")
+
+
+def render_groups(console: Console, snap: dict[str, Any]) -> None:
+    groups = _table("Subscription groups")
+    groups.add_column("queue", overflow="fold", ratio=2, min_width=10)
+    groups.add_column("group", overflow="fold", ratio=1, min_width=7)
+    groups.add_column("mode", overflow="fold", min_width=9)
+    groups.add_column("epoch", justify="right", min_width=5)
+    groups.add_column("owner", overflow="fold", ratio=1, min_width=5)
+    groups.add_column("backlog", justify="right", min_width=7)
+    groups.add_column("checked\nout", justify="right", min_width=7)
+    groups.add_column("members", overflow="fold", ratio=3, min_width=12)
+    for q in snap["queues"]:
+        for g in q["groups"]:
+            groups.add_row(
+                Text(q["name"]), Text(g["name"]), Text(g["mode"] or "?"), str(g["epoch"]),
+                Text(g["owner"] or "–", style="cyan" if g["owner"] else "dim"),
+                str(g["backlog"]), str(g["checkouts"]), _members(g),
+            )
+    if groups.row_count:
+        console.print(groups)
+
+
+def to_json(snap: dict[str, Any]) -> str:
+    return json.dumps(snap, indent=2, sort_keys=False)
