@@ -9,7 +9,8 @@ every concurrent call over a single ``redis.asyncio.connection.Connection``
 with true pipelining:
 
 * **Connecting.** redis-py opens the socket (TCP, TLS for ``rediss://``, unix
-  socket), with ``lib_name=None, lib_version=None`` and no client name, and a
+  socket), with no driver info (``driver_info=None``, or ``lib_name=None,
+  lib_version=None`` on older redis-py) and no client name, and a
   ``redis_connect_func`` that only arms the parser, so redis-py sends nothing of
   its own (no HELLO, CLIENT SETINFO or SETNAME). The client then sends
   ``HELLO <proto> [AUTH user pass] [SETNAME <client id>]`` itself and reads the
@@ -126,7 +127,7 @@ class EndOfStream(Exception):
     """A push subscription reached its end (``TAKE`` replied ``EOS``)."""
 
 
-# redis-py >= 7.1 takes driver_info (None: no CLIENT SETINFO) and deprecates lib_name/lib_version.
+# Newer redis-py takes driver_info (None: no CLIENT SETINFO) and deprecates lib_name/lib_version.
 _NO_SETINFO: dict[str, Any] = (
     {"driver_info": None} if "driver_info" in inspect.signature(AbstractConnection.__init__).parameters
     else {"lib_name": None, "lib_version": None}
@@ -251,9 +252,15 @@ class Client:
         self.protocol = protocol
         self.on_notice = on_notice
         self.hello: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(parse_url(url))
+        # The client owns these; a URL's ?client_name= may name the session.
+        url_name = kwargs.pop("client_name", None)
+        for key in ("protocol", "socket_timeout", "socket_connect_timeout", "lib_name", "lib_version"):
+            kwargs.pop(key, None)
+        if client_id is None:
+            client_id = url_name
         self._client_id = client_id
         self._id: str | None = client_id
-        kwargs: dict[str, Any] = dict(parse_url(url))
         self._password = password if password is not None else kwargs.pop("password", None)
         self._username = username if username is not None else kwargs.pop("username", None)
         kwargs.pop("password", None)
@@ -311,7 +318,11 @@ class Client:
         self._notices = asyncio.Queue()
         conn = self._conn
         conn._parser.on_push = self._on_push
-        await conn.connect()
+        try:
+            await conn.connect()
+        except redis.exceptions.RedisError as exc:  # refused, timed out, TLS...: the builtin kind too
+            self._closed = True
+            raise ConnectionLost(f"cannot connect to {self.url}: {exc}") from exc
         args: list[Any] = ["HELLO", self.protocol]
         if self._password is not None:
             args += ["AUTH", self._username or "default", self._password]
@@ -622,7 +633,8 @@ class Subscription:
         self.group = group
         self.push = push
         self.dropped = 0  # deliveries dropped by the epoch fence
-        self.closed = False
+        self.closed = False  # unsubscribed, or the stream ended
+        self.ended = False  # a push subscription's TAKE returned EOS
 
     def __repr__(self) -> str:
         return f"<Subscription {self.topic!r} lmq={self.lmq!r} mode={self.mode} epoch={self.epoch}>"
@@ -676,7 +688,9 @@ class Subscription:
         return self._fence(await self.client._call(args, self._read_batch))
 
     async def take(self, block_ms: int | None = None) -> Delivery | None:
-        """TAKE handle [BLOCK ms]: a delivery, None on timeout; raises EndOfStream at the end."""
+        """TAKE handle [BLOCK ms]: a delivery, None on timeout; raises EndOfStream at (and after) the end."""
+        if self.ended:  # EOS is final (the worker forgets the member once it has handed EOS out)
+            raise EndOfStream(self.handle)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + block_ms / 1000 if block_ms else None  # BLOCK 0: no deadline
         remaining = block_ms
@@ -686,7 +700,7 @@ class Subscription:
                 args += ["BLOCK", remaining]
             got = await self.client._call(args, self._read_take)
             if got is EndOfStream:
-                self.closed = True
+                self.closed = self.ended = True
                 raise EndOfStream(self.handle)
             if got is None or self._fence([got]):
                 return got
@@ -910,10 +924,14 @@ class SyncSubscription:
 
     def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS) -> Iterator[Delivery]:
         agen = self.aio.iter(count, block_ms)
+
+        async def step() -> Delivery:
+            return await agen.__anext__()
+
         try:
             while True:
                 try:
-                    yield self._client._run(agen.__anext__())
+                    yield self._client._run(step())
                 except StopAsyncIteration:
                     return
         finally:

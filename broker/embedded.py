@@ -123,8 +123,10 @@ class EmbeddedRedis:
                 "--daemonize", "no", "--logfile", str(log), "--protected-mode", "no"]
         args += ["--requirepass", self.password] if self.password else []
         with open(log, "ab") as out:  # errors before the logfile opens go to stderr
+            # Its own session: a Ctrl-C in the terminal reaches the worker,
+            # which drains and then stops this server, not both at once.
             self._proc = subprocess.Popen(args + self.extra_args, stdin=subprocess.DEVNULL,
-                                          stdout=out, stderr=out)
+                                          stdout=out, stderr=out, start_new_session=True)
         # No retries, so each poll is quick. INFO's process_id proves that *our*
         # server answers, not another one already holding the port.
         probe = redis.Redis(port=self.port, password=self.password, socket_timeout=0.5,

@@ -15,6 +15,8 @@ from typing import AsyncIterator, Callable
 
 import anyio
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
 LINGER_S = 30.0
@@ -51,7 +53,17 @@ class Wakeups:
         self.ready.set()
         try:
             while True:
-                msg = await self.pubsub.get_message(timeout=1.0)
+                try:
+                    msg = await self.pubsub.get_message(timeout=1.0)
+                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                    # redis-py reconnects and subscribes again on the next call;
+                    # whatever fired meanwhile is lost, so every waiter looks again.
+                    log.warning("pub/sub connection lost (%s); reconnecting", exc)
+                    for waiters in self.waiters.values():
+                        for waiter in waiters:
+                            waiter.fire()
+                    await anyio.sleep(0.5)
+                    continue
                 if msg is None:
                     await self._prune()
                     continue

@@ -78,6 +78,8 @@ class Worker:
                             conn.scope.cancel()
                     conns.start_soon(self._cut_stragglers)
                 services.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await redis.zrem(self.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
                 await redis.aclose()

@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
-from collections.abc import Iterator
 from typing import Annotated, Optional
 
 import redis
@@ -82,23 +80,6 @@ def main(
     """FenceMQ operator CLI."""
 
 
-@contextlib.contextmanager
-def _terminal_interrupts_spare_children() -> Iterator[None]:
-    """Children started inside this block (the embedded Redis) never see SIGINT.
-
-    Ctrl-C in a terminal signals the whole foreground process group: the
-    private Redis would shut down at once, under the worker that is draining.
-    A blocked signal mask is inherited across fork/exec and Redis does not
-    unblock SIGINT; SIGTERM (how EmbeddedRedis stops it) still works. A Ctrl-C
-    during the block is delivered to us when it ends.
-    """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     out: list[BaseException] = []
     for exc in group.exceptions:
@@ -152,8 +133,7 @@ def serve(
         if not embedded:
             connect(config.redis_url).close()  # fail fast, with a message that says what to check
         with contextlib.ExitStack() as stack:
-            with _terminal_interrupts_spare_children():
-                config = stack.enter_context(redis_for(config))
+            config = stack.enter_context(redis_for(config))
             if embedded:
                 print(f"no --redis-url or {ENV_REDIS_URL}: started a private Redis at {config.redis_url} "
                       "(its data is discarded on exit)", flush=True)
