@@ -82,11 +82,12 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import contextlib
 import inspect
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import redis.exceptions
 from redis._parsers import _AsyncRESP3Parser
@@ -106,8 +107,14 @@ except ImportError:  # pragma: no cover - hiredis is a dependency
     _HIREDIS = False
 
 __all__ = [
-    "Client", "ConnectionLost", "Delivery", "EndOfStream", "Subscription", "SyncClient", "SyncSubscription",
     "DEFAULT_URL",
+    "Client",
+    "ConnectionLost",
+    "Delivery",
+    "EndOfStream",
+    "Subscription",
+    "SyncClient",
+    "SyncSubscription",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,7 +152,7 @@ def _parser_class(protocol: int) -> type:
 
     class _Parser(base):  # type: ignore[misc, valid-type]
         # Every error reply stays a plain ResponseError carrying the whole line.
-        EXCEPTION_CLASSES: dict = {}
+        EXCEPTION_CLASSES: ClassVar[dict] = {}
         on_push: Callable[[Any], None] | None = None
 
         async def handle_push_response(self, response: Any, *args: Any, **kwargs: Any) -> Any:
@@ -225,8 +232,7 @@ class _Epoch:
         self.value = value
 
     def observe(self, epoch: int) -> None:
-        if epoch > self.value:
-            self.value = epoch
+        self.value = max(self.value, epoch)
 
 
 _Entry = tuple["asyncio.Future[Any]", "Callable[[Any], Any] | None"]
@@ -298,7 +304,7 @@ class Client:
         password: str | None = None,
         username: str | None = None,
         **options: Any,
-    ) -> "Client":
+    ) -> Client:
         client = cls(url, client_id, protocol, password, username, **options)
         await client.open()
         return client
@@ -307,7 +313,7 @@ class Client:
     def _arm_parser(conn: Connection) -> None:
         conn._parser.on_connect(conn)  # what redis-py's own on_connect does first; we send HELLO ourselves
 
-    async def open(self) -> "Client":
+    async def open(self) -> Self:
         """Connect and say HELLO; a no-op when already open."""
         if self._reader is not None:
             return self
@@ -342,9 +348,7 @@ class Client:
             raise
         self.hello = _notice(raw)
         given = self.hello.get("id")
-        if self.hello.get("server") == "fencemq" and given:
-            self._id = str(given)
-        elif self._id is None and given not in (None, ""):
+        if self.hello.get("server") == "fencemq" and given or self._id is None and given not in (None, ""):
             self._id = str(given)
         self._reader = self._loop.create_task(self._read_loop(), name=f"fencemq-reader-{self._id}")
         return self
@@ -357,17 +361,12 @@ class Client:
         reader = self._reader
         if reader is not None and not reader.done():
             reader.cancel()
-            try:
-                await reader
-            except BaseException:  # noqa: BLE001 - the reader's own end is not the closer's error
-                pass
+            await asyncio.wait([reader])  # its own end is not the closer's error
         self._fail(ConnectionLost("client closed"))
-        try:
+        with contextlib.suppress(Exception):
             await self._conn.disconnect(nowait=True)
-        except Exception:  # noqa: BLE001
-            pass
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Self:
         return await self.open()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -451,10 +450,8 @@ class Client:
         except BaseException as exc:  # noqa: BLE001
             lost = exc if isinstance(exc, ConnectionLost) else ConnectionLost(f"connection lost: {exc}")
             self._fail(lost)
-            try:
+            with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
-            except Exception:  # noqa: BLE001
-                pass
 
     def _fail(self, exc: ConnectionLost) -> None:
         if self._broken is None:
@@ -485,7 +482,7 @@ class Client:
         if self.on_notice is not None:
             try:
                 self.on_notice(notice)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("on_notice callback failed")
 
     async def notices(self) -> AsyncIterator[dict[str, Any]]:
@@ -554,10 +551,10 @@ class Client:
         lock_ms: int | None = None,
         push: bool = False,
         capacity: int | None = None,
-        max: int | None = None,  # noqa: A002 - the protocol's word
+        max: int | None = None,
         epoch: int | None = None,
         on_preempt: str | None = None,
-    ) -> "Subscription":
+    ) -> Subscription:
         args: list[Any] = ["SUB", topic]
         for word, value in (("LMQ", lmq), ("GROUP", group), ("MODE", mode), ("POLICY", policy)):
             if value is not None:
@@ -734,7 +731,7 @@ class Subscription:
             args += ["LOCK", lock_ms]
         return int(await self.client._call(args))
 
-    async def seek(self, where: str | None = None, *, id: int | str | None = None,  # noqa: A002
+    async def seek(self, where: str | None = None, *, id: int | str | None = None,
                    time_ms: int | None = None) -> int:
         """SEEK to "earliest", "latest", id=n or time_ms=ms; returns (and adopts) the new epoch."""
         given = [x for x in (where, id, time_ms) if x is not None]
@@ -750,7 +747,7 @@ class Subscription:
             args = ["SEEK", self.handle, "TIME", time_ms]
         return await self.client._call(args, self._read_seek)
 
-    async def unsubscribe(self, max: int | None = None) -> None:  # noqa: A002
+    async def unsubscribe(self, max: int | None = None) -> None:
         """UNSUB handle [MAX n]: leave now (checkouts go back), or end after n total deliveries."""
         args: list[Any] = ["UNSUB", self.handle]
         if max is not None:
@@ -809,7 +806,7 @@ class SyncClient:
         password: str | None = None,
         username: str | None = None,
         **options: Any,
-    ) -> "SyncClient":
+    ) -> SyncClient:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="fencemq-sync-client", daemon=True)
         thread.start()
@@ -854,7 +851,7 @@ class SyncClient:
     def mpublish(self, topic: str, payloads: list[bytes], **kwargs: Any) -> list[str]:
         return self._run(self._client.mpublish(topic, payloads, **kwargs))
 
-    def subscribe(self, topic: str, **kwargs: Any) -> "SyncSubscription":
+    def subscribe(self, topic: str, **kwargs: Any) -> SyncSubscription:
         return SyncSubscription(self, self._run(self._client.subscribe(topic, **kwargs)))
 
     def heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> list[dict[str, Any]]:
@@ -868,7 +865,7 @@ class SyncClient:
                 return None
             try:
                 return await asyncio.wait_for(q.get(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
 
         return self._run(get())
@@ -882,7 +879,7 @@ class SyncClient:
                 self._thread.join()
                 self._loop.close()
 
-    def __enter__(self) -> "SyncClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -915,11 +912,11 @@ class SyncSubscription:
     def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
         return self._client._run(self.aio.renew(*tags, lock_ms=lock_ms))
 
-    def seek(self, where: str | None = None, *, id: int | str | None = None,  # noqa: A002
+    def seek(self, where: str | None = None, *, id: int | str | None = None,
              time_ms: int | None = None) -> int:
         return self._client._run(self.aio.seek(where, id=id, time_ms=time_ms))
 
-    def unsubscribe(self, max: int | None = None) -> None:  # noqa: A002
+    def unsubscribe(self, max: int | None = None) -> None:
         self._client._run(self.aio.unsubscribe(max))
 
     def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS) -> Iterator[Delivery]:

@@ -35,6 +35,10 @@ class NoAuth(FenceMQError):
     code = "NOAUTH"
 
 
+class WrongPassword(FenceMQError):
+    code = "WRONGPASS"
+
+
 class NoPermission(FenceMQError):
     code = "NOPERM"
 
@@ -65,7 +69,7 @@ class UnknownCommand(FenceMQError):
 
 _BY_CODE: dict[str, type[FenceMQError]] = {
     cls.code: cls
-    for cls in (FenceMQError, BadArgument, NoAuth, NoPermission, Busy, Stale, LimitExceeded, NotFound)
+    for cls in (FenceMQError, BadArgument, NoAuth, WrongPassword, NoPermission, Busy, Stale, LimitExceeded, NotFound)
 }
 
 

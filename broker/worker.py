@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from broker import __version__, metrics
 from broker.commands import Request, parse
 from broker.config import Config
-from broker.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, NoPermission
+from broker.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, NoPermission, WrongPassword
 from broker.keyspace import Handle, check_name
 from broker.fanout import FanOut, is_filter_target
 from broker.queues import Queues
@@ -90,7 +90,9 @@ class Worker:
 
     async def _cut_stragglers(self, grace_s: float = 2.0) -> None:
         """A long-poll in progress is not worth holding a shutdown for."""
-        await anyio.sleep(grace_s)
+        with anyio.move_on_after(grace_s):
+            while self.connections:
+                await anyio.sleep(0.02)
         for conn in list(self.connections.values()):
             conn.scope.cancel()
 
@@ -259,14 +261,19 @@ class ClientConnection:
         return handle
 
     async def _ensure_session(self) -> str:
-        if self.client_id is None:
-            await self._bind("anon-" + self.token.replace(":", "-"), anonymous=True)
+        """The session of an unnamed connection is made on first use."""
+        if not self.bound:
+            await self._bind(self.client_id or self.anonymous_id, anonymous=self.client_id is None)
         assert self.client_id is not None
         return self.client_id
 
+    @property
+    def anonymous_id(self) -> str:
+        return "anon-" + self.token.replace(":", "-")
+
     async def _bind(self, client_id: str, anonymous: bool) -> None:
         check_name(client_id, "client")
-        if self.client_id is not None and self.client_id != client_id:
+        if self.bound and self.client_id != client_id:
             raise BadArgument("this connection already has a client id; open a new connection for another")
         self.client_id, self.anonymous = client_id, anonymous
         await self.worker.wakeups.follow(self.worker.keys.session_channel(client_id), self._on_session_message)
@@ -304,7 +311,7 @@ class ClientConnection:
             await self._bind(client_id, anonymous=False)
         return {
             "server": "fencemq", "version": __version__, "proto": self.proto,
-            "id": self.client_id or "", "worker": self.worker.id, "mode": "standalone", "role": "master",
+            "id": self.client_id or self.anonymous_id, "worker": self.worker.id, "mode": "standalone", "role": "master",
             "modules": [],
         }
 
@@ -313,7 +320,7 @@ class ClientConnection:
         if expected is None:
             raise FenceMQError("AUTH called without any password configured for this worker")
         if argv[-1].decode("utf-8", "replace") != expected:
-            raise FenceMQError("WRONGPASS invalid username-password pair or user is disabled.")
+            raise WrongPassword("invalid username-password pair or user is disabled.")
         self.authed = True
         return OK
 
