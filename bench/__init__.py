@@ -1,0 +1,1 @@
+"""FenceMQ benchmarks: `python -m bench.run` (see bench/README.md)."""

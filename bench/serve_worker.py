@@ -1,0 +1,90 @@
+"""A FenceMQ worker in its own process, for the bench: prints ``PORT <n>`` once it listens.
+
+    python -m bench.serve_worker --redis-url redis://127.0.0.1:PORT/0 [--profile out.prof]
+
+SIGTERM drains and exits (broker.runner.serve). With --profile the whole run is
+recorded by cProfile and written to the given file on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import anyio
+
+from broker.config import Config
+from broker.runner import serve
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--redis-url", required=True)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--profile", default=None, help="write a cProfile of the worker here on exit")
+    ap.add_argument("--trace", default=None, help="time publish/pull/schedule/wake-ups; JSON here on exit")
+    opts = ap.parse_args()
+    trace = install_trace() if opts.trace else None
+    config = Config(redis_url=opts.redis_url, port=opts.port)
+
+    def ready(worker: object, port: int) -> None:
+        print(f"PORT {port}", flush=True)
+
+    if opts.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        try:
+            prof.runcall(anyio.run, serve, config, ready)
+        finally:
+            prof.dump_stats(opts.profile)
+    else:
+        try:
+            anyio.run(serve, config, ready)
+        finally:
+            if trace is not None:
+                with open(opts.trace, "w") as f:
+                    json.dump(trace, f)
+    sys.stdout.flush()
+
+
+def install_trace() -> list:
+    """Wrap the worker's steps (bench only, nothing is edited): each event is
+    [step, start ns, end ns, send stamps of the payloads involved]."""
+    import struct
+    import time
+
+    from broker.queues import Queues
+    from broker.wakeups import Waiter
+
+    events: list = []
+    stamp = struct.Struct("<q").unpack_from
+
+    def stamps(payloads: list) -> list[int]:
+        return [stamp(p)[0] for p in payloads if isinstance(p, (bytes, bytearray)) and len(p) >= 8]
+
+    def timed(name: str, fn, extract) -> object:
+        async def wrapper(self, *args, **kwargs):
+            t0 = time.time_ns()
+            result = await fn(self, *args, **kwargs)
+            events.append([name, t0, time.time_ns(), extract(args, kwargs, result)])
+            return result
+        return wrapper
+
+    Queues.publish = timed("publish", Queues.publish, lambda a, k, r: stamps(a[1]))
+    Queues.pull = timed("pull", Queues.pull, lambda a, k, r: stamps([d.payload for d in r.deliveries]))
+    Queues.schedule = timed("schedule", Queues.schedule, lambda a, k, r: [])
+    fire = Waiter.fire
+
+    def traced_fire(self) -> None:
+        t = time.time_ns()
+        events.append(["wake", t, t, []])
+        fire(self)
+
+    Waiter.fire = traced_fire
+    return events
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""CPU and command-time meters: the Redis server (INFO), and processes (/proc)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, Iterable
+
+import redis
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+class RedisMeter:
+    """CONFIG RESETSTAT + INFO cpu before, INFO commandstats + INFO cpu after."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._cpu0 = 0.0
+
+    def _cpu(self) -> float:
+        info = self.client.info("cpu")
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+    def reset(self) -> None:
+        self.client.config_resetstat()
+        self._cpu0 = self._cpu()
+
+    def read(self) -> dict[str, Any]:
+        cpu = self._cpu() - self._cpu0
+        stats = self.client.info("commandstats")
+        commands = {k.removeprefix("cmdstat_"): {"calls": int(v["calls"]), "usec": int(v["usec"])}
+                    for k, v in stats.items()}
+        # the INFO/CONFIG calls of the meter itself are not the workload's
+        for admin in ("info", "config|resetstat", "config"):
+            commands.pop(admin, None)
+        ev = commands.get("evalsha", {"calls": 0, "usec": 0})
+        return {
+            "cpu_us": cpu * 1e6,
+            "cmd_usec": sum(c["usec"] for c in commands.values()),
+            "evalsha_usec": ev["usec"],
+            "evalsha_calls": ev["calls"],
+            "commands": commands,
+        }
+
+
+def proc_cpu_s(pid: int) -> float:
+    """user+system CPU seconds of a process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all CPUs spent busy since boot (/proc/stat), to see load from others."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / _TICK
+
+
+def self_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def percentiles_ms(values_ns: Iterable[int]) -> dict[str, float]:
+    data = sorted(values_ns)
+    if not data:
+        return {}
+
+    def q(p: float) -> float:
+        i = min(len(data) - 1, max(0, int(round(p * (len(data) - 1)))))
+        return data[i] / 1e6
+
+    return {"p50": q(0.50), "p90": q(0.90), "p99": q(0.99), "p999": q(0.999), "max": data[-1] / 1e6,
+            "mean": statistics.fmean(data) / 1e6, "n": len(data)}
