@@ -57,9 +57,9 @@ local function set_members(meta, g, list)
 end
 
 local function parse_checkout(tag, rec)
-  local p = split(rec, SEP)
-  return {tag = tag, group = p[1], member = p[2], id = tonumber(p[3]), epoch = tonumber(p[4]),
-          acq = tonumber(p[5]), fail = tonumber(p[6])}
+  local g, m, id, ep, acq, fail = string.match(rec, '^([^%z]*)%z([^%z]*)%z(%d+)%z(%d+)%z(%d+)%z(%d+)$')
+  return {tag = tag, group = g, member = m, id = tonumber(id), epoch = tonumber(ep),
+          acq = tonumber(acq), fail = tonumber(fail)}
 end
 
 -- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
@@ -228,13 +228,16 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   local last, first = tonumber(f[2] or '0'), tonumber(f[3] or '1')
   local cur = tonumber(f[1] or first)
   if cur < first then cur = first end
-  local start = cur
-  while #taken < count and cur <= last do
-    local body = redis.call('HGET', K.log, cur)
-    if body then taken[#taken + 1] = {nil, cur, 1, body, 0} end
-    cur = cur + 1
+  local want = math.min(count - #taken, last - cur + 1)
+  if want > 0 then
+    local ids = {}
+    for i = 1, want do ids[i] = cur + i - 1 end
+    local bodies = redis.call('HMGET', K.log, unpack(ids))
+    for i = 1, want do
+      if bodies[i] then taken[#taken + 1] = {nil, ids[i], 1, bodies[i], 0} end
+    end
+    redis.call('HSET', K.meta, gf(g, 'cur'), cur + want)
   end
-  if cur ~= start then redis.call('HSET', K.meta, gf(g, 'cur'), cur) end
   if #taken == 0 then return taken end
 
   local top = redis.call('HINCRBY', K.meta, 'tag', #taken)

@@ -9,24 +9,37 @@
 -- Returns: the number of checkouts settled. A tag that is not (any more)
 --   checked out to this member — expired, redelivered, released by a seek,
 --   settled before — settles nothing.
--- Cost: O(tags).
+-- Cost: O(tags · log n), in five Redis calls whatever the batch size.
 local K = {meta = KEYS[1], co = KEYS[2], dl = KEYS[3], own = KEYS[4], rd = KEYS[5], dly = KEYS[6], jr = KEYS[#KEYS]}
 local g, m = ARGV[1], ARGV[2]
-local settled = 0
+local tags, seen = {}, {}
 for i = 4, #ARGV do
-  local rec = redis.call('HGET', K.co, ARGV[i])
+  if not seen[ARGV[i]] then
+    seen[ARGV[i]] = true
+    tags[#tags + 1] = ARGV[i]
+  end
+end
+-- One read and three deletes for the whole batch, not a round of calls per tag.
+local records = redis.call('HMGET', K.co, unpack(tags))
+local settled, owned = {}, {}
+local now
+for i, rec in ipairs(records) do
   if rec then
-    local c = parse_checkout(ARGV[i], rec)
+    local c = parse_checkout(tags[i], rec)
     if c.group == g and c.member == m then
-      take_checkout(K, ARGV[i])
-      journal(now_ms(), 'ack', g, m, c.id, c.tag, c.epoch)
-      settled = settled + 1
+      settled[#settled + 1] = tags[i]
+      owned[#owned + 1] = g .. SEP .. m .. SEP .. tags[i]
+      now = now or now_ms()
+      journal(now, 'ack', g, m, c.id, c.tag, c.epoch)
     end
   end
 end
-if settled > 0 then
+if #settled > 0 then
+  redis.call('HDEL', K.co, unpack(settled))
+  redis.call('ZREM', K.dl, unpack(settled))
+  redis.call('ZREM', K.own, unpack(owned))
   clear_suspicion(K.meta, g, m)
   reclaim_if_idle(K, tonumber(ARGV[3]))
   flush_journal(K)
 end
-return settled
+return #settled
