@@ -1,0 +1,314 @@
+"""Helpers for the worker tests: RESP clients, reply shapes, waits.
+
+Two ways to talk to a worker:
+
+* ``client(port, proto)``: redis-py with every response callback removed, so
+  replies arrive as the worker sent them (maps as dicts in RESP3, flat arrays
+  in RESP2) — ``as_map``/``deliveries`` give both one shape.
+* ``RespConn``: a raw socket with a small RESP2/RESP3 reader of its own, for
+  what redis-py hides: push frames (``>``), exact error lines, inline
+  commands, pipelines written in one ``send``, and a connection's EOF.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Self
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from broker.config import Config
+from broker.runner import WorkerThread
+
+
+def worker(redis_url: str, **settings: Any) -> WorkerThread:
+    """A worker on a free port (use as a context manager; ``.port``)."""
+    return WorkerThread(Config(redis_url=redis_url, port=0, **settings))
+
+
+def client(port: int, proto: int = 2, name: str | None = None, *, password: str | None = None,
+           timeout: float = 10.0) -> redis.Redis:
+    """redis-py on a worker, replies left raw; ``name`` binds a session (HELLO proto SETNAME name)."""
+    r = redis.Redis(port=port, protocol=proto, socket_timeout=timeout, socket_connect_timeout=timeout,
+                    retry=Retry(NoBackoff(), 0), password=password)
+    r.response_callbacks.clear()
+    if name is not None:
+        r.execute_command("HELLO", proto, "SETNAME", name)
+    return r
+
+
+# -- reply shapes ----------------------------------------------------------------
+
+
+def text(value: Any) -> Any:
+    """bytes -> str, recursively (dict keys too)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, dict):
+        return {text(k): text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [text(v) for v in value]
+    return value
+
+
+def as_map(reply: Any) -> dict[str, Any]:
+    """A map reply as a dict with str keys and str values (RESP3 map or RESP2 flat array)."""
+    if isinstance(reply, dict):
+        return text(reply)
+    assert isinstance(reply, list) and len(reply) % 2 == 0, f"not a map reply: {reply!r}"
+    return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+
+def deliveries(reply: Any) -> list[dict[str, Any]]:
+    """A PULL reply as a list of delivery dicts."""
+    assert isinstance(reply, list), f"PULL must answer an array, got {reply!r}"
+    return [as_map(d) for d in reply]
+
+
+def error_code(exc: BaseException) -> str:
+    """The RESP error word of a redis-py error (redis-py strips the codes it knows)."""
+    code = getattr(exc, "status_code", None)
+    return code if code else str(exc).split(" ", 1)[0]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll until predicate() is truthy; returns its value, fails after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def subprocess_worker(redis_url: str, port: int, **settings: Any) -> subprocess.Popen:
+    """A worker in its own process (``broker.runner.serve``), answering PING on ``port``."""
+    extra = "".join(f", {k}={v!r}" for k, v in settings.items())
+    code = (
+        "import anyio; from broker.runner import serve; from broker.config import Config; "
+        f"anyio.run(serve, Config(redis_url={redis_url!r}, port={port}{extra}))"
+    )
+    log = tempfile.TemporaryFile()  # noqa: SIM115 — not a pipe: a chatty worker must never block on a full one
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise AssertionError(f"worker process exited: {log.read().decode(errors='replace')[-2000:]}")
+        try:
+            with RespConn(port, timeout=0.5) as c:
+                return c.call("PING") == "PONG"
+        except (OSError, Closed):
+            return False
+
+    wait_for(answers, timeout=20, interval=0.05, what="the worker process to answer PING")
+    return proc
+
+
+# -- a raw RESP connection ---------------------------------------------------------
+
+
+class Push(list):
+    """A RESP3 push frame (``>``)."""
+
+
+class Err(str):
+    """An error reply (``-``), e.g. ``Err('NOPERM this handle ...')``; ``.code`` is its first word."""
+
+    @property
+    def code(self) -> str:
+        return self.split(" ", 1)[0]
+
+
+class _More(Exception):
+    pass
+
+
+class Closed(Exception):
+    """The worker closed the connection."""
+
+
+def encode_command(*args: Any) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+class RespConn:
+    """A socket speaking RESP to a worker. Replies are str/int/list/dict/None, errors ``Err``,
+    pushes ``Push``; bulk strings are decoded as UTF-8 (surrogateescape) unless ``raw=True``."""
+
+    def __init__(self, port: int, *, timeout: float = 5.0, raw: bool = False) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.timeout = timeout
+        self.raw = raw
+        self.buf = b""
+        self.pushes: list[Push] = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    # -- writing
+    def send(self, *args: Any) -> None:
+        self.sock.sendall(encode_command(*args))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    # -- reading
+    def read(self, timeout: float | None = None) -> Any:
+        """The next frame, push frames included."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            try:
+                value, end = self._parse(0)
+            except _More:
+                pass
+            else:
+                self.buf = self.buf[end:]
+                return value
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no complete reply from the worker")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                raise TimeoutError("no complete reply from the worker") from None
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                raise Closed(f"connection closed by the worker (unparsed: {self.buf[:80]!r})")
+            self.buf += chunk
+
+    def reply(self, timeout: float | None = None) -> Any:
+        """The next reply that is not a push frame (pushes are kept in ``self.pushes``)."""
+        while True:
+            value = self.read(timeout)
+            if isinstance(value, Push):
+                self.pushes.append(value)
+                continue
+            return value
+
+    def call(self, *args: Any, timeout: float | None = None) -> Any:
+        self.send(*args)
+        return self.reply(timeout)
+
+    def replies(self, n: int, timeout: float | None = None) -> list[Any]:
+        return [self.reply(timeout) for _ in range(n)]
+
+    def next_push(self, timeout: float = 5.0) -> Push:
+        """The next push frame (replies seen meanwhile are an error: nothing was asked)."""
+        if self.pushes:
+            return self.pushes.pop(0)
+        value = self.read(timeout)
+        assert isinstance(value, Push), f"expected a push frame, got {value!r}"
+        return value
+
+    def is_closed(self, timeout: float = 2.0) -> bool:
+        """True if the worker closes the connection within timeout (unread replies are skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                return False
+            except (ConnectionResetError, BrokenPipeError):
+                return True
+            if not chunk:
+                return True
+
+    def hello(self, proto: int = 3, name: str | None = None, *extra: Any) -> dict[str, Any]:
+        args: list[Any] = ["HELLO", proto, *extra]
+        if name is not None:
+            args += ["SETNAME", name]
+        reply = self.call(*args)
+        assert not isinstance(reply, Err), f"HELLO failed: {reply}"
+        return as_map(reply)
+
+    def _line(self, pos: int) -> tuple[bytes, int]:
+        end = self.buf.find(b"\r\n", pos)
+        if end < 0:
+            raise _More
+        return self.buf[pos:end], end + 2
+
+    def _parse(self, pos: int) -> tuple[Any, int]:
+        if pos >= len(self.buf):
+            raise _More
+        kind = self.buf[pos : pos + 1]
+        line, pos = self._line(pos + 1)
+        if kind == b"+":
+            return line.decode(), pos
+        if kind == b"-":
+            return Err(line.decode()), pos
+        if kind in (b":", b"("):
+            return int(line), pos
+        if kind == b",":
+            return float(line), pos
+        if kind == b"#":
+            return line == b"t", pos
+        if kind == b"_":
+            return None, pos
+        if kind in (b"$", b"=", b"!"):
+            n = int(line)
+            if n < 0:
+                return None, pos
+            if len(self.buf) < pos + n + 2:
+                raise _More
+            data = self.buf[pos : pos + n]
+            if kind == b"=":
+                data = data[4:]  # "txt:"
+            if kind == b"!":
+                return Err(data.decode()), pos + n + 2
+            return (data if self.raw else data.decode("utf-8", "surrogateescape")), pos + n + 2
+        if kind in (b"*", b">", b"~"):
+            n = int(line)
+            if n < 0:
+                return None, pos
+            items = []
+            for _ in range(n):
+                item, pos = self._parse(pos)
+                items.append(item)
+            return (Push(items) if kind == b">" else items), pos
+        if kind == b"%":
+            out = {}
+            for _ in range(int(line)):
+                k, pos = self._parse(pos)
+                v, pos = self._parse(pos)
+                out[k] = v
+            return out, pos
+        raise AssertionError(f"unexpected RESP type byte {kind!r} in {self.buf[pos - 10 : pos + 40]!r}")
+
+
+def pipeline(*commands: Iterable[Any]) -> bytes:
+    """Several commands as one buffer, to be written with a single send."""
+    return b"".join(encode_command(*c) for c in commands)
