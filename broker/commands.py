@@ -21,7 +21,8 @@ class Request:
 
     def batch_key(self) -> tuple[Any, ...] | None:
         """Requests with the same key, pipelined back to back, run as one fence call."""
-        if self.verb in ("PUB", "MPUB") and not self.args.get("dedup_ids") and not self.args.get("headers"):
+        plain = not (self.args.get("dedup_ids") or self.args.get("headers") or self.args.get("retain"))
+        if self.verb in ("PUB", "MPUB") and plain:
             return ("PUB", self.args["topic"], self.args.get("lmq"), self.args.get("qos", 1))
         return None
 

@@ -229,6 +229,8 @@ class Handle:
             )
             if version != 1 or len(owner) > 1:
                 raise ValueError
+            if not all(isinstance(v, str) for v in (topic, group, member, *owner)) or not isinstance(lmq, (str, type(None))):
+                raise ValueError
         except Exception:
             raise BadArgument(f"{text[:64]!r} is not a subscription handle; use the handle SUB returned") from None
         return Handle(QueueRef(topic, lmq, owner[0] if owner else None), group, member)

@@ -386,7 +386,8 @@ class _Fence:
         for attempt in range(3):
             pipe = self.redis.pipeline(transaction=False)
             for keys, args in calls:
-                pipe.evalsha(self.sha, len(keys), *keys, *args)
+                # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
+                pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
             results = await pipe.execute(raise_on_error=False)
             if not any(isinstance(r, NoScriptError) or (isinstance(r, ResponseError) and "NOSCRIPT" in str(r))
                        for r in results) or attempt == 2:

@@ -20,6 +20,11 @@ import anyio
 import msgpack
 from anyio.abc import SocketAttribute, SocketStream
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker import __version__, metrics
 from broker.commands import Request, parse
@@ -37,6 +42,10 @@ log = logging.getLogger(__name__)
 OK = SimpleString("OK")
 
 
+class ClientGone(Exception):
+    """The client hung up while its command was running."""
+
+
 class Worker:
     def __init__(self, config: Config) -> None:
         if not config.redis_url:
@@ -49,7 +58,13 @@ class Worker:
         self._draining = anyio.Event()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        redis = Redis.from_url(self.config.redis_url, max_connections=256)
+        # A Redis restart or failover drops every pooled connection: retry on
+        # a fresh one rather than failing the client's command.
+        redis = Redis.from_url(
+            self.config.redis_url, max_connections=256,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=8),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
         try:
             self.redis = redis
             self.queues = Queues(redis, self.config)
@@ -106,6 +121,8 @@ class Worker:
         metrics.CONNECTIONS.inc()
         try:
             await conn.run()
+        except Exception:  # one connection's failure must never take the worker down
+            log.exception("connection %s failed; closing it", conn.token)
         finally:
             del self.connections[conn.token]
             metrics.CONNECTIONS.dec()
@@ -120,7 +137,7 @@ class Worker:
                 await self.sessions.keep_alive(clients)
                 now = await self.clock.now_ms()
                 await self.redis.zadd(self.keys.workers, {self.id: now + self.config.session_lease_ms})
-            except (OSError, ConnectionError) as exc:
+            except (OSError, RedisError) as exc:
                 log.warning("could not refresh session leases: %s", exc)
             await anyio.sleep(self.config.session_lease_ms / 3000)
 
@@ -162,22 +179,30 @@ class ClientConnection:
             async for push in pushes:
                 await self.send(encode_many([push], 3))
 
+    def _parsed(self) -> tuple[list[list[bytes]], RequestError | None]:
+        commands: list[list[bytes]] = []
+        try:
+            while (cmd := self.parser.gets()) is not None:
+                commands.append(cmd)
+        except RequestError as exc:
+            return commands, exc
+        return commands, None
+
     async def _serve_requests(self) -> None:
         while not self.closing:
-            try:
-                data = await self.stream.receive(65536)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
+            # Bytes read while a blocking command ran are already buffered.
+            commands, fatal = self._parsed()
+            if not commands and fatal is None:
+                try:
+                    self.parser.feed(await self.stream.receive(65536))
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return
+                continue
             self.idle = False
-            self.parser.feed(data)
-            commands: list[list[bytes]] = []
-            fatal: RequestError | None = None
             try:
-                while (cmd := self.parser.gets()) is not None:
-                    commands.append(cmd)
-            except RequestError as exc:
-                fatal = exc
-            replies = await self.execute(commands) if commands else []
+                replies = await self.execute(commands) if commands else []
+            except ClientGone:
+                return
             if fatal is not None:
                 replies.append(ErrorReply(fatal.message))
                 self.closing = True
@@ -203,7 +228,7 @@ class ClientConnection:
                     await self.worker.sessions.end(self.client_id)
                 elif self.bound:
                     await self.worker.sessions.set_presence(self.client_id, online=False)
-            except (OSError, ConnectionError) as exc:
+            except (OSError, RedisError) as exc:
                 log.warning("cleanup of %s failed, its lease will expire: %s", self.client_id, exc)
         await self.stream.aclose()
 
@@ -213,6 +238,10 @@ class ClientConnection:
         requests: list[Request | FenceMQError] = []
         for args in commands:
             try:
+                if len(args) > self.config.max_args:
+                    raise LimitExceeded(
+                        f"{len(args)} arguments exceed the limit of {self.config.max_args}; split the command"
+                    )
                 requests.append(parse(args))
             except FenceMQError as exc:
                 requests.append(exc)
@@ -229,17 +258,28 @@ class ClientConnection:
             if key is not None:
                 while j < len(requests) and isinstance(requests[j], Request) and requests[j].batch_key() == key:
                     j += 1
-            try:
-                if j - i > 1:
+            if j - i > 1:
+                try:
                     replies.extend(await self._publish_batch(requests[i:j]))  # type: ignore[arg-type]
-                else:
-                    replies.append(await self.dispatch(req))
-            except FenceMQError as exc:
-                replies.extend([self._error(exc)] * (j - i))
+                except FenceMQError:
+                    # One bad command must not fail its neighbours: run them one by one.
+                    for one in requests[i:j]:
+                        replies.append(await self._run_one(one))  # type: ignore[arg-type]
+            else:
+                replies.append(await self._run_one(req))
             i = j
             if self.quit:
                 break
         return replies
+
+    async def _run_one(self, req: Request) -> Any:
+        try:
+            return await self.dispatch(req)
+        except FenceMQError as exc:
+            return self._error(exc)
+        except RedisError as exc:
+            log.warning("%s failed against Redis: %s", req.verb, exc)
+            return self._error(FenceMQError(f"the broker's Redis did not answer ({exc}); retry"))
 
     def _error(self, exc: FenceMQError) -> ErrorReply:
         metrics.ERRORS.labels(exc.code).inc()
@@ -424,14 +464,31 @@ class ClientConnection:
         """
         timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
         result = None
-        with anyio.move_on_after(timeout):
-            async with self.worker.wakeups.watching(self.worker.keys.queue(h.queue).wake) as waiter:
-                while True:
-                    result = await attempt()
-                    if done(result):
-                        break
-                    await waiter.wait()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_for_hangup, tg.cancel_scope)
+            with anyio.move_on_after(timeout):
+                async with self.worker.wakeups.watching(self.worker.keys.queue(h.queue).wake) as waiter:
+                    while True:
+                        result = await attempt()
+                        if done(result):
+                            break
+                        await waiter.wait()
+            tg.cancel_scope.cancel()
+        if self.closing:
+            # The client hung up while it waited: nothing more is checked out to it.
+            raise ClientGone
         return result if result is not None else await attempt()
+
+    async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:
+        """While a command blocks, keep reading: buffer what comes, notice a hang-up."""
+        while True:
+            try:
+                data = await self.stream.receive(65536)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self.closing = True
+                scope.cancel()
+                return
+            self.parser.feed(data)
 
     async def cmd_take(self, handle: str, block_ms: int | None = None) -> Any:
         h = self._handle(handle)

@@ -38,8 +38,10 @@ if #settled > 0 then
   redis.call('HDEL', K.co, unpack(settled))
   redis.call('ZREM', K.dl, unpack(settled))
   redis.call('ZREM', K.own, unpack(owned))
-  clear_suspicion(K.meta, g, m)
   reclaim_if_idle(K, tonumber(ARGV[3]))
   flush_journal(K)
 end
+-- Any settle attempt shows the consumer is alive: it is no longer suspected,
+-- even when every tag it holds had expired (else it could never recover).
+clear_suspicion(K.meta, g, m)
 return #settled

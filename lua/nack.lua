@@ -44,7 +44,7 @@ for i = 6, #ARGV do
     end
   end
 end
-if returned > 0 then clear_suspicion(K.meta, g, m) end
+clear_suspicion(K.meta, g, m)  -- alive, even if every tag had expired
 flush_journal(K)
 if woke then redis.call('SPUBLISH', K.wake, 'nack') end
 return {returned, dead, (delay > 0 and not discard and returned > dead) and now + delay or -1}

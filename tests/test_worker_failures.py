@@ -168,10 +168,6 @@ def test_published_and_unacked_messages_survive_a_redis_restart_with_aof(fresh_r
         assert int(c.call("PUB", "orders", "d")) == int(ids[-1]) + 1
 
 
-@pytest.mark.xfail(reason="BUG: a redis ConnectionError raised inside a command (the pool's connections died with "
-                          "the server) is not a FenceMQError, so worker.py ClientConnection.execute() lets it out of "
-                          "the connection task; it cancels the worker's task groups and the whole worker dies on the "
-                          "first command after the restart", strict=True)
 def test_a_running_worker_recovers_from_a_redis_restart(fresh_redis):
     # Sweeper and lease refresh slowed down so that the client's command is the
     # first to take a pooled connection after the restart (else whichever
@@ -206,9 +202,6 @@ def test_a_running_worker_recovers_from_a_redis_restart(fresh_redis):
         c.close()
 
 
-@pytest.mark.xfail(reason="BUG: worker.py Worker._keep_alive catches (OSError, ConnectionError) — the builtins — but "
-                          "redis-py raises redis.exceptions.ConnectionError (a RedisError, neither of those), so the "
-                          "first lease refresh after a Redis restart kills the idle worker", strict=True)
 def test_an_idle_worker_survives_a_redis_restart(fresh_redis):
     # lease refresh every 100 ms, sweeper out of the way: the refresh meets the dead pooled connection
     with worker(fresh_redis.url, session_lease_ms=300, sweep_interval_ms=60_000) as w, RespConn(w.port) as c:
@@ -294,13 +287,8 @@ def test_quit_from_a_named_session_returns_its_checkouts_at_once(redis_url):
         assert redis.Redis.from_url(redis_url).zscore(SESSIONS, "leaving") is None
 
 
-LONG_POLL_BUG = ("BUG: worker.py ClientConnection._serve_requests awaits execute() — and so a PULL … BLOCK long-poll "
-                 "(_long_poll) — without reading the socket, so a client that disconnects mid-poll is not noticed "
-                 "until the poll ends (up to max_block_ms, 300 s): _keep_alive keeps refreshing its session lease "
-                 "meanwhile, and a publish wakes the poll and checks the message out to the dead client")
 
 
-@pytest.mark.xfail(reason=LONG_POLL_BUG, strict=True)
 def test_a_client_that_disconnects_during_a_long_poll_gets_no_new_assignment(redis_url):
     with worker(redis_url, session_lease_ms=500, sweep_interval_ms=50) as w:
         fresh = client(w.port, 2, "fresh")
@@ -318,7 +306,6 @@ def test_a_client_that_disconnects_during_a_long_poll_gets_no_new_assignment(red
         assert d["deliveries"] == 1, "the message was checked out to the disconnected client first"
 
 
-@pytest.mark.xfail(reason=LONG_POLL_BUG, strict=True)
 def test_a_client_that_disconnects_during_a_long_poll_loses_its_session_after_the_lease(redis_url):
     with worker(redis_url, session_lease_ms=500, sweep_interval_ms=50) as w:
         fresh = client(w.port, 2, "fresh")
