@@ -8,16 +8,20 @@ ZADD LT; a schedule entry that is too early only costs an empty sweep.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from broker.config import Config
 from broker.errors import BadArgument, LimitExceeded
 from broker.keyspace import Handle, Keyspace, QueueRef, check_name, check_topic
 from broker.messages import Delivery, pack_body, unpack_delivery
 from broker.scripts import Fences
+
+log = logging.getLogger(__name__)
 
 MODES = ("exclusive", "shared", "single-active")
 POLICIES = ("preempt", "reject")
@@ -72,6 +76,8 @@ class Queues:
         self.fences = Fences(redis)
         self._topic_kinds: dict[str, str] = {}
         self.on_queue_dropped: Callable[[QueueRef], Awaitable[None]] | None = None
+        # Set by a worker: run schedule writes beside the reply instead of before it.
+        self.spawn: Callable[..., None] | None = None
 
     # -- topics -----------------------------------------------------------------
 
@@ -286,7 +292,7 @@ class Queues:
             for i in range(3, len(res), 4)
         ]
         if deadline >= 0:
-            await self.schedule(handle.queue.qid, deadline)
+            await self._schedule_soon(handle.queue.qid, deadline)
         return PullResult(epoch, status, deliveries)
 
     def _tags(self, tags: list[str]) -> list[str]:
@@ -384,7 +390,7 @@ class Queues:
             return None
         epoch, deadline, tag, msg_id, acq, body = res[1:]
         if int(deadline) >= 0:
-            await self.schedule(handle.queue.qid, int(deadline))
+            await self._schedule_soon(handle.queue.qid, int(deadline))
         return unpack_delivery(handle.queue.topic, handle.queue.lmq, int(epoch), tag, int(msg_id), int(acq), body)
 
     async def seek(self, handle: Handle, kind: str, arg: int | None = None) -> tuple[int, int, bool]:
@@ -398,6 +404,18 @@ class Queues:
         return int(res[0]), int(res[1]), bool(int(res[2]))
 
     # -- leases -------------------------------------------------------------------
+
+    async def _schedule_soon(self, qid: str, due_ms: int) -> None:
+        if self.spawn is not None:
+            self.spawn(self._schedule_quietly, qid, due_ms)
+        else:
+            await self.schedule(qid, due_ms)
+
+    async def _schedule_quietly(self, qid: str, due_ms: int) -> None:
+        try:
+            await self.schedule(qid, due_ms)
+        except RedisError as exc:  # the session's lease expiry returns the checkouts anyway
+            log.warning("could not schedule the sweep of %s: %s", qid, exc)
 
     async def schedule(self, qid: str, due_ms: int) -> None:
         await self.redis.zadd(self.keys.schedule, {qid: due_ms}, lt=True)

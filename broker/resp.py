@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable
 
 import hiredis
 
-__all__ = ["NULL_ARRAY", "ErrorReply", "NullArray", "ProtocolError", "Push", "RequestError", "RequestParser",
+__all__ = [
+    "Prebuilt","NULL_ARRAY", "ErrorReply", "NullArray", "ProtocolError", "Push", "RequestError", "RequestParser",
            "RequestTooLarge", "SimpleString", "Verbatim", "encode", "encode_many", "split_inline"]
 
 
@@ -242,6 +243,10 @@ class Push(list):
     """An out-of-band message: RESP3 ``>`` push, RESP2 plain array (like Redis pub/sub)."""
 
 
+class Prebuilt(bytes):
+    """A reply already encoded for the connection's protocol (a hot path's fast lane)."""
+
+
 class NullArray:
     """Type of :data:`NULL_ARRAY`, the RESP2 ``*-1`` reply (e.g. a BLPOP timeout)."""
 
@@ -325,6 +330,7 @@ _DISPATCH: dict[type, Callable[[list, Any, bool], None]] = {
     ErrorReply: lambda out, v, p3: out.extend((b"-", v.encode(), _CRLF)),
     list: _aggregate(b"*", True), tuple: _aggregate(b"*", True), Push: _aggregate(b">", False),
     set: _aggregate(b"~", False), frozenset: _aggregate(b"~", False),
+    Prebuilt: lambda out, v, p3: out.append(v),
 }
 
 

@@ -19,12 +19,9 @@ from typing import Any
 import anyio
 import msgpack
 from anyio.abc import SocketAttribute, SocketStream
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from broker.redis_client import connect
 
 from broker import __version__, metrics
 from broker.commands import Request, parse
@@ -33,7 +30,7 @@ from broker.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, NoPe
 from broker.keyspace import Handle, check_name
 from broker.fanout import FanOut, is_filter_target
 from broker.queues import Queues
-from broker.resp import ErrorReply, Push, RequestError, RequestParser, SimpleString, encode_many
+from broker.resp import ErrorReply, Prebuilt, Push, RequestError, RequestParser, SimpleString, encode_many
 from broker.sessions import RedisClock, Sessions, unsubscribe_notice
 from broker.sweeper import Sweeper
 from broker.wakeups import Wakeups
@@ -58,13 +55,7 @@ class Worker:
         self._draining = anyio.Event()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        # A Redis restart or failover drops every pooled connection: retry on
-        # a fresh one rather than failing the client's command.
-        redis = Redis.from_url(
-            self.config.redis_url, max_connections=256,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=8),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
+        redis = connect(self.config.redis_url)
         try:
             self.redis = redis
             self.queues = Queues(redis, self.config)
@@ -76,23 +67,27 @@ class Worker:
             sweeper = Sweeper(self.queues, self.sessions, self.config.sweep_interval_ms)
             listener = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
-            async with anyio.create_task_group() as services:
-                services.start_soon(self.wakeups.run)
-                await self.wakeups.follow(self.keys.filters_channel, lambda _: self.fanout.registry.invalidate())
-                services.start_soon(sweeper.run)
-                services.start_soon(self._keep_alive)
-                async with anyio.create_task_group() as conns:
-                    accepting = anyio.CancelScope()
-                    conns.start_soon(self._accept, listener, conns, accepting)
-                    task_status.started(self.port)
-                    await self._draining.wait()
-                    accepting.cancel()
-                    for conn in list(self.connections.values()):
-                        conn.closing = True
-                        if conn.idle:  # waiting for a request: nothing in hand to finish
-                            conn.scope.cancel()
-                    conns.start_soon(self._cut_stragglers)
-                services.cancel_scope.cancel()
+            # Schedule writes run beside replies; their group outlives the services
+            # and connections, so a drain still completes them.
+            async with anyio.create_task_group() as writes:
+                self.queues.spawn = writes.start_soon
+                async with anyio.create_task_group() as services:
+                    services.start_soon(self.wakeups.run)
+                    await self.wakeups.follow(self.keys.filters_channel, lambda _: self.fanout.registry.invalidate())
+                    services.start_soon(sweeper.run)
+                    services.start_soon(self._keep_alive)
+                    async with anyio.create_task_group() as conns:
+                        accepting = anyio.CancelScope()
+                        conns.start_soon(self._accept, listener, conns, accepting)
+                        task_status.started(self.port)
+                        await self._draining.wait()
+                        accepting.cancel()
+                        for conn in list(self.connections.values()):
+                            conn.closing = True
+                            if conn.idle:  # waiting for a request: nothing in hand to finish
+                                conn.scope.cancel()
+                        conns.start_soon(self._cut_stragglers)
+                    services.cancel_scope.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await redis.zrem(self.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
@@ -453,7 +448,8 @@ class ClientConnection:
             result = await self._long_poll(h, block_ms, lambda: queues.pull(h, count), lambda r: bool(
                 r.deliveries or r.status != "ok"))
         metrics.DELIVERED.inc(len(result.deliveries))
-        return [d.as_reply() for d in result.deliveries]
+        header = b"*%d\r\n" % len(result.deliveries)
+        return Prebuilt(header + b"".join(d.encode(self.proto) for d in result.deliveries))
 
     async def _long_poll(self, h: Handle, block_ms: int, attempt: Any, done: Any) -> Any:
         """Wait on the queue's wake channel, looking again after each wake-up.
@@ -501,7 +497,7 @@ class ClientConnection:
         if result is None:
             return None
         metrics.DELIVERED.inc()
-        return result.as_reply()
+        return Prebuilt(result.encode(self.proto))
 
     async def cmd_ack(self, handle: str, tags: list[str]) -> Any:
         n = await self.worker.queues.ack(self._handle(handle), tags)
