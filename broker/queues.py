@@ -223,7 +223,7 @@ class Queues:
 
         res = await self.fences.call(
             "subscribe",
-            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.journal],
+            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.delayed, k.journal],
             [
                 group, client, opt(mode), default_mode, opt(policy), start[0], opt(start[1]), opt(lock_ms),
                 opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt), self.config.journal_cap,
@@ -334,6 +334,9 @@ class Queues:
             [k.meta, k.checkouts, k.deadlines],
             [handle.group, handle.member, lock_ms or 0, self.config.default_lock_ms, *self._tags(tags)],
         )
+        if int(res[0]):
+            # A shorter LOCK can move a deadline before the queue's schedule entry.
+            await self._schedule_soon(handle.queue.qid, int(res[1]))
         return int(res[0])
 
     async def unsubscribe(self, handle: Handle, *, session_over: bool = False) -> int:

@@ -51,7 +51,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,8 @@ S, I64, I32, B = pa.string(), pa.int64(), pa.int32(), pa.bool_()
 
 SCHEMAS: dict[str, pa.Schema] = {
     "queues": pa.schema([
-        ("queue", S), ("kind", S), ("topic", S), ("lmq", S), ("owner", S), ("seq", I64), ("first", I64), ("retained", I64),
+        ("queue", S), ("kind", S), ("topic", S), ("lmq", S), ("owner", S), ("seq", I64), ("first", I64),
+        ("retained", I64),
         ("tag", I64), ("created_ms", I64), ("last_write_ms", I64), ("snapshot_ms", I64), ("groups", I32),
         ("checkouts", I64), ("ready", I64), ("delayed", I64), ("dead_letters", I64), ("owned", I64),
         ("push_members", I32), ("journal_cap", I64), ("journal_length", I64), ("journal_rows", I64),
@@ -136,7 +137,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=indent, sort_keys=False)
 
     @classmethod
-    def load(cls, directory: str | Path) -> "Manifest":
+    def load(cls, directory: str | Path) -> Manifest:
         data = json.loads((Path(directory) / "manifest.json").read_text())
         return cls(**data)
 
@@ -423,7 +424,7 @@ async def take_snapshot(
     stale = out / "manifest.json"
     if stale.exists():
         stale.unlink()  # a half-rewritten directory must not look finished
-    started_wall, started = datetime.now(timezone.utc), time.perf_counter()
+    started_wall, started = datetime.now(UTC), time.perf_counter()
     fence = _Fence(redis)
     await fence.load()
     writer = _Writer(out)

@@ -124,6 +124,35 @@ local function flush_journal(K)
   JOURNAL = {}
 end
 
+-- Every checkout of a group (all members): requeued, or released for good.
+-- Cost: O(the group's checkouts).
+local function release_group_checkouts(K, g, back_to_ready)
+  local owned = redis.call('ZRANGEBYLEX', K.own, '[' .. g .. SEP, '(' .. g .. '\1')
+  for _, member in ipairs(owned) do
+    local c = take_checkout(K, split(member, SEP)[3])
+    if c and back_to_ready then requeue(K, c, c.fail) end
+  end
+  return #owned
+end
+
+-- Forget the group's returned and delayed messages: its cursor moved.
+-- Cost: O(the queue's delayed messages).
+local function clear_group_backlog(K, g)
+  redis.call('ZREMRANGEBYLEX', K.rd, '[' .. g .. SEP, '(' .. g .. '\1')
+  local prefix = g .. SEP
+  local stale = {}
+  for _, member in ipairs(redis.call('ZRANGE', K.dly, 0, -1)) do
+    if string.sub(member, 1, #prefix) == prefix then stale[#stale + 1] = member end
+  end
+  if #stale > 0 then redis.call('ZREM', K.dly, unpack(stale)) end
+end
+
+-- A checkout taken under an epoch older than its group's is stale: ACK,
+-- NACK and RENEW of it settle nothing.
+local function group_epoch(meta, g)
+  return tonumber(redis.call('HGET', meta, gf(g, 'ep')) or '0')
+end
+
 local function promote_delayed(K, now)
   local due = redis.call('ZRANGEBYSCORE', K.dly, '-inf', now, 'LIMIT', 0, 1000)
   if #due > 0 then

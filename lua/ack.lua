@@ -21,12 +21,13 @@ for i = 4, #ARGV do
 end
 -- One read and three deletes for the whole batch, not a round of calls per tag.
 local records = redis.call('HMGET', K.co, unpack(tags))
+local epoch = group_epoch(K.meta, g)
 local settled, owned = {}, {}
 local now
 for i, rec in ipairs(records) do
   if rec then
     local c = parse_checkout(tags[i], rec)
-    if c.group == g and c.member == m then
+    if c.group == g and c.member == m and c.epoch >= epoch then
       settled[#settled + 1] = tags[i]
       owned[#owned + 1] = g .. SEP .. m .. SEP .. tags[i]
       now = now or now_ms()

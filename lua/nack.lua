@@ -20,11 +20,12 @@ if delay < 0 then raise('BADARG', 'DELAY must be 0 or more milliseconds') end
 local discard = ARGV[4] == '1'
 local maxfail = tonumber(redis.call('HGET', K.meta, 'maxdel') or ARGV[5])
 local now = now_ms()
+local epoch = group_epoch(K.meta, g)
 local returned, dead, woke = 0, 0, false
 for i = 6, #ARGV do
   local rec = redis.call('HGET', K.co, ARGV[i])
   local c = rec and parse_checkout(ARGV[i], rec)
-  if c and c.group == g and c.member == m then
+  if c and c.group == g and c.member == m and c.epoch >= epoch then
     take_checkout(K, ARGV[i])
     returned = returned + 1
     journal(now, discard and 'discard' or 'nack', g, m, c.id, c.tag, c.epoch, c.fail + 1)

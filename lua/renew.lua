@@ -16,11 +16,12 @@ if lock <= 0 then
 end
 local deadline = now_ms() + lock
 local renewed = 0
+local epoch = group_epoch(K.meta, g)
 for i = 5, #ARGV do
   local rec = redis.call('HGET', K.co, ARGV[i])
   if rec then
     local c = parse_checkout(ARGV[i], rec)
-    if c.group == g and c.member == m then
+    if c.group == g and c.member == m and c.epoch >= epoch then
       redis.call('ZADD', K.dl, 'XX', deadline, ARGV[i])
       renewed = renewed + 1
     end

@@ -42,17 +42,8 @@ end
 if clamped == nil then clamped = cur < first end
 if cur < first then cur = first end
 
-local prefix = g .. SEP
-local owned = redis.call('ZRANGEBYLEX', K.own, '[' .. prefix, '(' .. g .. '\1')
-for _, member in ipairs(owned) do
-  take_checkout(K, split(member, SEP)[3])
-end
-redis.call('ZREMRANGEBYLEX', K.rd, '[' .. prefix, '(' .. g .. '\1')
-local stale = {}
-for _, member in ipairs(redis.call('ZRANGE', K.dly, 0, -1)) do
-  if string.sub(member, 1, #prefix) == prefix then stale[#stale + 1] = member end
-end
-if #stale > 0 then redis.call('ZREM', K.dly, unpack(stale)) end
+release_group_checkouts(K, g, false)
+clear_group_backlog(K, g)
 
 local epoch = redis.call('HINCRBY', K.meta, gf(g, 'ep'), 1)
 redis.call('HSET', K.meta, gf(g, 'cur'), cur)

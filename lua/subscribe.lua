@@ -4,7 +4,7 @@
 --@include _mailbox.lua
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
--- KEYS[6] ready  KEYS[7] wake channel
+-- KEYS[6] ready  KEYS[7] wake channel  KEYS[8] delayed
 -- ARGV[1] group  ARGV[2] member
 -- ARGV[3] mode asked for ('' = the group's, or ARGV[4] for a new group)
 -- ARGV[4] default mode  ARGV[5] policy asked for ('' = the group's, else preempt)
@@ -26,7 +26,8 @@
 --   raises the server's to it, so it never filters everything out.
 -- Errors: BADARG (mode/policy conflict with the group), BUSY (reject policy).
 -- Cost: O(checkouts of a preempted owner).
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7], jr = KEYS[#KEYS]}
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7],
+           dly = KEYS[8], jr = KEYS[#KEYS]}
 local g, m = ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'pol'), gf(g, 'own'), gf(g, 'ep'), gf(g, 'cur'),
   'seq', 'first', mf(g, m, 'n'))
@@ -54,7 +55,7 @@ local cur = tonumber(f[5] or '0')
 if not existing_mode then
   local kind, arg = ARGV[6], ARGV[7]
   if kind == 'latest' then cur = seq + 1
-  elseif kind == 'id' then cur = math.max(int_arg(arg, 'FROM ID'), first)
+  elseif kind == 'id' then cur = math.min(math.max(int_arg(arg, 'FROM ID'), first), seq + 1)
   elseif kind == 'time' then cur = first_at_or_after(K.log, first, seq, int_arg(arg, 'FROM TIME'))
   else cur = first end
   redis.call('HSETNX', K.meta, 'first', 1)
@@ -88,22 +89,29 @@ redis.call('HDEL', K.meta, mf(g, m, 'end'))
 redis.call('HSET', K.meta, mf(g, m, 'on'), 1)
 if ARGV[11] ~= '' then push_list_add(K.meta, g, m) else push_list_remove(K.meta, g, m) end
 
+local returned = 0
 if ARGV[9] ~= '' and int_arg(ARGV[9], 'EPOCH') > epoch then
+  -- The client saw a seek this server does not know (say, restored from an
+  -- older copy): adopt its epoch; checkouts under the old one go stale and
+  -- their messages back to the group, to be delivered under the new one.
   epoch = tonumber(ARGV[9])
   redis.call('HSET', K.meta, gf(g, 'ep'), epoch)
+  returned = release_group_checkouts(K, g, true)
 end
 
-local evicted, returned = '', 0
+local evicted = ''
 if mode == 'exclusive' and owner and owner ~= m then
   evicted = owner
-  returned = #return_member_checkouts(K, g, owner)
+  returned = returned + #return_member_checkouts(K, g, owner)
   redis.call('HSET', K.meta, mf(g, owner, 'mk'), m)
   local onpre = redis.call('HGET', K.meta, gf(g, 'onpre'))
   if onpre == 'earliest' then cur = first
   elseif onpre == 'latest' then cur = seq + 1 end
   if onpre ~= 'keep' then
+    -- A cursor move is a seek: a new epoch, and nothing read before it.
     redis.call('HSET', K.meta, gf(g, 'cur'), cur)
-    redis.call('ZREMRANGEBYLEX', K.rd, '[' .. g .. SEP, '(' .. g .. '\1')
+    clear_group_backlog(K, g)
+    epoch = redis.call('HINCRBY', K.meta, gf(g, 'ep'), 1)
   end
   journal(now, 'preempt', g, m, nil, nil, epoch, evicted)
   owner = m

@@ -248,7 +248,7 @@ class QueueModel:
                 cur = self.seq + 1
             elif kind == "id":
                 assert arg is not None
-                cur = max(arg, self.first)  # not clamped to seq + 1 (SEEK ID is)
+                cur = min(max(arg, self.first), self.seq + 1)  # clamped, as SEEK ID is
             elif kind == "time":
                 assert arg is not None
                 cur = self.first_at_or_after(arg)
@@ -265,25 +265,27 @@ class QueueModel:
         me.suspected = False
         me.lock_ms = lock_ms
         me.max = max_messages
+        returned = 0
         if epoch is not None and epoch > g.epoch:
+            # the client knows a later epoch: adopt it; the group's checkouts go stale, back to ready
             g.epoch = epoch
-        evicted, returned = "", 0
+            for holder in list(g.members):
+                returned += self._return_member_checkouts(g, holder)
+        evicted = ""
         if mode == "exclusive" and owner and owner != member:
             evicted = owner
-            returned = self._return_member_checkouts(g, owner)
+            returned += self._return_member_checkouts(g, owner)
             g.members[owner].marker = member
             if g.onpre == "earliest":
                 cur = self.first
             elif g.onpre == "latest":
                 cur = self.seq + 1
             if g.onpre != "keep":
+                # a cursor move is a seek: new epoch, backlog (ready and delayed) dropped
                 g.cursor = cur
                 g.ready.clear()
-                # INTENDED, not what subscribe.lua does today: a cursor move must also
-                # drop the group's delayed redeliveries, as SEEK does, or a delayed id
-                # at/after the new cursor is delivered twice at once (see the xfail
-                # test in test_model.py). The state machine never builds that case.
                 g.delayed.clear()
+                g.epoch += 1
                 self._skip_before(g, cur)
             owner = member
         elif mode in ("exclusive", "single-active") and not owner:
@@ -342,6 +344,8 @@ class QueueModel:
         except ValueError:
             return None
         if c is None or str(c.tag) != tag or c.group != group or c.member != member:
+            return None
+        if c.epoch < self.groups[group].epoch:  # taken under an older epoch: stale
             return None
         return c
 

@@ -16,8 +16,7 @@ redelivery becomes due when its score in ``<meta>:dly`` is set to 0; the
 fences then see them as past due against the real Redis clock. Leases are
 long (60 s and more), so nothing ever expires by itself during a test.
 
-Bugs found are kept as focused ``xfail(strict=True)`` tests at the end; the
-state machine steers clear of exactly those cases (see ``FenceMachine``).
+The bugs the model found are kept as focused regression tests at the end.
 """
 
 from __future__ import annotations
@@ -376,10 +375,6 @@ class FenceMachine(RuleBasedStateMachine):
     those that exist (current members, live tags) and sometimes from all
     (non-members, stale tags, tags of other members or groups, never-issued
     tags), so both the happy paths and the fences get exercised.
-
-    Known bugs are avoided on purpose (each has its xfail test below): no NACK
-    DELAY in an exclusive group whose ON-PREEMPT moves the cursor, no SUB EPOCH
-    raise while the group has checkouts, no RENEW that would shorten a lease.
     """
 
     driver: Driver
@@ -444,8 +439,6 @@ class FenceMachine(RuleBasedStateMachine):
         current = g.epoch if g else 0
         epoch = data.draw(st.sampled_from([None, None, None, max(current - 1, 0), current, current + 1]),
                           label="epoch")
-        if epoch is not None and epoch > current and g is not None and self.m.group_checkouts(group):
-            epoch = None  # BUG (xfail below): a raised epoch leaves old-epoch checkouts settleable
         kw["epoch"] = epoch
         kw["lock_ms"] = data.draw(st.sampled_from([None, None, 90_000, 120_000]), label="lock")
         kw["max_messages"] = data.draw(st.sampled_from([None] * 12 + [0, 4]), label="max")
@@ -462,19 +455,11 @@ class FenceMachine(RuleBasedStateMachine):
             return
         if how == "renew":
             lock = data.draw(st.sampled_from([None, LONG_LOCK]), label="lock")
-            g = self.m.groups.get(group)
-            me = g.members.get(member) if g else None
-            effective = lock or (me.lock_ms if me else None) or CONFIG.default_lock_ms
-            if any(c and c.lock_ms > effective for c in (self.m._own(group, member, t) for t in tags)):
-                lock = LONG_LOCK  # BUG (xfail below): a shortened lease is not rescheduled
             if self.h.renew(group, member, tags, lock_ms=lock):
                 event("renew: renewed something")
             return
         discard = data.draw(st.sampled_from([False, False, False, True]), label="discard")
         delay = data.draw(st.sampled_from([0, 0, 0, 100_000]), label="delay")
-        g = self.m.groups.get(group)
-        if g is not None and g.mode == "exclusive" and g.onpre != "keep":
-            delay = 0  # BUG (xfail below): ON-PREEMPT's cursor move keeps delayed redeliveries
         dead = len(self.m.dead)
         if self.h.nack(group, member, tags, delay_ms=delay, discard=discard):
             event("nack: " + ("discard" if discard else "delayed" if delay else "requeue"))
@@ -635,6 +620,7 @@ def h(driver: Driver) -> Harness:
     return harness
 
 
+@pytest.mark.timeout(900)  # hundreds of generated sequences; slower on a loaded machine
 @pytest.mark.parametrize("primary", ["shared", "single-active"])
 def test_the_fences_behave_like_the_reference_model(driver: Driver, primary: str) -> None:
     machine = type(f"FenceMachine_{primary.replace('-', '_')}", (FenceMachine,), {"driver": driver, "primary": primary})
@@ -806,15 +792,9 @@ def test_an_exclusive_subscriber_preempts_the_owner_whose_pulls_then_say_evicted
     assert h.subscribe("g", "c", mode="exclusive", policy="reject") == Err("BADARG")
 
 
-# -- bugs found (kept failing on purpose; see the reasons) ------------------------------------
+# -- bugs found by the model, fixed; kept as regression tests ---------------------------------
 
 
-@pytest.mark.xfail(
-    reason="BUG: lua/subscribe.lua ON-PREEMPT earliest|latest moves the cursor and clears the group's ready set "
-    "but not its delayed set (it does not even get the delayed key), so a NACK DELAY'd id at or after the new "
-    "cursor is later delivered twice at once: once promoted from delayed, once from the cursor",
-    strict=True,
-)
 def test_a_delayed_redelivery_is_not_delivered_twice_after_a_preemption_moves_the_cursor(driver: Driver) -> None:
     driver.reset()
     q, keys = driver.queues, driver.queues.keys.queue(QREF)
@@ -829,12 +809,6 @@ def test_a_delayed_redelivery_is_not_delivered_twice_after_a_preemption_moves_th
     assert len(ids) == len(set(ids)), f"id checked out twice at once: {ids}"
 
 
-@pytest.mark.xfail(
-    reason="BUG: SUB EPOCH e (lua/subscribe.lua) raises the group's epoch but keeps the checkouts taken under "
-    "the old one, and ack.lua/renew.lua never compare a checkout's epoch, so ACK/RENEW of a checkout taken "
-    "under an older epoch still settle (DESIGN guarantee 2 says they settle nothing)",
-    strict=True,
-)
 def test_ack_and_renew_of_a_checkout_taken_before_sub_epoch_raised_the_epoch_settle_nothing(driver: Driver) -> None:
     driver.reset()
     q = driver.queues
@@ -847,12 +821,6 @@ def test_ack_and_renew_of_a_checkout_taken_before_sub_epoch_raised_the_epoch_set
     assert driver.run(q.ack(h, [d.tag])) == 0
 
 
-@pytest.mark.xfail(
-    reason="BUG: broker/queues.py Queues.renew never updates the sweep schedule, so RENEW LOCK shorter than "
-    "the time left moves the lease's deadline earlier than the queue's schedule entry and the sweeper "
-    "returns the lease late (at the old deadline)",
-    strict=True,
-)
 def test_renew_with_a_shorter_lock_moves_the_queues_sweep_schedule_earlier(driver: Driver) -> None:
     driver.reset()
     q, keys = driver.queues, driver.queues.keys.queue(QREF)
