@@ -107,13 +107,15 @@ end
 -- lives in the meta hash (`jcap`, set by publish and subscribe from the
 -- config); 0 turns the journal off.
 -- Entry: ms TAB event TAB group TAB member TAB id TAB tag TAB epoch TAB extra
-local JOURNAL = {}
+local JOURNAL, JOURNAL_N = {}, 0
 local function journal(ms, ev, g, m, id, tag, ep, extra)
-  JOURNAL[#JOURNAL + 1] = table.concat({ms, ev, g or '', m or '', id or '', tag or '', ep or '', extra or ''}, '\t')
+  JOURNAL_N = JOURNAL_N + 1
+  JOURNAL[JOURNAL_N] = ms .. '\t' .. ev .. '\t' .. (g or '') .. '\t' .. (m or '') .. '\t' .. (id or '') .. '\t'
+    .. (tag or '') .. '\t' .. (ep or '') .. '\t' .. (extra or '')
 end
 
 local function flush_journal(K)
-  if #JOURNAL == 0 then return end
+  if JOURNAL_N == 0 then return end
   local cap = tonumber(redis.call('HGET', K.meta, 'jcap') or '0')
   if cap > 0 then
     for i = 1, #JOURNAL, 1000 do
@@ -121,7 +123,7 @@ local function flush_journal(K)
     end
     redis.call('LTRIM', K.jr, -cap, -1)
   end
-  JOURNAL = {}
+  JOURNAL, JOURNAL_N = {}, 0
 end
 
 -- Every checkout of a group (all members): requeued, or released for good.
@@ -271,23 +273,26 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
 
   local top = redis.call('HINCRBY', K.meta, 'tag', #taken)
   redis.call('HINCRBY', K.meta, mf(g, m, 'n'), #taken)
-  local records, deadlines, owned = {}, {}, {}
+  local records, deadlines, owned, n = {}, {}, {}, 0
+  local gm = g .. SEP .. m .. SEP
+  local base = top - #taken
   for i, t in ipairs(taken) do
-    local tag = tostring(top - #taken + i)
+    local tag = tostring(base + i)
     t[1] = tag
-    if member_qos == 0 or string.match(t[4], '^%d+:(%d)') == '0' then
+    if member_qos == 0 or string.byte(t[4], string.find(t[4], ':', 1, true) + 1) == 48 then  -- '0': QoS 0
       t[1] = 'q' .. tag
     else
-      records[#records + 1] = tag
-      records[#records + 1] = table.concat({g, m, t[2], ep, t[3], t[5]}, SEP)
-      deadlines[#deadlines + 1] = deadline
-      deadlines[#deadlines + 1] = tag
-      owned[#owned + 1] = 0
-      owned[#owned + 1] = g .. SEP .. m .. SEP .. tag
+      n = n + 2
+      records[n - 1] = tag
+      records[n] = gm .. t[2] .. SEP .. ep .. SEP .. t[3] .. SEP .. t[5]
+      deadlines[n - 1] = deadline
+      deadlines[n] = tag
+      owned[n - 1] = 0
+      owned[n] = gm .. tag
     end
     journal(now, 'out', g, m, t[2], t[1], ep, t[3])
   end
-  if #records == 0 then return taken end
+  if n == 0 then return taken end
   redis.call('HSET', K.co, unpack(records))
   if deadline then redis.call('ZADD', K.dl, unpack(deadlines)) end
   redis.call('ZADD', K.own, unpack(owned))
