@@ -307,7 +307,8 @@ class Queues:
         return int(
             await self.fences.call(
                 "ack",
-                [k.meta, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed, k.journal],
+                [k.meta, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed, k.log, k.dedup, k.dedup_ids, k.dead,
+                 k.journal],
                 [handle.group, handle.member, self._idle_ttl(handle.queue), *self._tags(tags)],
             )
         )
@@ -350,7 +351,7 @@ class Queues:
         res = await self.fences.call(
             "unsubscribe",
             [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.mailbox(handle.group, handle.member),
-             k.delayed, k.journal],
+             k.delayed, k.dedup, k.dedup_ids, k.dead, k.journal],
             [handle.group, handle.member, "leave" if session_over else "cancel", self._idle_ttl(handle.queue)],
         )
         await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())

@@ -24,6 +24,7 @@ from rich.console import Console
 from broker import __version__
 from broker.errors import BadArgument
 from broker.keyspace import Keyspace
+from cli import ops
 from cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
@@ -254,6 +255,10 @@ def status(
         typer.echo(report.to_json(snap))
     else:
         report.render(Console(highlight=False), snap, url)
+
+
+# The operator commands live in their own modules; they add themselves here.
+ops.register(app)
 
 
 if __name__ == "__main__":

@@ -319,7 +319,11 @@ local function reclaim_if_idle(K, ttl_ms)
     end
     if not groups and seq > 0 then idle = false end
   end
-  for _, key in ipairs({K.meta, K.log, K.jr or K.meta, K.dd or K.meta, K.ddm or K.meta}) do
-    if idle then redis.call('PEXPIRE', key, ttl_ms) else redis.call('PERSIST', key) end
+  -- Every key an lmq can have but mailboxes (gone with their members).
+  for _, name in ipairs({'meta', 'log', 'jr', 'dd', 'ddm', 'dead'}) do
+    local key = K[name]
+    if key then
+      if idle then redis.call('PEXPIRE', key, ttl_ms) else redis.call('PERSIST', key) end
+    end
   end
 end

@@ -3,14 +3,16 @@
 -- (every fence: KEYS[last] is the queue's journal)
 --
 -- KEYS[1] meta  KEYS[2] checkouts  KEYS[3] deadlines  KEYS[4] owned
--- KEYS[5] ready  KEYS[6] delayed
+-- KEYS[5] ready  KEYS[6] delayed  KEYS[7] log  KEYS[8] dedup  KEYS[9] dedup ids  KEYS[10] dead letters
+--   (the last four only to reclaim an idle lmq)
 -- ARGV[1] group  ARGV[2] member  ARGV[3] idle TTL ms of an lmq (0 = plain)
 -- ARGV[4..] delivery tags
 -- Returns: the number of checkouts settled. A tag that is not (any more)
 --   checked out to this member — expired, redelivered, released by a seek,
 --   settled before — settles nothing.
 -- Cost: O(tags · log n), in five Redis calls whatever the batch size.
-local K = {meta = KEYS[1], co = KEYS[2], dl = KEYS[3], own = KEYS[4], rd = KEYS[5], dly = KEYS[6], jr = KEYS[#KEYS]}
+local K = {meta = KEYS[1], co = KEYS[2], dl = KEYS[3], own = KEYS[4], rd = KEYS[5], dly = KEYS[6], log = KEYS[7],
+           dd = KEYS[8], ddm = KEYS[9], dead = KEYS[10], jr = KEYS[#KEYS]}
 local g, m = ARGV[1], ARGV[2]
 local tags, seen = {}, {}
 for i = 4, #ARGV do

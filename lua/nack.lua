@@ -33,7 +33,7 @@ for i = 6, #ARGV do
       local fail = c.fail + 1
       if maxfail > 0 and fail >= maxfail then
         local body = redis.call('HGET', K.log, c.id)
-        if body then redis.call('RPUSH', K.dead, cmsgpack.pack(c.id, g, m, c.acq, fail, now, body)) end
+        if body then redis.call('RPUSH', K.dead, cmsgpack.pack({c.id, g, m, c.acq, fail, now, body})) end
         dead = dead + 1
         journal(now, 'dead', g, m, c.id, c.tag, c.epoch, fail)
       elseif delay > 0 then

@@ -10,7 +10,7 @@
 --   end-of-stream sentinel seated, so a blocked TAKE wakes with EOS; the
 --   member goes when it TAKEs it) or 'leave' (session over: gone at once)
 -- ARGV[4] idle TTL ms of an lmq (0 = plain topic)
--- KEYS[9] delayed
+-- KEYS[9] delayed  KEYS[10] dedup  KEYS[11] dedup ids  KEYS[12] dead letters (to reclaim an idle lmq)
 -- Returns: {checkouts returned, owner after (or ''), 1 if the member was
 --   removed now else 0}. Idempotent: leaving twice returns {0, owner, 0}.
 -- All the member's checkouts go back to the queue at once, its marker and
@@ -19,7 +19,7 @@
 -- The group itself, with its cursor and epoch, stays: it is durable.
 -- Cost: O(the member's checkouts + members of the group).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7],
-           dly = KEYS[9], jr = KEYS[#KEYS]}
+           dly = KEYS[9], dd = KEYS[10], ddm = KEYS[11], dead = KEYS[12], jr = KEYS[#KEYS]}
 local mb, g, m = KEYS[8], ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'), mf(g, m, 'n'), mf(g, m, 'cap'), mf(g, m, 'end'))
 local mode, owner = f[1], f[2]

@@ -339,7 +339,7 @@ class Harness:
                 assert r.window[0] <= score <= r.window[1]
         dead = []
         for entry in s["dead"]:
-            i, g, mem, acq, fail, _ms, body = _unpack_all(entry)
+            i, g, mem, acq, fail, _ms, body = msgpack.unpackb(entry, raw=True)
             payload = unpack_delivery(TOPIC, None, 0, b"0", i, acq, body).payload
             dead.append((i, g.decode(), mem.decode(), acq, fail, payload))
         assert dead == m.dead
@@ -352,12 +352,6 @@ class Harness:
         dues += [v for x, v in s["dly"].items() if not delayed[x].due]
         if dues:
             assert s["schedule"] is not None and s["schedule"] <= min(dues), "the queue's sweep is scheduled too late"
-
-
-def _unpack_all(data: bytes) -> list[Any]:
-    u = msgpack.Unpacker(raw=True)
-    u.feed(data)
-    return list(u)
 
 
 # -- the state machine -----------------------------------------------------------------------

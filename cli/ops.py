@@ -1,0 +1,1078 @@
+"""Operator commands: queues, lmqs, inspect, evict, sweep, seek, purge, dlq, top, bench.
+
+``register(app)`` adds them to a Typer app (cli/main.py calls it). What they
+read and write is in ``broker/operations.py``; this module only parses
+options and presents results: rich tables by default, ``--json`` for
+scripts (one JSON document on stdout; ``top --json`` prints one per refresh,
+one per line).
+
+Every command that talks to Redis takes ``--redis-url`` (default
+$FENCEMQ_REDIS_URL), ``--prefix`` (default $FENCEMQ_PREFIX or fmq) and
+``--cluster`` (force Redis Cluster mode; otherwise detected from
+``INFO cluster``: every master is visited).
+
+Exit codes: 0 success; 1 not found (no such queue, group, member, session or
+dead letter to replay) or refused (a purge not confirmed, a Redis error
+reply); 2 usage (bad option, bad name, bad cursor; purge without --yes when
+not interactive), no Redis URL, or the Redis at it does not answer (one line
+on stderr naming the URL and what to check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import redis
+import typer
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from broker import operations as ops
+from broker.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
+from broker.keyspace import Keyspace, QueueRef, check_name, check_topic
+from cli.common import (
+    ENV_REDIS_URL,
+    EXIT_UNREACHABLE,
+    CliError,
+    connect,
+    fail,
+    redis_url_given,
+    safe_url,
+    unreachable_message,
+)
+
+T = TypeVar("T")
+
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
+ENV_PREFIX = "FENCEMQ_PREFIX"
+ROOT = Path(__file__).resolve().parent.parent
+
+# -- shared options -------------------------------------------------------------------------
+
+RedisUrl = Annotated[str | None, typer.Option(
+    "--redis-url", metavar="URL", show_default=False,
+    help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL})")]
+Prefix = Annotated[str | None, typer.Option(
+    "--prefix", show_default=False, help=f"Key prefix of the broker's state (default: ${ENV_PREFIX} or fmq)")]
+Cluster = Annotated[bool, typer.Option(
+    "--cluster", help="Talk Redis Cluster (else detected from INFO cluster); every master is visited.")]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+Topic = Annotated[str, typer.Argument(metavar="TOPIC", help="The topic (the filter, with --owner).", show_default=False)]
+Lmq = Annotated[str | None, typer.Option("--lmq", metavar="L", show_default=False,
+                                            help="The lite queue (lmq) of a lite topic.")]
+Owner = Annotated[str | None, typer.Option(
+    "--owner", metavar="O", show_default=False,
+    help="A filter subscription's queue: its client, or $share/<group> (TOPIC is then the filter).")]
+
+
+class Ctx:
+    """What every Redis command resolves first: the URL, the prefix, Cluster or not."""
+
+    def __init__(self, command: str, redis_url: str | None, prefix: str | None, cluster: bool) -> None:
+        self.command = command
+        url = redis_url_given(redis_url)
+        if not url:
+            self.fail(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis", EXIT_UNREACHABLE)
+        self.url: str = url  # type: ignore[assignment]
+        self.prefix = prefix or os.environ.get(ENV_PREFIX) or "fmq"
+        try:
+            self.keys = Keyspace(self.prefix)
+        except BadArgument as exc:
+            self.fail(f"bad prefix {self.prefix!r}: {exc}", EXIT_USAGE)
+        self.cluster = cluster
+
+    def fail(self, message: str, code: int) -> None:
+        fail(self.command, CliError(message, code))
+        raise typer.Exit(code)
+
+    def _probe(self) -> bool:
+        try:
+            client = connect(self.url)
+        except CliError as exc:
+            self.fail(exc.message, exc.code)
+        try:
+            if self.cluster:
+                return True
+            try:
+                return int(client.info("cluster").get("cluster_enabled", 0)) == 1
+            except redis.ResponseError:
+                return False
+        finally:
+            client.close()
+
+    def run(self, body: Callable[[Any, Keyspace], Awaitable[T]]) -> T:
+        """Run ``body(async client, keyspace)``; every failure becomes one line and an exit code."""
+        cluster = self._probe()
+
+        async def main() -> T:
+            from redis.asyncio import Redis, RedisCluster
+
+            client = (RedisCluster.from_url(self.url, socket_connect_timeout=3, socket_timeout=30) if cluster
+                      else Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=30))
+            try:
+                return await body(client, self.keys)
+            finally:
+                await client.aclose()
+
+        try:
+            return asyncio.run(main())
+        except NotFound as exc:
+            self.fail(exc.message, EXIT_NOT_FOUND)
+        except (BadArgument, LimitExceeded) as exc:
+            self.fail(exc.message, EXIT_USAGE)
+        except FenceMQError as exc:
+            self.fail(exc.resp(), EXIT_NOT_FOUND)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self.fail(unreachable_message(self.url, exc), EXIT_UNREACHABLE)
+        except redis.RedisError as exc:
+            self.fail(f"Redis at {safe_url(self.url)} answered {type(exc).__name__}: {exc}", EXIT_NOT_FOUND)
+        except Exception as exc:
+            from redis.exceptions import RedisClusterException
+
+            if isinstance(exc, RedisClusterException):
+                self.fail(f"Redis at {safe_url(self.url)} does not work as a Cluster ({exc}); "
+                          "leave out --cluster for a single server", EXIT_UNREACHABLE)
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> QueueRef:
+    try:
+        check_topic(topic)
+        if lmq is not None and owner is not None:
+            raise BadArgument("give --lmq (a lite queue) or --owner (a filter subscription), not both")
+        if lmq is not None:
+            check_name(lmq, "lmq")
+        if owner is not None and not owner:
+            raise BadArgument("--owner is empty")
+    except BadArgument as exc:
+        ctx.fail(exc.message, EXIT_USAGE)
+    return QueueRef(topic, lmq, owner)
+
+
+def _name(ctx: Ctx, value: str, what: str) -> str:
+    try:
+        return check_name(value, what)
+    except BadArgument as exc:
+        ctx.fail(exc.message, EXIT_USAGE)
+    return value  # pragma: no cover
+
+
+def _emit_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _out() -> Console:
+    return Console(highlight=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def _progress(label: str, enabled: bool = True) -> Iterator[Callable[[int, int | None], None] | None]:
+    """A rich progress display on stderr while a long walk runs (only on a terminal)."""
+    err = _err()
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    # A bar when the total is known (sweep of listed queues), else a running count (SCAN cannot know it).
+    with Progress(SpinnerColumn(), TextColumn(label + ":"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+# -- formatting -----------------------------------------------------------------------------
+
+
+def _table(title: str | None = None) -> Table:
+    return Table(title=Text(title, style="bold") if title else None, title_justify="left", box=box.SIMPLE_HEAD,
+                 pad_edge=False, collapse_padding=True)
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "–"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _secs(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    s = abs(seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{s / 60:.1f}m"
+    if s < 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def _deadline(in_s: float | None) -> Text:
+    if in_s is None:
+        return Text("in mailbox", style="dim")
+    if in_s >= 0:
+        return Text(f"in {_secs(in_s)}")
+    return Text(f"{_secs(in_s)} overdue", style="yellow")
+
+
+def _opt(value: Any) -> str:
+    return "–" if value is None or value == "" else str(value)
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _row(table: Table, *cells: Any) -> None:
+    """Add a row; plain strings are shown as they are (names may contain '[', never markup)."""
+    table.add_row(*(c if isinstance(c, Text) else Text(_opt(c)) for c in cells))
+
+
+def _kv(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
+    t = Table(title=Text(title, style="bold") if title else None, title_justify="left", box=None,
+              show_header=False, pad_edge=False)
+    t.add_column("field", style="dim")
+    t.add_column("value", overflow="fold")
+    for k, v in rows:
+        _row(t, k, v if isinstance(v, Text) else Text(_opt(v)))
+    return t
+
+
+def _member_state(m: dict[str, Any]) -> Text:
+    out = Text()
+    if m.get("owner"):
+        out.append("owner ", style="cyan")
+    if m.get("marker") is not None:
+        out.append(f"evicted by {m['marker']} ", style="red")
+    if m.get("suspected"):
+        out.append("suspected ", style="yellow")
+    if m.get("ended"):
+        out.append("ended ", style="dim")
+    if m.get("push") and not m.get("online", True):
+        out.append("offline ", style="dim")
+    return out if out.plain else Text("ok", style="green")
+
+
+def _checkouts_table(rows: list[dict[str, Any]], total: int, title: str = "Checkouts") -> Table | Text:
+    if not rows:
+        return Text("No checkouts." if not total else f"{total} checkouts (none shown; raise --limit)", style="dim")
+    t = _table(f"{title} ({len(rows)} of {total}, soonest deadline first)" if total > len(rows) else title)
+    for col, kw in (("tag", {}), ("group", {"overflow": "fold"}), ("member", {"overflow": "fold"}),
+                    ("id", {"justify": "right"}), ("epoch", {"justify": "right"}),
+                    ("deliveries", {"justify": "right"}), ("failures", {"justify": "right"}),
+                    ("lease", {"min_width": 10})):
+        t.add_column(col, **kw)
+    for c in rows:
+        epoch = Text(str(c["epoch"]), style="red" if c.get("stale") else "")
+        if c.get("stale"):
+            epoch.append(" stale")
+        _row(t, c["tag"], c["group"], c["member"], str(c["id"]), epoch, str(c["acquisitions"]),
+                  str(c["failures"]), _deadline(c["expires_in_s"]))
+    return t
+
+
+def _members_table(members: list[dict[str, Any]], title: str = "Members") -> Table | Text:
+    if not members:
+        return Text("No members.", style="dim")
+    t = _table(title)
+    for col, kw in (("member", {"overflow": "fold"}), ("state", {}), ("delivered", {"justify": "right"}),
+                    ("max", {"justify": "right"}), ("checked\nout", {"justify": "right"}),
+                    ("mailbox", {"justify": "right"}), ("lock ms", {"justify": "right"}),
+                    ("suspected\nfor", {"justify": "right"})):
+        t.add_column(col, **kw)
+    for m in members:
+        mailbox = "–" if m.get("mailbox_depth") is None else f"{m['mailbox_depth']}/{_opt(m.get('capacity'))}"
+        _row(t, Text(m["member"], style="bold"), _member_state(m), str(m["delivered"]), _opt(m["max"]),
+                  str(m.get("checkouts", "–")), mailbox, _opt(m["lock_ms"]),
+                  _secs(m["suspected_for_s"]) if m["suspected"] else "–")
+    return t
+
+
+# -- queues / lmqs -----------------------------------------------------------------------------
+
+
+def _list(command: str, redis_url: str | None, prefix: str | None, cluster: bool, as_json: bool,
+          flt_args: dict[str, Any], limit: int, cursor: str | None) -> None:
+    ctx = Ctx(command, redis_url, prefix, cluster)
+    try:
+        flt = ops.QueueFilter(**flt_args)
+        if flt.topic is not None:
+            check_topic(flt.topic)
+    except BadArgument as exc:
+        ctx.fail(exc.message, EXIT_USAGE)
+    with _progress(f"{command}: queues found", enabled=not as_json) as progress:
+        page = ctx.run(lambda r, k: ops.list_queues(r, k, flt, limit=limit, cursor=cursor, progress=progress))
+    if as_json:
+        _emit_json({"queues": page.rows, "count": len(page.rows), "cursor": page.cursor, "scanned": page.scanned,
+                    "nodes": page.nodes, "pattern": page.pattern})
+        return
+    console = _out()
+    if page.rows:
+        lite = command == "lmqs"
+        t = _table("Lite queues" if lite else "Queues")
+        if lite:
+            t.add_column("topic", overflow="fold")
+            t.add_column("lmq", overflow="fold", style="bold")
+        else:
+            t.add_column("queue", overflow="fold", style="bold")
+            t.add_column("kind")
+        for col in ("last\nid", "backlog", "checked\nout", "ready", "delayed", "dead", "groups", "members"):
+            t.add_column(col, justify="right")
+        t.add_column("owner", overflow="fold")
+        t.add_column("suspects", justify="right")
+        t.add_column("idle", justify="right")
+        for r in page.rows:
+            lead = [r["topic"], r["lmq"]] if lite else [r["name"], r["kind"]]
+            _row(t, *lead, str(r["seq"]), _opt(r["backlog"]), str(r["checkouts"]), str(r["ready"]),
+                      str(r["delayed"]), Text(str(r["dead_letters"]), style="red" if r["dead_letters"] else ""),
+                      str(r["groups"]), str(r["members"]), ", ".join(r["owners"]) or "–",
+                      Text(str(r["suspected"]), style="yellow" if r["suspected"] else ""), _secs(r["idle_s"]))
+        console.print(t)
+    else:
+        console.print(Text("No queues match." if page.cursor is None else "No queues on this page.", style="dim"))
+    where = f"{page.nodes} masters" if page.nodes > 1 else "1 server"
+    console.print(Text(f"{len(page.rows)} shown, {page.scanned} keys scanned on {where}.", style="dim"))
+    if page.cursor is not None:
+        console.print(Text(f"More: --cursor {page.cursor}"))
+    else:
+        console.print(Text("End of listing.", style="dim"))
+
+
+Limit = Annotated[int, typer.Option("--limit", min=1, max=100_000, help="At most this many queues on this page.")]
+Cursor = Annotated[str | None, typer.Option(
+    "--cursor", show_default=False, help="Continue a listing from the cursor it printed (a SCAN cursor; "
+                                         "<host:port>/<n> on a Cluster).")]
+Kind = Annotated[str | None, typer.Option("--kind", metavar="plain|lite|filter", show_default=False,
+                                             help="Only queues of this kind.")]
+
+
+def queues(
+    topic: Annotated[str | None, typer.Option("--topic", show_default=False,
+                                                 help="Only this topic's queues (its lmqs, for a lite topic).")] = None,
+    match: Annotated[str | None, typer.Option("--match", metavar="GLOB", show_default=False,
+                                                 help="Only queues whose topic (or filter) matches this glob.")] = None,
+    kind: Kind = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """List queues (plain topics, lmqs, filter subscriptions), a page at a time (SCAN).
+
+    Per queue: last id, backlog (the laggiest group's unread + returned),
+    checkouts, ready and delayed redeliveries, dead letters, groups,
+    members, owners, suspects, idle time. A page ends after --limit queues
+    and prints the --cursor of the next one.
+    """
+    if kind is not None and kind not in ops.KINDS:
+        fail("queues", CliError(f"--kind must be one of {', '.join(ops.KINDS)}", EXIT_USAGE))
+        raise typer.Exit(EXIT_USAGE)
+    _list("queues", redis_url, prefix, cluster, as_json, {"kind": kind, "topic": topic, "match": match},
+          limit, cursor)
+
+
+def lmqs(
+    topic: Annotated[str | None, typer.Option("--topic", show_default=False,
+                                                 help="Only this lite topic's lmqs.")] = None,
+    match: Annotated[str | None, typer.Option("--match", metavar="GLOB", show_default=False,
+                                                 help="Only lmqs whose name matches this glob.")] = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """List lite queues (lmqs), a page at a time (SCAN; --topic narrows the SCAN itself)."""
+    _list("lmqs", redis_url, prefix, cluster, as_json, {"kind": "lite", "topic": topic, "match": match,
+                                                        "match_lmq": True}, limit, cursor)
+
+
+# -- inspect -----------------------------------------------------------------------------------
+
+inspect_app = typer.Typer(help="Inspect a queue, a subscription group, a member, or a client's session.",
+                          no_args_is_help=True)
+
+InspectLimit = Annotated[int, typer.Option("--limit", min=0, max=100_000,
+                                           help="List at most this many checkouts (handles, notices).")]
+
+
+def _queue_header(q: dict[str, Any]) -> Table:
+    rows: list[tuple[str, Any]] = [
+        ("queue", Text(q["name"], style="bold")), ("id", q["qid"]), ("kind", q["kind"]),
+        ("log", f"ids {q['first']}..{q['seq']} ({q['retained']} retained)"),
+        ("last tag", q["last_tag"]), ("created", _when(q["created_ms"])), ("last write", _when(q["last_write_ms"])),
+        ("backlog", q["backlog"]),
+        ("checkouts", (f"{q['checkouts_total']} ({q['leased']} leased, "
+                       f"{q['checkouts_total'] - q['leased']} waiting in mailboxes)")),
+        ("returned", q["ready"]), ("delayed", q["delayed"]),
+        ("dead letters", Text(str(q["dead_letters"]), style="red" if q["dead_letters"] else "")),
+        ("journal", f"{q['journal_length']} events (cap {_opt(q['journal_cap'])})"),
+    ]
+    if q["push_members"]:
+        rows.append(("push members", ", ".join(q["push_members"])))
+    if q["expires_in_s"] is not None:
+        rows.append(("reclaimed in", _secs(q["expires_in_s"]) + " (idle lmq)"))
+    return _kv(rows)
+
+
+def _groups_table(groups: list[dict[str, Any]]) -> Table | Text:
+    if not groups:
+        return Text("No subscription groups.", style="dim")
+    t = _table("Groups")
+    for col, kw in (("group", {"overflow": "fold", "style": "bold"}), ("mode", {}), ("epoch", {"justify": "right"}),
+                    ("cursor", {"justify": "right"}), ("owner", {"overflow": "fold"}),
+                    ("unread", {"justify": "right"}), ("returned", {"justify": "right"}),
+                    ("delayed", {"justify": "right"}), ("backlog", {"justify": "right"}),
+                    ("checked\nout", {"justify": "right"}), ("members", {"overflow": "fold"})):
+        t.add_column(col, **kw)
+    for g in groups:
+        members = Text()
+        for i, m in enumerate(g["members"]):
+            if i:
+                members.append(", ")
+            members.append(m["member"], style="cyan" if m["owner"] else "")
+            if m["marker"] is not None:
+                members.append(f" (evicted by {m['marker']})", style="red")
+            elif m["suspected"]:
+                members.append(" (suspected)", style="yellow")
+        _row(t, g["group"], _opt(g["mode"]), str(g["epoch"]), str(g["cursor"]), _opt(g["owner"]), str(g["unread"]),
+                  str(g["returned"]), _opt(g["delayed"]), str(g["backlog"]), str(g["checkouts"]),
+                  members if g["members"] else Text("–", style="dim"))
+    return t
+
+
+@inspect_app.command("queue")
+def inspect_queue(
+    topic: Topic,
+    lmq: Lmq = None,
+    owner: Owner = None,
+    limit: InspectLimit = 20,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """A queue: log bounds, counters, every group (cursor, epoch, owner, backlog, members), checkouts."""
+    ctx = Ctx("inspect", redis_url, prefix, cluster)
+    ref = _queue(ctx, topic, lmq, owner)
+    q = ctx.run(lambda r, k: ops.inspect_queue(r, k, ref, limit=limit))
+    if as_json:
+        _emit_json(q)
+        return
+    console = _out()
+    console.print(_queue_header(q))
+    console.print(_groups_table(q["groups"]))
+    for g in q["groups"]:
+        if g["members"]:
+            console.print(_members_table(g["members"], f"Members of {g['group']}"))
+    console.print(_checkouts_table(q["checkouts"], q["checkouts_total"]))
+
+
+@inspect_app.command("group")
+def inspect_group(
+    topic: Topic,
+    group: Annotated[str, typer.Argument(metavar="GROUP", show_default=False)],
+    lmq: Lmq = None,
+    owner: Owner = None,
+    limit: InspectLimit = 20,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """A subscription group: mode, epoch, cursor, owner, backlog, members (markers, suspicion, mailboxes), checkouts."""
+    ctx = Ctx("inspect", redis_url, prefix, cluster)
+    ref = _queue(ctx, topic, lmq, owner)
+    g = ctx.run(lambda r, k: ops.inspect_group(r, k, ref, group, limit=limit))
+    if as_json:
+        _emit_json(g)
+        return
+    console = _out()
+    console.print(_kv([
+        ("queue", Text(g["queue"], style="bold")), ("group", Text(g["group"], style="bold")),
+        ("mode", g["mode"]), ("policy", g["policy"]), ("strategy", g["strategy"]), ("on preempt", g["on_preempt"]),
+        ("epoch", g["epoch"]), ("cursor", f"{g['cursor']} (last id {g['seq']}, first retained {g['first']})"),
+        ("owner", g["owner"]), ("unread", g["unread"]), ("returned", g["returned"]), ("delayed", g["delayed"]),
+        ("backlog", g["backlog"]), ("checkouts", g["checkouts_total"]),
+    ]))
+    console.print(_members_table(g["members"]))
+    console.print(_checkouts_table(g["checkouts"], g["checkouts_total"]))
+
+
+def _session_rows(s: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    if s is None:
+        return [("session", Text("none (never connected, or ended)", style="dim"))]
+    lease = (_deadline(s["lease_in_s"]) if s["alive"] else
+             Text("expired (being cleaned up)" if s["lease_deadline_ms"] is not None else "none", style="yellow"))
+    return [("worker", s["worker"]), ("connection", s["connection"]), ("since", _when(s["since_ms"])),
+            ("lease", lease), ("subscriptions", s["subscriptions"]), ("notices queued", s["notices_queued"])]
+
+
+@inspect_app.command("member")
+def inspect_member(
+    topic: Topic,
+    group: Annotated[str, typer.Argument(metavar="GROUP", show_default=False)],
+    member: Annotated[str, typer.Argument(metavar="MEMBER", help="The member's client id.", show_default=False)],
+    lmq: Lmq = None,
+    owner: Owner = None,
+    limit: InspectLimit = 20,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """One member: delivered/max, lock, suspicion, eviction marker, mailbox depth, its checkouts, its session."""
+    ctx = Ctx("inspect", redis_url, prefix, cluster)
+    ref = _queue(ctx, topic, lmq, owner)
+    m = ctx.run(lambda r, k: ops.inspect_member(r, k, ref, group, member, limit=limit))
+    if as_json:
+        _emit_json(m)
+        return
+    console = _out()
+    mailbox = "–" if m["mailbox_depth"] is None else f"{m['mailbox_depth']} of capacity {m['capacity']}"
+    console.print(_kv([
+        ("queue", Text(m["queue"], style="bold")), ("group", f"{m['group']} ({m['mode']}, epoch {m['epoch']})"),
+        ("member", Text(m["member"], style="bold")), ("state", _member_state(m)),
+        ("position", m["position"]), ("group owner", m["group_owner"]),
+        ("delivered", f"{m['delivered']}" + (f" of max {m['max']}" if m["max"] is not None else "")),
+        ("lock ms", m["lock_ms"]), ("qos", m["qos"]),
+        ("suspected", f"for {_secs(m['suspected_for_s'])}" if m["suspected"] else "no"),
+        ("marker", m["marker"]), ("mailbox", mailbox), ("checkouts", m["checkouts_total"]), ("handle", m["handle"]),
+    ]))
+    console.print(_kv(_session_rows(m["session"]), title="Session"))
+    console.print(_checkouts_table(m["checkouts"], m["checkouts_total"]))
+
+
+@inspect_app.command("session")
+def inspect_session(
+    client: Annotated[str, typer.Argument(metavar="CLIENT", help="The client id.", show_default=False)],
+    limit: InspectLimit = 20,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """A client's session: worker, lease, every subscription handle it holds (and its state), queued notices."""
+    ctx = Ctx("inspect", redis_url, prefix, cluster)
+    client = _name(ctx, client, "client")
+    s = ctx.run(lambda r, k: ops.inspect_session(r, k, client, limit=limit))
+    if as_json:
+        _emit_json(s)
+        return
+    console = _out()
+    console.print(_kv([("client", Text(s["client"], style="bold")), *_session_rows(s)]))
+    if s["handles"]:
+        t = _table(f"Subscriptions ({len(s['handles'])} of {s['handles_total']})"
+                   if s["handles_total"] > len(s["handles"]) else "Subscriptions")
+        for col, kw in (("queue", {"overflow": "fold", "style": "bold"}), ("group", {"overflow": "fold"}),
+                        ("mode", {}), ("epoch", {"justify": "right"}), ("state", {}),
+                        ("delivered", {"justify": "right"}), ("checked\nout", {"justify": "right"})):
+            t.add_column(col, **kw)
+        for h in s["handles"]:
+            if "error" in h:
+                _row(t, h["handle"][:40], "–", "–", "–", Text(h["error"], style="red"), "–", "–")
+                continue
+            state = _member_state(h) if h["member"] else Text("gone (not a member)", style="red")
+            _row(t, h["queue"], h["group"], _opt(h["mode"]), str(h["epoch"]), state,
+                      f"{h['delivered']}" + (f"/{h['max']}" if h["max"] is not None else ""), str(h["checkouts"]))
+        console.print(t)
+    else:
+        console.print(Text("No subscriptions.", style="dim"))
+    if s["lite_counts"]:
+        console.print(_kv([(k, v) for k, v in sorted(s["lite_counts"].items())], title="Lite subscriptions per topic"))
+    if s["notices"]:
+        t = _table(f"Queued notices ({len(s['notices'])} of {s['notices_queued']})")
+        t.add_column("type")
+        t.add_column("details", overflow="fold")
+        for n in s["notices"]:
+            details = ", ".join(f"{k}={v}" for k, v in n.items() if k not in ("type", "handle"))
+            _row(t, str(n.get("type", "?")), details)
+        console.print(t)
+
+
+# -- evict / sweep / seek -----------------------------------------------------------------------
+
+
+def evict(
+    topic: Topic,
+    group: Annotated[str, typer.Argument(metavar="GROUP", show_default=False)],
+    client: Annotated[str, typer.Argument(metavar="CLIENT", help="The member to evict.", show_default=False)],
+    lmq: Lmq = None,
+    owner: Owner = None,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """Fence a client off a subscription: eviction marker, ownership dropped, checkouts back to the queue.
+
+    Its PULLs return empty until it subscribes again; it is told with an
+    `unsubscribe` notice (by=operator).
+    """
+    ctx = Ctx("evict", redis_url, prefix, cluster)
+    ref = _queue(ctx, topic, lmq, owner)
+    _name(ctx, group, "group")
+    _name(ctx, client, "client")
+    res = ctx.run(lambda r, k: ops.evict(r, k, ref, group, client))
+    if as_json:
+        _emit_json(res)
+        return
+    _out().print(Text.assemble("evicted ", (client, "bold"), " from group ", (group, "bold"), " of ",
+                               (res["queue"], "bold"), f": {res['returned']} checkout(s) back to the queue; "
+                               "unsubscribe notice queued (by=operator)"))
+
+
+def sweep(
+    queue: Annotated[str | None, typer.Option("--queue", metavar="QID", show_default=False,
+                                                 help="Sweep this queue (its id, as `fencemq queues --json` "
+                                                      "prints it: t:<topic>, l:<topic>:<lmq>, f:<owner>:<filter>).")] = None,
+    all_due: Annotated[bool, typer.Option("--all-due", help="Sweep every queue whose lease deadline has passed.")] = False,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """Return expired leases now (what the workers' sweepers do every 100 ms), and show what came back.
+
+    Members that lost a lease become suspected and get a `message_timeout` notice.
+    """
+    if (queue is None) == (not all_due):
+        fail("sweep", CliError("give --queue QID or --all-due (one of them)", EXIT_USAGE))
+        raise typer.Exit(EXIT_USAGE)
+    ctx = Ctx("sweep", redis_url, prefix, cluster)
+    if queue is not None and queue[:2] not in ("t:", "l:", "f:"):
+        ctx.fail(f"{queue!r} is not a queue id (t:<topic>, l:<topic>:<lmq> or f:<owner>:<filter>)", EXIT_USAGE)
+    with _progress("sweep: queues swept", enabled=all_due and not as_json) as progress:
+        res = ctx.run(lambda r, k: ops.sweep(r, k, [queue] if queue else None, progress=progress))
+    if as_json:
+        _emit_json(res)
+        return
+    console = _out()
+    if not res["queues"]:
+        console.print(Text("No queue was due.", style="dim"))
+        return
+    t = _table("Swept")
+    t.add_column("queue", overflow="fold", style="bold")
+    t.add_column("returned", justify="right")
+    t.add_column("timed out (now suspected)", overflow="fold")
+    t.add_column("next due", justify="right")
+    for q in res["queues"]:
+        lost = ", ".join(f"{x['group']}/{x['member']} ({len(x['tags'])})"
+                         + (f" → {x['replaced_by']} active" if x["replaced_by"] else "") for x in q["timeouts"])
+        nxt = "–" if q["next_due_ms"] is None else _deadline((q["next_due_ms"] - res["now_ms"]) / 1000)
+        _row(t, q["name"], str(q["returned"]), lost or "–", nxt)
+    console.print(t)
+    console.print(Text(f"{res['swept']} queue(s) swept, {res['returned']} lease(s) returned."))
+
+
+def seek(
+    topic: Topic,
+    group: Annotated[str, typer.Argument(metavar="GROUP", show_default=False)],
+    to_id: Annotated[int | None, typer.Option("--id", metavar="N", min=1, show_default=False,
+                                                 help="Read from message id N.")] = None,
+    to_time: Annotated[int | None, typer.Option("--time", metavar="MS", min=0, show_default=False,
+                                                   help="Read from the first message published at or after MS "
+                                                        "(epoch ms, Redis clock).")] = None,
+    earliest: Annotated[bool, typer.Option("--earliest", help="Read from the oldest retained message.")] = False,
+    latest: Annotated[bool, typer.Option("--latest", help="Read only messages published from now on.")] = False,
+    lmq: Lmq = None,
+    owner: Owner = None,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """Move a subscription group's cursor (operator seek) and raise its epoch.
+
+    Every checkout of the group is released (its tags go stale: ACK/RENEW
+    settle nothing), its returned and delayed messages are dropped; the group
+    then reads from the new cursor. Prints the new epoch and cursor, and
+    whether the target was below retention (clamped).
+    """
+    chosen = [k for k, v in (("id", to_id), ("time", to_time), ("earliest", earliest or None),
+                             ("latest", latest or None)) if v is not None]
+    if len(chosen) != 1:
+        fail("seek", CliError("give exactly one of --id N, --time MS, --earliest, --latest", EXIT_USAGE))
+        raise typer.Exit(EXIT_USAGE)
+    kind = chosen[0]
+    arg = to_id if kind == "id" else to_time if kind == "time" else None
+    ctx = Ctx("seek", redis_url, prefix, cluster)
+    ref = _queue(ctx, topic, lmq, owner)
+    _name(ctx, group, "group")
+    res = ctx.run(lambda r, k: ops.seek(r, k, ref, group, kind, arg))
+    if as_json:
+        _emit_json(res)
+        return
+    target = kind if arg is None else f"{kind} {arg}"
+    clamped = " (clamped to the oldest retained message)" if res["clamped"] else ""
+    _out().print(Text.assemble("seek group ", (group, "bold"), " of ", (res["queue"], "bold"),
+                               f" to {target}: epoch {res['before']['epoch']} → {res['epoch']}, cursor "
+                               f"{_opt(res['before']['cursor'])} → {res['cursor']}{clamped}"))
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+# -- purge -----------------------------------------------------------------------------------
+
+
+def purge(
+    topic: Topic,
+    lmq: Lmq = None,
+    owner: Owner = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """Drop every message not yet delivered, and every returned or delayed redelivery, of every group.
+
+    Each group's cursor moves past the last message (seq + 1). Checkouts are
+    left alone: messages held by consumers (leased or in a push mailbox) can
+    still be ACKed, and a NACK or an expired lease still returns them. The log
+    is left to retention (a SEEK back reads the messages again; dead letters
+    stay replayable). Asks first unless --yes; without a terminal, --yes is
+    required (exit 2).
+    """
+    ctx = Ctx("purge", redis_url, prefix, cluster)
+    ref = _queue(ctx, topic, lmq, owner)
+    if not yes:
+        if not _interactive():
+            ctx.fail(f"refusing to purge {ops.display_name(ref)} without --yes: no terminal to confirm on", EXIT_USAGE)
+        q = ctx.run(lambda r, k: ops.inspect_queue(r, k, ref, limit=0))
+        err = _err()
+        err.print(_groups_table(q["groups"]))
+        drop = sum(g["backlog"] + (g["delayed"] or 0) for g in q["groups"])
+        if not typer.confirm(f"Purge {q['name']}: drop {drop} message(s) from {len(q['groups'])} group(s)?",
+                             default=False, err=True):
+            ctx.fail("not purged", EXIT_NOT_FOUND)
+    res = ctx.run(lambda r, k: ops.purge(r, k, ref))
+    if as_json:
+        _emit_json(res)
+        return
+    console = _out()
+    if res["groups"]:
+        t = _table(f"Purged {res['queue']}")
+        t.add_column("group", style="bold", overflow="fold")
+        for col in ("cursor", "unread\ndropped", "returned\ndropped", "delayed\ndropped", "checkouts\nleft"):
+            t.add_column(col, justify="right")
+        for g in res["groups"]:
+            _row(t, g["group"], f"{g['cursor_before']} → {g['cursor']}", str(g["unread"]), str(g["returned"]),
+                      str(g["delayed"]), str(g["checkouts_left"]))
+        console.print(t)
+    console.print(Text(f"{res['dropped']} message(s) dropped from {len(res['groups'])} group(s); "
+                       f"{res['checkouts_left']} checkout(s) left alone."))
+    if not res["groups"]:
+        console.print(Text("The queue has no subscription group: nothing was queued for anyone.", style="dim"))
+
+
+# -- dead letters ---------------------------------------------------------------------------
+
+dlq_app = typer.Typer(help="Dead letters: list them, or replay them into their group.", no_args_is_help=True)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    topic: Topic,
+    lmq: Lmq = None,
+    owner: Owner = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=100_000, help="Show at most this many.")] = 20,
+    start: Annotated[int, typer.Option("--start", min=0, help="From this position (0 = the oldest).")] = 0,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """A queue's dead letters, oldest first: id, group, member, failures, when, payload preview."""
+    ctx = Ctx("dlq", redis_url, prefix, cluster)
+    ref = _queue(ctx, topic, lmq, owner)
+    res = ctx.run(lambda r, k: ops.dead_letters(r, k, ref, limit=limit, start=start))
+    if as_json:
+        _emit_json(res)
+        return
+    console = _out()
+    if not res["dead_letters"]:
+        console.print(Text(f"No dead letters{' from here' if res['total'] else ''} ({res['total']} in all).",
+                           style="dim"))
+        return
+    t = _table(f"Dead letters of {res['queue']} ({len(res['dead_letters'])} of {res['total']})")
+    for col, kw in (("#", {"justify": "right"}), ("id", {"justify": "right"}), ("group", {"overflow": "fold"}),
+                    ("member", {"overflow": "fold"}), ("failures", {"justify": "right"}),
+                    ("deliveries", {"justify": "right"}), ("dead since", {}), ("size", {"justify": "right"}),
+                    ("payload", {"overflow": "fold"})):
+        t.add_column(col, **kw)
+    for d in res["dead_letters"]:
+        if "group" not in d:
+            _row(t, str(d["position"]), "?", "?", "?", "?", "?", "?", "?", Text(d["error"], style="red"))
+            continue
+        _row(t, str(d["position"]), str(d["id"]), d["group"], d["member"], str(d["failures"]),
+                  str(d["acquisitions"]), _when(d["dead_ms"]), _opt(d.get("size")),
+                  Text(d.get("preview", d.get("error", "")), style="red" if "error" in d else ""))
+    console.print(t)
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    topic: Topic,
+    lmq: Lmq = None,
+    owner: Owner = None,
+    count: Annotated[int, typer.Option("--count", min=1, max=1_000_000,
+                                       help="Replay at most this many, oldest first.")] = 1,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """Put dead letters back into their group's ready set (one atomic fence), failures reset to 0.
+
+    A dead letter whose message retention has trimmed from the log, or whose
+    group is gone, stays where it is and is reported. Exit 1 when there was
+    nothing to replay.
+    """
+    ctx = Ctx("dlq", redis_url, prefix, cluster)
+    ref = _queue(ctx, topic, lmq, owner)
+    res = ctx.run(lambda r, k: ops.replay_dead(r, k, ref, count=count))
+    if as_json:
+        _emit_json(res)
+    else:
+        console = _out()
+        if res["replayed"]:
+            t = _table(f"Replayed into {res['queue']}")
+            for col in ("id", "group", "member", "deliveries"):
+                t.add_column(col, justify="right" if col in ("id", "deliveries") else "left")
+            t.add_column("how")
+            for r in res["replayed"]:
+                how = "ready set" if r["via"] == "ready" else "group's cursor reads it again"
+                _row(t, str(r["id"]), r["group"], r["member"], str(r["acquisitions"]), how)
+            console.print(t)
+        if res["skipped"]:
+            t = _table("Kept as dead letters")
+            for col in ("#", "id", "group", "why"):
+                t.add_column(col)
+            why = {"trimmed": "body trimmed from the log by retention", "no-group": "the group is gone",
+                   "undecodable": "not a dead letter this version can read"}
+            for s in res["skipped"]:
+                _row(t, str(s["position"]), _opt(s["id"]), _opt(s["group"]), why.get(s["reason"], s["reason"]))
+            console.print(t)
+        console.print(Text(f"{len(res['replayed'])} replayed, {len(res['skipped'])} kept, "
+                           f"{res['dead_letters_left']} dead letter(s) left."))
+    if not res["replayed"]:
+        if not as_json:
+            fail("dlq", CliError("nothing replayed" + (" (no dead letters)" if not res["examined"] else ""),
+                                 EXIT_NOT_FOUND))
+        raise typer.Exit(EXIT_NOT_FOUND)
+
+
+# -- top ----------------------------------------------------------------------------------------
+
+
+def _top_view(sample: dict[str, Any], url: str, prefix: str) -> Group:
+    head = Text.assemble(
+        ("FenceMQ top", "bold"), f"  {_when(sample['now_ms'])}  redis {safe_url(url)}  prefix {prefix}  ",
+        f"workers {sample['workers_alive']}  sessions {sample['sessions_alive']}/{sample['sessions']}  ",
+        f"queues {sample['queues_seen']}{'+' if sample['queues_truncated'] else ''}  ",
+        f"publish/s {_rate(sample['totals']['publish'])}  deliver/s {_rate(sample['totals']['deliver'])}",
+    )
+    t = _table()
+    t.add_column("queue", overflow="fold", style="bold", ratio=2)
+    for col in ("last\nid", "backlog", "checked\nout", "pub/s", "out/s", "ack/s", "nack/s", "expired/s", "dead"):
+        t.add_column(col, justify="right")
+    t.add_column("consumers", overflow="fold", ratio=1)
+    for q in sample["queues"]:
+        r = q["rates"]
+        _row(t, q["name"], str(q["seq"]), _opt(q["backlog"]), str(q["checkouts"]), _rate(r["publish"]),
+                  _rate(r["deliver"]), _rate(r["journal_ack"]), _rate(r["journal_nack"]), _rate(r["journal_timeout"]),
+                  str(q["dead_letters"]), ", ".join(q["consumers"]) or "–")
+    parts: list[Any] = [head, t if sample["queues"] else Text("No queues.", style="dim")]
+    if sample["suspected"]:
+        s = _table("Suspected and evicted members")
+        for col in ("queue", "group", "member", "state"):
+            s.add_column(col, overflow="fold")
+        for x in sample["suspected"]:
+            state = (Text(f"evicted by {x['marker']}", style="red") if x["marker"] is not None
+                     else Text(f"suspected for {_secs(x['suspected_for_s'])}", style="yellow"))
+            _row(s, x["queue"], x["group"], x["member"], state)
+        parts.append(s)
+    return Group(*parts)
+
+
+def top(
+    interval: Annotated[float, typer.Option("--interval", min=0.05, help="Seconds between refreshes.")] = 1.0,
+    iterations: Annotated[int | None, typer.Option("--iterations", min=1, show_default=False,
+                                                      help="Stop after this many refreshes (default: until ^C).")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="Show the busiest this many queues.")] = 20,
+    scan_limit: Annotated[int, typer.Option("--scan-limit", min=1, help="Consider at most this many queues "
+                                            "(the first SCAN finds) each refresh.")] = 10_000,
+    topic: Annotated[str | None, typer.Option("--topic", show_default=False,
+                                                 help="Only this topic's queues.")] = None,
+    redis_url: RedisUrl = None,
+    prefix: Prefix = None,
+    cluster: Cluster = False,
+    as_json: Json = False,
+) -> None:
+    """A live view of the busiest queues, their consumers, and suspected or evicted members.
+
+    Per queue: last id, backlog, checkouts, dead letters and rates between
+    refreshes: publish/s from the last id, out/s from the delivery-tag
+    counter, ack/nack/expired per second from the journal. --json prints one
+    JSON object per refresh, one per line.
+    """
+    ctx = Ctx("top", redis_url, prefix, cluster)
+    flt = ops.QueueFilter(topic=topic) if topic else None
+    state = ops.TopState()
+
+    async def loop(r: Any, k: Keyspace) -> None:
+        from rich.live import Live
+
+        n = 0
+        console = _out()
+        live = None if as_json else Live(console=console, auto_refresh=False, transient=False,
+                                         vertical_overflow="visible")
+        try:
+            if live is not None:
+                live.start()
+            while True:
+                sample = await ops.top_sample(r, k, state, limit=limit, scan_limit=scan_limit, flt=flt)
+                n += 1
+                if as_json:
+                    typer.echo(json.dumps(sample, separators=(",", ":"), default=str))
+                else:
+                    live.update(_top_view(sample, ctx.url, ctx.prefix), refresh=True)
+                if iterations is not None and n >= iterations:
+                    return
+                await asyncio.sleep(interval)
+        finally:
+            if live is not None:
+                live.stop()
+
+    try:
+        ctx.run(loop)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+# -- bench --------------------------------------------------------------------------------------
+
+
+def _bench_out(args: list[str]) -> Path:
+    out = ROOT / "bench" / "results"
+    for i, a in enumerate(args):
+        if a == "--out" and i + 1 < len(args):
+            out = Path(args[i + 1])
+        elif a.startswith("--out="):
+            out = Path(a.split("=", 1)[1])
+    return out.resolve()
+
+
+def _relay(argv: list[str], **kw: Any) -> int:
+    """Run a command, copying its stdout and stderr to ours line by line (so they can be captured)."""
+    import threading
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, **kw)
+
+    def copy(src: Any, dst: Any) -> None:
+        for line in src:
+            dst.write(line)
+            dst.flush()
+
+    err = threading.Thread(target=copy, args=(proc.stderr, sys.stderr), daemon=True)
+    err.start()
+    try:
+        copy(proc.stdout, sys.stdout)
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+        err.join(5)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def bench(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Finish with a JSON summary {returncode, out, written}.")] = False,
+) -> None:
+    """Run the end-to-end benchmark (`python -m bench.run`), passing every other argument through.
+
+    E.g. `fencemq bench --messages 20000 --repeat 1`; `fencemq bench -- --help`
+    lists bench.run's options. Needs a source checkout (bench/ is not installed).
+    """
+    if not (ROOT / "bench" / "run.py").is_file():
+        fail("bench", CliError(f"no benchmark at {ROOT / 'bench'}: `fencemq bench` runs from a source checkout"))
+        raise typer.Exit(1)
+    args = list(ctx.args)
+    out = _bench_out(args)
+    started = time.time()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        # In the caller's directory (a relative --out is where they expect it); bench/ found via PYTHONPATH.
+        returncode = _relay([sys.executable, "-m", "bench.run", *args], env=env)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    written = sorted(str(p) for p in out.glob("*") if p.is_file() and p.stat().st_mtime >= started - 1) \
+        if out.is_dir() else []
+    if as_json:
+        typer.echo(json.dumps({"returncode": returncode, "out": str(out), "written": written}))
+    elif written:
+        typer.echo(f"results written to {out}: {', '.join(Path(w).name for w in written)}")
+    elif returncode == 0:
+        typer.echo(f"no results written (results go to {out})")
+    if returncode:
+        fail("bench", CliError(f"python -m bench.run exited with {returncode}"))
+        raise typer.Exit(returncode if returncode in (1, 2) else 1)
+
+
+# -- registration -----------------------------------------------------------------------------
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to the `fencemq` app."""
+    app.command("queues")(queues)
+    app.command("lmqs")(lmqs)
+    app.add_typer(inspect_app, name="inspect")
+    app.command("evict")(evict)
+    app.command("sweep")(sweep)
+    app.command("seek")(seek)
+    app.command("purge")(purge)
+    app.add_typer(dlq_app, name="dlq")
+    app.command("top")(top)
+    app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    standalone = typer.Typer(add_completion=False, no_args_is_help=True)
+    register(standalone)
+    standalone()

@@ -1,0 +1,101 @@
+-- replay_dead.lua: an operator puts dead letters back into their group's queue.
+--@include _common.lua
+-- (every fence: KEYS[last] is the queue's journal)
+--
+-- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] ready  KEYS[5] delayed
+-- KEYS[6] dead letters  KEYS[7] dedup  KEYS[8] dedup ids  KEYS[9] wake channel
+-- KEYS[10] journal
+-- ARGV[1] count: replay at most this many
+-- ARGV[2] examine at most this many dead letters, from the head (the oldest)
+-- ARGV[3] idle TTL ms of an lmq (0 = plain topic)
+-- Returns: {replayed, skipped, dead letters left, examined}
+--   replayed: flat {id, group, member, acquisitions, via} per message, in
+--     dead-letter order; via = 'ready' (put in the group's ready set) or
+--     'cursor' (the group's cursor is at or before the id since a seek: it
+--     reads the message again from the log, nothing to add)
+--   skipped: flat {position, id, group, reason} per dead letter left where
+--     it was; reason = 'trimmed' (retention removed its body from the log:
+--     the ready set names messages by id only), 'no-group' (the group is
+--     gone) or 'undecodable' (id and group are then '').
+-- A replayed dead letter is removed from the list and its message goes back
+-- to its group's ready set as `group NUL id(16 digits) NUL acquisitions NUL 0`
+-- (see ready_member in _common.lua): read before new messages, in id order,
+-- with its failures reset to 0 (max_failures more NACKs before it is dead
+-- again) and its acquisitions kept (the next delivery counts one more). A
+-- message already in the ready set of its group is not added twice. One
+-- 'replay' journal event each (extra = acquisitions). Skipped dead letters
+-- keep their place; the walk goes past them, so they never block a replay.
+-- Errors: BADARG on a bad count.
+-- Cost: O(examined + position of the last replayed dead letter).
+local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], rd = KEYS[4], dly = KEYS[5], dead = KEYS[6], dd = KEYS[7],
+           ddm = KEYS[8], wake = KEYS[9], jr = KEYS[#KEYS]}
+local count = int_arg(ARGV[1], 'count')
+local limit = int_arg(ARGV[2], 'scan limit')
+local ttl = int_arg(ARGV[3], 'idle TTL')
+if count < 1 then raise('BADARG', 'count must be at least 1') end
+if limit < count then limit = count end
+
+local TOMBSTONE = '\0replayed\0'
+local now = now_ms()
+local replayed, skipped, gone = {}, {}, {}
+local examined, prefix = 0, true
+local pos = 0
+while #gone < count and examined < limit do
+  local chunk = redis.call('LRANGE', K.dead, pos, pos + math.min(100, limit - examined) - 1)
+  if #chunk == 0 then break end
+  for i, raw in ipairs(chunk) do
+    if #gone >= count or examined >= limit then break end
+    local at = pos + i - 1
+    examined = examined + 1
+    -- nack.lua packs one array {id, group, member, acquisitions, failures, ms, body}.
+    local ok, entry = pcall(cmsgpack.unpack, raw)
+    local id, g, m, acq
+    if ok and type(entry) == 'table' then id, g, m, acq = entry[1], entry[2], entry[3], entry[4] end
+    if not ok or type(id) ~= 'number' or type(g) ~= 'string' then
+      skipped[#skipped + 1] = at; skipped[#skipped + 1] = ''; skipped[#skipped + 1] = ''
+      skipped[#skipped + 1] = 'undecodable'
+      prefix = false
+    else
+      local gs = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'cur'), 'first')
+      local reason
+      if not gs[1] then reason = 'no-group'
+      elseif redis.call('HEXISTS', K.log, id) == 0 then reason = 'trimmed' end
+      if reason then
+        skipped[#skipped + 1] = at; skipped[#skipped + 1] = id; skipped[#skipped + 1] = g
+        skipped[#skipped + 1] = reason
+        prefix = false
+      else
+        local cur = math.max(tonumber(gs[2] or gs[3] or '1'), tonumber(gs[3] or '1'))
+        local via = 'ready'
+        if id >= cur then
+          via = 'cursor'
+        else
+          local member = ready_member(g, id, acq, 0)
+          local queued = redis.call('ZRANGEBYLEX', K.rd, '[' .. g .. SEP .. pad(id) .. SEP,
+                                    '(' .. g .. SEP .. pad(id) .. '\1', 'LIMIT', 0, 1)
+          if #queued == 0 then redis.call('ZADD', K.rd, 0, member) end
+        end
+        journal(now, 'replay', g, m, id, nil, nil, acq)
+        replayed[#replayed + 1] = id; replayed[#replayed + 1] = g; replayed[#replayed + 1] = m or ''
+        replayed[#replayed + 1] = acq or 0; replayed[#replayed + 1] = via
+        gone[#gone + 1] = at
+      end
+    end
+  end
+  pos = pos + #chunk
+end
+
+if #gone > 0 then
+  if prefix then
+    -- The replayed dead letters are the head of the list: drop them in one go.
+    redis.call('LTRIM', K.dead, #gone, -1)
+  else
+    -- Mark them, then remove exactly that many marks (LREM stops at the last one).
+    for _, at in ipairs(gone) do redis.call('LSET', K.dead, at, TOMBSTONE) end
+    redis.call('LREM', K.dead, #gone, TOMBSTONE)
+  end
+  reclaim_if_idle(K, ttl)
+  redis.call('SPUBLISH', K.wake, 'replay')
+end
+flush_journal(K)
+return {replayed, skipped, redis.call('LLEN', K.dead), examined}
