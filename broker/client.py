@@ -753,7 +753,9 @@ class Subscription:
         if max is not None:
             args += ["MAX", max]
         await self.client._call(args)
-        if max is None:
+        if max is None and not self.push:
+            # A push member ends at the EOS the server seated: its iterator
+            # runs on to TAKE it, which closes the handle server-side too.
             self.closed = True
 
     # -- iteration ----------------------------------------------------------------

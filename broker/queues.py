@@ -234,7 +234,8 @@ class Queues:
         if ref.lite and int(res[6]):
             await self.redis.hincrby(self.keys.session_lite_counts(client), topic, 1)
         if capacity is not None:
-            await self.dispatch(ref, [(group, client)])
+            # All of the queue's push members: a shared group's strategy sees its whole group.
+            await self.dispatch(ref, await self.push_members(ref))
         evicted = _text(res[3]) or None
         return Subscription(
             handle, _text(res[0]), int(res[1]), _text(res[2]), evicted, int(res[4]), int(res[5]), qos,
@@ -385,6 +386,9 @@ class Queues:
             [handle.group, handle.member, self.config.default_lock_ms],
         )
         kind = _text(res[0])
+        if kind != "eos" and int(res[-1]):
+            # A shared group's member took one: the group's strategy refills.
+            await self.dispatch(handle.queue, await self.push_members(handle.queue))
         if kind == "eos":
             await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
             if handle.queue.is_filter:
@@ -392,7 +396,7 @@ class Queues:
             return "EOS"
         if kind == "none":
             return None
-        epoch, deadline, tag, msg_id, acq, body = res[1:]
+        epoch, deadline, tag, msg_id, acq, body, _refill = res[1:]
         if int(deadline) >= 0:
             await self._schedule_soon(handle.queue.qid, int(deadline))
         return unpack_delivery(handle.queue.topic, handle.queue.lmq, int(epoch), tag, int(msg_id), int(acq), body)

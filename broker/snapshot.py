@@ -18,11 +18,12 @@ push members cost one call.
 
 Tables (one row per ...):
 
-* ``queues``      queue: id, kind (topic | lmq | filter), topic (the filter of
-  a filter subscription), lmq, owner (filter subscriptions), log bounds (seq = last id, first =
-  first retained id), retained, last tag, created/last-write ms, snapshot ms
-  (Redis clock, inside the fence), counts (groups, checkouts, ready, delayed,
-  dead letters, journal length kept in Redis / rows exported).
+* ``queues``      queue: id, kind (topic | lmq | filter), topic (a filter
+  subscription's filter), lmq, owner (filter subscriptions), log bounds
+  (seq = last id, first = first retained id), retained, last tag,
+  created/last-write ms, snapshot ms (Redis clock, inside the fence), counts
+  (groups, checkouts, ready, delayed, dead letters, owned entries, push
+  members, journal cap / length kept in Redis / rows exported).
 * ``groups``      subscription (queue, group): mode, policy, on_preempt,
   cursor (clamped to first), epoch, owner, members, unread = max(0, seq -
   cursor + 1), ready (returned, waiting for redelivery), delayed, checkouts,
@@ -32,8 +33,9 @@ Tables (one row per ...):
   suspected (since ms), marker (who evicted it), capacity, qos, ended,
   mailbox depth (LLEN, the EOS sentinel included; null without a mailbox),
   checkouts held.
-* ``checkouts``   delivery tag (a string, as clients see it): group, member, id, epoch, acquisitions,
-  failures, deadline ms (null: waiting in a push mailbox, lease not started).
+* ``checkouts``   delivery tag (a string, as clients see it): group, member,
+  id, epoch, acquisitions, failures, deadline ms (null: waiting in a push
+  mailbox, lease not started).
 * ``ready``       returned or delayed message: group, id, acquisitions,
   failures, due ms (null = ready now).
 * ``messages``    log entry (only the first ``log_entries`` of each queue):
@@ -46,6 +48,7 @@ Tables (one row per ...):
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -143,31 +146,28 @@ class Manifest:
 
 
 class _Table:
-    """Column buffers flushed as Parquet row groups, so memory stays bounded."""
+    """Rows buffered as tuples and flushed as Parquet row groups, so memory stays bounded."""
 
     def __init__(self, path: Path, schema: pa.Schema, flush_rows: int = 65536) -> None:
         self.path, self.schema, self.flush_rows = path, schema, flush_rows
-        self.names = schema.names
-        self.columns: list[list[Any]] = [[] for _ in self.names]
+        self.types = [f.type for f in schema]
+        self.buffer: list[tuple] = []
         self.rows = 0
-        self.pending = 0
         self.writer = pq.ParquetWriter(path, schema)
 
     def add(self, row: tuple) -> None:
-        for column, value in zip(self.columns, row, strict=True):
-            column.append(value)
-        self.pending += 1
-        if self.pending >= self.flush_rows:
+        self.buffer.append(row)
+        if len(self.buffer) >= self.flush_rows:
             self.flush()
 
     def flush(self) -> None:
-        if not self.pending:
+        if not self.buffer:
             return
-        arrays = [pa.array(col, type=self.schema.field(i).type) for i, col in enumerate(self.columns)]
+        columns = zip(*self.buffer, strict=True)
+        arrays = [pa.array(col, type=typ) for col, typ in zip(columns, self.types, strict=True)]
         self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
-        self.rows += self.pending
-        self.pending = 0
-        self.columns = [[] for _ in self.names]
+        self.rows += len(self.buffer)
+        self.buffer = []
 
     def close(self) -> None:
         self.flush()
@@ -214,17 +214,20 @@ def _decode_meta(flat: list[Any]) -> tuple[dict[str, str], dict[str, dict[str, s
     fields: dict[str, str] = {}
     groups: dict[str, dict[str, str]] = {}
     members: dict[tuple[str, str], dict[str, str]] = {}
-    for k, v in _pairs(flat):
-        key, value = _s(k), _s(v)
-        if key.startswith("g|") and key.count("|") >= 2:
-            g, fld = key[2:].rsplit("|", 1)
-            groups.setdefault(g, {})[fld] = value
-        elif key.startswith("m|") and key.count("|") >= 3:
-            gm, fld = key[2:].rsplit("|", 1)
-            g, m = gm.split("|", 1)  # group and member names never hold '|' (keyspace.check_name)
-            members.setdefault((g, m), {})[fld] = value
-        else:
-            fields[key] = value
+    text = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in flat]
+    for key, value in zip(text[0::2], text[1::2]):
+        head = key[:2]
+        if head == "g|":
+            parts = key.split("|")
+            if len(parts) == 3:
+                groups.setdefault(parts[1], {})[parts[2]] = value
+                continue
+        elif head == "m|":
+            parts = key.split("|")  # group and member names never hold '|' (keyspace.check_name)
+            if len(parts) == 4:
+                members.setdefault((parts[1], parts[2]), {})[parts[3]] = value
+                continue
+        fields[key] = value
     order = [g for g in fields.get("groups", "").split("\n") if g]
     order += sorted(g for g in groups if g not in order)
     for g in order:
@@ -436,18 +439,21 @@ async def take_snapshot(
     last_ms: int | None = None
     args = [log_entries, journal_entries]
 
-    async def snapshot_batch(qids: list[str]) -> None:
+    def calls_for(qids: list[str], guess: dict[str, list[tuple[str, str]]]) -> list[tuple[list[str], list[Any]]]:
+        calls = []
+        for qid in qids:
+            k = keyspace.queue_by_id(qid)
+            boxes = [k.mailbox(g, m) for g, m in guess.get(qid, [])]
+            calls.append(([k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed, k.dead, *boxes,
+                           k.journal], args))
+        return calls
+
+    async def finish(qids: list[str], fetching: asyncio.Task) -> None:
+        """Decode one batch (and read again the queues whose push members it did not know)."""
         nonlocal done, vanished, unsettled, error_count, first_ms, last_ms
         guess: dict[str, list[tuple[str, str]]] = {}
-        todo = list(qids)
+        todo, results = qids, await fetching
         for attempt in range(MAILBOX_ATTEMPTS):
-            calls = []
-            for qid in todo:
-                k = keyspace.queue_by_id(qid)
-                boxes = [k.mailbox(g, m) for g, m in guess.get(qid, [])]
-                keys = [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed, k.dead, *boxes, k.journal]
-                calls.append((keys, args))
-            results = await fence.run(calls)
             redo = []
             for qid, res in zip(todo, results, strict=True):
                 if isinstance(res, Exception):
@@ -473,25 +479,40 @@ async def take_snapshot(
                 done += 1
                 first_ms = q.now if first_ms is None else min(first_ms, q.now)
                 last_ms = q.now if last_ms is None else max(last_ms, q.now)
-            todo = redo
-            if not todo:
+            if not redo:
                 break
+            todo = redo
+            results = await fence.run(calls_for(todo, guess))
+        if progress:
+            progress(done, None)
 
-    try:
+    async def batches():
         for node in nodes:
             pending: list[str] = []
             async for qids in _scan(redis, node, keyspace.queue_pattern(), 1000):
                 pending.extend(qids)
                 while len(pending) >= batch:
-                    await snapshot_batch(pending[:batch])
+                    yield pending[:batch]
                     pending = pending[batch:]
-                    if progress:
-                        progress(done, None)
             if pending:
-                await snapshot_batch(pending)
-                if progress:
-                    progress(done, None)
+                yield pending
+
+    # One batch in flight while the previous one is decoded: Redis runs the fences of the next
+    # batch while Python turns the last one into rows.
+    in_flight: tuple[list[str], asyncio.Task] | None = None
+    try:
+        async for qids in batches():
+            task = asyncio.create_task(fence.run(calls_for(qids, {})))
+            await asyncio.sleep(0)  # let it send its pipeline
+            if in_flight is not None:
+                await finish(*in_flight)
+            in_flight = (qids, task)
+        if in_flight is not None:
+            await finish(*in_flight)
+            in_flight = None
     finally:
+        if in_flight is not None and not in_flight[1].done():
+            in_flight[1].cancel()
         counts = writer.close()
 
     elapsed = time.perf_counter() - started

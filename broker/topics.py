@@ -60,8 +60,10 @@ class FilterTarget:
 def parse_target(target: str) -> FilterTarget:
     if target.startswith(SHARE_PREFIX):
         share, sep, filt = target[len(SHARE_PREFIX):].partition("/")
-        if not share or not sep:
+        if not share:
             raise BadArgument("shared subscription must be $share/<ShareName>/<filter>; the ShareName is empty")
+        if not sep or not filt:
+            raise BadArgument("shared subscription must be $share/<ShareName>/<filter>; the filter is missing")
         if has_wildcard(share) or "/" in share:
             raise BadArgument(f"ShareName {share!r} may not contain '/', '+' or '#'")
         return FilterTarget(check_filter(filt), share)

@@ -155,6 +155,30 @@ local function group_epoch(meta, g)
   return tonumber(redis.call('HGET', meta, gf(g, 'ep')) or '0')
 end
 
+-- Remove a member from its group: fields and arrival-order slot. An
+-- exclusive group loses its owner; a single-active one hands over to the next
+-- member in arrival order that is not suspected. Returns the owner after.
+local function remove_member(K, g, m)
+  for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
+  local rest = {}
+  for _, other in ipairs(members_of(K.meta, g)) do
+    if other ~= m then rest[#rest + 1] = other end
+  end
+  set_members(K.meta, g, rest)
+  local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'))
+  local owner = f[2]
+  if owner == m then
+    owner = nil
+    if f[1] == 'single-active' then
+      for _, other in ipairs(rest) do
+        if redis.call('HEXISTS', K.meta, mf(g, other, 'sus')) == 0 then owner = other; break end
+      end
+    end
+    if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) else redis.call('HDEL', K.meta, gf(g, 'own')) end
+  end
+  return owner
+end
+
 local function promote_delayed(K, now)
   local due = redis.call('ZRANGEBYSCORE', K.dly, '-inf', now, 'LIMIT', 0, 1000)
   if #due > 0 then

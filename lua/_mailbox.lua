@@ -54,6 +54,8 @@ local function fill_mailbox(K, mb, g, m, now)
   if status ~= 'ok' then return 0 end
   local room = cap - redis.call('LLEN', mb)
   if room < count then count = room end
+  -- a shared group's messages are handed out by its strategy (dispatch_group)
+  if redis.call('HGET', K.meta, gf(g, 'mode')) == 'shared' then count = 0 end
   local taken = {}
   if count > 0 then taken = check_out(K, g, m, count, ep, now, nil, member.qos) end
   if #taken > 0 then
@@ -111,9 +113,14 @@ local function dispatch_group(K, g, boxes, now)
   if n == 0 then return 0 end
   local sent = 0
   while true do
-    local pick
+    local pick, next_rr
     if strategy == 'sticky' then
-      if not (sticky and state[sticky]) then
+      -- The sticky member keeps the group until it leaves or ends; while its
+      -- mailbox is full the group waits (that is what keeps the order).
+      local gone = not sticky or redis.call('HEXISTS', K.meta, mf(g, sticky, 'n')) == 0
+        or redis.call('HEXISTS', K.meta, mf(g, sticky, 'end')) == 1
+      if gone then
+        sticky = nil
         for _, m in ipairs(members) do if state[m].room > 0 then sticky = m; break end end
         if sticky then redis.call('HSET', K.meta, gf(g, 'stk'), sticky) end
       end
@@ -126,14 +133,16 @@ local function dispatch_group(K, g, boxes, now)
       if state[m].room > 0 then pick = m end
     else
       for step = 1, n do
-        local m = members[((rr + step - 1) % n) + 1]
-        if state[m].room > 0 then pick = m; rr = ((rr + step - 1) % n) + 1; break end
+        local at = ((rr + step - 1) % n) + 1
+        if state[members[at]].room > 0 then pick = members[at]; next_rr = at; break end
       end
     end
     if not pick then break end
     local s = state[pick]
     local taken = check_out(K, g, pick, 1, s.ep, now, nil, s.member.qos)
     if #taken == 0 then break end
+    -- the pointer moves only past a member that was actually served
+    if next_rr then rr = next_rr end
     local t = taken[1]
     redis.call('RPUSH', boxes[pick], table.concat({t[1], t[2], t[3], s.ep, t[4]}, SEP))
     s.room = s.room - 1

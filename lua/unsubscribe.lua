@@ -34,22 +34,7 @@ if ARGV[3] == 'cancel' and f[4] then
   return {returned, owner or '', 0}
 end
 push_list_remove(K.meta, g, m)
-for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
-local rest = {}
-for _, other in ipairs(members_of(K.meta, g)) do
-  if other ~= m then rest[#rest + 1] = other end
-end
-set_members(K.meta, g, rest)
-
-if owner == m then
-  owner = nil
-  if mode == 'single-active' then
-    for _, other in ipairs(rest) do
-      if redis.call('HEXISTS', K.meta, mf(g, other, 'sus')) == 0 then owner = other; break end
-    end
-  end
-  if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) else redis.call('HDEL', K.meta, gf(g, 'own')) end
-end
+owner = remove_member(K, g, m)
 if returned > 0 then redis.call('SPUBLISH', K.wake, 'leave') end
 journal(now_ms(), 'leave', g, m, nil, nil, nil, ARGV[3])
 flush_journal(K)

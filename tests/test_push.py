@@ -256,12 +256,6 @@ def test_with_capacity_at_most_max_a_full_mailbox_gives_up_its_oldest_entry_to_t
     assert [g if g == "EOS" else g.id for g in got] == ["1", "3", "EOS"]
 
 
-@pytest.mark.xfail(
-    reason="BUG: lua/subscribe.lua clears the member's 'end' flag on SUB but leaves the EOS sentinel seated "
-           "in its mailbox (it does not get the mailbox key), so lua/take.lua hands out the stale EOS and "
-           "removes the new subscription",
-    strict=True,
-)
 def test_subscribing_again_after_an_abrupt_unsubscribe_gives_a_live_subscription_not_the_old_end_of_stream(
     direct: Direct,
 ) -> None:
@@ -275,12 +269,6 @@ def test_subscribing_again_after_an_abrupt_unsubscribe_gives_a_live_subscription
     assert got != "EOS" and got is not None and got.payload == b"x"
 
 
-@pytest.mark.xfail(
-    reason="BUG: lua/take.lua's EOS branch removes the member but not the group's owner field (g|<g>|own), "
-           "so the next subscriber of an exclusive group 'preempts' a member that is gone: an eviction "
-           "marker outlives its member and the worker sends it an unsubscribe notice",
-    strict=True,
-)
 def test_a_push_member_that_reached_its_end_no_longer_owns_its_exclusive_group(direct: Direct) -> None:
     direct.reset()
     q = direct.queues
@@ -497,13 +485,6 @@ def test_the_sdk_push_iterator_ends_cleanly_when_the_subscription_is_ended_from_
         assert time.monotonic() - t0 < 3, "the iterator waited out its TAKE BLOCK instead of waking at EOS"
 
 
-@pytest.mark.xfail(
-    reason="BUG: broker/client.py Subscription.unsubscribe() sets closed=True on a push subscription and "
-           "iter() stops on `closed` without TAKEing the EOS the server seated, so the member (its 'end' "
-           "flag, its mailbox holding EOS, and for a filter its queue and registry entry) lingers until "
-           "the session ends",
-    strict=True,
-)
 def test_unsubscribing_a_push_subscription_inside_its_iterator_lets_the_server_forget_the_member(redis_url) -> None:
     r = redis_py.Redis.from_url(redis_url)
 

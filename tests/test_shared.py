@@ -90,12 +90,9 @@ def expect_error(code: str, fn, *args) -> str:
 @pytest.mark.parametrize(
     "k",
     [
-        pytest.param(2, marks=pytest.mark.xfail(
-            reason="BUG: lua/_mailbox.lua dispatch_group (round-robin) advances the group's rr position on the "
-                   "final pick that finds no message left, so each single-message publish moves rr by 2: with "
-                   "an even number of members half of them never get a message", strict=True)),
+        2,
         3,
-        pytest.param(4, marks=pytest.mark.xfail(reason="BUG: same round-robin stride-2 bug", strict=True)),
+        4,
     ],
 )
 def test_round_robin_spreads_n_single_publishes_over_k_members_within_one_each(w, r, k):
@@ -145,12 +142,6 @@ def test_sticky_gives_everything_in_order_to_one_member_until_it_leaves_then_ano
     assert payloads_of(rest[holders[0]]) == [str(i) for i in range(2, 9)]  # in order, redeliveries first
 
 
-@pytest.mark.xfail(
-    reason="BUG: lua/_mailbox.lua dispatch_group (sticky) re-picks the sticky member whenever it is not among "
-           "the mailboxes of this dispatch call; Queues.subscribe dispatches to the new member alone, so every "
-           "join takes the group over from a sticky member that never left",
-    strict=True,
-)
 def test_a_member_joining_a_sticky_group_does_not_take_it_over_from_the_current_member(w):
     a, b = client(w.port, 2, "a"), client(w.port, 2, "b")
     ha = sub(a, "$share/st/j/#", "STRATEGY", "sticky")
@@ -161,12 +152,6 @@ def test_a_member_joining_a_sticky_group_does_not_take_it_over_from_the_current_
     assert payloads_of(take_all(a, ha)) == ["0", "1"] and take_all(b, hb) == []
 
 
-@pytest.mark.xfail(
-    reason="BUG: lua/take.lua (and end_after.lua) top a member's mailbox up with fill_mailbox, which checks "
-           "out the group's next messages to that member whatever the group's strategy: when the sticky (or "
-           "hashed) member's mailbox is full, any other member's TAKE gets its messages",
-    strict=True,
-)
 @pytest.mark.parametrize("strategy", ["sticky", "hash"])
 def test_a_full_mailbox_holds_the_group_back_instead_of_giving_its_share_to_another_members_take(w, r, strategy):
     conns = {"a": client(w.port, 2, "a"), "b": client(w.port, 2, "b")}
