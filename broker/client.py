@@ -587,6 +587,11 @@ class Client:
             args += ["ON-PREEMPT", on_preempt]
         reply = await self._call(args, _map)
         handle = _str(reply["handle"])
+        known = self._epochs.get(handle)
+        if epoch is None and known is not None and known.value > int(reply.get("epoch", 0)):
+            # The server is behind what this client saw (restored from an older
+            # copy): state our epoch, or every delivery would be filtered out.
+            reply = await self._call([*args, "EPOCH", known.value], _map)
         if self._id is None:
             try:
                 self._id = Handle.decode(handle).member
@@ -777,7 +782,13 @@ class Subscription:
                     if d is not None:
                         yield d
                 else:
-                    for d in await self.pull(count, block_ms):
+                    batch = await self.pull(count, block_ms)
+                    for i, d in enumerate(batch):
+                        if d.epoch < self._epoch.value:
+                            # A seek returned while this batch was being consumed:
+                            # the rest was read before it, so none of it is handed on.
+                            self.dropped += len(batch) - i
+                            break
                         yield d
         except ConnectionLost:
             if self.client._closed:  # closed on purpose: end quietly

@@ -60,6 +60,7 @@ class SweepResult:
     next_due: int
     returned: int
     timeouts: list[tuple[str, str, list[str], str]]  # group, member, tags, new active member
+    newly_suspected: list[tuple[str, str]] = field(default_factory=list)  # (group, member)
 
 
 def _text(value: Any) -> str:
@@ -448,8 +449,9 @@ class Queues:
         dues = [int(f[0][1]) for f in firsts if f]
         if dues:
             await self.schedule(qid, min(dues))
-        timeouts = [(_text(g), _text(m), [_text(t) for t in tags], _text(s)) for g, m, tags, s in res[2]]
-        return SweepResult(next_due, int(res[1]), timeouts)
+        timeouts = [(_text(g), _text(m), [_text(t) for t in tags], _text(s)) for g, m, tags, s, _ in res[2]]
+        newly = [(_text(g), _text(m)) for g, m, _, _, fresh in res[2] if int(fresh)]
+        return SweepResult(next_due, int(res[1]), timeouts, newly)
 
     async def due_queues(self, now_ms: int, limit: int = 100) -> list[str]:
         return [_text(q) for q in await self.redis.zrangebyscore(self.keys.schedule, "-inf", now_ms, 0, limit)]

@@ -108,9 +108,15 @@ class Sessions:
                 await self.notify(client, unsubscribe_notice(h, marker, resent=True))
 
     async def set_presence(self, client: str, online: bool) -> None:
-        """Mark the client's filter-subscription memberships online or offline."""
+        """Mark the client's memberships online or offline.
+
+        Shared groups skip offline members when told to, and single-active
+        groups never hand the active role to one. Lite subscriptions are left
+        out: a client may hold a hundred thousand of them, and an lmq is held
+        by its owner whether connected or not.
+        """
         handles = [Handle.decode(raw.decode()) for raw in await self.redis.smembers(self.keys.session_handles(client))]
-        await self.queues.set_presence([h for h in handles if h.queue.is_filter], online)
+        await self.queues.set_presence([h for h in handles if not h.queue.lite], online)
 
     async def claim_expired(self, limit: int = 100) -> list[str]:
         """Sessions whose lease ran out; ZREM makes exactly one worker the cleaner."""

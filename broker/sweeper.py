@@ -60,9 +60,9 @@ class Sweeper:
                 push_members = await self.queues.push_members(ref)
                 if push_members:
                     await self.queues.dispatch(ref, push_members)
+            metrics.SUSPICIONS.inc(len(result.newly_suspected))
             for group, member, tags, successor in result.timeouts:
                 metrics.LEASE_TIMEOUTS.inc(len(tags))
-                metrics.SUSPICIONS.inc()
                 notice = {
                     "type": "message_timeout",
                     "handle": Handle(ref, group, member).encode(),

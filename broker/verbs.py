@@ -207,7 +207,13 @@ class Verbs:
         return n
 
     async def cmd_seek(self, handle: str, kind: str, arg: int | None) -> Any:
-        epoch, _, _ = await self.worker.queues.seek(self._handle(handle), kind, arg)
+        h = self._handle(handle)
+        epoch, cursor, clamped = await self.worker.queues.seek(h, kind, arg)
+        if clamped:
+            # The reply stays the epoch (the contract); the client is told apart.
+            notice = {"type": "seek_clamped", "handle": handle, "topic": h.queue.topic, "epoch": epoch,
+                      "cursor": str(cursor), "reason": "the target is older than the oldest retained message"}
+            await self.worker.sessions.notify(h.member, notice)
         return epoch
 
     async def cmd_unsub(self, handle: str, max_messages: int | None = None) -> Any:

@@ -158,6 +158,13 @@ end
 -- Remove a member from its group: fields and arrival-order slot. An
 -- exclusive group loses its owner; a single-active one hands over to the next
 -- member in arrival order that is not suspected. Returns the owner after.
+-- May this member become the active one of a single-active group? Not if it
+-- is suspected, nor while its session has no connection.
+local function can_take_over(meta, g, m)
+  local f = redis.call('HMGET', meta, mf(g, m, 'n'), mf(g, m, 'sus'), mf(g, m, 'on'))
+  return f[1] and not f[2] and f[3] ~= '0'
+end
+
 local function remove_member(K, g, m)
   for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
   local rest = {}
@@ -171,7 +178,7 @@ local function remove_member(K, g, m)
     owner = nil
     if f[1] == 'single-active' then
       for _, other in ipairs(rest) do
-        if redis.call('HEXISTS', K.meta, mf(g, other, 'sus')) == 0 then owner = other; break end
+        if can_take_over(K.meta, g, other) then owner = other; break end
       end
     end
     if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) else redis.call('HDEL', K.meta, gf(g, 'own')) end
@@ -243,11 +250,14 @@ local function delivery_gate(K, g, m, count)
   if f[10] then return 'ended', ep, member, 0 end
   if mode == 'exclusive' and owner ~= m then return 'standby', ep, member, 0 end
   if mode == 'single-active' and owner ~= m then
-    -- Take over from an active member that is gone or suspected: no deadlock.
-    if owner and redis.call('HEXISTS', K.meta, mf(g, owner, 'n')) == 1
-       and redis.call('HEXISTS', K.meta, mf(g, owner, 'sus')) == 0 then
+    -- Take over from an active member that is gone, suspected or
+    -- disconnected: no deadlock, and no stall behind a dropped connection.
+    if owner and can_take_over(K.meta, g, owner) then
       return 'standby', ep, member, 0
     end
+    -- What the old active member still holds comes back first, so the group's
+    -- order survives the handover (its late ACKs settle nothing).
+    if owner and owner ~= m then return_member_checkouts(K, g, owner) end
     redis.call('HSET', K.meta, gf(g, 'own'), m)
   end
   if f[5] then

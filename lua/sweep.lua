@@ -6,7 +6,7 @@
 -- KEYS[6] ready  KEYS[7] delayed  KEYS[8] wake channel
 -- ARGV[1] limit: at most this many expired checkouts per call
 -- Returns: {next due (-1 = nothing pending), returned,
---           {{group, member, {expired tags}, new active member or ''}, ...}}
+--           {{group, member, {expired tags}, new active member or '', 1 if newly suspected}, ...}}
 -- Expired messages go back to the ready set in id order; a timeout counts as
 -- an acquisition, not a failure, so it never pushes a message toward the
 -- dead-letter limit. Each member that lost a lease becomes suspected. An
@@ -40,23 +40,31 @@ end
 local notices = {}
 for _, key in ipairs(order) do
   local g, m, tags = by_member[key][1], by_member[key][2], by_member[key][3]
-  local successor = ''
+  local successor, newly = '', 0
   if redis.call('HEXISTS', K.meta, mf(g, m, 'n')) == 1 then
-    redis.call('HSET', K.meta, mf(g, m, 'sus'), now)
+    if redis.call('HSETNX', K.meta, mf(g, m, 'sus'), now) == 1 then newly = 1 end
     local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'))
     if f[1] == 'single-active' and f[2] == m then
       return_member_checkouts(K, g, m)
+      -- The timed-out member goes to the back of the line; the next one in
+      -- arrival order that is connected and not suspected takes over.
+      local line = {}
       for _, other in ipairs(members_of(K.meta, g)) do
-        if other ~= m and redis.call('HEXISTS', K.meta, mf(g, other, 'sus')) == 0 then
+        if other ~= m then line[#line + 1] = other end
+      end
+      for _, other in ipairs(line) do
+        if can_take_over(K.meta, g, other) then
           successor = other
           break
         end
       end
+      line[#line + 1] = m
+      set_members(K.meta, g, line)
       if successor == '' then redis.call('HDEL', K.meta, gf(g, 'own'))
       else redis.call('HSET', K.meta, gf(g, 'own'), successor) end
     end
   end
-  notices[#notices + 1] = {g, m, tags, successor}
+  notices[#notices + 1] = {g, m, tags, successor, newly}
 end
 flush_journal(K)
 if #expired > 0 or moved > 0 then redis.call('SPUBLISH', K.wake, 'sweep') end

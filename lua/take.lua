@@ -42,8 +42,16 @@ local function deliver(entry)
   return {'msg', tonumber(p[4]), deadline, tag, tonumber(p[2]), tonumber(p[3]), string.sub(entry, header + 1), refill}
 end
 
+local skipped, topped_up = false, false
 while true do
   local entry = redis.call('LPOP', mb)
+  if not entry and skipped and not topped_up and redis.call('HEXISTS', K.meta, mf(g, m, 'end')) == 0 then
+    -- Everything left was released (a seek, a preemption): what is ready now
+    -- may take the room it made.
+    topped_up = true
+    fill_mailbox(K, mb, g, m, now)
+    entry = redis.call('LPOP', mb)
+  end
   if not entry then
     flush_journal(K)
     return {'none', refill}
@@ -66,5 +74,6 @@ while true do
       flush_journal(K)
       return reply
     end
+    skipped = true
   end
 end

@@ -439,6 +439,7 @@ class QueueModel:
                             successor = other
                             break
                     g.owner = successor or None
+                    g.members[m] = g.members.pop(m)  # the timed-out member goes to the back of the line
             notices.append((gname, m, tags, successor))
         return SweepReply(len(expired), notices)
 

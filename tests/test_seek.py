@@ -211,9 +211,6 @@ def test_no_delivery_read_before_a_seek_reaches_the_application_after_the_seek_r
     run(main(), timeout=90)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Subscription.iter (broker/client.py) yields the rest of a PULL batch after a seek returned: "
-    "it never compares a buffered delivery's epoch with the current one"))
 def test_the_sdk_iterator_yields_nothing_read_before_a_seek_that_returned_mid_batch(w):
     async def main() -> None:
         async with subscribed(url(w), "iterating", "iter", 20) as (_, sub):
@@ -231,9 +228,6 @@ def test_the_sdk_iterator_yields_nothing_read_before_a_seek_that_returned_mid_ba
     run(main())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: lua/take.lua tops the mailbox up before skipping entries a seek released, so the first TAKE "
-    "(no BLOCK) after a seek on a full mailbox answers nil though the new epoch's messages are ready"))
 def test_a_take_right_after_a_seek_on_a_full_push_mailbox_gets_the_seek_target(w):
     async def main() -> None:
         async with subscribed(url(w), "pushed", "log", 10, push=True, capacity=3) as (_, sub):
@@ -396,9 +390,6 @@ def test_subscribing_again_with_a_lower_epoch_keeps_the_servers_which_the_client
     run(main())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Client.subscribe (broker/client.py) keeps the higher epoch it knows for a handle but does not "
-    "send it as SUB … EPOCH, so after the server lost a seek every delivery is dropped (Pulsar #20032)"))
 def test_a_client_that_knows_a_higher_epoch_than_a_restored_server_is_not_filtered_out(w, redis_url):
     direct = redis.Redis.from_url(redis_url)
 
