@@ -120,7 +120,10 @@ class EmbeddedRedis:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.data_dir), "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-                "--daemonize", "no", "--logfile", str(log), "--protected-mode", "no"]
+                "--daemonize", "no", "--logfile", str(log), "--protected-mode", "no",
+                # FenceMQ's tuning (docs/operations.md): lease sets grow by a
+                # batch at a time, and a listpack-encoded zset pays O(n) per insert.
+                "--zset-max-listpack-entries", "16"]
         args += ["--requirepass", self.password] if self.password else []
         with open(log, "ab") as out:  # errors before the logfile opens go to stderr
             # Its own session: a Ctrl-C in the terminal reaches the worker,
