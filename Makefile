@@ -14,7 +14,7 @@ $(VENV)/.base: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,spark,bench]'
 	touch $@ $(VENV)/.base
 
 demo: $(VENV)/.base

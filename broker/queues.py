@@ -145,7 +145,7 @@ class Queues:
             args.append(body)
             args.append(dedup)
         ids, push_members = await self.fences.call(
-            "publish", [k.meta, k.log, k.dedup, k.dedup_ids, k.wake, k.journal], args
+            "publish", [k.meta, k.log, k.dedup, k.dedup_ids, k.wake, k.dead, k.journal], args
         )
         if push_members:
             await self.dispatch(ref, [tuple(_text(line).split("\t", 1)) for line in push_members.split(b"\n")])
@@ -224,7 +224,8 @@ class Queues:
 
         res = await self.fences.call(
             "subscribe",
-            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.delayed, k.journal],
+            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.delayed, k.dedup, k.dedup_ids,
+             k.dead, k.journal],
             [
                 group, client, opt(mode), default_mode, opt(policy), start[0], opt(start[1]), opt(lock_ms),
                 opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt), self.config.journal_cap,

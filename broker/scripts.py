@@ -59,10 +59,6 @@ class Fences:
                 raise mapped from None
             raise
 
-    def queue(self, pipe: Any, name: str, keys: list[str], args: list[Any]) -> None:
-        """Add a fence call to a pipeline (its result comes back with the others)."""
-        self.scripts[name](keys=keys, args=args, client=pipe)
-
     @staticmethod
     def check(result: Any) -> Any:
         """For pipeline results (raise_on_error=False): raise a fence's coded error."""

@@ -24,7 +24,7 @@ from rich.console import Console
 from broker import __version__
 from broker.errors import BadArgument
 from broker.keyspace import Keyspace
-from cli import ops
+from cli import analytics, ops
 from cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
@@ -257,8 +257,9 @@ def status(
         report.render(Console(highlight=False), snap, url)
 
 
-# The operator commands live in their own modules; they add themselves here.
+# The operator and analytics commands live in their own modules; they add themselves here.
 ops.register(app)
+analytics.register(app)
 
 
 if __name__ == "__main__":

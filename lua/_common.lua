@@ -9,7 +9,7 @@
 --   meta fields      g|<group>|<field>   m|<group>|<member>|<field>
 
 local SEP = '\0'
-local MEMBER_FIELDS = {'n', 'max', 'lock', 'sus', 'mk', 'cap', 'qos', 'end', 'on'}
+local MEMBER_FIELDS = {'n', 'max', 'lock', 'sus', 'mk', 'fj', 'cap', 'qos', 'end', 'on'}
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -243,7 +243,11 @@ local function delivery_gate(K, g, m, count)
   if f[6] then
     -- Evicted: fenced. Whatever it still holds goes back for the new owner.
     return_member_checkouts(K, g, m)
-    journal(now_ms(), 'fenced', g, m, nil, nil, ep, f[6])
+    -- journaled once per eviction: a client polling in a loop must not flood
+    -- the journal (and push the preempt event itself out of it)
+    if redis.call('HSETNX', K.meta, mf(g, m, 'fj'), 1) == 1 then
+      journal(now_ms(), 'fenced', g, m, nil, nil, ep, f[6])
+    end
     return 'evicted', ep, member, 0
   end
   if f[7] then return 'suspected', ep, member, 0 end
@@ -341,6 +345,8 @@ end
 -- TTL (the caller passes it for lmqs only, 0 for plain topics): its keys get that expiry now, and lose it at the next write that gives
 -- it an owner or a message to read. Plain topics are never reclaimed.
 -- Cost: O(groups of the queue).
+local LMQ_KEYS = {'meta', 'log', 'jr', 'dd', 'ddm', 'dead'}
+
 local function reclaim_if_idle(K, ttl_ms)
   if not ttl_ms or ttl_ms <= 0 then return end
   local idle = redis.call('HLEN', K.co) == 0 and redis.call('ZCARD', K.rd) == 0 and redis.call('ZCARD', K.dly) == 0
@@ -354,10 +360,18 @@ local function reclaim_if_idle(K, ttl_ms)
     if not groups and seq > 0 then idle = false end
   end
   -- Every key an lmq can have but mailboxes (gone with their members).
-  for _, name in ipairs({'meta', 'log', 'jr', 'dd', 'ddm', 'dead'}) do
+  for _, name in ipairs(LMQ_KEYS) do
     local key = K[name]
     if key then
       if idle then redis.call('PEXPIRE', key, ttl_ms) else redis.call('PERSIST', key) end
     end
+  end
+end
+
+-- A write that gives the queue an owner or a message revives it: no key may
+-- keep the reclaim TTL (the caller declares all of LMQ_KEYS).
+local function revive(K)
+  for _, name in ipairs(LMQ_KEYS) do
+    if K[name] then redis.call('PERSIST', K[name]) end
   end
 end

@@ -3,20 +3,20 @@
 -- (every fence: KEYS[last] is the queue's journal)
 --
 -- KEYS[1] meta   KEYS[2] log   KEYS[3] dedup (zset)   KEYS[4] dedup ids (hash)
--- KEYS[5] wake channel (sharded pub/sub; same hash tag)
+-- KEYS[5] wake channel (sharded pub/sub; same hash tag)  KEYS[6] dead letters
 -- ARGV[1] max length to retain (0 = unbounded)
 -- ARGV[2] max age to retain in ms (0 = unbounded)
 -- ARGV[3] dedup window in ms
 -- ARGV[4] idle TTL ms of an lmq (0 = plain topic)
 -- ARGV[6] journal cap (0 = off)
--- ARGV[5] n, then n pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- ARGV[5] n, then (after ARGV[6]) n pairs: body (opaque, packed by the caller), dedup id ('' = none)
 -- Returns: {ids, push members}: the n message ids (a repeated dedup id within
 --          the window returns the id of the first publish and stores
 --          nothing), and the queue's push members as 'group TAB member' lines
 --          (false when none) for the worker to dispatch to.
 -- Errors: BADARG when n does not match the arguments.
 -- Cost: O(n + trimmed), trimming at most n + 100 old entries per call.
-local K = {meta = KEYS[1], log = KEYS[2], dd = KEYS[3], ddm = KEYS[4], wake = KEYS[5], jr = KEYS[#KEYS]}
+local K = {meta = KEYS[1], log = KEYS[2], dd = KEYS[3], ddm = KEYS[4], wake = KEYS[5], dead = KEYS[6], jr = KEYS[#KEYS]}
 local maxlen = int_arg(ARGV[1], 'MAXLEN')
 local maxage = int_arg(ARGV[2], 'MAXAGE')
 local window = int_arg(ARGV[3], 'dedup window')
@@ -80,10 +80,7 @@ if maxlen > 0 or maxage > 0 then
   if first ~= start then redis.call('HSET', K.meta, 'first', first) end
 end
 
-if idle_ttl > 0 then
-  redis.call('PERSIST', K.meta)
-  redis.call('PERSIST', K.log)
-end
+if idle_ttl > 0 then revive(K) end
 flush_journal(K)
 redis.call('SPUBLISH', K.wake, seq)
 return {ids, redis.call('HGET', K.meta, 'push')}

@@ -4,7 +4,8 @@
 --@include _mailbox.lua
 --
 -- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
--- KEYS[6] ready  KEYS[7] wake channel  KEYS[8] delayed
+-- KEYS[6] ready  KEYS[7] wake channel  KEYS[8] delayed  KEYS[9] dedup  KEYS[10] dedup ids
+-- KEYS[11] dead letters
 -- ARGV[1] group  ARGV[2] member
 -- ARGV[3] mode asked for ('' = the group's, or ARGV[4] for a new group)
 -- ARGV[4] default mode  ARGV[5] policy asked for ('' = the group's, else preempt)
@@ -27,7 +28,7 @@
 -- Errors: BADARG (mode/policy conflict with the group), BUSY (reject policy).
 -- Cost: O(checkouts of a preempted owner).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7],
-           dly = KEYS[8], jr = KEYS[#KEYS]}
+           dly = KEYS[8], dd = KEYS[9], ddm = KEYS[10], dead = KEYS[11], jr = KEYS[#KEYS]}
 local g, m = ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'pol'), gf(g, 'own'), gf(g, 'ep'), gf(g, 'cur'),
   'seq', 'first', mf(g, m, 'n'))
@@ -73,13 +74,12 @@ end
 
 if not f[8] then
   redis.call('HSET', K.meta, mf(g, m, 'n'), 0)
-  redis.call('PERSIST', K.meta)
-  redis.call('PERSIST', K.log)
+  revive(K)
   local list = members_of(K.meta, g)
   list[#list + 1] = m
   set_members(K.meta, g, list)
 end
-redis.call('HDEL', K.meta, mf(g, m, 'mk'), mf(g, m, 'sus'))
+redis.call('HDEL', K.meta, mf(g, m, 'mk'), mf(g, m, 'fj'), mf(g, m, 'sus'))
 local settings = {lock = ARGV[8], max = ARGV[10], cap = ARGV[11], qos = ARGV[12]}
 for field, value in pairs(settings) do
   if value ~= '' then redis.call('HSET', K.meta, mf(g, m, field), value)

@@ -42,7 +42,10 @@ for _, key in ipairs(order) do
   local g, m, tags = by_member[key][1], by_member[key][2], by_member[key][3]
   local successor, newly = '', 0
   if redis.call('HEXISTS', K.meta, mf(g, m, 'n')) == 1 then
-    if redis.call('HSETNX', K.meta, mf(g, m, 'sus'), now) == 1 then newly = 1 end
+    if redis.call('HSETNX', K.meta, mf(g, m, 'sus'), now) == 1 then
+      newly = 1
+      journal(now, 'suspect', g, m)
+    end
     local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'))
     if f[1] == 'single-active' and f[2] == m then
       return_member_checkouts(K, g, m)

@@ -1,0 +1,232 @@
+"""`fencemq snapshot` and `fencemq analyze`: per-queue atomic snapshots to Parquet, and the PySpark job over them.
+
+``register(app)`` adds both commands to a Typer app (cli/main.py calls it).
+
+Exit codes: 0 success (analyze: and the fence audit passed); 1 failure (no
+snapshot there, queues that could not be read, Spark could not start...);
+2 no Redis URL, or the Redis at it does not answer; 3 analyze finished but
+the fence audit FAILED (the report lists the violations).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import redis
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from broker.errors import BadArgument
+from broker.keyspace import Keyspace
+from cli.common import (
+    ENV_REDIS_URL,
+    EXIT_UNREACHABLE,
+    CliError,
+    connect,
+    fail,
+    redis_url_given,
+    safe_url,
+    unreachable_message,
+)
+
+EXIT_AUDIT_FAILED = 3
+
+
+def _is_cluster(client: redis.Redis) -> bool:
+    try:
+        return int(client.info("cluster").get("cluster_enabled", 0)) == 1
+    except redis.ResponseError:
+        return False
+
+
+async def _snapshot(url: str, cluster: bool, prefix: str, out: Path, batch: int, log_entries: int,
+                    journal_entries: int, progress: Any) -> Any:
+    from redis.asyncio import Redis, RedisCluster
+
+    from broker.snapshot import take_snapshot  # needs pyarrow (checked by the command)
+
+    client = RedisCluster.from_url(url) if cluster else Redis.from_url(url, socket_connect_timeout=5)
+    try:
+        return await take_snapshot(client, Keyspace(prefix), out, progress, batch=batch, log_entries=log_entries,
+                                   journal_entries=journal_entries, source=safe_url(url))
+    finally:
+        await client.aclose()
+
+
+def snapshot(
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="Directory to write the snapshot to "
+                                      "(created; an older snapshot there is replaced).")],
+    redis_url: Annotated[Optional[str], typer.Option(
+        "--redis-url", metavar="URL", show_default=False,
+        help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL}); "
+             "a Cluster is detected and every master visited")] = None,
+    prefix: Annotated[Optional[str], typer.Option(
+        "--prefix", show_default=False,
+        help="Key prefix of the broker's state (default: $FENCEMQ_PREFIX or fmq)")] = None,
+    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Queues per pipelined round trip.")] = 100,
+    log_entries: Annotated[int, typer.Option(
+        "--log-entries", min=0, help="Per queue, list this many log entries (id, publish ms, size; never "
+                                     "payloads) in the messages table.")] = 0,
+    journal_entries: Annotated[int, typer.Option(
+        "--journal-entries", min=-1, help="Per queue, export the newest N journal events (-1 = all kept).")] = -1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON (no progress display).")] = False,
+) -> None:
+    """Snapshot every queue's whole state (one atomic Lua call per queue) to Parquet + manifest.json.
+
+    Read-only and safe against a live broker: each queue is consistent in
+    itself (its rows come from one atomic call); queues are read one after
+    another, so the snapshot is not one instant of the whole broker.
+    """
+    url = redis_url_given(redis_url)
+    if not url:
+        fail("snapshot", CliError(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis",
+                                  EXIT_UNREACHABLE))
+        raise typer.Exit(EXIT_UNREACHABLE)
+    key_prefix = prefix or os.environ.get("FENCEMQ_PREFIX") or "fmq"
+    try:
+        Keyspace(key_prefix)
+    except BadArgument as exc:
+        fail("snapshot", CliError(f"bad prefix {key_prefix!r}: {exc}"))
+        raise typer.Exit(1) from None
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        fail("snapshot", CliError(f"pyarrow is not installed ({exc}); pip install 'fencemq[spark]'"))
+        raise typer.Exit(1) from None
+
+    try:
+        probe = connect(url)
+        try:
+            cluster = _is_cluster(probe)
+        finally:
+            probe.close()
+    except CliError as exc:
+        fail("snapshot", exc)
+        raise typer.Exit(exc.code) from None
+
+    err = Console(stderr=True, highlight=False)
+    try:
+        if as_json:
+            manifest = asyncio.run(_snapshot(url, cluster, key_prefix, out, batch, log_entries, journal_entries,
+                                             None))
+        else:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            with Progress(SpinnerColumn(), TextColumn("snapshot: {task.completed:,} queues"),
+                          TimeElapsedColumn(), console=err, transient=True) as bar:
+                task = bar.add_task("snapshot", total=None)
+                manifest = asyncio.run(_snapshot(
+                    url, cluster, key_prefix, out, batch, log_entries, journal_entries,
+                    lambda done, _total: bar.update(task, completed=done)))
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        fail("snapshot", CliError(unreachable_message(url, exc)))
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+    except redis.RedisError as exc:
+        fail("snapshot", CliError(f"Redis at {safe_url(url)} answered with an error: {exc}"))
+        raise typer.Exit(1) from None
+
+    if as_json:
+        typer.echo(manifest.to_json())
+    else:
+        console = Console(highlight=False)
+        table = Table(title=f"snapshot of {manifest.source} → {out}", title_justify="left")
+        table.add_column("table")
+        table.add_column("rows", justify="right")
+        for name, rows in manifest.counts.items():
+            table.add_row(name, f"{rows:,}")
+        console.print(table)
+        console.print(f"{manifest.queues:,} queues from {manifest.nodes} master(s) in {manifest.duration_s:.2f} s "
+                      f"({manifest.queues_per_s:,.0f} queues/s)"
+                      + (f"; {manifest.vanished} vanished meanwhile" if manifest.vanished else ""))
+    if manifest.error_count:
+        fail("snapshot", CliError(f"{manifest.error_count} queue(s) could not be read (first: "
+                                  f"{manifest.errors[0]}); see {out / 'manifest.json'}"))
+        raise typer.Exit(1)
+
+
+def analyze(
+    snapshot_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by `fencemq snapshot`.")],
+    master: Annotated[str, typer.Option(help="Spark master: local[*], local[N], spark://host:7077 ...")] = "local[*]",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", show_default=False,
+                                                help="Where to write result tables and report.html "
+                                                     "(default: DIR/analysis).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    report: Annotated[bool, typer.Option("--report/--no-report", help="Write report.html and its plots.")] = True,
+) -> None:
+    """Run the PySpark analytics job (in this process) and its fence audit over a snapshot.
+
+    Writes result tables (Parquet), summary.json and report.html with plots.
+    Exit code 3 when the fence audit fails. Needs pyspark (the "spark"
+    extra of the fencemq package) and Java 17+.
+    """
+    if not (snapshot_dir / "manifest.json").is_file():
+        fail("analyze", CliError(f"no snapshot at {snapshot_dir} (manifest.json missing); take one with "
+                                 f"`fencemq snapshot --out {snapshot_dir}`"))
+        raise typer.Exit(1)
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        from spark.analytics import AnalyticsError, build_session
+        from spark.analytics import analyze as run_job
+    except ImportError as exc:
+        fail("analyze", CliError(f"PySpark is not installed ({exc}); pip install 'fencemq[spark]'"))
+        raise typer.Exit(1) from None
+
+    err = Console(stderr=True, highlight=False)
+    # One SparkContext per process: when one runs already (a notebook, a test session), use it
+    # (its master wins) and leave it running.
+    running = SparkContext._active_spark_context is not None
+    try:
+        if not running and not as_json:
+            err.print(f"starting Spark ({master}) ...")
+        spark = (SparkSession.builder.getOrCreate() if running
+                 else build_session(master, conf={"spark.ui.showConsoleProgress": "false"}))
+    except Exception as exc:  # noqa: BLE001 — JAVA_GATEWAY_EXITED and friends
+        fail("analyze", CliError(f"Spark could not start ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                                 "is Java 17+ installed (JAVA_HOME)?"))
+        raise typer.Exit(1) from None
+    try:
+        summary = run_job(spark, snapshot_dir, out, report=report)
+    except AnalyticsError as exc:
+        fail("analyze", CliError(str(exc)))
+        raise typer.Exit(1) from None
+    finally:
+        if not running:
+            spark.stop()
+
+    audit = summary["audit"]
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        console = Console(highlight=False)
+        colour = "green" if audit["verdict"] == "PASS" else "red"
+        console.print(f"fence audit: [bold {colour}]{audit['verdict']}[/] — evicted_out={audit['evicted_out']}, "
+                      f"stale_epoch={audit['stale_epoch']}, double_ack={audit['double_ack']}")
+        t = summary["totals"]
+        console.print(f"{t['queues']:,} queues ({t['lmqs']:,} lmqs), {t['groups']:,} groups, "
+                      f"{t['journal_events']:,} journal events; backlog {t['backlog']:,}; "
+                      f"redeliveries {t['redeliveries']:,}; lock expiries {t['timeouts']:,}; "
+                      f"preemptions {t['preemptions']:,}; seeks {t['seeks']:,}")
+        console.print(f"results: {summary['out']}" + (f"  report: {summary['report']}" if summary["report"] else ""))
+    if audit["verdict"] != "PASS":
+        raise typer.Exit(EXIT_AUDIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `snapshot` and `analyze` to the operator CLI."""
+    app.command("snapshot")(snapshot)
+    app.command("analyze")(analyze)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    standalone = typer.Typer(add_completion=False, no_args_is_help=True)
+    register(standalone)
+    standalone()
+    sys.exit(0)

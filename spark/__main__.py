@@ -1,0 +1,7 @@
+"""``python -m spark SNAPSHOT_DIR [--out DIR] [--master URL]``: the analytics job (spark/analytics.py)."""
+
+import sys
+
+from spark.analytics import main
+
+sys.exit(main())

@@ -1,0 +1,472 @@
+"""Snapshots (lua/snapshot.lua + broker/snapshot.py): a scripted workload against a real
+server, then a snapshot, then every Parquet table checked against Redis read directly.
+
+``run_workload`` is shared with tests/test_analytics.py (the Spark job runs on
+the snapshot of this same workload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+from redis.asyncio import Redis
+
+from broker.config import Config
+from broker.embedded import EmbeddedRedis
+from broker.keyspace import Handle, Keyspace
+from broker.queues import Queues
+from broker.snapshot import SCHEMAS, Manifest, take_snapshot
+from broker.sweeper import queue_ref
+
+SEP = "\x00"
+
+
+def run(coro: Any, timeout: float = 60) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@dataclass
+class Facts:
+    """What the workload did, to check the snapshot and the analytics against."""
+
+    timed_out: dict[str, int] = field(default_factory=dict)  # member -> leases expired
+    preempted: list[tuple[str, str, str]] = field(default_factory=list)  # (queue, evicted, by)
+    evicted: list[tuple[str, str, str]] = field(default_factory=list)  # (queue, member, by)
+    seeks: list[tuple[str, str, int]] = field(default_factory=list)  # (queue, group, new epoch)
+
+
+def _h(sub) -> Handle:
+    return Handle.decode(sub.handle)
+
+
+async def run_workload(url: str) -> Facts:
+    """Publish, 2 groups pulling/acking/nacking, a lease expiry + sweep, dead letter, delayed
+    redelivery, a lite-topic preemption and an operator eviction, a seek, a push mailbox, QoS 0."""
+    facts = Facts()
+    r = Redis.from_url(url)
+    q = Queues(r, Config(redis_url=url, max_failures=2))
+    try:
+        await q.publish("orders", [f"order-{i}".encode() for i in range(12)])
+        c1 = _h(await q.subscribe("c1", "orders", group="billing"))
+        c2 = _h(await q.subscribe("c2", "orders", group="billing"))
+        c3 = _h(await q.subscribe("c3", "orders", group="audit", lock_ms=50))
+
+        got = (await q.pull(c1, 4)).deliveries  # ids 1..4
+        tags = {int(d.id): d.tag for d in got}
+        assert await q.ack(c1, [tags[1], tags[2]]) == 2
+        assert await q.nack(c1, [tags[3]]) == 1  # back to ready, 1 failure
+        got = (await q.pull(c2, 2)).deliveries  # id 3 again (2nd delivery), then 5
+        assert [(int(d.id), d.deliveries) for d in got] == [(3, 2), (5, 1)]
+        assert await q.nack(c2, [got[0].tag]) == 1  # 2nd failure: dead-lettered
+        assert await q.ack(c2, [got[1].tag]) == 1
+        got = (await q.pull(c2, 1)).deliveries  # id 6
+        assert await q.nack(c2, [got[0].tag], delay_ms=300_000) == 1  # delayed redelivery
+        # c1 keeps id 4 checked out
+
+        got = (await q.pull(c3, 3)).deliveries  # audit group: ids 1..3, 50 ms leases
+        assert len(got) == 3
+        await asyncio.sleep(0.15)
+        swept = await q.sweep("t:orders")
+        assert swept.returned == 3
+        facts.timed_out["c3"] = 3
+        assert (await q.pull(c3, 1)).status == "suspected"
+        got = (await q.pull(c1, 2)).deliveries  # ids 7, 8 for billing
+        assert await q.renew(c1, [got[0].tag]) == 1
+
+        # A group that seeks back: acks again after the seek are legitimate
+        c4 = _h(await q.subscribe("c4", "orders", group="replay"))
+        got = (await q.pull(c4, 3)).deliveries
+        assert await q.ack(c4, [d.tag for d in got]) == 3
+        epoch, cursor, _ = await q.seek(c4, "earliest")
+        assert (epoch, cursor) == (1, 1)
+        facts.seeks.append(("t:orders", "replay", 1))
+        got = (await q.pull(c4, 2)).deliveries
+        assert [(int(d.id), d.epoch) for d in got] == [(1, 1), (2, 1)]
+        assert await q.ack(c4, [got[0].tag]) == 1
+
+        # Push: a mailbox filled by dispatch; one TAKEn
+        p1 = _h(await q.subscribe("p1", "orders", group="pushers", capacity=3))
+        taken = await q.take(p1)
+        assert taken is not None and taken != "EOS"
+
+        # QoS 0: deliveries without a checkout record (tags 'q…')
+        c5 = _h(await q.subscribe("c5", "orders", group="fast", qos=0))
+        got = (await q.pull(c5, 2)).deliveries
+        assert all(d.tag.startswith("q") for d in got)
+
+        # Lite topic: preemption (exclusive, last subscriber wins) and an operator eviction
+        for room in ("room1", "room2", "room3"):
+            await q.publish("chat", [f"{room}-{i}".encode() for i in range(3)], lmq=room)
+        a1 = _h(await q.subscribe("alice", "chat", lmq="room1"))
+        assert len((await q.pull(a1, 2)).deliveries) == 2
+        sub_b = await q.subscribe("bob", "chat", lmq="room1")
+        assert sub_b.evicted == "alice"
+        facts.preempted.append(("l:chat:room1", "alice", "bob"))
+        assert (await q.pull(a1, 1)).status == "evicted"  # fenced pull, journaled
+        got = (await q.pull(_h(sub_b), 3)).deliveries
+        assert [(int(d.id), d.deliveries) for d in got] == [(1, 2), (2, 2), (3, 1)]
+        assert await q.ack(_h(sub_b), [got[0].tag]) == 1
+
+        a2 = _h(await q.subscribe("alice", "chat", lmq="room2"))
+        got = (await q.pull(a2, 1)).deliveries
+        assert await q.ack(a2, [got[0].tag]) == 1
+        assert len((await q.pull(a2, 1)).deliveries) == 1
+        assert await q.evict(a2, by="ops") == 1
+        facts.evicted.append(("l:chat:room2", "alice", "ops"))
+        assert (await q.pull(a2, 1)).status == "evicted"
+        # room3: published, nobody subscribed
+
+        # room4: ON-PREEMPT earliest: the new owner reads from the start again, under a new epoch,
+        # so acking an id alice acked before is legitimate (a rewind), not a double ack
+        await q.publish("chat", [b"r4-1", b"r4-2"], lmq="room4")
+        a4 = _h(await q.subscribe("alice", "chat", lmq="room4", on_preempt="earliest"))
+        got = (await q.pull(a4, 2)).deliveries
+        assert await q.ack(a4, [d.tag for d in got]) == 2
+        sub_b4 = await q.subscribe("bob", "chat", lmq="room4")
+        assert sub_b4.evicted == "alice" and sub_b4.epoch == 1
+        facts.preempted.append(("l:chat:room4", "alice", "bob"))
+        got = (await q.pull(_h(sub_b4), 1)).deliveries
+        assert [(int(d.id), d.epoch) for d in got] == [(1, 1)]
+        assert await q.ack(_h(sub_b4), [got[0].tag]) == 1
+    finally:
+        await r.aclose()
+    return facts
+
+
+async def snapshot_to(url: str, out: Path, **kwargs: Any) -> Manifest:
+    r = Redis.from_url(url)
+    try:
+        return await take_snapshot(r, Keyspace(), out, **kwargs)
+    finally:
+        await r.aclose()
+
+
+def read(out: Path, table: str) -> list[dict[str, Any]]:
+    return pq.read_table(out / f"{table}.parquet").to_pylist()
+
+
+def s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+# =====================================================================================
+
+
+def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
+    facts = run(run_workload(redis_url))
+    out = tmp_path / "snap"
+    progress: list[int] = []
+    manifest = run(snapshot_to(redis_url, out, progress=lambda done, total: progress.append(done),
+                               log_entries=5, batch=2))
+    assert progress and progress[-1] == manifest.queues
+
+    r = redis.Redis.from_url(redis_url)
+    ks = Keyspace()
+    qids = sorted({Keyspace.qid_from_meta_key(s(k)) for k in r.scan_iter(match=ks.queue_pattern(), _type="hash")})
+    assert qids == ["l:chat:room1", "l:chat:room2", "l:chat:room3", "l:chat:room4", "t:orders"]
+
+    # manifest
+    on_disk = json.loads((out / "manifest.json").read_text())
+    assert on_disk["schema_version"] == 1 and on_disk["queues"] == 5 and on_disk["nodes"] == 1
+    assert on_disk["source"] == redis_url and on_disk["error_count"] == 0
+    for table, schema in SCHEMAS.items():
+        t = pq.read_table(out / f"{table}.parquet")
+        assert t.schema.equals(schema), table
+        assert on_disk["counts"][table] == t.num_rows, table
+    assert Manifest.load(out) == manifest
+
+    queues = {row["queue"]: row for row in read(out, "queues")}
+    groups = {(row["queue"], row["group"]): row for row in read(out, "groups")}
+    members = {(row["queue"], row["group"], row["member"]): row for row in read(out, "members")}
+    checkouts = {(row["queue"], row["tag"]): row for row in read(out, "checkouts")}
+    ready = sorted((row["queue"], row["group"], row["id"], row["acquisitions"], row["failures"], row["due_ms"])
+                   for row in read(out, "ready"))
+    journal = defaultdict(list)
+    for row in read(out, "journal"):
+        journal[row["queue"]].append(row)
+    messages = sorted((row["queue"], row["id"], row["publish_ms"], row["size"]) for row in read(out, "messages"))
+    assert sorted(queues) == qids
+
+    exp_groups, exp_members, exp_checkouts, exp_ready, exp_messages = {}, {}, {}, [], []
+    for qid in qids:
+        k = ks.queue_by_id(qid)
+        meta = {s(a): s(b) for a, b in r.hgetall(k.meta).items()}
+        co = {s(a): s(b).split(SEP) for a, b in r.hgetall(k.checkouts).items()}
+        dl = {s(a): int(b) for a, b in r.zrange(k.deadlines, 0, -1, withscores=True)}
+        rd = [s(m).split(SEP) for m in r.zrange(k.ready, 0, -1)]
+        dly = [(s(m).split(SEP), int(sc)) for m, sc in r.zrange(k.delayed, 0, -1, withscores=True)]
+        seq, first = int(meta.get("seq", 0)), int(meta.get("first", 1))
+        row = queues[qid]
+        ref = queue_ref(qid)
+        assert (row["topic"], row["lmq"], row["kind"]) == (ref.topic, ref.lmq, "lmq" if ref.lmq else "topic")
+        assert (row["seq"], row["first"], row["tag"]) == (seq, first, int(meta.get("tag", 0)))
+        assert (row["created_ms"], row["last_write_ms"]) == (_int(meta.get("ct")), _int(meta.get("wt")))
+        assert row["retained"] == r.hlen(k.log)
+        assert (row["checkouts"], row["ready"], row["delayed"]) == (len(co), len(rd), len(dly))
+        assert (row["dead_letters"], row["owned"]) == (r.llen(k.dead), r.zcard(k.owned))
+        assert row["journal_length"] == row["journal_rows"] == r.llen(k.journal)
+        assert row["journal_cap"] == int(meta["jcap"])
+        assert abs(row["snapshot_ms"] - int(r.time()[0]) * 1000) < 60_000
+
+        group_names = [g for g in meta.get("groups", "").split("\n") if g]
+        assert row["groups"] == len(group_names)
+        for g in group_names:
+            cursor = max(int(meta.get(f"g|{g}|cur", first)), first)
+            pending = [int(c[2]) for c in co.values() if c[0] == g] + [int(m[1]) for m in rd if m[0] == g] + \
+                      [int(m[1]) for m, _ in dly if m[0] == g] + ([cursor] if cursor <= seq else [])
+            pending = [i for i in pending if first <= i <= seq]
+            oldest = min(pending) if pending else None
+            oldest_ms = int(r.hget(k.log, oldest).split(b":", 1)[0]) if oldest else None
+            unread = max(0, seq - cursor + 1)
+            n_ready = sum(1 for m in rd if m[0] == g)
+            mem = [m for m in meta.get(f"g|{g}|mem", "").split("\n") if m]
+            exp_groups[(qid, g)] = dict(
+                queue=qid, topic=ref.topic, lmq=ref.lmq, group=g, mode=meta[f"g|{g}|mode"],
+                policy=meta[f"g|{g}|pol"], on_preempt=meta[f"g|{g}|onpre"], cursor=cursor,
+                epoch=int(meta[f"g|{g}|ep"]), owner=meta.get(f"g|{g}|own"), members=len(mem), unread=unread,
+                ready=n_ready, delayed=sum(1 for m, _ in dly if m[0] == g),
+                checkouts=sum(1 for c in co.values() if c[0] == g), backlog=unread + n_ready,
+                oldest_pending_id=oldest, oldest_pending_ms=oldest_ms, snapshot_ms=row["snapshot_ms"])
+            for pos, m in enumerate(mem):
+                fields = {name: meta.get(f"m|{g}|{m}|{name}") for name in
+                          ("n", "max", "lock", "sus", "mk", "cap", "qos", "end")}
+                f = fields.get
+                exp_members[(qid, g, m)] = dict(
+                    queue=qid, topic=ref.topic, lmq=ref.lmq, group=g, member=m, position=pos,
+                    delivered=int(f("n")), max=_int(f("max")), lock_ms=_int(f("lock")), suspected=f("sus") is not None,
+                    suspected_since_ms=_int(f("sus")), marker=f("mk"), capacity=_int(f("cap")), qos=_int(f("qos")),
+                    ended=f("end") is not None,
+                    mailbox_depth=r.llen(k.mailbox(g, m)) if f("cap") is not None else None,
+                    checkouts=sum(1 for c in co.values() if c[0] == g and c[1] == m))
+        for tag, c in co.items():
+            exp_checkouts[(qid, tag)] = dict(queue=qid, tag=tag, group=c[0], member=c[1], id=int(c[2]),
+                                             epoch=int(c[3]), acquisitions=int(c[4]), failures=int(c[5]),
+                                             deadline_ms=dl.get(tag))
+        exp_ready += [(qid, m[0], int(m[1]), int(m[2]), int(m[3]), None) for m in rd]
+        exp_ready += [(qid, m[0], int(m[1]), int(m[2]), int(m[3]), sc) for m, sc in dly]
+        for i in range(first, min(seq, first + 4) + 1):
+            body = r.hget(k.log, i)
+            ms, rest = body.split(b":", 1)
+            exp_messages.append((qid, i, int(ms), len(rest)))
+
+        entries = [s(e).split("\t") for e in r.lrange(k.journal, 0, -1)]
+        assert [(j["seq"], j["ms"], j["event"], j["group"], j["member"], j["id"], j["tag"], j["epoch"], j["extra"])
+                for j in journal[qid]] == [
+            (pos, int(e[0]), e[1], e[2] or None, e[3] or None, _int(e[4] or None), e[5] or None,
+             _int(e[6] or None), e[7] or None) for pos, e in enumerate(entries)]
+
+    assert groups == exp_groups
+    assert members == exp_members
+    assert checkouts == exp_checkouts
+    assert ready == sorted(exp_ready)
+    assert messages == sorted(exp_messages)
+    r.close()
+
+    # What the workload did is visible in the snapshot
+    assert members[("t:orders", "audit", "c3")]["suspected"]
+    assert members[("l:chat:room1", "default", "alice")]["marker"] == "bob"
+    assert members[("l:chat:room2", "default", "alice")]["marker"] == "ops"
+    assert groups[("l:chat:room1", "default")]["owner"] == "bob"
+    assert queues["t:orders"]["dead_letters"] == 1 and queues["t:orders"]["delayed"] == 1
+    assert groups[("t:orders", "replay")]["epoch"] == 1
+    assert groups[("t:orders", "audit")]["ready"] == 3  # the expired leases came back
+    assert 0 < members[("t:orders", "pushers", "p1")]["mailbox_depth"] <= 3
+    assert all(c["deadline_ms"] is None for c in checkouts.values() if c["group"] == "pushers"
+               and c["id"] != 1)  # still in the mailbox: no lease yet
+    assert "l:chat:room3" not in {q for q, _ in groups}
+    evs = [(j["event"], j["member"], j["extra"]) for j in journal["l:chat:room1"]]
+    assert ("preempt", "bob", "alice") in evs and ("fenced", "alice", "bob") in evs
+    assert sum(1 for j in journal["t:orders"] if j["event"] == "timeout") == facts.timed_out["c3"]
+    assert any(j["event"] == "out" and j["tag"].startswith("q") for j in journal["t:orders"])
+
+
+def test_snapshot_limits_and_empty(redis_url: str, tmp_path: Path) -> None:
+    manifest = run(snapshot_to(redis_url, tmp_path / "empty"))
+    assert manifest.queues == 0 and all(n == 0 for n in manifest.counts.values())
+    for table in SCHEMAS:
+        assert pq.read_table(tmp_path / "empty" / f"{table}.parquet").num_rows == 0
+
+    run(run_workload(redis_url))
+    manifest = run(snapshot_to(redis_url, tmp_path / "lim", journal_entries=3, log_entries=0))
+    assert manifest.counts["messages"] == 0
+    rows = read(tmp_path / "lim", "journal")
+    per_queue = defaultdict(list)
+    for row in rows:
+        per_queue[row["queue"]].append(row)
+    r = redis.Redis.from_url(redis_url)
+    for qid, got in per_queue.items():
+        newest = [s(e).split("\t")[1] for e in r.lrange(Keyspace().queue_by_id(qid).journal, -3, -1)]
+        assert [j["event"] for j in got] == newest and [j["seq"] for j in got] == [0, 1, 2]
+    queues = {row["queue"]: row for row in read(tmp_path / "lim", "queues")}
+    assert queues["t:orders"]["journal_rows"] == 3 < queues["t:orders"]["journal_length"]
+    r.close()
+    none = run(snapshot_to(redis_url, tmp_path / "nojr", journal_entries=0))
+    assert none.counts["journal"] == 0
+
+
+def test_snapshot_is_consistent_per_queue_under_load(redis_url: str, tmp_path: Path) -> None:
+    """Writers keep pulling and acking while the snapshot runs: every queue's rows still agree.
+
+    Each queue has one group whose members only pull and ack (no expiries), so at any
+    instant: out events - ack events = checkouts, out events = cursor - 1, and the
+    last tag = out events. A snapshot stitched from reads at different moments breaks these.
+    """
+    n_queues = 40
+
+    async def main() -> Manifest:
+        r = Redis.from_url(redis_url)
+        q = Queues(r, Config(redis_url=redis_url))
+        handles = []
+        for i in range(n_queues):
+            await q.publish("load", [b"x"] * 200, lmq=f"q{i}")
+            handles.append(_h(await q.subscribe(f"w{i}", "load", lmq=f"q{i}")))
+        stop = asyncio.Event()
+
+        async def churn(h: Handle) -> None:
+            rng = random.Random(h.queue.lmq)
+            while not stop.is_set():
+                got = (await q.pull(h, rng.randint(1, 3))).deliveries
+                if got and rng.random() < 0.7:
+                    await q.ack(h, [d.tag for d in got[: rng.randint(1, len(got))]])
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(churn(h)) for h in handles]
+        await asyncio.sleep(0.05)
+        try:
+            manifests = [await take_snapshot(r, Keyspace(), tmp_path / f"s{i}", batch=3) for i in range(3)]
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+            await r.aclose()
+        return manifests[-1]
+
+    run(main())
+    for i in range(3):
+        out = tmp_path / f"s{i}"
+        queues = {row["queue"]: row for row in read(out, "queues")}
+        groups = {row["queue"]: row for row in read(out, "groups")}
+        co = defaultdict(int)
+        for row in read(out, "checkouts"):
+            co[row["queue"]] += 1
+        outs, acks = defaultdict(int), defaultdict(int)
+        for row in read(out, "journal"):
+            if row["event"] == "out":
+                outs[row["queue"]] += 1
+            elif row["event"] == "ack":
+                acks[row["queue"]] += 1
+        assert len(queues) == n_queues
+        moved = 0
+        for qid, row in queues.items():
+            assert outs[qid] - acks[qid] == co[qid] == row["checkouts"] == row["owned"], qid
+            assert outs[qid] == groups[qid]["cursor"] - 1 == row["tag"], qid
+            moved += outs[qid]
+        assert moved > 0
+
+
+# -- Redis Cluster: every master is visited -----------------------------------------------------
+
+
+@pytest.fixture
+def cluster() -> Any:
+    servers = [EmbeddedRedis(extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                         "--cluster-node-timeout", "2000"]) for _ in range(3)]
+    try:
+        for srv in servers:
+            srv.start()
+        clients = [srv.client() for srv in servers]
+        per = 16384 // 3
+        for i, c in enumerate(clients):
+            lo, hi = i * per, (16383 if i == 2 else (i + 1) * per - 1)
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        for srv in servers[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", srv.port)
+        deadline = time.monotonic() + 20
+        while not all(c.cluster("info")["cluster_state"] == "ok" and int(c.cluster("info")["cluster_known_nodes"]) == 3
+                      for c in clients):
+            if time.monotonic() > deadline:
+                pytest.skip("could not form a 3-master cluster in time")
+            time.sleep(0.1)
+        for c in clients:
+            c.close()
+        yield servers
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+def test_snapshot_visits_every_cluster_master(cluster: list[EmbeddedRedis], tmp_path: Path) -> None:
+    from redis.asyncio import RedisCluster
+
+    url = f"redis://127.0.0.1:{cluster[0].port}/0"
+
+    async def main() -> Manifest:
+        rc = RedisCluster.from_url(url)
+        try:
+            q = Queues(rc, Config(redis_url=url))
+            for i in range(30):
+                await q.publish("spread", [b"a", b"b"], lmq=f"lmq-{i}")
+                h = _h(await q.subscribe("c", "spread", lmq=f"lmq-{i}"))
+                got = (await q.pull(h, 1)).deliveries
+                await q.ack(h, [got[0].tag])
+            await q.publish("plain", [b"p"])
+            return await take_snapshot(rc, Keyspace(), tmp_path / "c", batch=7)
+        finally:
+            await rc.aclose()
+
+    manifest = run(main())
+    assert manifest.nodes == 3 and manifest.queues == 31 and manifest.error_count == 0
+    assert manifest.source.startswith("redis-cluster://")
+    queues = read(tmp_path / "c", "queues")
+    assert sorted(q["lmq"] or "" for q in queues) == sorted(["", *(f"lmq-{i}" for i in range(30))])
+    per_node = defaultdict(int)
+    for srv in cluster:
+        c = srv.client()
+        per_node[srv.port] = sum(1 for _ in c.scan_iter(match=Keyspace().queue_pattern(), _type="hash"))
+        c.close()
+    assert sum(per_node.values()) == 31 and all(n > 0 for n in per_node.values())
+    by_queue = defaultdict(list)
+    for row in read(tmp_path / "c", "journal"):
+        by_queue[row["queue"]].append(row["event"])
+    assert by_queue["l:spread:lmq-7"] == ["pub", "pub", "sub", "out", "ack"]
+
+
+def test_snapshot_reloads_a_flushed_script_and_reports_unreadable_queues(redis_url: str, tmp_path: Path) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.hset("fmq:{t:good}", mapping={"seq": 0, "first": 1})
+    r.hset("fmq:{t:bad}", mapping={"seq": 0, "first": 1})
+    r.set("fmq:{t:bad}:co", "not a hash")  # the fence's HGETALL fails: WRONGTYPE
+    r.script_flush()
+    r.close()
+
+    async def main() -> tuple[Manifest, Any]:
+        from broker.snapshot import _Fence
+
+        a = Redis.from_url(redis_url)
+        try:
+            fence = _Fence(a)  # never loaded: the first call answers NOSCRIPT, then it loads and retries
+            k = Keyspace().queue_by_id("t:good")
+            got = await fence.run([([k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed, k.dead,
+                                     k.journal], [0, -1])])
+            return await take_snapshot(a, Keyspace(), tmp_path / "s"), got
+        finally:
+            await a.aclose()
+
+    manifest, got = run(main())
+    assert not isinstance(got[0], Exception) and got[0][1]  # the meta came back
+    assert manifest.queues == 1 and manifest.error_count == 1
+    assert manifest.errors[0].startswith("t:bad: ") and "WRONGTYPE" in manifest.errors[0]
+    assert [q["queue"] for q in read(tmp_path / "s", "queues")] == ["t:good"]
