@@ -40,6 +40,8 @@ from broker.queues import Queues
 from broker.scripts import Fences
 from broker.sessions import RedisClock, Sessions, unsubscribe_notice
 from broker.sweeper import queue_ref
+from broker.values import integer as _int
+from broker.values import text as _s
 
 Progress = Callable[[int, "int | None"], None]
 
@@ -50,22 +52,6 @@ PIPELINE_CHUNK = 200
 SCAN_COUNT = 1000
 DEAD_LETTER_SCAN = 10_000  # dead letters a replay examines at most, from the head
 PREVIEW_BYTES = 64
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _int(value: Any, default: int | None = 0) -> int | None:
-    if value is None or value == b"" or value == "":
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        try:
-            return int(float(value))
-        except (TypeError, ValueError):
-            return default
 
 
 def _in_s(deadline_ms: float | None, now_ms: int) -> float | None:

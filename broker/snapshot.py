@@ -65,6 +65,8 @@ from redis.exceptions import NoScriptError, ResponseError
 from broker.keyspace import Keyspace
 from broker.scripts import sources
 from broker.sweeper import queue_ref
+from broker.values import integer
+from broker.values import text as _s
 
 SCHEMA_VERSION = 1
 MAILBOX_ATTEMPTS = 4
@@ -107,6 +109,10 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 Progress = Callable[[int, "int | None"], None]
+
+
+def _int(value: Any, default: int | None = None) -> int | None:
+    return integer(value, default)
 
 
 class SnapshotError(Exception):
@@ -172,22 +178,6 @@ class _Table:
     def close(self) -> None:
         self.flush()
         self.writer.close()
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _int(value: Any, default: int | None = None) -> int | None:
-    if value is None or value == b"" or value == "":
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        try:
-            return int(float(value))
-        except (TypeError, ValueError):
-            return default
 
 
 def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
