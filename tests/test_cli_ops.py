@@ -580,32 +580,6 @@ def test_bench_passes_arguments_through() -> None:
 # -- Redis Cluster: every master ---------------------------------------------------------------
 
 
-@pytest.fixture
-def cluster() -> Iterator[list[EmbeddedRedis]]:
-    servers = [EmbeddedRedis(extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                         "--cluster-node-timeout", "2000"]) for _ in range(3)]
-    try:
-        for srv in servers:
-            srv.start()
-        clients = [srv.client() for srv in servers]
-        per = 16384 // 3
-        for i, c in enumerate(clients):
-            lo, hi = i * per, (16383 if i == 2 else (i + 1) * per - 1)
-            c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-        for srv in servers[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", srv.port)
-        deadline = time.monotonic() + 20
-        while not all(c.cluster("info")["cluster_state"] == "ok" and int(c.cluster("info")["cluster_known_nodes"]) == 3
-                      for c in clients):
-            if time.monotonic() > deadline:
-                pytest.skip("could not form a 3-master cluster in time")
-            time.sleep(0.1)
-        for c in clients:
-            c.close()
-        yield servers
-    finally:
-        for srv in servers:
-            srv.stop()
 
 
 def test_cluster_listing_visits_every_master_and_pages_across_them(cluster: list[EmbeddedRedis]) -> None:
