@@ -75,7 +75,7 @@ class _Router:
     """Per client: routes pushed and drained notices to its LiteSubscriptions by (topic, group)."""
 
     def __init__(self, client: Client) -> None:
-        self.client = client
+        self.client = weakref.ref(client)
         self.members: dict[tuple[str, str], LiteSubscriptions] = {}
         self.previous = client.on_notice
         client.on_notice = self.on_push
@@ -93,11 +93,20 @@ class _Router:
         return owner
 
     def detach(self) -> None:
-        if self.client.on_notice == self.on_push:
-            self.client.on_notice = self.previous
+        client = self.client()
+        if client is not None and client.on_notice == self.on_push:
+            client.on_notice = self.previous
 
 
-_ROUTERS: weakref.WeakKeyDictionary[Client, _Router] = weakref.WeakKeyDictionary()
+_ATTR = "_fencemq_lite_router"  # kept on the client itself: no global registry that could keep it alive
+
+
+def _router(client: Client, create: bool = False) -> _Router | None:
+    router = getattr(client, _ATTR, None)
+    if router is None and create:
+        router = _Router(client)
+        setattr(client, _ATTR, router)
+    return router
 
 
 def _lite_key(notice: Notice) -> tuple[str, str] | None:
@@ -153,9 +162,8 @@ class LiteSubscriptions:
         if self._closed:
             raise RuntimeError("this LiteSubscriptions was closed; make a new one")
         if self._task is None:
-            router = _ROUTERS.get(self.client)
-            if router is None:
-                router = _ROUTERS[self.client] = _Router(self.client)
+            router = _router(self.client, create=True)
+            assert router is not None
             key = (self.topic, self.group)
             if router.members.get(key, self) is not self:
                 raise ValueError(f"this client already has LiteSubscriptions for {key}")
@@ -178,12 +186,12 @@ class LiteSubscriptions:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        router = _ROUTERS.get(self.client)
+        router = _router(self.client)
         if router is not None and router.members.get((self.topic, self.group)) is self:
             del router.members[(self.topic, self.group)]
             if not router.members:
                 router.detach()
-                del _ROUTERS[self.client]
+                delattr(self.client, _ATTR)
         self._events.put_nowait(None)
 
     async def __aenter__(self) -> Self:
@@ -235,7 +243,7 @@ class LiteSubscriptions:
             checking = set(self._suspect)
             notices = await self.client.heartbeat(sync=(self.topic, self.group, listed))
             self.syncs += 1
-            router = _ROUTERS.get(self.client)
+            router = _router(self.client)
             hints: list[Notice] = []
             for notice in notices:
                 key = _lite_key(notice)

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from broker.config import Config
-from broker.errors import BadArgument, LimitExceeded
+from broker.errors import BadArgument, FenceMQError, LimitExceeded
 from broker.keyspace import Handle, Keyspace, QueueRef, check_name, check_topic
 from broker.messages import Delivery, pack_body, unpack_delivery
 from broker.scripts import Fences
@@ -215,6 +215,9 @@ class Queues:
         handle = Handle(ref, group, client).encode()
         if ref.lite:
             await self._check_lite_quota(client, topic, handle)
+        # The session learns of the handle before the fence makes the
+        # membership: whatever fails next, its end will leave it (idempotently).
+        added = await self.redis.sadd(self.keys.session_handles(client), handle)
         # Without GROUP the subscription is the client's own: exclusive to it.
         default_mode = "exclusive" if (lmq is not None or group.startswith("~")) else "shared"
         k = self.keys.queue(ref)
@@ -222,17 +225,21 @@ class Queues:
         def opt(v: object) -> object:
             return "" if v is None else v
 
-        res = await self.fences.call(
-            "subscribe",
-            [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.delayed, k.dedup, k.dedup_ids,
-             k.dead, k.journal],
-            [
-                group, client, opt(mode), default_mode, opt(policy), start[0], opt(start[1]), opt(lock_ms),
-                opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt), self.config.journal_cap,
-                opt(strategy), int(skip_offline),
-            ],
-        )
-        await self.redis.sadd(self.keys.session_handles(client), handle)
+        try:
+            res = await self.fences.call(
+                "subscribe",
+                [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.wake, k.delayed, k.dedup, k.dedup_ids,
+                 k.dead, k.journal],
+                [
+                    group, client, opt(mode), default_mode, opt(policy), start[0], opt(start[1]), opt(lock_ms),
+                    opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt), self.config.journal_cap,
+                    opt(strategy), int(skip_offline),
+                ],
+            )
+        except FenceMQError:
+            if added:  # refused (BADARG, BUSY): nothing to leave
+                await self.redis.srem(self.keys.session_handles(client), handle)
+            raise
         if ref.lite and int(res[6]):
             await self.redis.hincrby(self.keys.session_lite_counts(client), topic, 1)
         if capacity is not None:
@@ -393,6 +400,8 @@ class Queues:
             await self.dispatch(handle.queue, await self.push_members(handle.queue))
         if kind == "eos":
             await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
+            if handle.queue.lite:
+                await self.redis.hincrby(self.keys.session_lite_counts(handle.member), handle.queue.topic, -1)
             if handle.queue.is_filter:
                 await self.drop_if_empty(handle.queue)
             return "EOS"

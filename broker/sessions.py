@@ -21,6 +21,7 @@ from broker.keyspace import Handle, Keyspace
 from broker.queues import Queues
 
 MAX_QUEUED_NOTICES = 1000
+CLEANUP_RETRY_MS = 5_000
 
 
 def unsubscribe_notice(handle: Handle, by: str, resent: bool = False) -> dict[str, Any]:
@@ -119,12 +120,18 @@ class Sessions:
         await self.queues.set_presence([h for h in handles if not h.queue.lite], online)
 
     async def claim_expired(self, limit: int = 100) -> list[str]:
-        """Sessions whose lease ran out; ZREM makes exactly one worker the cleaner."""
+        """Sessions whose lease ran out, claimed for cleaning.
+
+        A claim moves the lease forward by CLEANUP_RETRY_MS instead of
+        removing it: end() removes it once everything is left, so a cleaner
+        that dies half-way is followed by another. Two cleaners at once are
+        harmless — leaving a subscription is idempotent.
+        """
         now = await self.clock.now_ms()
         expired = await self.redis.zrangebyscore(self.keys.sessions, "-inf", now, 0, limit)
         claimed = []
         for raw in expired:
-            if await self.redis.zrem(self.keys.sessions, raw):
+            if await self.redis.zadd(self.keys.sessions, {raw: now + CLEANUP_RETRY_MS}, xx=True, gt=True, ch=True):
                 claimed.append(raw.decode())
         return claimed
 

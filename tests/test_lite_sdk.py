@@ -17,7 +17,7 @@ import redis
 
 from broker.client import Client
 from broker.config import Config
-from broker.keyspace import Keyspace, QueueRef
+from broker.keyspace import Handle, Keyspace, QueueRef
 from broker.lite import LiteSubscriptions
 from broker.runner import WorkerThread
 
@@ -55,8 +55,6 @@ def member_fields(r: redis.Redis, topic: str, lmq: str, client: str, group: str)
 
 def held(r: redis.Redis, client: str) -> set[str]:
     """lmqs the server holds for the client (its session's handles), as 'topic/lmq'."""
-    from broker.keyspace import Handle
-
     return {f"{h.queue.topic}/{h.queue.lmq}" for h in map(Handle.decode, r.smembers(KEYS.session_handles(client)))}
 
 

@@ -1,0 +1,478 @@
+"""Redis memory per idle lmq: 1,000,000 lite queues, each with one exclusive owner.
+
+    .venv/bin/python -m bench.lmq_memory [--lmqs 1000000] [--per-client 1000] [--out bench/results]
+
+For each journal setting (``journal_cap=0`` and the default) a fresh private
+Redis (``broker.embedded.EmbeddedRedis``, never 127.0.0.1:6379) gets:
+
+1. **subscribed only** — for lmq *i*, client ``c<i // per_client>`` runs the
+   subscribe fence (``lua/subscribe.lua``, exactly the keys and arguments
+   ``broker.queues.Queues.subscribe`` passes) and the session writes that go
+   with it (SADD of the handle, HINCRBY of the lite quota count); every
+   client also has its session hash and ``fmq:sessions`` entry. Fences are
+   called by EVALSHA, pipelined over a raw RESP connection (bench/resp.py), so
+   the run takes seconds per million instead of minutes through redis-py.
+2. **after one message acked** — then, per lmq, the publish, pull and ack
+   fences of one message (what ``Queues.publish/pull/ack`` send; the global
+   lease schedule entry a PULL adds is left out: the sweeper removes it once
+   the lease deadline has passed, so an idle system holds none). Three more
+   fences per lmq take minutes per million on a 2-CPU machine, so by default
+   200,000 lmqs spread over the million get the message and the increment
+   per lmq is measured on them (``--message-lmqs 1000000`` does them all).
+
+Bytes per lmq = ``INFO memory used_memory`` delta / number of lmqs. For one
+sample lmq: ``MEMORY USAGE`` of each key, the encoding, and each meta field
+with its length, so the cost of every part is visible. Then a projection:
+candidate compact layouts written directly (no fences) into another fresh
+server and measured the same way. Checks that the bulk path builds exactly
+the state ``Queues.subscribe`` builds (same keys, same field names) on a
+sample. Writes ``<out>/lmq_memory.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import platform
+import subprocess
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from bench.resp import RespConn
+from broker.config import Config
+from broker.embedded import EmbeddedRedis
+from broker.keyspace import Handle, Keyspace, QueueRef
+from broker.queues import Queues
+from broker.scripts import sources
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL_BYTES = 200
+TOPIC = "lt"
+GROUP = "default"  # a lite SUB without GROUP
+CHUNK = 2000  # commands per write
+MAIN_DICT_BYTES_PER_KEY = 48  # MEMORY STATS overhead.hashtable.main per key: dictEntry + robj + one bucket
+IN_FLIGHT = 8  # writes outstanding
+
+
+def lmq_name(i: int) -> str:
+    return f"l{i:07d}"
+
+
+def client_name(i: int, per_client: int) -> str:
+    return f"c{i // per_client:05d}"
+
+
+class Bulk:
+    """Pipelined commands over one raw RESP connection, a bounded number of writes in flight."""
+
+    def __init__(self, conn: RespConn) -> None:
+        self.conn = conn
+        self.pending: deque[list[asyncio.Future]] = deque()
+
+    async def run(self, commands: Iterable[Sequence[Any]], collect: bool = False) -> list[Any]:
+        out: list[Any] = []
+        batch: list[Sequence[Any]] = []
+        for cmd in commands:
+            batch.append(cmd)
+            if len(batch) >= CHUNK:
+                await self._send(batch, out, collect)
+                batch = []
+        if batch:
+            await self._send(batch, out, collect)
+        while self.pending:
+            await self._settle(out, collect)
+        return out
+
+    async def _send(self, batch: list[Sequence[Any]], out: list[Any], collect: bool) -> None:
+        self.pending.append(self.conn.send(batch))
+        if len(self.pending) >= IN_FLIGHT:
+            await self._settle(out, collect)
+
+    async def _settle(self, out: list[Any], collect: bool) -> None:
+        for reply in await asyncio.gather(*self.pending.popleft()):
+            if isinstance(reply, Exception):
+                raise reply
+            if collect:
+                out.append(reply)
+
+
+TEMPLATE_LMQ, TEMPLATE_CLIENT = "LMQTPL", "CLITPL"  # placeholders: no byte of them is ever escaped
+
+
+class Templates:
+    """The fence calls broker.queues.Queues makes, recorded from real calls and replayed with other names.
+
+    ``await Templates.record(url, config, topic)`` runs Queues.subscribe, publish, pull and ack once on a
+    template lmq, capturing each fence's name, keys and arguments; ``call(name, lmq, client, ...)`` gives
+    the EVALSHA of the same call for another lmq and client. So the benches follow the fences' key
+    layout whatever it becomes, and send exactly what the broker sends.
+    """
+
+    def __init__(self, shas: dict[str, str], calls: dict[str, tuple[list[str], list[Any]]], topic: str) -> None:
+        self.shas, self.calls, self.topic = shas, calls, topic
+
+    @classmethod
+    async def record(cls, url: str, config: Config, r: redis.Redis, topic: str = TOPIC) -> Templates:
+        shas = load_scripts(r)
+        conn = redis.asyncio.Redis.from_url(url)
+        calls: dict[str, tuple[list[str], list[Any]]] = {}
+        try:
+            queues = Queues(conn, config)
+            real = queues.fences.call
+
+            async def recording(name: str, keys: list[str], args: list[Any]) -> Any:
+                calls.setdefault(name, (list(keys), list(args)))
+                return await real(name, keys, args)
+
+            queues.fences.call = recording  # type: ignore[method-assign]
+            sub = await queues.subscribe(TEMPLATE_CLIENT, topic, lmq=TEMPLATE_LMQ)
+            await queues.publish(topic, [b"x" * 16], lmq=TEMPLATE_LMQ, producer="producer")
+            handle = Handle.decode(sub.handle)
+            pulled = await queues.pull(handle, 1)
+            await queues.ack(handle, [pulled.deliveries[0].tag])
+            keys = Keyspace(config.prefix)
+            await conn.delete(*keys.queue(QueueRef(topic, TEMPLATE_LMQ)).all_keys(),
+                              keys.session_handles(TEMPLATE_CLIENT), keys.session_lite_counts(TEMPLATE_CLIENT))
+            await conn.zrem(keys.schedule, QueueRef(topic, TEMPLATE_LMQ).qid)
+        finally:
+            await conn.aclose()
+        return cls(shas, calls, topic)
+
+    def call(self, name: str, lmq: str, client: str, tag: str | None = None) -> list[Any]:
+        keys, args = self.calls[name]
+        keys = [k.replace(TEMPLATE_LMQ, lmq) for k in keys]
+        out: list[Any] = []
+        for a in args:
+            if a == TEMPLATE_CLIENT:
+                a = client
+            out.append(a)
+        if name == "ack":
+            assert tag is not None
+            out[-1] = tag  # the one tag acked
+        return ["EVALSHA", self.shas[name], len(keys), *keys, *out]
+
+
+class Layout:
+    """Per lmq i: the commands Queues (and the session bookkeeping around it) sends."""
+
+    def __init__(self, templates: Templates, config: Config, per_client: int) -> None:
+        self.t = templates
+        self.keys = Keyspace(config.prefix)
+        self.per_client = per_client
+
+    def subscribe(self, i: int) -> list[list[Any]]:
+        lmq, client = lmq_name(i), client_name(i, self.per_client)
+        handle = Handle(QueueRef(TOPIC, lmq), GROUP, client).encode()
+        return [
+            self.t.call("subscribe", lmq, client),
+            ["SADD", self.keys.session_handles(client), handle],
+            ["HINCRBY", self.keys.session_lite_counts(client), TOPIC, 1],
+        ]
+
+    def publish(self, i: int) -> list[Any]:
+        return self.t.call("publish", lmq_name(i), client_name(i, self.per_client))
+
+    def pull(self, i: int) -> list[Any]:
+        return self.t.call("pull", lmq_name(i), client_name(i, self.per_client))
+
+    def ack(self, i: int, tag: str) -> list[Any]:
+        return self.t.call("ack", lmq_name(i), client_name(i, self.per_client), tag)
+
+
+def main_dict_overhead(r: redis.Redis) -> int:
+    """Bytes of db0's main dict (bucket arrays and entries), from MEMORY STATS."""
+    db = r.memory_stats().get("db.0", {})
+    return int(db.get("overhead.hashtable.main", 0))
+
+
+def used_memory(r: redis.Redis) -> int:
+    return int(r.info("memory")["used_memory"])
+
+
+def load_scripts(r: redis.Redis) -> dict[str, str]:
+    shas = {}
+    for name, src in sources().items():
+        shas[name] = r.script_load(src)
+        assert shas[name] == hashlib.sha1(src.encode()).hexdigest()
+    return shas
+
+
+def sample_breakdown(r: redis.Redis, config: Config, i: int, per_client: int) -> dict[str, Any]:
+    """MEMORY USAGE of lmq i's keys and its share of the session keys; the meta hash field by field."""
+    keys = Keyspace(config.prefix)
+    k = keys.queue(QueueRef(TOPIC, lmq_name(i)))
+    client = client_name(i, per_client)
+    out: dict[str, Any] = {"lmq": lmq_name(i), "client": client, "keys": {}}
+    for name in ("meta", "log", "journal", "checkouts", "deadlines", "owned", "ready", "delayed", "dedup",
+                 "dedup_ids"):
+        key = getattr(k, name)
+        if r.exists(key):
+            out["keys"][name] = {
+                "key": key, "key_name_bytes": len(key), "type": r.type(key).decode(),
+                "encoding": r.object("encoding", key).decode(), "memory_usage": r.memory_usage(key, samples=0),
+                "items": {"hash": r.hlen, "list": r.llen, "set": r.scard, "zset": r.zcard}[r.type(key).decode()](key),
+            }
+    fields = {f.decode(): v.decode("utf-8", "replace") for f, v in r.hgetall(k.meta).items()}
+    out["meta_fields"] = {f: {"value": v if len(v) <= 40 else v[:40] + "…", "field_bytes": len(f),
+                              "value_bytes": len(v)} for f, v in fields.items()}
+    out["meta_field_name_bytes"] = sum(len(f) for f in fields)
+    out["meta_value_bytes"] = sum(len(v) for v in fields.values())
+    if r.exists(k.journal):
+        entries = r.lrange(k.journal, 0, -1)
+        out["journal_entries"] = [e.decode() for e in entries]
+    subs, lite = keys.session_handles(client), keys.session_lite_counts(client)
+    handles = r.smembers(subs)
+    out["session_handles_set"] = {
+        "key": subs, "members": len(handles), "encoding": r.object("encoding", subs).decode(),
+        "memory_usage": r.memory_usage(subs, samples=0),
+        "per_lmq": r.memory_usage(subs, samples=0) / max(1, len(handles)),
+        "handle_bytes": len(next(iter(handles))) if handles else 0,
+    }
+    out["session_lite_counts"] = {"memory_usage": r.memory_usage(lite, samples=0),
+                                  "per_lmq": r.memory_usage(lite, samples=0) / per_client}
+    sess = keys.session(client)
+    out["session_hash"] = {"memory_usage": r.memory_usage(sess, samples=0) or 0,
+                           "per_lmq": (r.memory_usage(sess, samples=0) or 0) / per_client}
+    out["sum_memory_usage_per_lmq"] = (sum(v["memory_usage"] for v in out["keys"].values())
+                                       + out["session_handles_set"]["per_lmq"]
+                                       + out["session_lite_counts"]["per_lmq"] + out["session_hash"]["per_lmq"])
+    return out
+
+
+async def check_layout(url: str, config: Config, r: redis.Redis, per_client: int) -> dict[str, Any]:
+    """The bulk path must build what Queues.subscribe builds: compare on one lmq of each."""
+    async_redis = redis.asyncio.Redis.from_url(url)
+    try:
+        queues = Queues(async_redis, config)
+        sub = await queues.subscribe("c-check", TOPIC, lmq="l-check")
+        keys = Keyspace(config.prefix)
+        real = keys.queue(QueueRef(TOPIC, "l-check"))
+        bulk = keys.queue(QueueRef(TOPIC, lmq_name(0)))
+
+        def shape(k: Any, client: str) -> dict[str, Any]:
+            fields = sorted(f.decode().replace(client, "<client>") for f in r.hkeys(k.meta))
+            present = sorted(n for n in ("meta", "log", "journal") if r.exists(getattr(k, n)))
+            return {"fields": fields, "keys": present}
+
+        a, b = shape(real, "c-check"), shape(bulk, client_name(0, per_client))
+        return {"matches": a == b, "queues_subscribe": a, "bulk": b, "handle": sub.handle}
+    finally:
+        await async_redis.aclose()
+
+
+async def fill(url: str, config: Config, lmqs: int, per_client: int, message_lmqs: int, r: redis.Redis
+               ) -> dict[str, Any]:
+    layout = Layout(await Templates.record(url, config, r), config, per_client)
+    conn = await RespConn.open("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0]))
+    bulk = Bulk(conn)
+    result: dict[str, Any] = {"journal_cap": config.journal_cap}
+    try:
+        keys = Keyspace(config.prefix)
+        clients = (lmqs + per_client - 1) // per_client
+        base = used_memory(r)
+        now = int(time.time() * 1000)
+        await bulk.run(
+            cmd for c in range(clients) for cmd in (
+                ["HSET", keys.session(client_name(c * per_client, per_client)), "conn", f"w-bench:{c}",
+                 "worker", "w-bench", "since", now],
+                ["ZADD", keys.sessions, now + config.session_lease_ms, client_name(c * per_client, per_client)],
+            ))
+        t0 = time.perf_counter()
+        await bulk.run(cmd for i in range(lmqs) for cmd in layout.subscribe(i))
+        t1 = time.perf_counter()
+        subscribed = used_memory(r)
+        result["subscribed_only"] = {
+            "used_memory_delta": subscribed - base, "bytes_per_lmq": (subscribed - base) / lmqs,
+            "dbsize": r.dbsize(), "seconds": t1 - t0, "subscribe_fences_per_s": lmqs / (t1 - t0),
+        }
+        result["subscribed_only"]["sample"] = sample_breakdown(r, config, lmqs // 2, per_client)
+        result["subscribed_only"]["main_dict_overhead"] = main_dict_overhead(r)
+        print(f"  journal_cap={config.journal_cap}: subscribed only: "
+              f"{result['subscribed_only']['bytes_per_lmq']:.0f} B/lmq ({t1 - t0:.1f} s)", flush=True)
+
+        result["layout_check"] = await check_layout(url, config, r, per_client)
+        base_msg, dict_msg, keys_msg = used_memory(r), main_dict_overhead(r), r.dbsize()
+        t0 = time.perf_counter()
+        step = 50_000
+        # Spread over the whole range, so every client's session set is touched alike.
+        every = max(1, lmqs // message_lmqs)
+        chosen = list(range(0, lmqs, every))[:message_lmqs]
+        for start in range(0, len(chosen), step):
+            span = chosen[start:start + step]
+            replies = await bulk.run((cmd for i in span for cmd in (layout.publish(i), layout.pull(i))),
+                                     collect=True)
+            tags = [replies[2 * n + 1][3] for n in range(len(span))]
+            await bulk.run(layout.ack(i, tag.decode()) for i, tag in zip(span, tags, strict=True))
+        t1 = time.perf_counter()
+        acked, dict_acked = used_memory(r), main_dict_overhead(r)
+        n = len(chosen)
+        increment = (acked - base_msg) / n
+        dict_growth = (dict_acked - dict_msg) / n
+        new_keys = (r.dbsize() - keys_msg) / n
+        sub_per_lmq = result["subscribed_only"]["bytes_per_lmq"]
+        result["after_one_message_acked"] = {
+            "lmqs_with_a_message": n,
+            "increment_per_lmq": increment,
+            "main_dict_growth_per_lmq": dict_growth,
+            # the main dict's bucket array doubles at a power of two: a subset can cross one step alone
+            "increment_per_lmq_excluding_main_dict": increment - dict_growth,
+            "new_keys_per_lmq": new_keys,
+            "bytes_per_lmq": (sub_per_lmq + increment if n == lmqs
+                              else sub_per_lmq + increment - dict_growth + new_keys * MAIN_DICT_BYTES_PER_KEY),
+            "bytes_per_lmq_how": ("measured: used_memory delta / lmqs" if n == lmqs else
+                                  "subscribed only + the increment measured on the lmqs with a message, with the "
+                                  "main dict's growth replaced by 48 B per new key (dictEntry 24 + robj 16 + an "
+                                  "8-byte bucket): a subset can cross a doubling of the bucket array alone. "
+                                  "--message-lmqs = --lmqs measures it whole (within ~2.5% of this, ~10 min)"),
+            "dbsize": r.dbsize(), "seconds": t1 - t0,
+        }
+        result["after_one_message_acked"]["sample"] = sample_breakdown(r, config, chosen[n // 2], per_client)
+        print(f"  journal_cap={config.journal_cap}: after one message acked: "
+              f"{result['after_one_message_acked']['bytes_per_lmq']:.0f} B/lmq ({t1 - t0:.1f} s)", flush=True)
+    finally:
+        await conn.close()
+    return result
+
+
+# -- projection: candidate layouts, measured directly --------------------------------------------
+
+
+PROJECTIONS = {
+    "current_meta_hash_only": "the meta hash as subscribe.lua writes it (15 fields), no session entry",
+    "no_default_fields": "meta hash without fields that hold a default (first=1, seq=0, ep=0, cur=first, "
+                         "pol=preempt, onpre=keep, mode=exclusive, n=0, on=1, qos=1, jcap) or a copy of another "
+                         "(groups/mem for one member); kept: ct, own",
+    "short_names": "same fields as no_default_fields, group interned as an index: 'g|default|own' -> '0o'",
+    "owner_only": "meta hash holding only the owner: {'0o': client}",
+    "session_lmq_names": "session entry = the lmq name in a per-(client, topic, group) set instead of the "
+                         "full handle in the client's set",
+    "session_hash_listpack_1024": "session entry = the lmq name as a field of a per-(client, topic, group) hash, "
+                                  "with hash-max-listpack-entries 1024 (1000 names stay one listpack)",
+}
+
+
+async def projections(lmqs: int, per_client: int) -> dict[str, Any]:
+    """Bytes per lmq of candidate layouts (no fences: the keys written as they would look)."""
+    out: dict[str, Any] = {"lmqs": lmqs, "variants": {}}
+    keys = Keyspace("fmq")
+    now = int(time.time() * 1000)
+
+    def meta_fields(i: int, variant: str) -> list[Any]:
+        client = client_name(i, per_client)
+        if variant == "current_meta_hash_only":
+            return ["first", 1, "seq", 0, "ct", now, "g|default|mode", "exclusive", "g|default|pol", "preempt",
+                    "g|default|ep", 0, "g|default|cur", 1, "g|default|onpre", "keep", "groups", "default",
+                    f"m|default|{client}|n", 0, "g|default|mem", client, f"m|default|{client}|on", 1, f"m|default|{client}|qos", 1,
+                    "g|default|own", client, "jcap", 0]
+        if variant == "no_default_fields":
+            return ["ct", now, "g|default|own", client]
+        if variant == "short_names":
+            return ["ct", now, "0o", client]
+        return ["0o", client]
+
+    for variant, what in PROJECTIONS.items():
+        extra = ["--hash-max-listpack-entries", "1024"] if variant == "session_hash_listpack_1024" else []
+        with EmbeddedRedis(extra_args=extra) as server:
+            r = server.client()
+            conn = await RespConn.open("127.0.0.1", server.port)
+            bulk = Bulk(conn)
+            try:
+                base = used_memory(r)
+                session = variant.startswith("session")
+                fields_variant = "owner_only" if session else variant
+
+                def commands(variant: str = variant, fields_variant: str = fields_variant) -> Iterable[list[Any]]:
+                    for i in range(lmqs):
+                        k = keys.queue(QueueRef(TOPIC, lmq_name(i)))
+                        yield ["HSET", k.meta, *meta_fields(i, fields_variant)]
+                        index = f"fmq:sess:{{{client_name(i, per_client)}}}:l:{TOPIC}:{GROUP}"
+                        if variant == "session_lmq_names":
+                            yield ["SADD", index, lmq_name(i)]
+                        elif variant == "session_hash_listpack_1024":
+                            yield ["HSET", index, lmq_name(i), ""]
+
+                await bulk.run(commands())
+                used = used_memory(r)
+                k = keys.queue(QueueRef(TOPIC, lmq_name(lmqs // 2)))
+                out["variants"][variant] = {
+                    "what": what, "bytes_per_lmq": (used - base) / lmqs,
+                    "meta_memory_usage": r.memory_usage(k.meta, samples=0),
+                    "meta_encoding": r.object("encoding", k.meta).decode(),
+                }
+                print(f"  projection {variant}: {(used - base) / lmqs:.0f} B/lmq", flush=True)
+            finally:
+                await conn.close()
+                r.close()
+    return out
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], check=False, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    runs = []
+    version = ""
+    for cap in (0, Config().journal_cap):
+        with EmbeddedRedis() as server:
+            version = server.version
+            config = Config(redis_url=server.url, journal_cap=cap)
+            r = server.client()
+            try:
+                runs.append(await fill(server.url, config, args.lmqs, args.per_client, min(args.lmqs, args.message_lmqs), r))
+            finally:
+                r.close()
+    proj = await projections(min(args.lmqs, args.projection_lmqs), args.per_client)
+    best = min(runs[0]["subscribed_only"]["bytes_per_lmq"], runs[1]["subscribed_only"]["bytes_per_lmq"])
+    return {
+        "benchmark": "lmq_memory",
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "redis": version},
+        "git_commit": git_commit(),
+        "lmqs": args.lmqs,
+        "lmqs_per_client": args.per_client,
+        "goal_bytes_per_idle_lmq": GOAL_BYTES,
+        "runs": runs,
+        "summary": {
+            f"journal_cap={run['journal_cap']}": {
+                "subscribed_only_B_per_lmq": round(run["subscribed_only"]["bytes_per_lmq"], 1),
+                "after_one_message_acked_B_per_lmq": round(run["after_one_message_acked"]["bytes_per_lmq"], 1),
+            } for run in runs
+        },
+        "goal_met": best <= GOAL_BYTES,
+        "projection": proj,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lmqs", type=int, default=1_000_000)
+    parser.add_argument("--per-client", type=int, default=1000)
+    parser.add_argument("--message-lmqs", type=int, default=200_000,
+                        help="lmqs that get one message in phase 2 (all: --message-lmqs 1000000, ~8 min in all)")
+    parser.add_argument("--projection-lmqs", type=int, default=200_000)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    result = asyncio.run(main_async(args))
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lmq_memory.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+    print(f"goal ≤ {GOAL_BYTES} B per idle lmq: {'met' if result['goal_met'] else 'NOT met'}; "
+          f"wrote {out / 'lmq_memory.json'} in {result['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
