@@ -47,6 +47,7 @@ import redis
 import redis.asyncio
 
 from bench.resp import RespConn
+from bench.stats import run_and_write
 from broker.config import Config
 from broker.embedded import EmbeddedRedis
 from broker.keyspace import Handle, Keyspace, QueueRef
@@ -463,12 +464,8 @@ def main() -> None:
     parser.add_argument("--projection-lmqs", type=int, default=200_000)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
-    t0 = time.perf_counter()
-    result = asyncio.run(main_async(args))
-    result["seconds"] = round(time.perf_counter() - t0, 1)
+    result = run_and_write("lmq_memory", main_async, args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lmq_memory.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"], indent=2))
     print(f"goal ≤ {GOAL_BYTES} B per idle lmq: {'met' if result['goal_met'] else 'NOT met'}; "
           f"wrote {out / 'lmq_memory.json'} in {result['seconds']} s")

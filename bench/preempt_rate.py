@@ -35,7 +35,6 @@ variant's capacity with the default config. Writes ``<out>/preempt_rate.json``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -46,7 +45,7 @@ from typing import Any
 from bench.lmq_memory import Bulk, Templates, git_commit
 from bench.resp import RespConn
 from bench.run import WorkerProcess
-from bench.stats import RedisMeter, machine_busy_s, proc_cpu_s
+from bench.stats import RedisMeter, machine_busy_s, proc_cpu_s, run_and_write
 from broker.config import Config
 from broker.embedded import EmbeddedRedis
 from broker.keyspace import Handle, Keyspace, QueueRef
@@ -240,12 +239,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
-    t0 = time.perf_counter()
-    result = asyncio.run(main_async(args))
-    result["seconds"] = round(time.perf_counter() - t0, 1)
+    result = run_and_write("preempt_rate", main_async, args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "preempt_rate.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["headline"], indent=2))
     print(f"goal ≥ {GOAL_PER_S:,}/s at Redis: {'met' if result['goal_met'] else 'NOT met'}; "
           f"wrote {out / 'preempt_rate.json'} in {result['seconds']} s")

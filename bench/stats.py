@@ -75,3 +75,19 @@ def percentiles_ms(values_ns: Iterable[int]) -> dict[str, float]:
 
     return {"p50": q(0.50), "p90": q(0.90), "p99": q(0.99), "p999": q(0.999), "max": data[-1] / 1e6,
             "mean": statistics.fmean(data) / 1e6, "n": len(data)}
+
+
+def run_and_write(name: str, main_async: Any, args: Any) -> dict[str, Any]:
+    """Run a bench's async main, time it, write ``<args.out>/<name>.json``."""
+    import asyncio
+    import json
+    import time
+    from pathlib import Path
+
+    t0 = time.perf_counter()
+    result = asyncio.run(main_async(args))
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
