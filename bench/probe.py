@@ -35,7 +35,6 @@ from broker.config import Config
 from broker.embedded import EmbeddedRedis
 from broker.keyspace import Handle
 from broker.queues import Queues
-from broker.scripts import sources
 
 BATCHED_ACK_LUA = r"""
 -- prototype, for measurement only: ack.lua with one HMGET and batched deletes
