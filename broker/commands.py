@@ -191,30 +191,27 @@ def parse_sub(args: list[bytes]) -> Request:
     return Request("SUB", out)
 
 
-def parse_pull(args: list[bytes]) -> Request:
-    _need("PULL", args, 2, "PULL handle [COUNT n] [BLOCK ms]")
-    out: dict[str, Any] = {"handle": _text(args[1], "handle"), "count": 1, "block_ms": None}
-    opts = _Options("PULL", args, 2)
-    for word in opts:
-        if word == "COUNT":
-            out["count"] = _int(opts.value(word), "COUNT", 1)
-        elif word == "BLOCK":
-            out["block_ms"] = _int(opts.value(word), "BLOCK", 0)
-        else:
-            raise opts.unknown(word, "COUNT, BLOCK")
-    return Request("PULL", out)
+def _handle_verb(verb: str, usage: str, options: dict[str, tuple[str, int, int | None]]) -> Callable[[list[bytes]], Request]:
+    """``VERB handle [OPTION n]…`` where each option takes one integer: OPTION -> (field, minimum, default)."""
+
+    def parse(args: list[bytes]) -> Request:
+        _need(verb, args, 2, usage)
+        out: dict[str, Any] = {"handle": _text(args[1], "handle")}
+        out.update({field: default for field, _, default in options.values()})
+        opts = _Options(verb, args, 2)
+        for word in opts:
+            if word not in options:
+                raise opts.unknown(word, ", ".join(options))
+            field, low, _ = options[word]
+            out[field] = _int(opts.value(word), word, low)
+        return Request(verb, out)
+
+    return parse
 
 
-def parse_take(args: list[bytes]) -> Request:
-    _need("TAKE", args, 2, "TAKE handle [BLOCK ms]")
-    out: dict[str, Any] = {"handle": _text(args[1], "handle"), "block_ms": None}
-    opts = _Options("TAKE", args, 2)
-    for word in opts:
-        if word == "BLOCK":
-            out["block_ms"] = _int(opts.value(word), "BLOCK", 0)
-        else:
-            raise opts.unknown(word, "BLOCK")
-    return Request("TAKE", out)
+parse_pull = _handle_verb("PULL", "PULL handle [COUNT n] [BLOCK ms]", {"COUNT": ("count", 1, 1), "BLOCK": ("block_ms", 0, None)})
+parse_take = _handle_verb("TAKE", "TAKE handle [BLOCK ms]", {"BLOCK": ("block_ms", 0, None)})
+parse_unsub = _handle_verb("UNSUB", "UNSUB handle [MAX n]", {"MAX": ("max_messages", 0, None)})
 
 
 def parse_ack(args: list[bytes]) -> Request:
@@ -265,18 +262,6 @@ def parse_seek(args: list[bytes]) -> Request:
     else:
         raise BadArgument("SEEK takes ID id, TIME ms, EARLIEST or LATEST")
     return Request("SEEK", out)
-
-
-def parse_unsub(args: list[bytes]) -> Request:
-    _need("UNSUB", args, 2, "UNSUB handle [MAX n]")
-    out: dict[str, Any] = {"handle": _text(args[1], "handle"), "max_messages": None}
-    opts = _Options("UNSUB", args, 2)
-    for word in opts:
-        if word == "MAX":
-            out["max_messages"] = _int(opts.value(word), "MAX", 0)
-        else:
-            raise opts.unknown(word, "MAX")
-    return Request("UNSUB", out)
 
 
 def parse_heartbeat(args: list[bytes]) -> Request:
