@@ -7,6 +7,7 @@ FenceMQError and turned into RESP errors by the connection.
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 import anyio
@@ -48,7 +49,7 @@ class Verbs:
         expected = self.config.password
         if expected is None:
             raise FenceMQError("AUTH called without any password configured for this worker")
-        if argv[-1].decode("utf-8", "replace") != expected:
+        if not hmac.compare_digest(argv[-1], expected.encode()):  # no timing hint
             raise WrongPassword("invalid username-password pair or user is disabled.")
         self.authed = True
         return OK
