@@ -3,6 +3,9 @@
 -- the end-of-stream sentinel is the entry 'EOS'. A message in a mailbox is
 -- checked out to its member (record + ownership) but its lease starts only
 -- when the member TAKEs it, so an unread mailbox never times out under it.
+-- Helpers only: they use the including fence's K (meta, log, checkouts,
+-- deadlines, owned, ready, delayed — all from its KEYS) and the mailbox key
+-- it was given in KEYS; they build no key names themselves.
 
 local EOS = 'EOS'
 
