@@ -1,7 +1,7 @@
 """Operator commands: queues, lmqs, inspect, evict, sweep, seek, purge, dlq, top, bench.
 
 ``register(app)`` adds them to a Typer app (cli/main.py calls it). What they
-read and write is in ``broker/operations.py``; this module only parses
+read and write is in ``broker/operations.py`` and ``broker/maintenance.py``; this module only parses
 options and presents results: rich tables by default, ``--json`` for
 scripts (one JSON document on stdout; ``top --json`` prints one per refresh,
 one per line).
@@ -39,6 +39,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from broker import maintenance
 from broker import operations as ops
 from broker.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
 from broker.keyspace import Keyspace, QueueRef, check_name, check_topic
@@ -643,7 +644,7 @@ def evict(
     ref = _queue(ctx, topic, lmq, owner)
     _name(ctx, group, "group")
     _name(ctx, client, "client")
-    res = ctx.run(lambda r, k: ops.evict(r, k, ref, group, client))
+    res = ctx.run(lambda r, k: maintenance.evict(r, k, ref, group, client))
     if as_json:
         _emit_json(res)
         return
@@ -673,7 +674,7 @@ def sweep(
     if queue is not None and queue[:2] not in ("t:", "l:", "f:"):
         ctx.fail(f"{queue!r} is not a queue id (t:<topic>, l:<topic>:<lmq> or f:<owner>:<filter>)", EXIT_USAGE)
     with _progress("sweep: queues swept", enabled=all_due and not as_json) as progress:
-        res = ctx.run(lambda r, k: ops.sweep(r, k, [queue] if queue else None, progress=progress))
+        res = ctx.run(lambda r, k: maintenance.sweep(r, k, [queue] if queue else None, progress=progress))
     if as_json:
         _emit_json(res)
         return
@@ -729,7 +730,7 @@ def seek(
     ctx = Ctx("seek", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
     _name(ctx, group, "group")
-    res = ctx.run(lambda r, k: ops.seek(r, k, ref, group, kind, arg))
+    res = ctx.run(lambda r, k: maintenance.seek(r, k, ref, group, kind, arg))
     if as_json:
         _emit_json(res)
         return
@@ -778,7 +779,7 @@ def purge(
         if not typer.confirm(f"Purge {q['name']}: drop {drop} message(s) from {len(q['groups'])} group(s)?",
                              default=False, err=True):
             ctx.fail("not purged", EXIT_NOT_FOUND)
-    res = ctx.run(lambda r, k: ops.purge(r, k, ref))
+    res = ctx.run(lambda r, k: maintenance.purge(r, k, ref))
     if as_json:
         _emit_json(res)
         return
@@ -818,7 +819,7 @@ def dlq_list(
     """A queue's dead letters, oldest first: id, group, member, failures, when, payload preview."""
     ctx = Ctx("dlq", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
-    res = ctx.run(lambda r, k: ops.dead_letters(r, k, ref, limit=limit, start=start))
+    res = ctx.run(lambda r, k: maintenance.dead_letters(r, k, ref, limit=limit, start=start))
     if as_json:
         _emit_json(res)
         return
@@ -863,7 +864,7 @@ def dlq_replay(
     """
     ctx = Ctx("dlq", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
-    res = ctx.run(lambda r, k: ops.replay_dead(r, k, ref, count=count))
+    res = ctx.run(lambda r, k: maintenance.replay_dead(r, k, ref, count=count))
     if as_json:
         _emit_json(res)
     else:
@@ -951,7 +952,7 @@ def top(
     """
     ctx = Ctx("top", redis_url, prefix, cluster)
     flt = ops.QueueFilter(topic=topic) if topic else None
-    state = ops.TopState()
+    state = maintenance.TopState()
 
     async def loop(r: Any, k: Keyspace) -> None:
         from rich.live import Live
@@ -964,7 +965,7 @@ def top(
             if live is not None:
                 live.start()
             while True:
-                sample = await ops.top_sample(r, k, state, limit=limit, scan_limit=scan_limit, flt=flt)
+                sample = await maintenance.top_sample(r, k, state, limit=limit, scan_limit=scan_limit, flt=flt)
                 n += 1
                 if as_json:
                     typer.echo(json.dumps(sample, separators=(",", ":"), default=str))
