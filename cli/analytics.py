@@ -116,7 +116,12 @@ def snapshot(
             manifest = asyncio.run(_snapshot(url, cluster, key_prefix, out, batch, log_entries, journal_entries,
                                              None))
         else:
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             with Progress(SpinnerColumn(), TextColumn("snapshot: {task.completed:,} queues"),
                           TimeElapsedColumn(), console=err, transient=True) as bar:

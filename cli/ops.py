@@ -26,295 +26,50 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
-import redis
 import typer
-from rich import box
-from rich.console import Console, Group
-from rich.table import Table
+from rich.console import Group
 from rich.text import Text
 
 from broker import maintenance
 from broker import operations as ops
-from broker.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
-from broker.keyspace import Keyspace, QueueRef, check_name, check_topic
+from broker.errors import BadArgument
+from broker.keyspace import Keyspace, check_topic
 from cli.common import (
-    ENV_REDIS_URL,
-    EXIT_UNREACHABLE,
     CliError,
-    connect,
     fail,
-    redis_url_given,
     safe_url,
-    unreachable_message,
 )
-
-T = TypeVar("T")
+from cli.inspect_cmd import _groups_table, inspect_app
+from cli.opskit import (
+    Cluster,
+    Ctx,
+    Json,
+    Lmq,
+    Owner,
+    Prefix,
+    RedisUrl,
+    Topic,
+    _deadline,
+    _emit_json,
+    _err,
+    _name,
+    _opt,
+    _out,
+    _progress,
+    _queue,
+    _rate,
+    _row,
+    _secs,
+    _table,
+    _when,
+)
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
 ENV_PREFIX = "FENCEMQ_PREFIX"
 ROOT = Path(__file__).resolve().parent.parent
-
-# -- shared options -------------------------------------------------------------------------
-
-RedisUrl = Annotated[str | None, typer.Option(
-    "--redis-url", metavar="URL", show_default=False,
-    help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL})")]
-Prefix = Annotated[str | None, typer.Option(
-    "--prefix", show_default=False, help=f"Key prefix of the broker's state (default: ${ENV_PREFIX} or fmq)")]
-Cluster = Annotated[bool, typer.Option(
-    "--cluster", help="Talk Redis Cluster (else detected from INFO cluster); every master is visited.")]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-Topic = Annotated[str, typer.Argument(metavar="TOPIC", help="The topic (the filter, with --owner).", show_default=False)]
-Lmq = Annotated[str | None, typer.Option("--lmq", metavar="L", show_default=False,
-                                            help="The lite queue (lmq) of a lite topic.")]
-Owner = Annotated[str | None, typer.Option(
-    "--owner", metavar="O", show_default=False,
-    help="A filter subscription's queue: its client, or $share/<group> (TOPIC is then the filter).")]
-
-
-class Ctx:
-    """What every Redis command resolves first: the URL, the prefix, Cluster or not."""
-
-    def __init__(self, command: str, redis_url: str | None, prefix: str | None, cluster: bool) -> None:
-        self.command = command
-        url = redis_url_given(redis_url)
-        if not url:
-            self.fail(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis", EXIT_UNREACHABLE)
-        self.url: str = url  # type: ignore[assignment]
-        self.prefix = prefix or os.environ.get(ENV_PREFIX) or "fmq"
-        try:
-            self.keys = Keyspace(self.prefix)
-        except BadArgument as exc:
-            self.fail(f"bad prefix {self.prefix!r}: {exc}", EXIT_USAGE)
-        self.cluster = cluster
-
-    def fail(self, message: str, code: int) -> None:
-        fail(self.command, CliError(message, code))
-        raise typer.Exit(code)
-
-    def _probe(self) -> bool:
-        try:
-            client = connect(self.url)
-        except CliError as exc:
-            self.fail(exc.message, exc.code)
-        try:
-            if self.cluster:
-                return True
-            try:
-                return int(client.info("cluster").get("cluster_enabled", 0)) == 1
-            except redis.ResponseError:
-                return False
-        finally:
-            client.close()
-
-    def run(self, body: Callable[[Any, Keyspace], Awaitable[T]]) -> T:
-        """Run ``body(async client, keyspace)``; every failure becomes one line and an exit code."""
-        cluster = self._probe()
-
-        async def main() -> T:
-            from redis.asyncio import Redis, RedisCluster
-
-            client = (RedisCluster.from_url(self.url, socket_connect_timeout=3, socket_timeout=30) if cluster
-                      else Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=30))
-            try:
-                return await body(client, self.keys)
-            finally:
-                await client.aclose()
-
-        try:
-            return asyncio.run(main())
-        except NotFound as exc:
-            self.fail(exc.message, EXIT_NOT_FOUND)
-        except (BadArgument, LimitExceeded) as exc:
-            self.fail(exc.message, EXIT_USAGE)
-        except FenceMQError as exc:
-            self.fail(exc.resp(), EXIT_NOT_FOUND)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            self.fail(unreachable_message(self.url, exc), EXIT_UNREACHABLE)
-        except redis.RedisError as exc:
-            self.fail(f"Redis at {safe_url(self.url)} answered {type(exc).__name__}: {exc}", EXIT_NOT_FOUND)
-        except Exception as exc:
-            from redis.exceptions import RedisClusterException
-
-            if isinstance(exc, RedisClusterException):
-                self.fail(f"Redis at {safe_url(self.url)} does not work as a Cluster ({exc}); "
-                          "leave out --cluster for a single server", EXIT_UNREACHABLE)
-            raise
-        raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> QueueRef:
-    try:
-        check_topic(topic)
-        if lmq is not None and owner is not None:
-            raise BadArgument("give --lmq (a lite queue) or --owner (a filter subscription), not both")
-        if lmq is not None:
-            check_name(lmq, "lmq")
-        if owner is not None and not owner:
-            raise BadArgument("--owner is empty")
-    except BadArgument as exc:
-        ctx.fail(exc.message, EXIT_USAGE)
-    return QueueRef(topic, lmq, owner)
-
-
-def _name(ctx: Ctx, value: str, what: str) -> str:
-    try:
-        return check_name(value, what)
-    except BadArgument as exc:
-        ctx.fail(exc.message, EXIT_USAGE)
-    return value  # pragma: no cover
-
-
-def _emit_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
-
-
-def _out() -> Console:
-    return Console(highlight=False)
-
-
-def _err() -> Console:
-    return Console(stderr=True, highlight=False)
-
-
-@contextmanager
-def _progress(label: str, enabled: bool = True) -> Iterator[Callable[[int, int | None], None] | None]:
-    """A rich progress display on stderr while a long walk runs (only on a terminal)."""
-    err = _err()
-    if not enabled or not err.is_terminal:
-        yield None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    # A bar when the total is known (sweep of listed queues), else a running count (SCAN cannot know it).
-    with Progress(SpinnerColumn(), TextColumn(label + ":"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:
-        task = bar.add_task(label, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
-
-
-# -- formatting -----------------------------------------------------------------------------
-
-
-def _table(title: str | None = None) -> Table:
-    return Table(title=Text(title, style="bold") if title else None, title_justify="left", box=box.SIMPLE_HEAD,
-                 pad_edge=False, collapse_padding=True)
-
-
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "–"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
-def _secs(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    s = abs(seconds)
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{s / 60:.1f}m"
-    if s < 86400:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
-
-
-def _deadline(in_s: float | None) -> Text:
-    if in_s is None:
-        return Text("in mailbox", style="dim")
-    if in_s >= 0:
-        return Text(f"in {_secs(in_s)}")
-    return Text(f"{_secs(in_s)} overdue", style="yellow")
-
-
-def _opt(value: Any) -> str:
-    return "–" if value is None or value == "" else str(value)
-
-
-def _rate(value: float | None) -> str:
-    if value is None:
-        return "–"
-    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
-
-
-def _row(table: Table, *cells: Any) -> None:
-    """Add a row; plain strings are shown as they are (names may contain '[', never markup)."""
-    table.add_row(*(c if isinstance(c, Text) else Text(_opt(c)) for c in cells))
-
-
-def _kv(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
-    t = Table(title=Text(title, style="bold") if title else None, title_justify="left", box=None,
-              show_header=False, pad_edge=False)
-    t.add_column("field", style="dim")
-    t.add_column("value", overflow="fold")
-    for k, v in rows:
-        _row(t, k, v if isinstance(v, Text) else Text(_opt(v)))
-    return t
-
-
-def _member_state(m: dict[str, Any]) -> Text:
-    out = Text()
-    if m.get("owner"):
-        out.append("owner ", style="cyan")
-    if m.get("marker") is not None:
-        out.append(f"evicted by {m['marker']} ", style="red")
-    if m.get("suspected"):
-        out.append("suspected ", style="yellow")
-    if m.get("ended"):
-        out.append("ended ", style="dim")
-    if m.get("push") and not m.get("online", True):
-        out.append("offline ", style="dim")
-    return out if out.plain else Text("ok", style="green")
-
-
-def _checkouts_table(rows: list[dict[str, Any]], total: int, title: str = "Checkouts") -> Table | Text:
-    if not rows:
-        return Text("No checkouts." if not total else f"{total} checkouts (none shown; raise --limit)", style="dim")
-    t = _table(f"{title} ({len(rows)} of {total}, soonest deadline first)" if total > len(rows) else title)
-    for col, kw in (("tag", {}), ("group", {"overflow": "fold"}), ("member", {"overflow": "fold"}),
-                    ("id", {"justify": "right"}), ("epoch", {"justify": "right"}),
-                    ("deliveries", {"justify": "right"}), ("failures", {"justify": "right"}),
-                    ("lease", {"min_width": 10})):
-        t.add_column(col, **kw)
-    for c in rows:
-        epoch = Text(str(c["epoch"]), style="red" if c.get("stale") else "")
-        if c.get("stale"):
-            epoch.append(" stale")
-        _row(t, c["tag"], c["group"], c["member"], str(c["id"]), epoch, str(c["acquisitions"]),
-                  str(c["failures"]), _deadline(c["expires_in_s"]))
-    return t
-
-
-def _members_table(members: list[dict[str, Any]], title: str = "Members") -> Table | Text:
-    if not members:
-        return Text("No members.", style="dim")
-    t = _table(title)
-    for col, kw in (("member", {"overflow": "fold"}), ("state", {}), ("delivered", {"justify": "right"}),
-                    ("max", {"justify": "right"}), ("checked\nout", {"justify": "right"}),
-                    ("mailbox", {"justify": "right"}), ("lock ms", {"justify": "right"}),
-                    ("suspected\nfor", {"justify": "right"})):
-        t.add_column(col, **kw)
-    for m in members:
-        mailbox = "–" if m.get("mailbox_depth") is None else f"{m['mailbox_depth']}/{_opt(m.get('capacity'))}"
-        _row(t, Text(m["member"], style="bold"), _member_state(m), str(m["delivered"]), _opt(m["max"]),
-                  str(m.get("checkouts", "–")), mailbox, _opt(m["lock_ms"]),
-                  _secs(m["suspected_for_s"]) if m["suspected"] else "–")
-    return t
-
 
 # -- queues / lmqs -----------------------------------------------------------------------------
 
@@ -416,209 +171,6 @@ def lmqs(
     """List lite queues (lmqs), a page at a time (SCAN; --topic narrows the SCAN itself)."""
     _list("lmqs", redis_url, prefix, cluster, as_json, {"kind": "lite", "topic": topic, "match": match,
                                                         "match_lmq": True}, limit, cursor)
-
-
-# -- inspect -----------------------------------------------------------------------------------
-
-inspect_app = typer.Typer(help="Inspect a queue, a subscription group, a member, or a client's session.",
-                          no_args_is_help=True)
-
-InspectLimit = Annotated[int, typer.Option("--limit", min=0, max=100_000,
-                                           help="List at most this many checkouts (handles, notices).")]
-
-
-def _queue_header(q: dict[str, Any]) -> Table:
-    rows: list[tuple[str, Any]] = [
-        ("queue", Text(q["name"], style="bold")), ("id", q["qid"]), ("kind", q["kind"]),
-        ("log", f"ids {q['first']}..{q['seq']} ({q['retained']} retained)"),
-        ("last tag", q["last_tag"]), ("created", _when(q["created_ms"])), ("last write", _when(q["last_write_ms"])),
-        ("backlog", q["backlog"]),
-        ("checkouts", (f"{q['checkouts_total']} ({q['leased']} leased, "
-                       f"{q['checkouts_total'] - q['leased']} waiting in mailboxes)")),
-        ("returned", q["ready"]), ("delayed", q["delayed"]),
-        ("dead letters", Text(str(q["dead_letters"]), style="red" if q["dead_letters"] else "")),
-        ("journal", f"{q['journal_length']} events (cap {_opt(q['journal_cap'])})"),
-    ]
-    if q["push_members"]:
-        rows.append(("push members", ", ".join(q["push_members"])))
-    if q["expires_in_s"] is not None:
-        rows.append(("reclaimed in", _secs(q["expires_in_s"]) + " (idle lmq)"))
-    return _kv(rows)
-
-
-def _groups_table(groups: list[dict[str, Any]]) -> Table | Text:
-    if not groups:
-        return Text("No subscription groups.", style="dim")
-    t = _table("Groups")
-    for col, kw in (("group", {"overflow": "fold", "style": "bold"}), ("mode", {}), ("epoch", {"justify": "right"}),
-                    ("cursor", {"justify": "right"}), ("owner", {"overflow": "fold"}),
-                    ("unread", {"justify": "right"}), ("returned", {"justify": "right"}),
-                    ("delayed", {"justify": "right"}), ("backlog", {"justify": "right"}),
-                    ("checked\nout", {"justify": "right"}), ("members", {"overflow": "fold"})):
-        t.add_column(col, **kw)
-    for g in groups:
-        members = Text()
-        for i, m in enumerate(g["members"]):
-            if i:
-                members.append(", ")
-            members.append(m["member"], style="cyan" if m["owner"] else "")
-            if m["marker"] is not None:
-                members.append(f" (evicted by {m['marker']})", style="red")
-            elif m["suspected"]:
-                members.append(" (suspected)", style="yellow")
-        _row(t, g["group"], _opt(g["mode"]), str(g["epoch"]), str(g["cursor"]), _opt(g["owner"]), str(g["unread"]),
-                  str(g["returned"]), _opt(g["delayed"]), str(g["backlog"]), str(g["checkouts"]),
-                  members if g["members"] else Text("–", style="dim"))
-    return t
-
-
-@inspect_app.command("queue")
-def inspect_queue(
-    topic: Topic,
-    lmq: Lmq = None,
-    owner: Owner = None,
-    limit: InspectLimit = 20,
-    redis_url: RedisUrl = None,
-    prefix: Prefix = None,
-    cluster: Cluster = False,
-    as_json: Json = False,
-) -> None:
-    """A queue: log bounds, counters, every group (cursor, epoch, owner, backlog, members), checkouts."""
-    ctx = Ctx("inspect", redis_url, prefix, cluster)
-    ref = _queue(ctx, topic, lmq, owner)
-    q = ctx.run(lambda r, k: ops.inspect_queue(r, k, ref, limit=limit))
-    if as_json:
-        _emit_json(q)
-        return
-    console = _out()
-    console.print(_queue_header(q))
-    console.print(_groups_table(q["groups"]))
-    for g in q["groups"]:
-        if g["members"]:
-            console.print(_members_table(g["members"], f"Members of {g['group']}"))
-    console.print(_checkouts_table(q["checkouts"], q["checkouts_total"]))
-
-
-@inspect_app.command("group")
-def inspect_group(
-    topic: Topic,
-    group: Annotated[str, typer.Argument(metavar="GROUP", show_default=False)],
-    lmq: Lmq = None,
-    owner: Owner = None,
-    limit: InspectLimit = 20,
-    redis_url: RedisUrl = None,
-    prefix: Prefix = None,
-    cluster: Cluster = False,
-    as_json: Json = False,
-) -> None:
-    """A subscription group: mode, epoch, cursor, owner, backlog, members (markers, suspicion, mailboxes), checkouts."""
-    ctx = Ctx("inspect", redis_url, prefix, cluster)
-    ref = _queue(ctx, topic, lmq, owner)
-    g = ctx.run(lambda r, k: ops.inspect_group(r, k, ref, group, limit=limit))
-    if as_json:
-        _emit_json(g)
-        return
-    console = _out()
-    console.print(_kv([
-        ("queue", Text(g["queue"], style="bold")), ("group", Text(g["group"], style="bold")),
-        ("mode", g["mode"]), ("policy", g["policy"]), ("strategy", g["strategy"]), ("on preempt", g["on_preempt"]),
-        ("epoch", g["epoch"]), ("cursor", f"{g['cursor']} (last id {g['seq']}, first retained {g['first']})"),
-        ("owner", g["owner"]), ("unread", g["unread"]), ("returned", g["returned"]), ("delayed", g["delayed"]),
-        ("backlog", g["backlog"]), ("checkouts", g["checkouts_total"]),
-    ]))
-    console.print(_members_table(g["members"]))
-    console.print(_checkouts_table(g["checkouts"], g["checkouts_total"]))
-
-
-def _session_rows(s: dict[str, Any] | None) -> list[tuple[str, Any]]:
-    if s is None:
-        return [("session", Text("none (never connected, or ended)", style="dim"))]
-    lease = (_deadline(s["lease_in_s"]) if s["alive"] else
-             Text("expired (being cleaned up)" if s["lease_deadline_ms"] is not None else "none", style="yellow"))
-    return [("worker", s["worker"]), ("connection", s["connection"]), ("since", _when(s["since_ms"])),
-            ("lease", lease), ("subscriptions", s["subscriptions"]), ("notices queued", s["notices_queued"])]
-
-
-@inspect_app.command("member")
-def inspect_member(
-    topic: Topic,
-    group: Annotated[str, typer.Argument(metavar="GROUP", show_default=False)],
-    member: Annotated[str, typer.Argument(metavar="MEMBER", help="The member's client id.", show_default=False)],
-    lmq: Lmq = None,
-    owner: Owner = None,
-    limit: InspectLimit = 20,
-    redis_url: RedisUrl = None,
-    prefix: Prefix = None,
-    cluster: Cluster = False,
-    as_json: Json = False,
-) -> None:
-    """One member: delivered/max, lock, suspicion, eviction marker, mailbox depth, its checkouts, its session."""
-    ctx = Ctx("inspect", redis_url, prefix, cluster)
-    ref = _queue(ctx, topic, lmq, owner)
-    m = ctx.run(lambda r, k: ops.inspect_member(r, k, ref, group, member, limit=limit))
-    if as_json:
-        _emit_json(m)
-        return
-    console = _out()
-    mailbox = "–" if m["mailbox_depth"] is None else f"{m['mailbox_depth']} of capacity {m['capacity']}"
-    console.print(_kv([
-        ("queue", Text(m["queue"], style="bold")), ("group", f"{m['group']} ({m['mode']}, epoch {m['epoch']})"),
-        ("member", Text(m["member"], style="bold")), ("state", _member_state(m)),
-        ("position", m["position"]), ("group owner", m["group_owner"]),
-        ("delivered", f"{m['delivered']}" + (f" of max {m['max']}" if m["max"] is not None else "")),
-        ("lock ms", m["lock_ms"]), ("qos", m["qos"]),
-        ("suspected", f"for {_secs(m['suspected_for_s'])}" if m["suspected"] else "no"),
-        ("marker", m["marker"]), ("mailbox", mailbox), ("checkouts", m["checkouts_total"]), ("handle", m["handle"]),
-    ]))
-    console.print(_kv(_session_rows(m["session"]), title="Session"))
-    console.print(_checkouts_table(m["checkouts"], m["checkouts_total"]))
-
-
-@inspect_app.command("session")
-def inspect_session(
-    client: Annotated[str, typer.Argument(metavar="CLIENT", help="The client id.", show_default=False)],
-    limit: InspectLimit = 20,
-    redis_url: RedisUrl = None,
-    prefix: Prefix = None,
-    cluster: Cluster = False,
-    as_json: Json = False,
-) -> None:
-    """A client's session: worker, lease, every subscription handle it holds (and its state), queued notices."""
-    ctx = Ctx("inspect", redis_url, prefix, cluster)
-    client = _name(ctx, client, "client")
-    s = ctx.run(lambda r, k: ops.inspect_session(r, k, client, limit=limit))
-    if as_json:
-        _emit_json(s)
-        return
-    console = _out()
-    console.print(_kv([("client", Text(s["client"], style="bold")), *_session_rows(s)]))
-    if s["handles"]:
-        t = _table(f"Subscriptions ({len(s['handles'])} of {s['handles_total']})"
-                   if s["handles_total"] > len(s["handles"]) else "Subscriptions")
-        for col, kw in (("queue", {"overflow": "fold", "style": "bold"}), ("group", {"overflow": "fold"}),
-                        ("mode", {}), ("epoch", {"justify": "right"}), ("state", {}),
-                        ("delivered", {"justify": "right"}), ("checked\nout", {"justify": "right"})):
-            t.add_column(col, **kw)
-        for h in s["handles"]:
-            if "error" in h:
-                _row(t, h["handle"][:40], "–", "–", "–", Text(h["error"], style="red"), "–", "–")
-                continue
-            state = _member_state(h) if h["member"] else Text("gone (not a member)", style="red")
-            _row(t, h["queue"], h["group"], _opt(h["mode"]), str(h["epoch"]), state,
-                      f"{h['delivered']}" + (f"/{h['max']}" if h["max"] is not None else ""), str(h["checkouts"]))
-        console.print(t)
-    else:
-        console.print(Text("No subscriptions.", style="dim"))
-    if s["lite_counts"]:
-        console.print(_kv([(k, v) for k, v in sorted(s["lite_counts"].items())], title="Lite subscriptions per topic"))
-    if s["notices"]:
-        t = _table(f"Queued notices ({len(s['notices'])} of {s['notices_queued']})")
-        t.add_column("type")
-        t.add_column("details", overflow="fold")
-        for n in s["notices"]:
-            details = ", ".join(f"{k}={v}" for k, v in n.items() if k not in ("type", "handle"))
-            _row(t, str(n.get("type", "?")), details)
-        console.print(t)
 
 
 # -- evict / sweep / seek -----------------------------------------------------------------------
@@ -1077,3 +629,4 @@ if __name__ == "__main__":  # pragma: no cover
     standalone = typer.Typer(add_completion=False, no_args_is_help=True)
     register(standalone)
     standalone()
+

@@ -1,0 +1,296 @@
+"""What the operator commands share: options, the Redis context, formatting."""
+
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import redis
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from broker.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
+from broker.keyspace import Keyspace, QueueRef, check_name, check_topic
+from cli.common import (
+    ENV_REDIS_URL,
+    EXIT_UNREACHABLE,
+    CliError,
+    connect,
+    fail,
+    redis_url_given,
+    safe_url,
+    unreachable_message,
+)
+
+T = TypeVar("T")
+
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
+ENV_PREFIX = "FENCEMQ_PREFIX"
+ROOT = Path(__file__).resolve().parent.parent
+
+# -- shared options -------------------------------------------------------------------------
+
+RedisUrl = Annotated[str | None, typer.Option(
+    "--redis-url", metavar="URL", show_default=False,
+    help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL})")]
+Prefix = Annotated[str | None, typer.Option(
+    "--prefix", show_default=False, help=f"Key prefix of the broker's state (default: ${ENV_PREFIX} or fmq)")]
+Cluster = Annotated[bool, typer.Option(
+    "--cluster", help="Talk Redis Cluster (else detected from INFO cluster); every master is visited.")]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+Topic = Annotated[str, typer.Argument(metavar="TOPIC", help="The topic (the filter, with --owner).", show_default=False)]
+Lmq = Annotated[str | None, typer.Option("--lmq", metavar="L", show_default=False,
+                                            help="The lite queue (lmq) of a lite topic.")]
+Owner = Annotated[str | None, typer.Option(
+    "--owner", metavar="O", show_default=False,
+    help="A filter subscription's queue: its client, or $share/<group> (TOPIC is then the filter).")]
+
+
+class Ctx:
+    """What every Redis command resolves first: the URL, the prefix, Cluster or not."""
+
+    def __init__(self, command: str, redis_url: str | None, prefix: str | None, cluster: bool) -> None:
+        self.command = command
+        url = redis_url_given(redis_url)
+        if not url:
+            self.fail(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis", EXIT_UNREACHABLE)
+        self.url: str = url  # type: ignore[assignment]
+        self.prefix = prefix or os.environ.get(ENV_PREFIX) or "fmq"
+        try:
+            self.keys = Keyspace(self.prefix)
+        except BadArgument as exc:
+            self.fail(f"bad prefix {self.prefix!r}: {exc}", EXIT_USAGE)
+        self.cluster = cluster
+
+    def fail(self, message: str, code: int) -> None:
+        fail(self.command, CliError(message, code))
+        raise typer.Exit(code)
+
+    def _probe(self) -> bool:
+        try:
+            client = connect(self.url)
+        except CliError as exc:
+            self.fail(exc.message, exc.code)
+        try:
+            if self.cluster:
+                return True
+            try:
+                return int(client.info("cluster").get("cluster_enabled", 0)) == 1
+            except redis.ResponseError:
+                return False
+        finally:
+            client.close()
+
+    def run(self, body: Callable[[Any, Keyspace], Awaitable[T]]) -> T:
+        """Run ``body(async client, keyspace)``; every failure becomes one line and an exit code."""
+        cluster = self._probe()
+
+        async def main() -> T:
+            from redis.asyncio import Redis, RedisCluster
+
+            client = (RedisCluster.from_url(self.url, socket_connect_timeout=3, socket_timeout=30) if cluster
+                      else Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=30))
+            try:
+                return await body(client, self.keys)
+            finally:
+                await client.aclose()
+
+        try:
+            return asyncio.run(main())
+        except NotFound as exc:
+            self.fail(exc.message, EXIT_NOT_FOUND)
+        except (BadArgument, LimitExceeded) as exc:
+            self.fail(exc.message, EXIT_USAGE)
+        except FenceMQError as exc:
+            self.fail(exc.resp(), EXIT_NOT_FOUND)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self.fail(unreachable_message(self.url, exc), EXIT_UNREACHABLE)
+        except redis.RedisError as exc:
+            self.fail(f"Redis at {safe_url(self.url)} answered {type(exc).__name__}: {exc}", EXIT_NOT_FOUND)
+        except Exception as exc:
+            from redis.exceptions import RedisClusterException
+
+            if isinstance(exc, RedisClusterException):
+                self.fail(f"Redis at {safe_url(self.url)} does not work as a Cluster ({exc}); "
+                          "leave out --cluster for a single server", EXIT_UNREACHABLE)
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> QueueRef:
+    try:
+        check_topic(topic)
+        if lmq is not None and owner is not None:
+            raise BadArgument("give --lmq (a lite queue) or --owner (a filter subscription), not both")
+        if lmq is not None:
+            check_name(lmq, "lmq")
+        if owner is not None and not owner:
+            raise BadArgument("--owner is empty")
+    except BadArgument as exc:
+        ctx.fail(exc.message, EXIT_USAGE)
+    return QueueRef(topic, lmq, owner)
+
+
+def _name(ctx: Ctx, value: str, what: str) -> str:
+    try:
+        return check_name(value, what)
+    except BadArgument as exc:
+        ctx.fail(exc.message, EXIT_USAGE)
+    return value  # pragma: no cover
+
+
+def _emit_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _out() -> Console:
+    return Console(highlight=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def _progress(label: str, enabled: bool = True) -> Iterator[Callable[[int, int | None], None] | None]:
+    """A rich progress display on stderr while a long walk runs (only on a terminal)."""
+    err = _err()
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    # A bar when the total is known (sweep of listed queues), else a running count (SCAN cannot know it).
+    with Progress(SpinnerColumn(), TextColumn(label + ":"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+# -- formatting -----------------------------------------------------------------------------
+
+
+def _table(title: str | None = None) -> Table:
+    return Table(title=Text(title, style="bold") if title else None, title_justify="left", box=box.SIMPLE_HEAD,
+                 pad_edge=False, collapse_padding=True)
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "–"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _secs(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    s = abs(seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{s / 60:.1f}m"
+    if s < 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def _deadline(in_s: float | None) -> Text:
+    if in_s is None:
+        return Text("in mailbox", style="dim")
+    if in_s >= 0:
+        return Text(f"in {_secs(in_s)}")
+    return Text(f"{_secs(in_s)} overdue", style="yellow")
+
+
+def _opt(value: Any) -> str:
+    return "–" if value is None or value == "" else str(value)
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _row(table: Table, *cells: Any) -> None:
+    """Add a row; plain strings are shown as they are (names may contain '[', never markup)."""
+    table.add_row(*(c if isinstance(c, Text) else Text(_opt(c)) for c in cells))
+
+
+def _kv(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
+    t = Table(title=Text(title, style="bold") if title else None, title_justify="left", box=None,
+              show_header=False, pad_edge=False)
+    t.add_column("field", style="dim")
+    t.add_column("value", overflow="fold")
+    for k, v in rows:
+        _row(t, k, v if isinstance(v, Text) else Text(_opt(v)))
+    return t
+
+
+def _member_state(m: dict[str, Any]) -> Text:
+    out = Text()
+    if m.get("owner"):
+        out.append("owner ", style="cyan")
+    if m.get("marker") is not None:
+        out.append(f"evicted by {m['marker']} ", style="red")
+    if m.get("suspected"):
+        out.append("suspected ", style="yellow")
+    if m.get("ended"):
+        out.append("ended ", style="dim")
+    if m.get("push") and not m.get("online", True):
+        out.append("offline ", style="dim")
+    return out if out.plain else Text("ok", style="green")
+
+
+def _checkouts_table(rows: list[dict[str, Any]], total: int, title: str = "Checkouts") -> Table | Text:
+    if not rows:
+        return Text("No checkouts." if not total else f"{total} checkouts (none shown; raise --limit)", style="dim")
+    t = _table(f"{title} ({len(rows)} of {total}, soonest deadline first)" if total > len(rows) else title)
+    for col, kw in (("tag", {}), ("group", {"overflow": "fold"}), ("member", {"overflow": "fold"}),
+                    ("id", {"justify": "right"}), ("epoch", {"justify": "right"}),
+                    ("deliveries", {"justify": "right"}), ("failures", {"justify": "right"}),
+                    ("lease", {"min_width": 10})):
+        t.add_column(col, **kw)
+    for c in rows:
+        epoch = Text(str(c["epoch"]), style="red" if c.get("stale") else "")
+        if c.get("stale"):
+            epoch.append(" stale")
+        _row(t, c["tag"], c["group"], c["member"], str(c["id"]), epoch, str(c["acquisitions"]),
+                  str(c["failures"]), _deadline(c["expires_in_s"]))
+    return t
+
+
+def _members_table(members: list[dict[str, Any]], title: str = "Members") -> Table | Text:
+    if not members:
+        return Text("No members.", style="dim")
+    t = _table(title)
+    for col, kw in (("member", {"overflow": "fold"}), ("state", {}), ("delivered", {"justify": "right"}),
+                    ("max", {"justify": "right"}), ("checked\nout", {"justify": "right"}),
+                    ("mailbox", {"justify": "right"}), ("lock ms", {"justify": "right"}),
+                    ("suspected\nfor", {"justify": "right"})):
+        t.add_column(col, **kw)
+    for m in members:
+        mailbox = "–" if m.get("mailbox_depth") is None else f"{m['mailbox_depth']}/{_opt(m.get('capacity'))}"
+        _row(t, Text(m["member"], style="bold"), _member_state(m), str(m["delivered"]), _opt(m["max"]),
+                  str(m.get("checkouts", "–")), mailbox, _opt(m["lock_ms"]),
+                  _secs(m["suspected_for_s"]) if m["suspected"] else "–")
+    return t
+
+
