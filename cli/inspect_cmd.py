@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -35,10 +34,6 @@ from cli.opskit import (
     _table,
     _when,
 )
-
-EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
-ENV_PREFIX = "FENCEMQ_PREFIX"
-ROOT = Path(__file__).resolve().parent.parent
 
 # -- inspect -----------------------------------------------------------------------------------
 

@@ -44,6 +44,9 @@ from cli.common import (
 )
 from cli.inspect_cmd import _groups_table, inspect_app
 from cli.opskit import (
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    ROOT,
     Cluster,
     Ctx,
     Json,
@@ -66,10 +69,6 @@ from cli.opskit import (
     _table,
     _when,
 )
-
-EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
-ENV_PREFIX = "FENCEMQ_PREFIX"
-ROOT = Path(__file__).resolve().parent.parent
 
 # -- queues / lmqs -----------------------------------------------------------------------------
 
