@@ -8,7 +8,8 @@ Redis (``broker.embedded.EmbeddedRedis``, never 127.0.0.1:6379) gets:
 1. **subscribed only** — for lmq *i*, client ``c<i // per_client>`` runs the
    subscribe fence (``lua/subscribe.lua``, exactly the keys and arguments
    ``broker.queues.Queues.subscribe`` passes) and the session writes that go
-   with it (SADD of the handle, HINCRBY of the lite quota count); every
+   with it (the handle's entry in the session index, ``broker.session_index``,
+   and HINCRBY of the lite quota count); every
    client also has its session hash and ``fmq:sessions`` entry. Fences are
    called by EVALSHA, pipelined over a raw RESP connection (bench/resp.py), so
    the run takes seconds per million instead of minutes through redis-py.
@@ -25,8 +26,8 @@ sample lmq: ``MEMORY USAGE`` of each key, the encoding, and each meta field
 with its length, so the cost of every part is visible. Then a projection:
 candidate compact layouts written directly (no fences) into another fresh
 server and measured the same way. Checks that the bulk path builds exactly
-the state ``Queues.subscribe`` builds (same keys, same field names) on a
-sample. Writes ``<out>/lmq_memory.json``.
+the state ``Queues.subscribe`` builds (same keys, same field names, same
+session index entry) on a sample. Writes ``<out>/lmq_memory.json``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import redis.asyncio
 
 from bench.resp import RespConn
 from bench.stats import run_and_write
+from broker import session_index
 from broker.config import Config
 from broker.embedded import EmbeddedRedis
 from broker.keyspace import Handle, Keyspace, QueueRef
@@ -141,7 +143,8 @@ class Templates:
             await queues.ack(handle, [pulled.deliveries[0].tag])
             keys = Keyspace(config.prefix)
             await conn.delete(*keys.queue(QueueRef(topic, TEMPLATE_LMQ)).all_keys(),
-                              keys.session_handles(TEMPLATE_CLIENT), keys.session_lite_counts(TEMPLATE_CLIENT))
+                              keys.session_handles(TEMPLATE_CLIENT), keys.session_lite_counts(TEMPLATE_CLIENT),
+                              *session_index.bucket_keys(keys, TEMPLATE_CLIENT))
             await conn.zrem(keys.schedule, QueueRef(topic, TEMPLATE_LMQ).qid)
         finally:
             await conn.aclose()
@@ -171,10 +174,10 @@ class Layout:
 
     def subscribe(self, i: int) -> list[list[Any]]:
         lmq, client = lmq_name(i), client_name(i, self.per_client)
-        handle = Handle(QueueRef(TOPIC, lmq), GROUP, client).encode()
+        handle = Handle(QueueRef(TOPIC, lmq), GROUP, client)
         return [
             self.t.call("subscribe", lmq, client),
-            ["SADD", self.keys.session_handles(client), handle],
+            session_index.add_command(self.keys, handle),
             ["HINCRBY", self.keys.session_lite_counts(client), TOPIC, 1],
         ]
 
@@ -229,23 +232,44 @@ def sample_breakdown(r: redis.Redis, config: Config, i: int, per_client: int) ->
     if r.exists(k.journal):
         entries = r.lrange(k.journal, 0, -1)
         out["journal_entries"] = [e.decode() for e in entries]
-    subs, lite = keys.session_handles(client), keys.session_lite_counts(client)
-    handles = r.smembers(subs)
-    out["session_handles_set"] = {
-        "key": subs, "members": len(handles), "encoding": r.object("encoding", subs).decode(),
-        "memory_usage": r.memory_usage(subs, samples=0),
-        "per_lmq": r.memory_usage(subs, samples=0) / max(1, len(handles)),
-        "handle_bytes": len(next(iter(handles))) if handles else 0,
-    }
+    out["session_index"] = session_index_breakdown(r, keys, client)
+    lite = keys.session_lite_counts(client)
     out["session_lite_counts"] = {"memory_usage": r.memory_usage(lite, samples=0),
                                   "per_lmq": r.memory_usage(lite, samples=0) / per_client}
     sess = keys.session(client)
     out["session_hash"] = {"memory_usage": r.memory_usage(sess, samples=0) or 0,
                            "per_lmq": (r.memory_usage(sess, samples=0) or 0) / per_client}
     out["sum_memory_usage_per_lmq"] = (sum(v["memory_usage"] for v in out["keys"].values())
-                                       + out["session_handles_set"]["per_lmq"]
+                                       + out["session_index"]["per_lmq"]
                                        + out["session_lite_counts"]["per_lmq"] + out["session_hash"]["per_lmq"])
     return out
+
+
+def session_index_breakdown(r: redis.Redis, keys: Keyspace, client: str) -> dict[str, Any]:
+    """The client's lite session index (its bucket hashes): size, encodings, bytes per lmq it holds."""
+    buckets = [k for k in session_index.bucket_keys(keys, client) if r.exists(k)]
+    fields = sum(r.hlen(k) for k in buckets)
+    usage = sum(r.memory_usage(k, samples=0) for k in buckets)
+    sample = r.hkeys(buckets[0]) if buckets else []
+    return {
+        "keys": len(buckets), "fields": fields, "memory_usage": usage, "per_lmq": usage / max(1, fields),
+        "encodings": sorted({r.object("encoding", k).decode() for k in buckets}),
+        "field_bytes": len(sample[0]) if sample else 0,
+        "non_lite_set_exists": bool(r.exists(keys.session_handles(client))),
+    }
+
+
+def session_shape(r: redis.Redis, keys: Keyspace, client: str, lmq: str) -> list[tuple[str, str, str]]:
+    """The session index entries that name lmq, with client, lmq and its bucket made placeholders."""
+    mine = f":lmqs:{session_index.bucket(lmq)}"
+    found = []
+    for key in session_index.bucket_keys(keys, client):
+        for f, v in r.hgetall(key).items():
+            if f"|{lmq}|" in f.decode():
+                found.append((key.replace(client, "<client>").replace(mine, ":lmqs:<bucket of lmq>"),
+                              f.decode().replace(f"|{lmq}|", "|<lmq>|"), v.decode()))
+    subs = keys.session_handles(client)
+    return sorted(found) + [(subs.replace(client, "<client>"), "exists", str(r.exists(subs)))]
 
 
 async def check_layout(url: str, config: Config, r: redis.Redis, per_client: int) -> dict[str, Any]:
@@ -264,6 +288,8 @@ async def check_layout(url: str, config: Config, r: redis.Redis, per_client: int
             return {"fields": fields, "keys": present}
 
         a, b = shape(real, "c-check"), shape(bulk, client_name(0, per_client))
+        a["session"] = session_shape(r, keys, "c-check", "l-check")
+        b["session"] = session_shape(r, keys, client_name(0, per_client), lmq_name(0))
         return {"matches": a == b, "queues_subscribe": a, "bulk": b, "handle": sub.handle}
     finally:
         await async_redis.aclose()

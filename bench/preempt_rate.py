@@ -17,7 +17,8 @@ flight (keys and arguments recorded from a real ``Queues`` call:
   preempted (a publish and a pull per lmq between rounds, not timed), so each
   preemption also returns a checkout;
 * ``worker_writes``: everything a worker sends Redis for one SUB that
-  preempts: quota check (HGET, SISMEMBER), the fence, SADD of the handle, and
+  preempts: quota check (HGET, HEXISTS in the session index), the fence, the
+  handle's entry in the session index (HSETNX, ``broker.session_index``), and
   the notice to the evicted client (RPUSH, LTRIM, PUBLISH).
 
 Through the worker — ``bench.serve_worker`` in its own process, two RESP2
@@ -46,6 +47,7 @@ from bench.lmq_memory import Bulk, Templates, git_commit
 from bench.resp import RespConn
 from bench.run import WorkerProcess
 from bench.stats import RedisMeter, machine_busy_s, proc_cpu_s, run_and_write
+from broker import session_index
 from broker.config import Config
 from broker.embedded import EmbeddedRedis
 from broker.keyspace import Handle, Keyspace, QueueRef
@@ -71,13 +73,13 @@ class Commands:
 
     def worker_writes(self, i: int, client: str, evicted: str) -> list[list[Any]]:
         ref = QueueRef(TOPIC, lmq_name(i))
-        handle = Handle(ref, GROUP, client).encode()
+        handle = Handle(ref, GROUP, client)
         notice = b"\x85" + b"x" * 120  # a msgpack map of the notice's size; its content does not matter here
         return [
             ["HGET", self.keys.session_lite_counts(client), TOPIC],
-            ["SISMEMBER", self.keys.session_handles(client), handle],
+            session_index.contains_command(self.keys, handle),
             self.fence(i, client),
-            ["SADD", self.keys.session_handles(client), handle],
+            session_index.add_command(self.keys, handle),
             ["RPUSH", self.keys.session_notices(evicted), notice],
             ["LTRIM", self.keys.session_notices(evicted), -1000, -1],
             ["PUBLISH", self.keys.session_channel(evicted), notice],

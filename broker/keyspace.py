@@ -159,7 +159,12 @@ class Keyspace:
         return f"{self.prefix}:sess:{{{escape(client)}}}"
 
     def session_handles(self, client: str) -> str:
+        """Set: the client's non-lite handles (lite ones are in session_lmqs; broker/session_index.py)."""
         return self.session(client) + ":subs"
+
+    def session_lmqs(self, client: str, bucket: int) -> str:
+        """Hash, one of 16 buckets: ``group|lmq|topic`` -> "" per lite subscription the client holds."""
+        return f"{self.session(client)}:lmqs:{bucket}"
 
     @property
     def filters(self) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 import msgpack
 
+from broker import session_index
 from broker.errors import BadArgument, NotFound
 from broker.keyspace import Handle, Keyspace, QueueKeys, QueueRef, escape
 from broker.sweeper import queue_ref
@@ -628,9 +629,11 @@ async def session_info(redis: Any, keys: Keyspace, client: str, now: int) -> dic
     async with redis.pipeline(transaction=False) as pipe:
         pipe.hgetall(keys.session(client))
         pipe.zscore(keys.sessions, client)
-        pipe.scard(keys.session_handles(client))
         pipe.llen(keys.session_notices(client))
-        raw, lease, handles, notices = await pipe.execute()
+        for cmd in session_index.count_commands(keys, client):
+            pipe.execute_command(*cmd)
+        raw, lease, notices, *counts = await pipe.execute()
+    handles = sum(int(n) for n in counts)
     if not raw and lease is None and not handles:
         return None
     f = {_s(a): _s(b) for a, b in raw.items()}
@@ -643,7 +646,7 @@ async def session_info(redis: Any, keys: Keyspace, client: str, now: int) -> dic
         "lease_deadline_ms": lease_ms,
         "lease_in_s": _in_s(lease_ms, now),
         "alive": lease_ms is not None and lease_ms > now,
-        "subscriptions": int(handles),
+        "subscriptions": handles,
         "notices_queued": int(notices),
     }
 
@@ -684,19 +687,18 @@ async def inspect_member(redis: Any, keys: Keyspace, ref: QueueRef, group: str, 
     }
 
 
+def _entry_order(entry: Handle | str) -> str:
+    """Handles listed in the order of their text, as the client sees them."""
+    return entry.encode() if isinstance(entry, Handle) else entry
+
+
 async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int = 20) -> dict[str, Any]:
     """A client's session: lease, worker, every subscription handle it holds (with its state), notices."""
     now = await now_ms(redis)
     info = await session_info(redis, keys, client, now)
     if info is None:
         raise NotFound(f"no session {client!r} under prefix {keys.prefix!r} (connected clients: `fencemq status`)")
-    raw_handles = sorted(await redis.smembers(keys.session_handles(client)))
-    handles: list[Handle | str] = []
-    for raw in raw_handles:
-        try:
-            handles.append(Handle.decode(_s(raw)))
-        except BadArgument:
-            handles.append(_s(raw))
+    handles = sorted(await session_index.all_entries(redis, keys, client), key=_entry_order)
     shown = handles[:limit]
     decoded = [h for h in shown if isinstance(h, Handle)]
     async with redis.pipeline(transaction=False) as pipe:

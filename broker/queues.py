@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from broker import session_index
 from broker.config import Config
 from broker.errors import BadArgument, FenceMQError, LimitExceeded
 from broker.keyspace import Handle, Keyspace, QueueRef, check_name, check_topic
@@ -212,12 +213,13 @@ class Queues:
             raise BadArgument(f"STRATEGY must be one of {', '.join(STRATEGIES)}")
         if queue is None:
             await self._check_topic_kind(topic, lmq is not None)
-        handle = Handle(ref, group, client).encode()
+        held = Handle(ref, group, client)
+        handle = held.encode()
         if ref.lite:
-            await self._check_lite_quota(client, topic, handle)
+            await self._check_lite_quota(client, topic, held)
         # The session learns of the handle before the fence makes the
         # membership: whatever fails next, its end will leave it (idempotently).
-        added = await self.redis.sadd(self.keys.session_handles(client), handle)
+        added = await session_index.add(self.redis, self.keys, held)
         # Without GROUP the subscription is the client's own: exclusive to it.
         default_mode = "exclusive" if (lmq is not None or group.startswith("~")) else "shared"
         k = self.keys.queue(ref)
@@ -238,7 +240,7 @@ class Queues:
             )
         except FenceMQError:
             if added:  # refused (BADARG, BUSY): nothing to leave
-                await self.redis.srem(self.keys.session_handles(client), handle)
+                await session_index.remove(self.redis, self.keys, held)
             raise
         if ref.lite and int(res[6]):
             await self.redis.hincrby(self.keys.session_lite_counts(client), topic, 1)
@@ -251,9 +253,9 @@ class Queues:
             new_member=bool(int(res[6])),
         )
 
-    async def _check_lite_quota(self, client: str, topic: str, handle: str) -> None:
+    async def _check_lite_quota(self, client: str, topic: str, handle: Handle) -> None:
         held = int(await self.redis.hget(self.keys.session_lite_counts(client), topic) or 0)
-        if held >= self.config.lite_quota and not await self.redis.sismember(self.keys.session_handles(client), handle):
+        if held >= self.config.lite_quota and not await session_index.contains(self.redis, self.keys, handle):
             raise LimitExceeded(
                 f"client {client} holds {held} lite subscriptions of {topic!r}, the quota; unsubscribe some first"
             )
@@ -364,7 +366,7 @@ class Queues:
              k.delayed, k.dedup, k.dedup_ids, k.dead, k.journal],
             [handle.group, handle.member, "leave" if session_over else "cancel", self._idle_ttl(handle.queue)],
         )
-        await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
+        await session_index.remove(self.redis, self.keys, handle)
         if handle.queue.lite and int(res[2]):
             await self.redis.hincrby(self.keys.session_lite_counts(handle.member), handle.queue.topic, -1)
         if int(res[0]):
@@ -399,7 +401,7 @@ class Queues:
             # A shared group's member took one: the group's strategy refills.
             await self.dispatch(handle.queue, await self.push_members(handle.queue))
         if kind == "eos":
-            await self.redis.srem(self.keys.session_handles(handle.member), handle.encode())
+            await session_index.remove(self.redis, self.keys, handle)
             if handle.queue.lite:
                 await self.redis.hincrby(self.keys.session_lite_counts(handle.member), handle.queue.topic, -1)
             if handle.queue.is_filter:

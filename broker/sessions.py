@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 from redis.asyncio import Redis
 
+from broker import session_index
 from broker.keyspace import Handle, Keyspace
 from broker.queues import Queues
 
@@ -77,11 +78,11 @@ class Sessions:
     async def end(self, client: str) -> int:
         """End a session now: leave every subscription. Returns checkouts returned."""
         returned = 0
-        for raw in await self.redis.smembers(self.keys.session_handles(client)):
-            returned += await self.queues.unsubscribe(Handle.decode(raw.decode()), session_over=True)
+        for h in await session_index.handles(self.redis, self.keys, client):
+            returned += await self.queues.unsubscribe(h, session_over=True)
         await self.redis.delete(
             self.keys.session(client), self.keys.session_handles(client), self.keys.session_notices(client),
-            self.keys.session_lite_counts(client),
+            self.keys.session_lite_counts(client), *session_index.bucket_keys(self.keys, client),
         )
         await self.redis.zrem(self.keys.sessions, client)
         return returned
@@ -94,11 +95,8 @@ class Sessions:
         unsubscribe notice is sent again — notices are fire-and-forget, so
         every sync heals a lost one.
         """
-        held: dict[str, Handle] = {}
-        for raw in await self.redis.smembers(self.keys.session_handles(client)):
-            h = Handle.decode(raw.decode())
-            if h.queue.lite and h.queue.topic == topic and h.group == group:
-                held[h.queue.lmq] = h  # type: ignore[index]
+        mine = await session_index.lite_handles(self.redis, self.keys, client, topic, group)
+        held: dict[str, Handle] = {h.queue.lmq: h for h in mine}  # type: ignore[misc]
         listed = set(lmqs)
         for lmq, h in held.items():
             if lmq not in listed:
@@ -116,8 +114,7 @@ class Sessions:
         out: a client may hold a hundred thousand of them, and an lmq is held
         by its owner whether connected or not.
         """
-        handles = [Handle.decode(raw.decode()) for raw in await self.redis.smembers(self.keys.session_handles(client))]
-        await self.queues.set_presence([h for h in handles if not h.queue.lite], online)
+        await self.queues.set_presence(await session_index.non_lite_handles(self.redis, self.keys, client), online)
 
     async def claim_expired(self, limit: int = 100) -> list[str]:
         """Sessions whose lease ran out, claimed for cleaning.

@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from broker import session_index
 from broker.keyspace import Keyspace
 from broker.sweeper import queue_ref
 from cli.common import safe_url, text
@@ -68,14 +69,16 @@ def collect(client: redis.Redis, prefix: str = "fmq", limit: int = 1000) -> dict
     sessions: list[dict[str, Any]] = []
     for start in range(0, len(raw_sessions), PIPELINE_CHUNK):
         chunk = raw_sessions[start : start + PIPELINE_CHUNK]
+        counting = [session_index.count_commands(keys, text(member)) for member, _ in chunk]
         with client.pipeline(transaction=False) as pipe:
-            for member, _ in chunk:
-                client_id = text(member)
-                pipe.hmget(keys.session(client_id), "worker", "since")
-                pipe.scard(keys.session_handles(client_id))
-            replies = pipe.execute()
-        for i, (member, score) in enumerate(chunk):
-            (worker, since), subs = replies[2 * i], replies[2 * i + 1]
+            for (member, _), commands in zip(chunk, counting):
+                pipe.hmget(keys.session(text(member)), "worker", "since")
+                for cmd in commands:
+                    pipe.execute_command(*cmd)
+            replies = iter(pipe.execute())
+        for (member, score), commands in zip(chunk, counting):
+            worker, since = next(replies)
+            counts = [next(replies) for _ in commands]
             sessions.append({
                 "client": text(member),
                 "deadline_ms": int(score),
@@ -83,7 +86,7 @@ def collect(client: redis.Redis, prefix: str = "fmq", limit: int = 1000) -> dict
                 "alive": score > now,
                 "worker": text(worker) if worker is not None else None,
                 "since_ms": _int(since, 0) or None,
-                "subscriptions": int(subs),
+                "subscriptions": sum(int(n) for n in counts),
             })
     sessions.sort(key=lambda s: s["client"])
 

@@ -24,7 +24,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from broker import session_index
 from broker.config import Config
+from broker.keyspace import Keyspace
 from broker.runner import WorkerThread
 
 
@@ -307,6 +309,15 @@ class RespConn:
                 out[k] = v
             return out, pos
         raise AssertionError(f"unexpected RESP type byte {kind!r} in {self.buf[pos - 10 : pos + 40]!r}")
+
+
+def held_handles(r: redis.Redis, client: str, keys: Keyspace | None = None) -> set[str]:
+    """Every handle the client's session holds, lite or not, as SUB returned them (read from its session index)."""
+    with r.pipeline(transaction=False) as pipe:
+        for cmd in session_index.read_commands(keys or Keyspace("fmq"), client):
+            pipe.execute_command(*cmd)
+        found = session_index.entries(client, pipe.execute())
+    return {h if isinstance(h, str) else h.encode() for h in found}
 
 
 def pipeline(*commands: Iterable[Any]) -> bytes:

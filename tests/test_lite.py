@@ -24,10 +24,11 @@ import pytest
 import redis
 import redis.asyncio
 
+from broker import session_index
 from broker.config import Config
 from broker.keyspace import Handle, Keyspace, QueueRef
 from broker.queues import Queues
-from tests.helpers import Err, RespConn, as_map, deliveries, pipeline, wait_for, worker
+from tests.helpers import Err, RespConn, as_map, deliveries, held_handles, pipeline, wait_for, worker
 
 KEYS = Keyspace("fmq")
 GROUP = "default"  # the group of a lite SUB without GROUP
@@ -81,7 +82,7 @@ def lmq_keys(r: redis.Redis, topic: str, lmq: str) -> dict[str, int]:
 def session_keys(r: redis.Redis, client: str) -> list[str]:
     """The client's session keys that exist, and its entry in the sessions zset."""
     names = [KEYS.session(client), KEYS.session_handles(client), KEYS.session_notices(client),
-             KEYS.session_lite_counts(client)]
+             KEYS.session_lite_counts(client), *session_index.bucket_keys(KEYS, client)]
     left = [k for k in names if r.exists(k)]
     if r.zscore(KEYS.sessions, client) is not None:
         left.append(f"{KEYS.sessions}[{client}]")
@@ -371,7 +372,7 @@ def test_heartbeat_sync_drops_the_markers_of_lmqs_it_does_not_list(w, r):
         assert member_fields(meta(r, "chat", "x"), "A") == {}, "x not listed: marker and membership gone"
         assert member_fields(meta(r, "chat", "y"), "A")["mk"] == "B", "y listed: its marker stays"
         assert r.hget(KEYS.session_lite_counts("A"), "chat") == "1"
-        assert r.smembers(KEYS.session_handles("A")) == {hy}
+        assert held_handles(r, "A") == {hy}
         assert isinstance(a.call("PULL", hx), Err) and a.call("PULL", hx).code == "NOTFOUND"
         assert a.call("PULL", hy) == []  # still fenced
         # B, the owner, is untouched
@@ -406,7 +407,7 @@ def test_heartbeat_sync_unsubscribes_lmqs_held_but_not_listed(w, r):
         assert member_fields(m, "A") == {} and f"g|{GROUP}|own" not in m
         assert a.call("PULL", hx).code == "NOTFOUND"
         assert a.call("ACK", hx, held["tag"]) == 0
-        assert r.smembers(KEYS.session_handles("A")) == {hy}
+        assert held_handles(r, "A") == {hy}
         assert meta(r, "chat", "y")[f"g|{GROUP}|own"] == "A"
         # the checkout went back at once: the next owner gets it
         (again,) = pull(b, subscribe(b, "chat", "x"))
@@ -414,7 +415,7 @@ def test_heartbeat_sync_unsubscribes_lmqs_held_but_not_listed(w, r):
         # an empty list unsubscribes everything of (topic, group), and nothing of other topics
         hz = subscribe(a, "other", "z")
         assert heartbeat(a, "chat", GROUP) == []
-        assert r.smembers(KEYS.session_handles("A")) == {hz}
+        assert held_handles(r, "A") == {hz}
         assert r.hget(KEYS.session_lite_counts("A"), "chat") == "0"
         assert member_fields(meta(r, "chat", "y"), "A") == {}
 
@@ -474,7 +475,8 @@ class _FailOnce:
 
 def test_a_subscription_whose_session_write_failed_is_still_left_when_the_session_ends(w, r, monkeypatch):
     redis_ = w.worker.queues.redis
-    monkeypatch.setattr(redis_, "sadd", _FailOnce(redis_.sadd, lambda key, *members: key.endswith(":subs")))
+    monkeypatch.setattr(redis_, "execute_command", _FailOnce(
+        redis_.execute_command, lambda *cmd, **_: cmd[0] == "HSETNX" and ":lmqs:" in cmd[1]))
     with connect(w.port, "A", 2) as a:
         reply = a.call("SUB", "chat", "LMQ", "x", "POLICY", "reject")
         assert isinstance(reply, Err), "the injected failure reaches the client"
@@ -510,7 +512,7 @@ def test_a_rejected_subscriber_changes_nothing_and_gets_the_lmq_once_the_holder_
         reply = b.call("SUB", "chat", "LMQ", "x", "POLICY", "reject")
         assert isinstance(reply, Err) and reply.code == "BUSY" and "A" in reply
         assert meta(r, "chat", "x") == before, "BUSY changes nothing: no marker, no member, no owner switch"
-        assert r.smembers(KEYS.session_handles("B")) == set() and r.hget(KEYS.session_lite_counts("B"), "chat") is None
+        assert held_handles(r, "B") == set() and r.hget(KEYS.session_lite_counts("B"), "chat") is None
         assert a.call("HEARTBEAT") == [] and a.pushes == []
         # B's quota of 1 was not used by the refusal
         a.call("QUIT")
@@ -557,7 +559,7 @@ def test_a_lite_push_subscription_ended_by_unsub_frees_its_quota(redis_url, r):
         h = subscribe(a, "chat", "q1", "PUSH")
         assert a.call("UNSUB", h) == "OK"
         assert a.call("TAKE", h) == "EOS"
-        assert r.smembers(KEYS.session_handles("A")) == set()
+        assert held_handles(r, "A") == set()
         reply = a.call("SUB", "chat", "LMQ", "q2")
         assert not isinstance(reply, Err), f"the ended subscription still counts: {reply}"
 
@@ -722,3 +724,75 @@ def test_the_first_use_of_a_topic_decides_its_kind_for_every_verb_and_worker(red
         with worker(redis_url) as w2, connect(w2.port, "B", 2) as b:  # another worker, nothing cached
             assert b.call("PUB", "lite", "m").code == "BADARG"
             assert b.call("SUB", "plain", "LMQ", "x").code == "BADARG"
+
+
+# =====================================================================================
+# The session index: where a session keeps its lite subscriptions
+
+
+def bucket_fields(r: redis.Redis, client: str) -> dict[str, set[str]]:
+    """The client's non-empty lite buckets: key -> fields."""
+    found = {k: set(r.hkeys(k)) for k in session_index.bucket_keys(KEYS, client)}
+    return {k: f for k, f in found.items() if f}
+
+
+def test_a_lite_field_names_group_lmq_and_topic_and_a_topic_may_contain_the_separator():
+    h = Handle(QueueRef("a|b|c", "x"), "g", "A")
+    assert session_index.field(h) == "g|x|a|b|c"
+    assert session_index.handle_of("A", session_index.field(h)) == h
+    assert session_index.add_command(KEYS, h) == [
+        "HSETNX", KEYS.session_lmqs("A", session_index.bucket("x")), "g|x|a|b|c", ""]
+
+
+def test_lite_subscriptions_of_one_client_land_in_bucket_hashes_that_stay_listpack_encoded_at_1000_lmqs(w, r):
+    lmqs = [f"q{i}" for i in range(1000)]
+    with connect(w.port, "A", 2) as a:
+        a.send_raw(pipeline(*(("SUB", "many", "LMQ", lmq) for lmq in lmqs)))
+        handles = {as_map(reply)["handle"] for reply in a.replies(len(lmqs), timeout=30)}
+        buckets = bucket_fields(r, "A")
+        assert len(buckets) == session_index.BUCKETS
+        assert {r.object("encoding", k) for k in buckets} == {"listpack"}
+        assert sum(map(len, buckets.values())) == 1000
+        for key, fields in buckets.items():
+            assert all(key == KEYS.session_lmqs("A", session_index.bucket(f.split("|")[1])) for f in fields)
+        assert {r.hget(k, f) for k, fields in buckets.items() for f in fields} == {""}
+        assert not r.exists(KEYS.session_handles("A")), "no lite handle goes to the :subs set"
+        assert held_handles(r, "A") == handles
+        assert r.hget(KEYS.session_lite_counts("A"), "many") == "1000"
+
+
+def test_session_end_leaves_no_bucket_key_behind(w, r):
+    with connect(w.port, "A", 2) as a:
+        for i in range(40):
+            subscribe(a, "chat", f"e{i}")
+        a.call("SUB", "plain", "GROUP", "g")
+        assert len(bucket_fields(r, "A")) == session_index.BUCKETS
+        a.call("QUIT")
+    wait_for(lambda: not session_keys(r, "A"), what="A's session to end")
+    assert r.keys(KEYS.session("A").replace("{", "[{]").replace("}", "[}]") + "*") == []
+    assert all(member_fields(meta(r, "chat", f"e{i}"), "A") == {} for i in range(40))
+
+
+def test_heartbeat_sync_still_unsubscribes_held_but_unlisted_lmqs_across_buckets(w, r):
+    lmqs = [f"s{i}" for i in range(40)]
+    kept = lmqs[::3]
+    with connect(w.port, "A", 2) as a:
+        handles = {lmq: subscribe(a, "chat", lmq) for lmq in lmqs}
+        other = subscribe(a, "chat", "s0", "GROUP", "g2")  # same lmq, another group: not in this sync
+        assert len({session_index.bucket(lmq) for lmq in lmqs}) == session_index.BUCKETS
+        assert heartbeat(a, "chat", GROUP, *kept) == []
+        assert held_handles(r, "A") == {handles[lmq] for lmq in kept} | {other}
+        assert r.hget(KEYS.session_lite_counts("A"), "chat") == str(len(kept) + 1)
+        for lmq in lmqs:
+            assert (f"g|{GROUP}|own" in meta(r, "chat", lmq)) == (lmq in kept), lmq
+
+
+def test_a_non_lite_handle_still_lives_in_the_subs_set(w, r):
+    with connect(w.port, "A", 2) as a:
+        h = as_map(a.call("SUB", "plain", "GROUP", "g"))["handle"]
+        hl = subscribe(a, "chat", "x")
+        assert r.smembers(KEYS.session_handles("A")) == {h}
+        assert bucket_fields(r, "A") == {KEYS.session_lmqs("A", session_index.bucket("x")): {f"{GROUP}|x|chat"}}
+        assert held_handles(r, "A") == {h, hl}
+        assert a.call("UNSUB", h) == "OK"
+        assert not r.exists(KEYS.session_handles("A"))

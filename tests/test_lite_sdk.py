@@ -20,6 +20,7 @@ from broker.config import Config
 from broker.keyspace import Handle, Keyspace, QueueRef
 from broker.lite import LiteSubscriptions
 from broker.runner import WorkerThread
+from tests.helpers import held_handles
 
 KEYS = Keyspace("fmq")
 
@@ -55,7 +56,7 @@ def member_fields(r: redis.Redis, topic: str, lmq: str, client: str, group: str)
 
 def held(r: redis.Redis, client: str) -> set[str]:
     """lmqs the server holds for the client (its session's handles), as 'topic/lmq'."""
-    return {f"{h.queue.topic}/{h.queue.lmq}" for h in map(Handle.decode, r.smembers(KEYS.session_handles(client)))}
+    return {f"{h.queue.topic}/{h.queue.lmq}" for h in map(Handle.decode, held_handles(r, client))}
 
 
 async def until(predicate: Any, timeout: float = 5.0, what: str = "") -> None:
