@@ -24,6 +24,9 @@ class Config:
     mailbox_capacity: int = 1024
     lmq_idle_ttl_ms: int = 7 * 24 * 3600 * 1000  # an empty, unowned lmq is reclaimed after this
     journal_cap: int = 10_000  # events kept per queue (0 = journal off)
+    # events kept per lmq: off by default, since a journal costs an lmq at rest
+    # ~250 B, more than the rest of it (docs/operations.md, "Lite queues")
+    lite_journal_cap: int = 0
     lite_quota: int = 100_000  # lite subscriptions one client may hold per topic
 
     session_lease_ms: int = 10_000  # a detached or orphaned session ends after this

@@ -30,6 +30,7 @@ from typing import Any
 
 import msgpack
 
+from broker import compact_meta
 from broker import session_index
 from broker.errors import BadArgument, NotFound
 from broker.keyspace import Handle, Keyspace, QueueKeys, QueueRef, escape
@@ -101,8 +102,7 @@ def parse_meta(raw: dict[bytes, bytes]) -> tuple[dict[str, str], dict[str, dict[
     groups: dict[str, dict[str, Any]] = {}
     member_fields: list[tuple[str, str, str, str]] = []
     group_fields: list[tuple[str, str, str]] = []
-    for k, v in raw.items():
-        key, value = _s(k), _s(v)
+    for key, value in compact_meta.expand(raw).items():
         parts = key.split("|")
         if len(parts) == 3 and parts[0] == "g":
             group_fields.append((parts[1], parts[2], value))

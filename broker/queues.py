@@ -99,6 +99,9 @@ class Queues:
     def _idle_ttl(self, ref: QueueRef) -> int:
         return self.config.lmq_idle_ttl_ms if ref.lite else 0
 
+    def _journal_cap(self, ref: QueueRef) -> int:
+        return self.config.lite_journal_cap if ref.lite else self.config.journal_cap
+
     def _queue(self, topic: str, lmq: str | None) -> QueueRef:
         check_topic(topic)
         if lmq is not None:
@@ -140,7 +143,7 @@ class Queues:
             self.config.dedup_window_ms,
             self._idle_ttl(ref),
             len(bodies),
-            self.config.journal_cap,
+            self._journal_cap(ref),
         ]
         for body, dedup in zip(bodies, dedup_ids or [""] * len(bodies), strict=True):
             args.append(body)
@@ -234,8 +237,8 @@ class Queues:
                  k.dead, k.journal],
                 [
                     group, client, opt(mode), default_mode, opt(policy), start[0], opt(start[1]), opt(lock_ms),
-                    opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt), self.config.journal_cap,
-                    opt(strategy), int(skip_offline),
+                    opt(epoch), opt(max_messages), opt(capacity), qos, opt(on_preempt), self._journal_cap(ref),
+                    opt(strategy), int(skip_offline), int(ref.lite),
                 ],
             )
         except FenceMQError:

@@ -33,6 +33,7 @@ from rich.text import Text
 
 from broker import session_index
 from broker.keyspace import Keyspace
+from broker.operations import parse_meta
 from broker.sweeper import queue_ref
 from cli.common import safe_url, text
 
@@ -136,7 +137,7 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
         meta, checkouts, oldest, ready, delayed, dead = replies[6 * i : 6 * i + 6]
         if not meta:
             continue  # reclaimed between SCAN and now
-        parsed.append((qid, _parse_meta(meta), checkouts, oldest, ready, delayed, dead))
+        parsed.append((qid, parse_meta(meta), checkouts, oldest, ready, delayed, dead))
 
     # Per-group returned/checked-out counts and per-member pending: lex counts, O(log n) each.
     with client.pipeline(transaction=False) as pipe:
@@ -207,30 +208,6 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
             "dead_lettered": int(dead),
             "groups": out_groups,
         }
-
-
-def _parse_meta(raw: dict[bytes, bytes]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """Queue-level fields, and groups: {group: {field: value, "members": {member: {field: value}}}}."""
-    fields: dict[str, str] = {}
-    groups: dict[str, dict[str, Any]] = {}
-    member_fields: list[tuple[str, str, str, str]] = []
-    for k, v in raw.items():
-        key, value = text(k), text(v)
-        parts = key.split("|")
-        if len(parts) == 3 and parts[0] == "g":
-            groups.setdefault(parts[1], {"members": {}})[parts[2]] = value
-        elif len(parts) == 4 and parts[0] == "m":
-            member_fields.append((parts[1], parts[2], parts[3], value))
-        else:
-            fields[key] = value
-    for g, group in groups.items():
-        # The group's member list keeps arrival order (single-active succession order).
-        for m in filter(None, group.get("mem", "").split("\n")):
-            group["members"][m] = {}
-    for g, m, f, value in member_fields:
-        group = groups.setdefault(g, {"members": {}})
-        group["members"].setdefault(m, {})[f] = value
-    return fields, groups
 
 
 # -- rendering -------------------------------------------------------------------------

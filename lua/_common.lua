@@ -39,6 +39,95 @@ local function gf(g, f) return 'g|' .. g .. '|' .. f end
 local function mf(g, m, f) return 'm|' .. g .. '|' .. m .. '|' .. f end
 local function pad(id) return string.format('%016d', id) end
 
+-- Compact meta (lmqs at rest; docs/data-model.md, "Lmqs at rest"). Millions
+-- of lite queues sit idle with one exclusive owner, and a meta hash that
+-- spells out every default costs ~400 B each. At rest such a queue keeps only
+-- what differs from the defaults below, plus `z` = its one group. Reads that
+-- may meet a compact hash go through read_meta, which fills the defaults back
+-- in; a fence that writes meta expands it first (expand_meta): some defaults
+-- are relative (cur = seq + 1, mem = own), and a deleted field would come
+-- back as its default.
+local function compact_names(g, m)
+  return {'first', 'seq', gf(g, 'mode'), gf(g, 'pol'), gf(g, 'ep'), gf(g, 'onpre'), 'groups', gf(g, 'mem'),
+          mf(g, m, 'n'), mf(g, m, 'qos'), mf(g, m, 'on'), 'jcap', gf(g, 'cur')}
+end
+
+local function compact_defaults(g, m, seq)
+  local next_id = tostring(seq + 1)
+  return {next_id, '0', 'exclusive', 'preempt', '0', 'keep', g, m, '0', '1', '1', '0', next_id}
+end
+
+-- (`first` = seq + 1 is both a new queue's and one whose log is all consumed.)
+
+-- What a compact hash leaves out: a flat list {name, value, ...}, or nil when
+-- the hash is not compact.
+local function omitted_fields(meta)
+  local g = redis.call('HGET', meta, 'z')
+  if not g then return nil end
+  local m = redis.call('HGET', meta, gf(g, 'own'))
+  local names = compact_names(g, m)
+  local have = redis.call('HMGET', meta, unpack(names))
+  local defaults = compact_defaults(g, m, tonumber(have[2] or '0'))
+  local out = {}
+  for i, name in ipairs(names) do
+    if not have[i] then
+      out[#out + 1] = name
+      out[#out + 1] = defaults[i]
+    end
+  end
+  return out
+end
+
+-- HMGET of meta fields, defaults filled in when the hash is compact.
+local function read_meta(meta, names)
+  local n = #names
+  names[n + 1] = 'z'
+  local f = redis.call('HMGET', meta, unpack(names))
+  names[n + 1] = nil
+  local compact = f[n + 1]
+  f[n + 1] = nil
+  if compact then
+    local omitted, default = omitted_fields(meta), {}
+    for i = 1, #omitted, 2 do default[omitted[i]] = omitted[i + 1] end
+    for i = 1, n do
+      if not f[i] and default[names[i]] then f[i] = default[names[i]] end
+    end
+  end
+  return f
+end
+
+-- Spell every default out again, before a write.
+local function expand_meta(meta)
+  local omitted = omitted_fields(meta)
+  if not omitted then return end
+  if #omitted > 0 then redis.call('HSET', meta, unpack(omitted)) end
+  redis.call('HDEL', meta, 'z')
+end
+
+-- Leave out every default, if the queue has one group whose only member is
+-- its owner. Only when all the defaulted fields are present, so expanding
+-- gives back exactly this hash.
+local function compact_meta(meta)
+  local top = redis.call('HMGET', meta, 'groups', 'z')
+  local g = top[1]
+  if not g or top[2] or string.find(g, '\n', 1, true) then return end
+  local gm = redis.call('HMGET', meta, gf(g, 'own'), gf(g, 'mem'))
+  local m = gm[1]
+  if not m or gm[2] ~= m then return end
+  local names = compact_names(g, m)
+  local have = redis.call('HMGET', meta, unpack(names))
+  for i = 1, #names do
+    if not have[i] then return end
+  end
+  local defaults = compact_defaults(g, m, tonumber(have[2]))
+  local drop = {}
+  for i, name in ipairs(names) do
+    if have[i] == defaults[i] then drop[#drop + 1] = name end
+  end
+  redis.call('HDEL', meta, unpack(drop))
+  redis.call('HSET', meta, 'z', g)
+end
+
 local function int_arg(v, name)
   local n = tonumber(v)
   if not n or n ~= math.floor(n) then raise('BADARG', name .. ' must be an integer, got ' .. tostring(v)) end
@@ -161,7 +250,7 @@ end
 -- May this member become the active one of a single-active group? Not if it
 -- is suspected, nor while its session has no connection.
 local function can_take_over(meta, g, m)
-  local f = redis.call('HMGET', meta, mf(g, m, 'n'), mf(g, m, 'sus'), mf(g, m, 'on'))
+  local f = read_meta(meta, {mf(g, m, 'n'), mf(g, m, 'sus'), mf(g, m, 'on')})
   return f[1] and not f[2] and f[3] ~= '0'
 end
 
@@ -233,9 +322,9 @@ end
 -- Returns status ('ok' or the fence that stops it), epoch, the member's
 -- state fields, and the count allowed by its MAX.
 local function delivery_gate(K, g, m, count)
-  local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'ep'), gf(g, 'own'), mf(g, m, 'n'),
+  local f = read_meta(K.meta, {gf(g, 'mode'), gf(g, 'ep'), gf(g, 'own'), mf(g, m, 'n'),
     mf(g, m, 'max'), mf(g, m, 'mk'), mf(g, m, 'sus'), mf(g, m, 'lock'), mf(g, m, 'cap'), mf(g, m, 'end'),
-    mf(g, m, 'qos'), mf(g, m, 'on'))
+    mf(g, m, 'qos'), mf(g, m, 'on')})
   local mode, ep, owner = f[1], tonumber(f[2] or '0'), f[3]
   if not mode or not f[4] then raise('NOTFOUND', 'not subscribed to this queue any more; SUB again for a new handle') end
   local member = {lock = f[8], cap = f[9], ended = f[10], delivered = tonumber(f[4]), max = f[5],
@@ -243,6 +332,7 @@ local function delivery_gate(K, g, m, count)
   if f[6] then
     -- Evicted: fenced. Whatever it still holds goes back for the new owner.
     return_member_checkouts(K, g, m)
+    expand_meta(K.meta)
     -- journaled once per eviction: a client polling in a loop must not flood
     -- the journal (and push the preempt event itself out of it)
     if redis.call('HSETNX', K.meta, mf(g, m, 'fj'), 1) == 1 then
@@ -262,6 +352,7 @@ local function delivery_gate(K, g, m, count)
     -- What the old active member still holds comes back first, so the group's
     -- order survives the handover (its late ACKs settle nothing).
     if owner and owner ~= m then return_member_checkouts(K, g, owner) end
+    expand_meta(K.meta)
     redis.call('HSET', K.meta, gf(g, 'own'), m)
   end
   if f[5] then
@@ -293,11 +384,13 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
       if body then taken[#taken + 1] = {nil, id, tonumber(p[3]) + 1, body, tonumber(p[4])} end
     end
   end
-  local f = redis.call('HMGET', K.meta, gf(g, 'cur'), 'seq', 'first')
+  local f = read_meta(K.meta, {gf(g, 'cur'), 'seq', 'first'})
   local last, first = tonumber(f[2] or '0'), tonumber(f[3] or '1')
   local cur = tonumber(f[1] or first)
   if cur < first then cur = first end
   local want = math.min(count - #taken, last - cur + 1)
+  -- an empty poll of a queue at rest writes nothing
+  if want > 0 or #taken > 0 then expand_meta(K.meta) end
   if want > 0 then
     local ids = {}
     for i = 1, want do ids[i] = cur + i - 1 end
@@ -347,14 +440,43 @@ end
 -- Cost: O(groups of the queue).
 local LMQ_KEYS = {'meta', 'log', 'jr', 'dd', 'ddm', 'dead'}
 
+-- An lmq with nothing checked out, returned or delayed forgets the messages
+-- every group has read: its log holds only what someone may still get
+-- (docs/data-model.md, "Lmqs at rest"). At most 1000 per call (O(batch));
+-- retention trims the rest at the next publish. An lmq without groups keeps
+-- its messages for its first subscriber, and one with a group that rewinds
+-- to the earliest message on preemption keeps them for that rewind.
+local function drop_consumed(K)
+  local top = read_meta(K.meta, {'groups', 'first'})
+  if not top[1] then return end
+  local first, upto = tonumber(top[2] or '1'), nil
+  for _, g in ipairs(split(top[1], '\n')) do
+    local f = read_meta(K.meta, {gf(g, 'cur'), gf(g, 'onpre')})
+    if f[2] == 'earliest' then return end
+    local cur = tonumber(f[1] or first)
+    if not upto or cur - 1 < upto then upto = cur - 1 end
+  end
+  upto = math.min(upto, first + 999)
+  if upto < first then return end
+  local ids = {}
+  for id = first, upto do ids[#ids + 1] = id end
+  redis.call('HDEL', K.log, unpack(ids))
+  expand_meta(K.meta)
+  redis.call('HSET', K.meta, 'first', upto + 1)
+end
+
 local function reclaim_if_idle(K, ttl_ms)
   if not ttl_ms or ttl_ms <= 0 then return end
-  local idle = redis.call('HLEN', K.co) == 0 and redis.call('ZCARD', K.rd) == 0 and redis.call('ZCARD', K.dly) == 0
+  local settled = redis.call('HLEN', K.co) == 0
+  local idle = settled and redis.call('ZCARD', K.rd) == 0 and redis.call('ZCARD', K.dly) == 0
+  if idle then drop_consumed(K) end
+  -- nothing checked out: the queue may come to rest in its compact form
+  if settled then compact_meta(K.meta) end
   if idle then
-    local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
-    local groups = redis.call('HGET', K.meta, 'groups')
+    local top = read_meta(K.meta, {'seq', 'groups'})
+    local seq, groups = tonumber(top[1] or '0'), top[2]
     for _, g in ipairs(groups and split(groups, '\n') or {}) do
-      local f = redis.call('HMGET', K.meta, gf(g, 'own'), gf(g, 'mem'), gf(g, 'cur'))
+      local f = read_meta(K.meta, {gf(g, 'own'), gf(g, 'mem'), gf(g, 'cur')})
       if f[1] or f[2] or tonumber(f[3] or '1') <= seq then idle = false; break end
     end
     if not groups and seq > 0 then idle = false end

@@ -15,6 +15,7 @@
 -- Cost: O(messages dispatched · members of their group).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
            dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 if #ARGV ~= 2 * (#KEYS - 9) then raise('BADARG', 'dispatch needs one mailbox key per (group, member)') end
 local now = now_ms()
 local counts, any = {}, false

@@ -9,6 +9,7 @@
 -- members; when the last one leaves, the group and its undelivered messages
 -- go (MQTT 5.0 §4.8.2). Cost: O(groups + keys).
 local meta = KEYS[1]
+expand_meta(meta)  -- this fence writes meta: no field may be left to a default
 local groups = redis.call('HGET', meta, 'groups')
 for _, g in ipairs(groups and split(groups, '\n') or {}) do
   if redis.call('HEXISTS', meta, gf(g, 'mem')) == 1 then return 0 end

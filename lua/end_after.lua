@@ -14,6 +14,7 @@
 -- Cost: O(messages dispatched).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
            dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local mb, g, m = KEYS[9], ARGV[1], ARGV[2]
 local n = int_arg(ARGV[3], 'MAX')
 if n < 0 then raise('BADARG', 'MAX must be 0 or more') end

@@ -12,6 +12,7 @@
 -- again or its session ends) and its checkouts go back to the queue.
 -- Cost: O(the member's checkouts).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, m = ARGV[1], ARGV[2]
 if redis.call('HEXISTS', K.meta, mf(g, m, 'n')) == 0 then return -1 end
 local returned = #return_member_checkouts(K, g, m)

@@ -14,6 +14,7 @@
 -- Cost: O(tags).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
            dly = KEYS[7], dead = KEYS[8], wake = KEYS[9], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, m = ARGV[1], ARGV[2]
 local delay = int_arg(ARGV[3], 'DELAY')
 if delay < 0 then raise('BADARG', 'DELAY must be 0 or more milliseconds') end

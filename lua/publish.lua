@@ -17,6 +17,7 @@
 -- Errors: BADARG when n does not match the arguments.
 -- Cost: O(n + trimmed), trimming at most n + 100 old entries per call.
 local K = {meta = KEYS[1], log = KEYS[2], dd = KEYS[3], ddm = KEYS[4], wake = KEYS[5], dead = KEYS[6], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local maxlen = int_arg(ARGV[1], 'MAXLEN')
 local maxage = int_arg(ARGV[2], 'MAXAGE')
 local window = int_arg(ARGV[3], 'dedup window')

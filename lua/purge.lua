@@ -23,6 +23,7 @@
 -- Cost: O(groups · log n + returned and delayed messages of the queue).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], own = KEYS[4], rd = KEYS[5], dly = KEYS[6], dd = KEYS[7],
            ddm = KEYS[8], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local ttl = int_arg(ARGV[1], 'idle TTL')
 if redis.call('EXISTS', K.meta) == 0 then raise('NOTFOUND', 'no such queue; list them with `fencemq queues`') end
 local f = redis.call('HMGET', K.meta, 'seq', 'first', 'groups')

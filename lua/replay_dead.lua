@@ -29,6 +29,7 @@
 -- Cost: O(examined + position of the last replayed dead letter).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], rd = KEYS[4], dly = KEYS[5], dead = KEYS[6], dd = KEYS[7],
            ddm = KEYS[8], wake = KEYS[9], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local count = int_arg(ARGV[1], 'count')
 local limit = int_arg(ARGV[2], 'scan limit')
 local ttl = int_arg(ARGV[3], 'idle TTL')

@@ -17,6 +17,7 @@
 -- Cost: O(the group's checkouts + delayed messages of the queue + log2 n).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
            dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, kind, arg = ARGV[1], ARGV[2], ARGV[3]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'ep'), 'seq', 'first')
 if not f[1] then raise('NOTFOUND', 'no subscription ' .. g .. ' on this queue; SUB first') end

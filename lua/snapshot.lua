@@ -40,9 +40,18 @@ local max_log = int_arg(ARGV[1], 'max log entries')
 local max_journal = int_arg(ARGV[2], 'max journal entries')
 local now = now_ms()
 
-local meta = redis.call('HGETALL', K.meta)
-local f = {}
-for i = 1, #meta, 2 do f[meta[i]] = meta[i + 1] end
+-- meta as if expanded: a snapshot never shows the compact form of an lmq at rest
+local meta, f = {}, {}
+local stored, omitted = redis.call('HGETALL', K.meta), omitted_fields(K.meta) or {}
+for _, list in ipairs({stored, omitted}) do
+  for i = 1, #list, 2 do
+    if list[i] ~= 'z' then
+      meta[#meta + 1] = list[i]
+      meta[#meta + 1] = list[i + 1]
+      f[list[i]] = list[i + 1]
+    end
+  end
+end
 local co = redis.call('HGETALL', K.co)
 local dl = redis.call('ZRANGE', K.dl, 0, -1, 'WITHSCORES')
 local rd = redis.call('ZRANGE', K.rd, 0, -1)

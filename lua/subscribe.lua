@@ -17,6 +17,7 @@
 -- ARGV[14] journal cap (0 = off)
 -- ARGV[15] shared group strategy ('' = the group's, round-robin for a new one):
 --   round-robin | sticky | hash   ARGV[16] skip offline members (1/0/'')
+-- ARGV[17] 1 for an lmq: its meta hash is left compact (_common.lua, compact_meta)
 -- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor,
 --   1 if the caller became a new member else 0}
 -- Exclusive groups: the last subscriber wins (preempt) — in this one call the
@@ -29,6 +30,7 @@
 -- Cost: O(checkouts of a preempted owner).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7],
            dly = KEYS[8], dd = KEYS[9], ddm = KEYS[10], dead = KEYS[11], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, m = ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'pol'), gf(g, 'own'), gf(g, 'ep'), gf(g, 'cur'),
   'seq', 'first', mf(g, m, 'n'))
@@ -122,5 +124,6 @@ if owner then redis.call('HSET', K.meta, gf(g, 'own'), owner) end
 redis.call('HSET', K.meta, 'jcap', ARGV[14])
 journal(now, 'sub', g, m, cur, nil, epoch, mode)
 flush_journal(K)
+if ARGV[17] == '1' then compact_meta(K.meta) end
 if returned > 0 then redis.call('SPUBLISH', K.wake, 'preempt') end
 return {mode, epoch, owner or '', evicted, returned, cur, f[8] and 0 or 1}

@@ -16,6 +16,7 @@
 -- Cost: O(expired · log n + due delayed); never a scan of live checkouts.
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
            dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local limit = int_arg(ARGV[1], 'limit')
 local now = now_ms()
 local moved = promote_delayed(K, now)

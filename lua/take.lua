@@ -18,6 +18,7 @@
 -- Cost: O(skipped + messages topped up).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
            dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local mb, g, m = KEYS[9], ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, mf(g, m, 'n'), mf(g, m, 'cap'), mf(g, m, 'lock'), gf(g, 'ep'))
 if not f[1] then raise('NOTFOUND', 'not subscribed to this queue any more; SUB again for a new handle') end

@@ -20,6 +20,7 @@
 -- Cost: O(the member's checkouts + members of the group).
 local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6], wake = KEYS[7],
            dly = KEYS[9], dd = KEYS[10], ddm = KEYS[11], dead = KEYS[12], jr = KEYS[#KEYS]}
+expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local mb, g, m = KEYS[8], ARGV[1], ARGV[2]
 local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'), mf(g, m, 'n'), mf(g, m, 'cap'), mf(g, m, 'end'))
 local mode, owner = f[1], f[2]

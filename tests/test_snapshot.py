@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import redis
 from redis.asyncio import Redis
 
+from broker import compact_meta
 from broker.config import Config
 from broker.embedded import EmbeddedRedis
 from broker.keyspace import Handle, Keyspace
@@ -52,7 +53,7 @@ async def run_workload(url: str) -> Facts:
     redelivery, a lite-topic preemption and an operator eviction, a seek, a push mailbox, QoS 0."""
     facts = Facts()
     r = Redis.from_url(url)
-    q = Queues(r, Config(redis_url=url, max_failures=2))
+    q = Queues(r, Config(redis_url=url, max_failures=2, lite_journal_cap=10_000))
     try:
         await q.publish("orders", [f"order-{i}".encode() for i in range(12)])
         c1 = _h(await q.subscribe("c1", "orders", group="billing"))
@@ -202,7 +203,7 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
     exp_groups, exp_members, exp_checkouts, exp_ready, exp_messages = {}, {}, {}, [], []
     for qid in qids:
         k = ks.queue_by_id(qid)
-        meta = {s(a): s(b) for a, b in r.hgetall(k.meta).items()}
+        meta = compact_meta.expand(r.hgetall(k.meta))
         co = {s(a): s(b).split(SEP) for a, b in r.hgetall(k.checkouts).items()}
         dl = {s(a): int(b) for a, b in r.zrange(k.deadlines, 0, -1, withscores=True)}
         rd = [s(m).split(SEP) for m in r.zrange(k.ready, 0, -1)]
@@ -327,7 +328,7 @@ def test_snapshot_is_consistent_per_queue_under_load(redis_url: str, tmp_path: P
 
     async def main() -> Manifest:
         r = Redis.from_url(redis_url)
-        q = Queues(r, Config(redis_url=redis_url))
+        q = Queues(r, Config(redis_url=redis_url, lite_journal_cap=10_000))
         handles = []
         for i in range(n_queues):
             await q.publish("load", [b"x"] * 200, lmq=f"q{i}")
@@ -388,7 +389,7 @@ def test_snapshot_visits_every_cluster_master(cluster: list[EmbeddedRedis], tmp_
     async def main() -> Manifest:
         rc = RedisCluster.from_url(url)
         try:
-            q = Queues(rc, Config(redis_url=url))
+            q = Queues(rc, Config(redis_url=url, lite_journal_cap=10_000))
             for i in range(30):
                 await q.publish("spread", [b"a", b"b"], lmq=f"lmq-{i}")
                 h = _h(await q.subscribe("c", "spread", lmq=f"lmq-{i}"))

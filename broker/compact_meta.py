@@ -1,0 +1,37 @@
+"""The compact form of a queue's meta hash, read from Python.
+
+An lmq at rest (one group, whose only member is its owner) keeps only the
+meta fields that differ from their defaults, plus ``z`` = the group
+(lua/_common.lua, ``compact_meta``; docs/data-model.md, "Lmqs at rest"). The
+fences read through it; code that reads meta hashes directly (the operator
+views) calls :func:`expand` to see every field spelled out. The names and
+defaults here must match ``compact_names`` / ``compact_defaults`` in
+lua/_common.lua: tests/test_lmq_at_rest.py holds the two to each other.
+"""
+
+from __future__ import annotations
+
+from broker.values import text
+
+COMPACT_MARK = "z"
+
+
+def _defaults(group: str, owner: str, seq: int) -> dict[str, str]:
+    g, m = f"g|{group}|", f"m|{group}|{owner}|"
+    return {
+        "first": str(seq + 1), "seq": "0", g + "mode": "exclusive", g + "pol": "preempt", g + "ep": "0",
+        g + "onpre": "keep", "groups": group, g + "mem": owner, m + "n": "0", m + "qos": "1", m + "on": "1",
+        "jcap": "0", g + "cur": str(seq + 1),
+    }
+
+
+def expand(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:
+    """Every field of a meta hash as text, the defaults of a compact one filled in."""
+    fields = {text(k): text(v) for k, v in raw.items()}
+    group = fields.pop(COMPACT_MARK, None)
+    if group is None:
+        return fields
+    owner = fields[f"g|{group}|own"]
+    for name, value in _defaults(group, owner, int(fields.get("seq", "0"))).items():
+        fields.setdefault(name, value)
+    return fields

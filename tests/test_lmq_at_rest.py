@@ -1,0 +1,278 @@
+"""An lmq at rest: a compact meta hash, and only the messages someone may still get.
+
+Compaction (lua/_common.lua ``compact_meta``; docs/data-model.md, "Compact
+meta") leaves out every meta field that holds its default once an lmq has one
+group whose only member is its owner. The property test runs the same random
+lite-queue operations twice — through the real fences, and through the same
+fences with compaction switched off — and requires the same replies and the
+same state at every step, so the compact form can never change behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+
+from broker import compact_meta
+from broker.config import Config
+from broker.errors import FenceMQError
+from broker.keyspace import Handle, Keyspace, QueueRef
+from broker.queues import Queues
+from broker.scripts import sources
+
+TOPIC, LMQ = "lt", "q1"
+REF = QueueRef(TOPIC, LMQ)
+CLIENTS = ("A", "B")
+TIMESTAMPS = {"ct", "wt"}  # written from the clock: differ between two runs
+
+
+def without_compaction(queues: Queues) -> Queues:
+    """The same fences with compact_meta a no-op: the reference the compact form is held to."""
+    marker = "local function compact_meta(meta)\n"
+    for name, src in sources().items():
+        assert marker in src or "compact_meta" not in src
+        queues.fences.scripts[name] = queues.redis.register_script(src.replace(marker, marker + "  do return end\n"))
+    return queues
+
+
+class TwoBrokers:
+    """One event loop; Queues with compaction under prefix 'c', without under prefix 'p'."""
+
+    def __init__(self, url: str, on_preempt: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.redis: Redis = self.loop.run_until_complete(self._connect(url))
+        self.compact = Queues(self.redis, Config(prefix="c", lmq_idle_ttl_ms=3_600_000))
+        self.plain = without_compaction(Queues(self.redis, Config(prefix="p", lmq_idle_ttl_ms=3_600_000)))
+        self.on_preempt = on_preempt
+        self.tags: dict[str, list[str]] = {c: [] for c in CLIENTS}
+
+    @staticmethod
+    async def _connect(url: str) -> Redis:
+        return Redis.from_url(url)
+
+    def both(self, op: Any) -> tuple[Any, Any]:
+        async def one(q: Queues) -> Any:
+            try:
+                return await op(q)
+            except FenceMQError as exc:
+                return type(exc).__name__
+        return self.loop.run_until_complete(one(self.compact)), self.loop.run_until_complete(one(self.plain))
+
+    def state(self, prefix: str) -> dict[str, Any]:
+        k = Keyspace(prefix).queue(REF)
+
+        async def read() -> list[Any]:
+            async with self.redis.pipeline(transaction=True) as p:
+                p.hgetall(k.meta)
+                p.hgetall(k.checkouts)
+                p.zrange(k.owned, 0, -1)
+                p.zrange(k.ready, 0, -1)
+                p.pttl(k.meta)
+                return await p.execute()
+
+        meta, co, own, rd, ttl = self.loop.run_until_complete(read())
+        expanded = {f: v for f, v in compact_meta.expand(meta).items() if f not in TIMESTAMPS}
+        return {"meta": expanded, "co": co, "own": own, "rd": rd, "reclaim_set": ttl > 0}
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.redis.aclose())
+        self.loop.close()
+
+
+def handle(client: str) -> Handle:
+    return Handle(REF, "default", client)
+
+
+def deliveries(result: Any) -> Any:
+    if isinstance(result, str):
+        return result
+    return result.epoch, result.status, [(d.tag, d.id, d.deliveries, d.payload) for d in result.deliveries]
+
+
+OPS = st.one_of(
+    st.tuples(st.just("sub"), st.sampled_from(CLIENTS)),
+    st.tuples(st.just("pub"), st.integers(1, 3)),
+    st.tuples(st.just("pull"), st.sampled_from(CLIENTS), st.integers(1, 3)),
+    st.tuples(st.just("ack"), st.sampled_from(CLIENTS)),
+    st.tuples(st.just("nack"), st.sampled_from(CLIENTS)),
+    st.tuples(st.just("unsub"), st.sampled_from(CLIENTS)),
+    st.tuples(st.just("seek"), st.sampled_from(CLIENTS), st.sampled_from(["earliest", "latest"])),
+    st.tuples(st.just("evict"), st.sampled_from(CLIENTS)),
+)
+
+
+def step(b: TwoBrokers, op: tuple[Any, ...]) -> None:
+    kind, *args = op
+    if kind == "sub":
+        (c,) = args
+        got = b.both(lambda q: q.subscribe(c, TOPIC, lmq=LMQ, on_preempt=b.on_preempt))
+        got = tuple(g if isinstance(g, str) else (g.mode, g.epoch, g.owner, g.evicted, g.returned, g.cursor)
+                    for g in got)
+    elif kind == "pub":
+        got = b.both(lambda q: q.publish(TOPIC, [b"m"] * args[0], lmq=LMQ, producer="p"))
+    elif kind == "pull":
+        c, n = args
+        got = tuple(deliveries(g) for g in b.both(lambda q: q.pull(handle(c), n)))
+        if not isinstance(got[0], str):
+            b.tags[c] += [t for t, *_ in got[0][2]]
+    elif kind in ("ack", "nack"):
+        (c,) = args
+        tags, b.tags[c] = b.tags[c][:2], b.tags[c][2:]
+        if not tags:
+            return
+        settle = (lambda q: q.ack(handle(c), tags)) if kind == "ack" else (lambda q: q.nack(handle(c), tags))
+        got = b.both(settle)
+    elif kind == "unsub":
+        got = b.both(lambda q: q.unsubscribe(handle(args[0]), session_over=True))
+    elif kind == "seek":
+        c, where = args
+        got = b.both(lambda q: q.seek(handle(c), where))
+    else:
+        got = b.both(lambda q: q.evict(handle(args[0])))
+    assert got[0] == got[1], f"{op}: {got[0]!r} with compaction, {got[1]!r} without"
+    assert b.state("c") == b.state("p"), f"after {op}"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=1, max_size=30), on_preempt=st.sampled_from(["keep", "earliest", "latest"]))
+def test_compaction_never_changes_a_reply_or_the_state_it_stands_for(redis_server, ops, on_preempt) -> None:
+    b = TwoBrokers(redis_server.url, on_preempt)
+    try:
+        b.loop.run_until_complete(b.redis.flushall())
+        for op in ops:
+            step(b, op)
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def lite(redis_url: str):
+    b = TwoBrokers(redis_url, "keep")
+    yield b
+    b.close()
+
+
+def raw_meta(b: TwoBrokers) -> dict[str, str]:
+    raw = b.loop.run_until_complete(b.redis.hgetall(Keyspace("c").queue(REF).meta))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def test_a_freshly_subscribed_lmq_keeps_only_its_creation_time_owner_and_group(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    assert set(raw_meta(lite)) == {"ct", "g|default|own", "z"}
+    assert raw_meta(lite)["z"] == "default" and raw_meta(lite)["g|default|own"] == "A"
+
+
+def test_an_lmq_comes_back_to_rest_compact_after_its_last_ack(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publish(TOPIC, [b"x"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 5))
+    assert "z" not in raw_meta(lite), "a checkout spells the hash out"
+    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    meta = raw_meta(lite)
+    assert meta["z"] == "default"
+    assert "g|default|cur" not in meta and meta["seq"] == "1" and meta["m|default|A|n"] == "1"
+
+
+def test_an_empty_poll_of_an_lmq_at_rest_writes_nothing(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    before = raw_meta(lite)
+    for _ in range(3):
+        result, _ = lite.both(lambda q: q.pull(handle("A"), 10))
+        assert result.status == "ok" and result.deliveries == []
+    assert raw_meta(lite) == before
+
+
+def test_a_preemption_of_an_lmq_at_rest_marks_the_old_owner_and_leaves_the_hash_spelled_out(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    sub, _ = lite.both(lambda q: q.subscribe("B", TOPIC, lmq=LMQ))
+    assert sub.evicted == "A" and sub.owner == "B"
+    meta = raw_meta(lite)
+    assert "z" not in meta, "two members: not compact"
+    assert meta["m|default|A|mk"] == "B" and meta["g|default|mem"] == "A\nB"
+    lite.both(lambda q: q.unsubscribe(handle("A"), session_over=True))
+    assert set(raw_meta(lite)) == {"ct", "g|default|own", "z"}, "the old owner gone: back at rest"
+
+
+def test_a_plain_topic_is_never_compacted(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", "plain", group="g", mode="exclusive"))
+    raw = lite.loop.run_until_complete(lite.redis.hgetall(Keyspace("c").queue(QueueRef("plain")).meta))
+    assert b"z" not in raw and b"g|g|mode" in raw
+
+
+def test_python_and_lua_expand_a_compact_hash_alike(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publish(TOPIC, [b"x", b"y"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 5))
+    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    assert "z" in raw_meta(lite)
+    k = Keyspace("c").queue(REF)
+    lua_view = lite.loop.run_until_complete(
+        lite.compact.fences.call("snapshot", [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed,
+                                              k.dead, k.journal], [0, 0]))[1]
+    lua_fields = {lua_view[i].decode(): lua_view[i + 1].decode() for i in range(0, len(lua_view), 2)}
+    assert lua_fields == compact_meta.expand(raw_meta(lite))
+    # and expanding for real (a publish) gives the same fields
+    lite.both(lambda q: q.publish(TOPIC, [b"z"], lmq=LMQ))
+    spelled = raw_meta(lite)
+    assert "z" not in spelled
+    assert {f: v for f, v in spelled.items() if f not in ("seq", "wt")} == {
+        f: v for f, v in lua_fields.items() if f not in ("seq", "wt")}
+
+
+def log_ids(b: TwoBrokers) -> list[int]:
+    return sorted(int(i) for i in b.loop.run_until_complete(b.redis.hkeys(Keyspace("c").queue(REF).log)))
+
+
+def test_an_lmq_with_nothing_checked_out_forgets_what_its_owner_consumed(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publish(TOPIC, [b"1", b"2", b"3"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 2))
+    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    assert log_ids(lite) == [3], "the third is still to be read"
+    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 2))
+    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    assert log_ids(lite) == []
+    assert set(raw_meta(lite)) == {"ct", "wt", "seq", "tag", "m|default|A|n", "g|default|own", "z"}
+    # a seek back finds nothing left to re-read
+    lite.both(lambda q: q.seek(handle("A"), "earliest"))
+    again, _ = lite.both(lambda q: q.pull(handle("A"), 10))
+    assert again.status == "ok" and again.deliveries == []
+
+
+def test_a_nacked_message_keeps_the_log_until_it_is_settled(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 2))
+    first, second = pulled.deliveries
+    lite.both(lambda q: q.nack(handle("A"), [first.tag]))
+    lite.both(lambda q: q.ack(handle("A"), [second.tag]))
+    assert log_ids(lite) == [1, 2], "1 is back in line to be redelivered"
+    redelivered, _ = lite.both(lambda q: q.pull(handle("A"), 2))
+    assert [d.id for d in redelivered.deliveries] == ["1"]
+    lite.both(lambda q: q.ack(handle("A"), [redelivered.deliveries[0].tag]))
+    assert log_ids(lite) == []
+
+
+def test_an_lmq_nobody_subscribed_to_keeps_its_messages_for_the_first_subscriber(lite) -> None:
+    lite.both(lambda q: q.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 1))
+    lite.both(lambda q: q.ack(handle("A"), [pulled.deliveries[0].tag]))
+    assert log_ids(lite) == [2], "2 is still to be read"
+
+
+def test_an_lmq_whose_group_rewinds_on_preemption_keeps_what_was_consumed(lite) -> None:
+    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ, on_preempt="earliest"))
+    lite.both(lambda q: q.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 2))
+    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    assert log_ids(lite) == [1, 2]
+    lite.both(lambda q: q.subscribe("B", TOPIC, lmq=LMQ))
+    again, _ = lite.both(lambda q: q.pull(handle("B"), 5))
+    assert [d.id for d in again.deliveries] == ["1", "2"], "the new owner starts from the earliest"
