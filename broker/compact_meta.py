@@ -1,12 +1,14 @@
 """The compact form of a queue's meta hash, read from Python.
 
 An lmq at rest (one group, whose only member is its owner) keeps only the
-meta fields that differ from their defaults, plus ``z`` = the group
-(lua/_common.lua, ``compact_meta``; docs/data-model.md, "Lmqs at rest"). The
-fences read through it; code that reads meta hashes directly (the operator
-views) calls :func:`expand` to see every field spelled out. The names and
-defaults here must match ``compact_names`` / ``compact_defaults`` in
-lua/_common.lua: tests/test_lmq_at_rest.py holds the two to each other.
+meta fields that differ from their defaults; ``z`` = ``<group>|<owner>``
+stands for the group, its member list and its owner, and the few fields left
+take one-letter names, times in seconds (lua/_common.lua, ``compact_meta``;
+docs/data-model.md, "Lmqs at rest"). The fences read through it; code that
+reads meta hashes directly (the operator views) calls :func:`expand` to see
+every field spelled out. The names and defaults here must match
+``compact_names`` / ``compact_defaults`` / ``SHORT_NAMES`` in lua/_common.lua:
+tests/test_lmq_at_rest.py holds the two to each other.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from __future__ import annotations
 from broker.values import text
 
 COMPACT_MARK = "z"
+TIMES = ("C", "W")  # kept in seconds
+
+
+def _short_names(group: str, owner: str) -> dict[str, str]:
+    return {"S": "seq", "T": "tag", "N": f"m|{group}|{owner}|n", "C": "ct", "W": "wt"}
 
 
 def _defaults(group: str, owner: str, seq: int) -> dict[str, str]:
@@ -26,12 +33,17 @@ def _defaults(group: str, owner: str, seq: int) -> dict[str, str]:
 
 
 def expand(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:
-    """Every field of a meta hash as text, the defaults of a compact one filled in."""
+    """Every field of a meta hash as text, a compact one spelled out."""
     fields = {text(k): text(v) for k, v in raw.items()}
-    group = fields.pop(COMPACT_MARK, None)
-    if group is None:
+    mark = fields.pop(COMPACT_MARK, None)
+    if mark is None:
         return fields
-    owner = fields[f"g|{group}|own"]
+    group, owner = mark.split("|", 1)
+    fields[f"g|{group}|own"] = owner
+    for short, name in _short_names(group, owner).items():
+        if short in fields:
+            value = fields.pop(short)
+            fields[name] = str(int(value) * 1000) if short in TIMES else value
     for name, value in _defaults(group, owner, int(fields.get("seq", "0"))).items():
         fields.setdefault(name, value)
     return fields

@@ -303,8 +303,10 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         chunk = qids[start : start + PIPELINE_CHUNK * 5]
         async with redis.pipeline(transaction=False) as pipe:
             for qid in chunk:
-                pipe.hmget(keys.queue_by_id(qid).meta, "seq", "tag")
-            for qid, (seq, tag) in zip(chunk, await pipe.execute(), strict=True):
+                # seq and tag, or the short names an lmq at rest keeps them under (broker/compact_meta.py)
+                pipe.hmget(keys.queue_by_id(qid).meta, "seq", "tag", "S", "T")
+            for qid, (seq, tag, rest_seq, rest_tag) in zip(chunk, await pipe.execute(), strict=True):
+                seq, tag = seq if seq is not None else rest_seq, tag if tag is not None else rest_tag
                 if seq is not None or tag is not None:
                     counters[qid] = (_int(seq), _int(tag))
     elapsed = (now - state.at_ms) / 1000 if state.at_ms is not None else None

@@ -42,10 +42,15 @@ local now = now_ms()
 
 -- meta as if expanded: a snapshot never shows the compact form of an lmq at rest
 local meta, f = {}, {}
-local stored, omitted = redis.call('HGETALL', K.meta), omitted_fields(K.meta) or {}
-for _, list in ipairs({stored, omitted}) do
+local stored, omitted = redis.call('HGETALL', K.meta), omitted_fields(K.meta)
+local compact_only = {}
+if omitted then
+  compact_only.z = true
+  for _, name in ipairs(SHORT_NAMES) do compact_only[name] = true end
+end
+for _, list in ipairs({stored, omitted or {}}) do
   for i = 1, #list, 2 do
-    if list[i] ~= 'z' then
+    if not compact_only[list[i]] then
       meta[#meta + 1] = list[i]
       meta[#meta + 1] = list[i + 1]
       f[list[i]] = list[i + 1]
