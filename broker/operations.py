@@ -703,10 +703,7 @@ async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int
     decoded = [h for h in shown if isinstance(h, Handle)]
     async with redis.pipeline(transaction=False) as pipe:
         for h in decoded:
-            meta = keys.queue(h.queue).meta
-            pipe.hmget(meta, f"m|{h.group}|{h.member}|n", f"m|{h.group}|{h.member}|max",
-                       f"m|{h.group}|{h.member}|sus", f"m|{h.group}|{h.member}|mk", f"g|{h.group}|own",
-                       f"g|{h.group}|mode", f"g|{h.group}|ep", f"m|{h.group}|{h.member}|cap")
+            pipe.hgetall(keys.queue(h.queue).meta)  # whole: an lmq at rest is compact (broker/compact_meta.py)
             pipe.zlexcount(keys.queue(h.queue).owned, *_lex_range(h.group, h.member))
         pipe.hgetall(keys.session_lite_counts(client))
         pipe.lrange(keys.session_notices(client), 0, max(limit - 1, 0))
@@ -718,7 +715,10 @@ async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int
         if not isinstance(h, Handle):
             subs.append({"handle": h, "error": "not a handle"})
             continue
-        n, mx, sus, mk, own, mode, ep, cap = next(states)
+        fields = compact_meta.expand(next(states))
+        g, m = f"g|{h.group}|", f"m|{h.group}|{h.member}|"
+        n, mx, sus, mk, cap = (fields.get(m + f) for f in ("n", "max", "sus", "mk", "cap"))
+        own, mode, ep = (fields.get(g + f) for f in ("own", "mode", "ep"))
         held = int(next(states))
         subs.append({
             "handle": h.encode(), **queue_info(h.queue.qid), "queue": display_name(h.queue), "group": h.group,

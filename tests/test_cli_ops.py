@@ -274,6 +274,16 @@ def test_inspect_session(broker: dict) -> None:
     assert "Subscriptions" in out and "chat[s-1]" in out and "evicted by Y" in out and "unsubscribe" in out
 
 
+def test_inspect_session_reads_an_lmq_at_rest_like_any_other(broker: dict) -> None:
+    broker["c"]["X"].execute_command("UNSUB", broker["handles"]["X"])  # Y alone: chat[s-1] comes to rest
+    assert broker["direct"].hexists("fmq:{l:chat:s-1}", "z"), "compact"
+    (y,) = ok_json("inspect", "session", "Y", "--redis-url", broker["url"])["handles"]
+    assert (y["queue"], y["mode"], y["epoch"], y["member"], y["owner"], y["marker"], y["delivered"]) == (
+        "chat[s-1]", "exclusive", 0, True, True, None, 0)
+    (default,) = ok_json("inspect", "queue", "chat", "--lmq", "s-1", "--redis-url", broker["url"])["groups"]
+    assert (default["mode"], default["owner"], [m["member"] for m in default["members"]]) == ("exclusive", "Y", ["Y"])
+
+
 def test_inspect_not_found_exits_1(broker: dict) -> None:
     url = broker["url"]
     line = one_line_error(invoke("inspect", "queue", "nosuch", "--redis-url", url), 1)
