@@ -241,7 +241,9 @@ def test_an_lmq_with_nothing_checked_out_forgets_what_its_owner_consumed(lite) -
     lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
     assert log_ids(lite) == []
     assert set(raw_meta(lite)) == {"C", "W", "S", "T", "N", "z"}
-    # a seek back finds nothing left to re-read
+    # a seek back finds nothing left to re-read: SEEK ID 1 is clamped to the next id
+    (_, cursor, clamped), _ = lite.both(lambda q: q.seek(handle("A"), "id", 1))
+    assert (cursor, clamped) == (4, True)
     lite.both(lambda q: q.seek(handle("A"), "earliest"))
     again, _ = lite.both(lambda q: q.pull(handle("A"), 10))
     assert again.status == "ok" and again.deliveries == []
