@@ -22,6 +22,7 @@ from typing import Any
 
 from broker.errors import BadArgument
 from broker.keyspace import Handle, Keyspace, QueueRef
+from broker.values import text
 
 BUCKETS = 16
 
@@ -83,19 +84,15 @@ def count_commands(keys: Keyspace, client: str) -> list[Command]:
     return [["SCARD", keys.session_handles(client)], *(["HLEN", k] for k in bucket_keys(keys, client))]
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def entries(client: str, replies: Sequence[Iterable[Any]]) -> list[Handle | str]:
     """The replies to :func:`read_commands` as handles; an entry that is none stays its text."""
     members, *buckets = replies
     out: list[Handle | str] = []
     for raw in members:
         try:
-            out.append(Handle.decode(_text(raw)))
+            out.append(Handle.decode(text(raw)))
         except BadArgument:
-            out.append(_text(raw))
+            out.append(text(raw))
     for fields in buckets:
         for f in map(_text, fields):
             out.append(handle_of(client, f) if f.count("|") >= 2 else f)
@@ -134,7 +131,7 @@ async def handles(redis: Any, keys: Keyspace, client: str) -> list[Handle]:
 
 
 async def non_lite_handles(redis: Any, keys: Keyspace, client: str) -> list[Handle]:
-    return [Handle.decode(_text(raw)) for raw in await redis.smembers(keys.session_handles(client))]
+    return [Handle.decode(text(raw)) for raw in await redis.smembers(keys.session_handles(client))]
 
 
 async def lite_handles(redis: Any, keys: Keyspace, client: str, topic: str, group: str) -> list[Handle]:
