@@ -94,7 +94,7 @@ def entries(client: str, replies: Sequence[Iterable[Any]]) -> list[Handle | str]
         except BadArgument:
             out.append(text(raw))
     for fields in buckets:
-        for f in map(_text, fields):
+        for f in map(text, fields):
             out.append(handle_of(client, f) if f.count("|") >= 2 else f)
     return out
 
