@@ -20,7 +20,10 @@ $(VENV)/.test: pyproject.toml | $(VENV)/bin/python
 demo: $(VENV)/.base
 	$(VENV)/bin/fencemq demo
 
-test: $(VENV)/.test
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check broker cli spark bench tests
+
+test: lint
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.test
