@@ -103,7 +103,27 @@ OPS = st.one_of(
     st.tuples(st.just("unsub"), st.sampled_from(CLIENTS)),
     st.tuples(st.just("seek"), st.sampled_from(CLIENTS), st.sampled_from(["earliest", "latest"])),
     st.tuples(st.just("evict"), st.sampled_from(CLIENTS)),
+    st.tuples(st.just("subpush"), st.sampled_from(CLIENTS)),
+    st.tuples(st.just("take"), st.sampled_from(CLIENTS)),
+    st.tuples(st.just("max"), st.sampled_from(CLIENTS), st.integers(0, 4)),
+    st.tuples(st.just("renew"), st.sampled_from(CLIENTS)),
+    st.tuples(st.just("expire")),
 )
+
+
+def took(result: Any) -> Any:
+    return (result.tag, result.id, result.deliveries, result.payload) if hasattr(result, "tag") else result
+
+
+def expire_every_lease(b: TwoBrokers) -> tuple[Any, Any]:
+    """Time passes for every lease of both queues (their deadlines move to 0), then each is swept."""
+    for prefix in ("c", "p"):
+        dl = Keyspace(prefix).queue(REF).deadlines
+        tags = b.loop.run_until_complete(b.redis.zrange(dl, 0, -1))
+        if tags:
+            b.loop.run_until_complete(b.redis.zadd(dl, {t: 0 for t in tags}, xx=True))
+    swept = b.both(lambda q: q.sweep(REF.qid))
+    return tuple(s if isinstance(s, str) else (s.returned, s.timeouts, s.newly_suspected) for s in swept)
 
 
 def step(b: TwoBrokers, op: tuple[Any, ...]) -> None:
@@ -132,13 +152,32 @@ def step(b: TwoBrokers, op: tuple[Any, ...]) -> None:
     elif kind == "seek":
         c, where = args
         got = b.both(lambda q: q.seek(handle(c), where))
-    else:
+    elif kind == "evict":
         got = b.both(lambda q: q.evict(handle(args[0])))
+    elif kind == "subpush":
+        (c,) = args
+        got = b.both(lambda q: q.subscribe(c, TOPIC, lmq=LMQ, capacity=2, on_preempt=b.on_preempt))
+        got = tuple(g if isinstance(g, str) else (g.epoch, g.owner, g.evicted, g.returned) for g in got)
+    elif kind == "take":
+        (c,) = args
+        got = tuple(took(g) for g in b.both(lambda q: q.take(handle(c))))
+        if hasattr(got[0], "__len__") and len(got[0]) == 4 and not isinstance(got[0], str):
+            b.tags[c].append(got[0][0])
+    elif kind == "max":
+        c, n = args
+        got = b.both(lambda q: q.end_after(handle(c), n))
+    elif kind == "renew":
+        (c,) = args
+        if not b.tags[c]:
+            return
+        got = b.both(lambda q: q.renew(handle(c), b.tags[c][:2]))
+    else:
+        got = expire_every_lease(b)
     assert got[0] == got[1], f"{op}: {got[0]!r} with compaction, {got[1]!r} without"
     assert b.state("c") == b.state("p"), f"after {op}"
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=30), on_preempt=st.sampled_from(["keep", "earliest", "latest"]))
 def test_compaction_never_changes_a_reply_or_the_state_it_stands_for(redis_server, ops, on_preempt) -> None:
     b = TwoBrokers(redis_server.url, on_preempt)
