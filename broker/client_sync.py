@@ -12,14 +12,8 @@ import threading
 from collections.abc import Awaitable, Iterator
 from typing import Any, Self, TypeVar
 
-from broker.client import (
-    DEFAULT_URL,
-    ITER_BLOCK_MS,
-    ITER_COUNT,
-    Client,
-    ConnectionLost,
-    Subscription,
-)
+from broker.client import DEFAULT_URL, Client, ConnectionLost, Subscription
+from broker.subscription import ITER_BLOCK_MS, ITER_COUNT
 from broker.messages import Delivery
 
 T = TypeVar("T")
