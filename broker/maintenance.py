@@ -1,7 +1,7 @@
 """Operator writes and live figures: evict, sweep, seek, purge, dead letters, top.
 
-The other half of the operator CLI's Redis side (broker/operations.py lists and
-inspects). Every write goes through a fence: ``evict``, ``seek`` and
+The other half of the operator CLI's Redis side (broker/operations.py lists,
+broker/inspection.py inspects). Every write goes through a fence: ``evict``, ``seek`` and
 ``sweep`` reuse the broker's own (:class:`~broker.queues.Queues`), ``purge``
 and ``replay_dead`` have theirs (``lua/purge.lua``, ``lua/replay_dead.lua``).
 """

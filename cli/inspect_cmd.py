@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from broker import operations as ops
+from broker import inspection
 from cli.opskit import (
     Cluster,
     Ctx,
@@ -103,7 +103,7 @@ def inspect_queue(
     """A queue: log bounds, counters, every group (cursor, epoch, owner, backlog, members), checkouts."""
     ctx = Ctx("inspect", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
-    q = ctx.run(lambda r, k: ops.inspect_queue(r, k, ref, limit=limit))
+    q = ctx.run(lambda r, k: inspection.inspect_queue(r, k, ref, limit=limit))
     if as_json:
         _emit_json(q)
         return
@@ -131,7 +131,7 @@ def inspect_group(
     """A subscription group: mode, epoch, cursor, owner, backlog, members (markers, suspicion, mailboxes), checkouts."""
     ctx = Ctx("inspect", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
-    g = ctx.run(lambda r, k: ops.inspect_group(r, k, ref, group, limit=limit))
+    g = ctx.run(lambda r, k: inspection.inspect_group(r, k, ref, group, limit=limit))
     if as_json:
         _emit_json(g)
         return
@@ -172,7 +172,7 @@ def inspect_member(
     """One member: delivered/max, lock, suspicion, eviction marker, mailbox depth, its checkouts, its session."""
     ctx = Ctx("inspect", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
-    m = ctx.run(lambda r, k: ops.inspect_member(r, k, ref, group, member, limit=limit))
+    m = ctx.run(lambda r, k: inspection.inspect_member(r, k, ref, group, member, limit=limit))
     if as_json:
         _emit_json(m)
         return
@@ -203,7 +203,7 @@ def inspect_session(
     """A client's session: worker, lease, every subscription handle it holds (and its state), queued notices."""
     ctx = Ctx("inspect", redis_url, prefix, cluster)
     client = _name(ctx, client, "client")
-    s = ctx.run(lambda r, k: ops.inspect_session(r, k, client, limit=limit))
+    s = ctx.run(lambda r, k: inspection.inspect_session(r, k, client, limit=limit))
     if as_json:
         _emit_json(s)
         return

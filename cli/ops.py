@@ -1,7 +1,7 @@
 """Operator commands: queues, lmqs, inspect, evict, sweep, seek, purge, dlq, top, bench.
 
 ``register(app)`` adds them to a Typer app (cli/main.py calls it). What they
-read and write is in ``broker/operations.py`` and ``broker/maintenance.py``; this module only parses
+read and write is in ``broker/operations.py``, ``broker/inspection.py`` and ``broker/maintenance.py``; this module only parses
 options and presents results: rich tables by default, ``--json`` for
 scripts (one JSON document on stdout; ``top --json`` prints one per refresh,
 one per line).
@@ -33,7 +33,7 @@ import typer
 from rich.console import Group
 from rich.text import Text
 
-from broker import maintenance
+from broker import inspection, maintenance
 from broker import operations as ops
 from broker.errors import BadArgument
 from broker.keyspace import Keyspace, check_topic
@@ -323,7 +323,7 @@ def purge(
     if not yes:
         if not _interactive():
             ctx.fail(f"refusing to purge {ops.display_name(ref)} without --yes: no terminal to confirm on", EXIT_USAGE)
-        q = ctx.run(lambda r, k: ops.inspect_queue(r, k, ref, limit=0))
+        q = ctx.run(lambda r, k: inspection.inspect_queue(r, k, ref, limit=0))
         err = _err()
         err.print(_groups_table(q["groups"]))
         drop = sum(g["backlog"] + (g["delayed"] or 0) for g in q["groups"])
