@@ -1,6 +1,7 @@
 """Operator commands: queues, lmqs, inspect, evict, sweep, seek, purge, dlq, top, bench.
 
-``register(app)`` adds them to a Typer app (cli/main.py calls it). What they
+``register(app)`` adds them to a Typer app (cli/main.py calls it); inspect, dlq
+and top are in cli/inspect_cmd.py, cli/dlq_cmd.py and cli/top_cmd.py. What they
 read and write is in ``broker/operations.py``, ``broker/inspection.py`` and ``broker/maintenance.py``; this module only parses
 options and presents results: rich tables by default, ``--json`` for
 scripts (one JSON document on stdout; ``top --json`` prints one per refresh,
@@ -20,7 +21,6 @@ on stderr naming the URL and what to check).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -30,18 +30,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Group
 from rich.text import Text
 
 from broker import inspection, maintenance
 from broker import operations as ops
 from broker.errors import BadArgument
-from broker.keyspace import Keyspace, check_topic
-from cli.common import (
-    CliError,
-    fail,
-    safe_url,
-)
+from broker.keyspace import check_topic
+from cli.common import CliError, fail
+from cli.dlq_cmd import dlq_app
 from cli.inspect_cmd import _groups_table, inspect_app
 from cli.opskit import (
     EXIT_NOT_FOUND,
@@ -63,12 +59,11 @@ from cli.opskit import (
     _out,
     _progress,
     _queue,
-    _rate,
     _row,
     _secs,
     _table,
-    _when,
 )
+from cli.top_cmd import top
 
 # -- queues / lmqs -----------------------------------------------------------------------------
 
@@ -348,191 +343,6 @@ def purge(
                        f"{res['checkouts_left']} checkout(s) left alone."))
     if not res["groups"]:
         console.print(Text("The queue has no subscription group: nothing was queued for anyone.", style="dim"))
-
-
-# -- dead letters ---------------------------------------------------------------------------
-
-dlq_app = typer.Typer(help="Dead letters: list them, or replay them into their group.", no_args_is_help=True)
-
-
-@dlq_app.command("list")
-def dlq_list(
-    topic: Topic,
-    lmq: Lmq = None,
-    owner: Owner = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=100_000, help="Show at most this many.")] = 20,
-    start: Annotated[int, typer.Option("--start", min=0, help="From this position (0 = the oldest).")] = 0,
-    redis_url: RedisUrl = None,
-    prefix: Prefix = None,
-    cluster: Cluster = False,
-    as_json: Json = False,
-) -> None:
-    """A queue's dead letters, oldest first: id, group, member, failures, when, payload preview."""
-    ctx = Ctx("dlq", redis_url, prefix, cluster)
-    ref = _queue(ctx, topic, lmq, owner)
-    res = ctx.run(lambda r, k: maintenance.dead_letters(r, k, ref, limit=limit, start=start))
-    if as_json:
-        _emit_json(res)
-        return
-    console = _out()
-    if not res["dead_letters"]:
-        console.print(Text(f"No dead letters{' from here' if res['total'] else ''} ({res['total']} in all).",
-                           style="dim"))
-        return
-    t = _table(f"Dead letters of {res['queue']} ({len(res['dead_letters'])} of {res['total']})")
-    for col, kw in (("#", {"justify": "right"}), ("id", {"justify": "right"}), ("group", {"overflow": "fold"}),
-                    ("member", {"overflow": "fold"}), ("failures", {"justify": "right"}),
-                    ("deliveries", {"justify": "right"}), ("dead since", {}), ("size", {"justify": "right"}),
-                    ("payload", {"overflow": "fold"})):
-        t.add_column(col, **kw)
-    for d in res["dead_letters"]:
-        if "group" not in d:
-            _row(t, str(d["position"]), "?", "?", "?", "?", "?", "?", "?", Text(d["error"], style="red"))
-            continue
-        _row(t, str(d["position"]), str(d["id"]), d["group"], d["member"], str(d["failures"]),
-                  str(d["acquisitions"]), _when(d["dead_ms"]), _opt(d.get("size")),
-                  Text(d.get("preview", d.get("error", "")), style="red" if "error" in d else ""))
-    console.print(t)
-
-
-@dlq_app.command("replay")
-def dlq_replay(
-    topic: Topic,
-    lmq: Lmq = None,
-    owner: Owner = None,
-    count: Annotated[int, typer.Option("--count", min=1, max=1_000_000,
-                                       help="Replay at most this many, oldest first.")] = 1,
-    redis_url: RedisUrl = None,
-    prefix: Prefix = None,
-    cluster: Cluster = False,
-    as_json: Json = False,
-) -> None:
-    """Put dead letters back into their group's ready set (one atomic fence), failures reset to 0.
-
-    A dead letter whose message retention has trimmed from the log, or whose
-    group is gone, stays where it is and is reported. Exit 1 when there was
-    nothing to replay.
-    """
-    ctx = Ctx("dlq", redis_url, prefix, cluster)
-    ref = _queue(ctx, topic, lmq, owner)
-    res = ctx.run(lambda r, k: maintenance.replay_dead(r, k, ref, count=count))
-    if as_json:
-        _emit_json(res)
-    else:
-        console = _out()
-        if res["replayed"]:
-            t = _table(f"Replayed into {res['queue']}")
-            for col in ("id", "group", "member", "deliveries"):
-                t.add_column(col, justify="right" if col in ("id", "deliveries") else "left")
-            t.add_column("how")
-            for r in res["replayed"]:
-                how = "ready set" if r["via"] == "ready" else "group's cursor reads it again"
-                _row(t, str(r["id"]), r["group"], r["member"], str(r["acquisitions"]), how)
-            console.print(t)
-        if res["skipped"]:
-            t = _table("Kept as dead letters")
-            for col in ("#", "id", "group", "why"):
-                t.add_column(col)
-            why = {"trimmed": "body trimmed from the log by retention", "no-group": "the group is gone",
-                   "undecodable": "not a dead letter this version can read"}
-            for s in res["skipped"]:
-                _row(t, str(s["position"]), _opt(s["id"]), _opt(s["group"]), why.get(s["reason"], s["reason"]))
-            console.print(t)
-        console.print(Text(f"{len(res['replayed'])} replayed, {len(res['skipped'])} kept, "
-                           f"{res['dead_letters_left']} dead letter(s) left."))
-    if not res["replayed"]:
-        if not as_json:
-            fail("dlq", CliError("nothing replayed" + (" (no dead letters)" if not res["examined"] else ""),
-                                 EXIT_NOT_FOUND))
-        raise typer.Exit(EXIT_NOT_FOUND)
-
-
-# -- top ----------------------------------------------------------------------------------------
-
-
-def _top_view(sample: dict[str, Any], url: str, prefix: str) -> Group:
-    head = Text.assemble(
-        ("FenceMQ top", "bold"), f"  {_when(sample['now_ms'])}  redis {safe_url(url)}  prefix {prefix}  ",
-        f"workers {sample['workers_alive']}  sessions {sample['sessions_alive']}/{sample['sessions']}  ",
-        f"queues {sample['queues_seen']}{'+' if sample['queues_truncated'] else ''}  ",
-        f"publish/s {_rate(sample['totals']['publish'])}  deliver/s {_rate(sample['totals']['deliver'])}",
-    )
-    t = _table()
-    t.add_column("queue", overflow="fold", style="bold", ratio=2)
-    for col in ("last\nid", "backlog", "checked\nout", "pub/s", "out/s", "ack/s", "nack/s", "expired/s", "dead"):
-        t.add_column(col, justify="right")
-    t.add_column("consumers", overflow="fold", ratio=1)
-    for q in sample["queues"]:
-        r = q["rates"]
-        _row(t, q["name"], str(q["seq"]), _opt(q["backlog"]), str(q["checkouts"]), _rate(r["publish"]),
-                  _rate(r["deliver"]), _rate(r["journal_ack"]), _rate(r["journal_nack"]), _rate(r["journal_timeout"]),
-                  str(q["dead_letters"]), ", ".join(q["consumers"]) or "–")
-    parts: list[Any] = [head, t if sample["queues"] else Text("No queues.", style="dim")]
-    if sample["suspected"]:
-        s = _table("Suspected and evicted members")
-        for col in ("queue", "group", "member", "state"):
-            s.add_column(col, overflow="fold")
-        for x in sample["suspected"]:
-            state = (Text(f"evicted by {x['marker']}", style="red") if x["marker"] is not None
-                     else Text(f"suspected for {_secs(x['suspected_for_s'])}", style="yellow"))
-            _row(s, x["queue"], x["group"], x["member"], state)
-        parts.append(s)
-    return Group(*parts)
-
-
-def top(
-    interval: Annotated[float, typer.Option("--interval", min=0.05, help="Seconds between refreshes.")] = 1.0,
-    iterations: Annotated[int | None, typer.Option("--iterations", min=1, show_default=False,
-                                                      help="Stop after this many refreshes (default: until ^C).")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="Show the busiest this many queues.")] = 20,
-    scan_limit: Annotated[int, typer.Option("--scan-limit", min=1, help="Consider at most this many queues "
-                                            "(the first SCAN finds) each refresh.")] = 10_000,
-    topic: Annotated[str | None, typer.Option("--topic", show_default=False,
-                                                 help="Only this topic's queues.")] = None,
-    redis_url: RedisUrl = None,
-    prefix: Prefix = None,
-    cluster: Cluster = False,
-    as_json: Json = False,
-) -> None:
-    """A live view of the busiest queues, their consumers, and suspected or evicted members.
-
-    Per queue: last id, backlog, checkouts, dead letters and rates between
-    refreshes: publish/s from the last id, out/s from the delivery-tag
-    counter, ack/nack/expired per second from the journal. --json prints one
-    JSON object per refresh, one per line.
-    """
-    ctx = Ctx("top", redis_url, prefix, cluster)
-    flt = ops.QueueFilter(topic=topic) if topic else None
-    state = maintenance.TopState()
-
-    async def loop(r: Any, k: Keyspace) -> None:
-        from rich.live import Live
-
-        n = 0
-        console = _out()
-        live = None if as_json else Live(console=console, auto_refresh=False, transient=False,
-                                         vertical_overflow="visible")
-        try:
-            if live is not None:
-                live.start()
-            while True:
-                sample = await maintenance.top_sample(r, k, state, limit=limit, scan_limit=scan_limit, flt=flt)
-                n += 1
-                if as_json:
-                    typer.echo(json.dumps(sample, separators=(",", ":"), default=str))
-                else:
-                    live.update(_top_view(sample, ctx.url, ctx.prefix), refresh=True)
-                if iterations is not None and n >= iterations:
-                    return
-                await asyncio.sleep(interval)
-        finally:
-            if live is not None:
-                live.stop()
-
-    try:
-        ctx.run(loop)
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
 
 
 # -- bench --------------------------------------------------------------------------------------
