@@ -215,6 +215,9 @@ def analyze(
         console.print(f"fence audit: [bold {colour}]{audit['verdict']}[/] — evicted_out={audit['evicted_out']}, "
                       f"stale_epoch={audit['stale_epoch']}, double_ack={audit['double_ack']}")
         t = summary["totals"]
+        if t["not_audited"]:
+            console.print(f"[yellow]{t['not_audited']:,} queues have no journal and were not audited[/] "
+                          "(lmqs: set FENCEMQ_LITE_JOURNAL_CAP)")
         console.print(f"{t['queues']:,} queues ({t['lmqs']:,} lmqs), {t['groups']:,} groups, "
                       f"{t['journal_events']:,} journal events; backlog {t['backlog']:,}; "
                       f"redeliveries {t['redeliveries']:,}; lock expiries {t['timeouts']:,}; "

@@ -409,8 +409,10 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
         "evictions", "fenced_pulls", "seeks")]).first().asDict()
     c = res["consumers"].agg(F.sum("suspicions").alias("suspicions"),
                              F.count(F.when(col("suspected_now"), True)).alias("suspected_now")).first().asDict()
+    # a queue whose journal is off (lmqs by default) has nothing for the audit to read
     q = tables["queues"].agg(F.count(F.lit(1)).alias("queues"),
-                             F.count(F.when(col("kind") == "lmq", True)).alias("lmqs")).first().asDict()
+                             F.count(F.when(col("kind") == "lmq", True)).alias("lmqs"),
+                             F.count(F.when(col("journal_cap") == 0, True)).alias("not_audited")).first().asDict()
     totals = {**q, "groups": counts["backlog"], "members": tables["members"].count(),
               "journal_events": tables["journal"].count(), **b, **a, **c}
     totals = {k: (0 if v is None and k != "max_oldest_unacked_age_ms" else v) for k, v in totals.items()}

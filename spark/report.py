@@ -162,6 +162,10 @@ def render(out: Path, summary: dict[str, Any], manifest: dict[str, Any], data: d
         cls = "ok" if n == 0 else "bad"
         parts.append(f"<li><span class='{cls}'>{_fmt(n)}</span> — {html.escape(title)}</li>")
     parts.append("</ul>")
+    unaudited = summary["totals"].get("not_audited", 0)
+    if unaudited:
+        parts.append(f"<p class='bad'>{_fmt(unaudited)} queues have no journal and were not audited "
+                     "(lmqs keep one only with FENCEMQ_LITE_JOURNAL_CAP set).</p>")
     for name, title in AUDIT_TITLES.items():
         rows = data.get(name) or []
         if rows:

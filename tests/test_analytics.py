@@ -475,6 +475,25 @@ def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir
         assert f"{tag}</td>" in html
 
 
+def test_queues_without_a_journal_are_counted_as_not_audited(cli: typer.Typer, snapshot_dir: Path,
+                                                             tmp_path: Path) -> None:
+    snap = tmp_path / "lite-journal-off"
+    shutil.copytree(snapshot_dir, snap)
+    queues = pq.read_table(snap / "queues.parquet").to_pylist()
+    for q in queues:  # as the default config leaves lmqs: journal off
+        if q["kind"] == "lmq":
+            q["journal_cap"] = 0
+    pq.write_table(pa.Table.from_pylist(queues, schema=pq.read_schema(snap / "queues.parquet")), snap / "queues.parquet")
+    lmqs = sum(1 for q in queues if q["kind"] == "lmq")
+    assert lmqs > 0
+
+    res = CliRunner().invoke(cli, ["analyze", str(snap), "--out", str(tmp_path / "out"), "--json"])
+    assert json.loads(res.stdout)["totals"]["not_audited"] == lmqs
+    human = CliRunner().invoke(cli, ["analyze", str(snap), "--out", str(tmp_path / "out2")])
+    assert f"{lmqs} queues have no journal and were not audited" in human.stdout
+    assert f"{lmqs} queues have no journal and were not audited" in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: Path) -> None:
     run(run_workload(redis_url))
     snap = tmp_path / "snap"
