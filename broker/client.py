@@ -260,6 +260,11 @@ class Client:
             await conn.disconnect()
             self._closed = True
             raise from_reply(str(exc)) from None
+        except (redis.exceptions.ConnectionError, OSError) as exc:
+            # e.g. a worker that wants a client certificate closes after the TLS handshake
+            await conn.disconnect()
+            self._closed = True
+            raise ConnectionLost(f"{self.url} closed the connection before HELLO was answered: {exc}") from exc
         except BaseException:
             await conn.disconnect()
             self._closed = True

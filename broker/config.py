@@ -13,6 +13,12 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 7379
     password: str | None = None  # clients must AUTH with it when set
+    # TLS for clients: a certificate chain and its key make the worker listen
+    # with TLS only; a CA file also requires client certificates signed by it.
+    # (Workers reach Redis over TLS through a rediss:// redis_url.)
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
     metrics_port: int | None = None
 
     default_lock_ms: int = 30_000

@@ -1,7 +1,7 @@
 """The worker: a thin anyio TCP server in front of the fences.
 
 It speaks RESP2 and RESP3 (codec in broker.resp, command table in
-broker.commands, both free of I/O), keeps no state that matters — everything
+broker.commands, both free of I/O), over TCP or TLS (``tls_*`` settings), keeps no state that matters — everything
 lives in Redis — and may die at any instant. Pipelined PUBs to one queue are
 run as one fence call. SIGTERM drains: stop accepting, finish the commands in
 hand, close connections (sessions stay, to be resumed on another worker).
@@ -13,11 +13,13 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 import uuid
 from typing import Any
 
 import anyio
 from anyio.abc import SocketAttribute, SocketStream
+from anyio.streams.tls import TLSListener
 from redis.exceptions import RedisError
 
 from broker import metrics
@@ -34,11 +36,28 @@ from broker.wakeups import Wakeups
 log = logging.getLogger(__name__)
 
 
+def client_tls(config: Config) -> ssl.SSLContext | None:
+    """The TLS context clients connect with, or None for plain TCP."""
+    if not config.tls_cert_file and not config.tls_key_file:
+        if config.tls_ca_file:
+            raise BadArgument("tls_ca_file needs tls_cert_file and tls_key_file (the worker's own certificate)")
+        return None
+    if not (config.tls_cert_file and config.tls_key_file):
+        raise BadArgument("TLS needs both tls_cert_file and tls_key_file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    if config.tls_ca_file:
+        context.load_verify_locations(config.tls_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 class Worker:
     def __init__(self, config: Config) -> None:
         if not config.redis_url:
             raise BadArgument("a worker needs redis_url (fencemq serve starts an embedded Redis when none is given)")
         self.config = config
+        self.tls = client_tls(config)  # a bad TLS setting fails here, before anything starts
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.port: int | None = None
         self.connections: dict[str, "ClientConnection"] = {}  # by connection token
@@ -56,8 +75,12 @@ class Worker:
             self.sessions = Sessions(redis, self.keys, self.queues, self.clock, self.config.session_lease_ms)
             self.wakeups = Wakeups(redis, f"{self.config.prefix}:worker:{self.id}")
             sweeper = Sweeper(self.queues, self.sessions, self.config.sweep_interval_ms)
-            listener = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
+            listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
+            if self.tls is not None:
+                # the handshake runs in the connection's own task: a client that
+                # fails it is logged and dropped, nobody else waits on it
+                listener = TLSListener(listener, self.tls, standard_compatible=False)
             # Schedule writes run beside replies; their group outlives the services
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import sys
 from typing import Annotated, Optional
 
@@ -107,6 +108,15 @@ def serve(
     password: Annotated[Optional[str], typer.Option(
         help="Clients must AUTH with this password (default: $FENCEMQ_PASSWORD, else none)",
         show_default=False)] = None,
+    tls_cert: Annotated[Optional[str], typer.Option(
+        "--tls-cert", metavar="PEM", show_default=False,
+        help="Accept clients over TLS only, with this certificate chain (default: $FENCEMQ_TLS_CERT_FILE)")] = None,
+    tls_key: Annotated[Optional[str], typer.Option(
+        "--tls-key", metavar="PEM", show_default=False,
+        help="The key of --tls-cert (default: $FENCEMQ_TLS_KEY_FILE)")] = None,
+    tls_ca: Annotated[Optional[str], typer.Option(
+        "--tls-ca", metavar="PEM", show_default=False,
+        help="Require client certificates signed by this CA (default: $FENCEMQ_TLS_CA_FILE)")] = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT, then drain and exit 0.
 
@@ -119,14 +129,20 @@ def serve(
     from broker.config import Config
     from broker.runner import redis_for
     from broker.runner import serve as run_worker
+    from broker.worker import client_tls
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = Config.from_env(host=host, port=port, redis_url=redis_url, metrics_port=metrics_port,
-                                 prefix=prefix, password=password)
+                                 prefix=prefix, password=password, tls_cert_file=tls_cert, tls_key_file=tls_key,
+                                 tls_ca_file=tls_ca)
         Keyspace(config.prefix)
+        client_tls(config)  # incomplete TLS settings, or a certificate that does not load
+    except (OSError, ssl.SSLError) as exc:
+        fail("serve", CliError(f"cannot load the TLS certificate or key: {exc}"))
+        raise typer.Exit(1) from None
     except (ValueError, BadArgument) as exc:  # a FENCEMQ_* variable that does not parse
-        fail("serve", CliError(f"bad configuration: {exc}; fix the FENCEMQ_* environment variables"))
+        fail("serve", CliError(f"bad configuration: {exc}; fix the options or the FENCEMQ_* environment variables"))
         raise typer.Exit(1) from None
 
     embedded = not config.redis_url
@@ -146,7 +162,8 @@ def serve(
             def on_ready(worker, bound_port: int) -> None:
                 # Printed on the next loop turn: by then the SIGTERM/SIGINT handlers are in
                 # place, so whoever waits for this line may signal at once.
-                line = f"fencemq worker {worker.id} listening on {config.host}:{bound_port} (redis: {shown_url})"
+                tls = ", TLS" if config.tls_cert_file else ""
+                line = f"fencemq worker {worker.id} listening on {config.host}:{bound_port}{tls} (redis: {shown_url})"
                 asyncio.get_running_loop().call_soon(lambda: print(line, flush=True))
 
             anyio.run(run_worker, config, on_ready)

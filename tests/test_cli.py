@@ -204,7 +204,8 @@ def test_demo_with_unreachable_redis_exits_2() -> None:
 def test_serve_help_lists_the_options() -> None:
     result = invoke("serve", "--help")
     assert result.exit_code == 0, result.output
-    for option in ("--host", "--port", "--redis-url", "--metrics-port", "--prefix", "--password"):
+    for option in ("--host", "--port", "--redis-url", "--metrics-port", "--prefix", "--password", "--tls-cert",
+                   "--tls-key", "--tls-ca"):
         assert option in result.stdout
     assert invoke("--version").stdout.startswith("fencemq ")
 
