@@ -11,11 +11,13 @@ announcement costs at most that delay.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgpack
 from redis.asyncio import Redis
 
 from broker.keyspace import Keyspace, QueueRef
+from broker.redis_client import pipeline_then_publish
 from broker.sweeper import queue_ref
 from broker.topics import FilterIndex
 
@@ -52,17 +54,19 @@ class FilterRegistry:
         return [queue_ref(qid) for qid in self.index.match(topic)]
 
     async def register(self, ref: QueueRef, share: str | None, client: str | None) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def writes(pipe: Any) -> None:
             pipe.hsetnx(self.keys.filters, ref.qid, msgpack.packb([ref.topic, share, client]))
             pipe.incr(self.keys.filters_version)
-            pipe.publish(self.keys.filters_channel, ref.qid)
-            added, _, _ = await pipe.execute()
+
+        await pipeline_then_publish(self.redis, writes, self.keys.filters_channel, ref.qid)
         self.invalidate()
 
     async def unregister(self, ref: QueueRef) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def writes(pipe: Any) -> None:
             pipe.hdel(self.keys.filters, ref.qid)
             pipe.incr(self.keys.filters_version)
-            pipe.publish(self.keys.filters_channel, ref.qid)
-            await pipe.execute()
+
+        await pipeline_then_publish(self.redis, writes, self.keys.filters_channel, ref.qid)
         self.invalidate()

@@ -7,10 +7,11 @@ of a worker's CPU. hiredis packs the same bytes about five times faster.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -45,3 +46,51 @@ def connect(url: str, **options: Any) -> Redis:
     tls = url.startswith("rediss://")
     options.setdefault("connection_class", HiredisPackedSSLConnection if tls else HiredisPackedConnection)
     return Redis.from_url(url, **options)
+
+
+def _cluster(url: str, **options: Any) -> RedisCluster:
+    options.setdefault("max_connections", 256)
+    options.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=8))
+    options.setdefault("retry_on_error", [RedisConnectionError, RedisTimeoutError])
+    return RedisCluster.from_url(url, **options)
+
+
+async def open_redis(url: str) -> Redis | RedisCluster:
+    """A worker's client: asks the server at ``url`` whether it is a Cluster node.
+
+    A Cluster gets redis-py's cluster client (every fence names keys of one
+    slot, so each call goes to the master that owns it); anything else the
+    single-server client of :func:`connect`.
+    """
+    probe = connect(url, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=2))
+    try:
+        enabled = int((await probe.info("cluster")).get("cluster_enabled", 0)) == 1
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        enabled = False  # not answering yet: the single-server client connects (and retries) lazily, as before
+    finally:
+        await probe.aclose()
+    if not enabled:
+        return connect(url)
+    cluster = _cluster(url)
+    await cluster.initialize()
+    return cluster
+
+
+async def pipeline_then_publish(redis: Redis | RedisCluster, build: Callable[[Any], None], channel: str,
+                                message: bytes | str) -> list[Any]:
+    """Run the commands ``build(pipe)`` queues, and PUBLISH a message.
+
+    One round trip on one server. A Cluster's pipelines refuse PUBLISH (it
+    goes to every node, not to a slot's master), so there it follows the
+    pipeline. Returns the pipeline's replies, without PUBLISH's.
+    """
+    cluster = isinstance(redis, RedisCluster)
+    async with redis.pipeline(transaction=False) as pipe:
+        build(pipe)
+        if not cluster:
+            pipe.publish(channel, message)
+        replies = await pipe.execute()
+    if cluster:
+        await redis.publish(channel, message)
+        return list(replies)
+    return list(replies[:-1])

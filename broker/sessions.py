@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from broker import session_index
 from broker.keyspace import Handle, Keyspace
 from broker.queues import Queues
+from broker.redis_client import pipeline_then_publish
 
 MAX_QUEUED_NOTICES = 1000
 CLEANUP_RETRY_MS = 5_000
@@ -64,11 +65,13 @@ class Sessions:
 
     async def bind(self, client: str, connection: str, worker: str) -> None:
         now = await self.clock.now_ms()
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def writes(pipe: Any) -> None:
             pipe.hset(self.keys.session(client), mapping={"conn": connection, "worker": worker, "since": now})
             pipe.zadd(self.keys.sessions, {client: now + self.lease_ms})
-            pipe.publish(self.keys.session_channel(client), msgpack.packb({"type": "takeover", "conn": connection}))
-            await pipe.execute()
+
+        takeover = msgpack.packb({"type": "takeover", "conn": connection})
+        await pipeline_then_publish(self.redis, writes, self.keys.session_channel(client), takeover)
 
     async def keep_alive(self, clients: list[str]) -> None:
         if clients:
@@ -135,11 +138,12 @@ class Sessions:
     async def notify(self, client: str, notice: dict[str, Any]) -> None:
         """Queue a notice for the client's next HEARTBEAT and push it if connected."""
         packed = msgpack.packb(notice)
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def queue(pipe: Any) -> None:
             pipe.rpush(self.keys.session_notices(client), packed)
             pipe.ltrim(self.keys.session_notices(client), -MAX_QUEUED_NOTICES, -1)
-            pipe.publish(self.keys.session_channel(client), packed)
-            await pipe.execute()
+
+        await pipeline_then_publish(self.redis, queue, self.keys.session_channel(client), packed)
 
     async def drain_notices(self, client: str) -> list[dict[str, Any]]:
         key = self.keys.session_notices(client)

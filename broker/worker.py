@@ -28,7 +28,7 @@ from broker.connection import ClientConnection
 from broker.errors import BadArgument
 from broker.fanout import FanOut
 from broker.queues import Queues
-from broker.redis_client import connect
+from broker.redis_client import open_redis
 from broker.sessions import RedisClock, Sessions
 from broker.sweeper import Sweeper
 from broker.wakeups import Wakeups
@@ -65,7 +65,7 @@ class Worker:
         self._draining = anyio.Event()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        redis = connect(self.config.redis_url)
+        redis = await open_redis(self.config.redis_url)
         try:
             self.redis = redis
             self.queues = Queues(redis, self.config)
