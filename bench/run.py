@@ -10,7 +10,9 @@ Variants (same Redis server, flushed between them):
                    with the bench clients: a lower bound, for comparison).
 Each variant: a flat-out run (MPUB of 100, 10 in flight; PULL COUNT 100 BLOCK
 1000 + ACK pipelined) and a low-load run (one PUB per message at ~1,000 msg/s).
-Then the Redis cost of each fence alone (bench.fence_costs).
+Then the Redis cost of each fence alone (bench.fence_costs), and the peers a
+user would pick instead, measured the same way on this machine's services
+(bench.peers: NATS JetStream, RabbitMQ quorum queues; skipped when absent).
 Writes <out>/e2e.json and <out>/e2e.png and prints a table.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.fence_costs import fence_costs
+from bench.peers import run_peers
 from bench.stats import RedisMeter, machine_busy_s, percentiles_ms, proc_cpu_s, self_cpu_s
 from bench.workloads import FenceMQ, RawStreams, Run, e2e
 from broker.config import Config
@@ -204,6 +207,7 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
 LABELS = {"raw": "raw Streams (Lua)", "fencemq_process": "FenceMQ (worker process)",
           "fencemq_thread": "FenceMQ (worker thread)"}
 COLORS = {"raw": "#888888", "fencemq_process": "#1f77b4", "fencemq_thread": "#9ecae1"}
+PEER_LABELS = {"nats_jetstream": "NATS JetStream (file)", "rabbitmq_quorum": "RabbitMQ (quorum queue)"}
 
 
 def plot(res: dict[str, Any], lat: dict[str, dict[str, list[int]]], path: Path) -> None:
@@ -220,16 +224,19 @@ def plot(res: dict[str, Any], lat: dict[str, dict[str, list[int]]], path: Path) 
                  f"commit {res['machine']['git_commit']}; unrelated processes used up to {others:.1f} CPUs meanwhile)")
 
     a = ax[0][0]
-    vals = [res["variants"][n]["throughput"]["msgs_per_s"] for n in names]
-    bars = a.bar([LABELS[n] for n in names], vals, color=[COLORS[n] for n in names])
+    peers = {n: p for n, p in res.get("peers", {}).items() if "msgs_per_s" in p}
+    vals = [res["variants"][n]["throughput"]["msgs_per_s"] for n in names] + [p["msgs_per_s"] for p in peers.values()]
+    bars = a.bar([LABELS[n] for n in names] + [PEER_LABELS[n] for n in peers], vals,
+                 color=[COLORS[n] for n in names] + ["#9e9ac8"] * len(peers))
     a.bar_label(bars, labels=[f"{v / 1000:.1f}k" for v in vals])
     a.axhline(GOAL_MSGS_PER_S, color="red", ls="--", lw=1, label=f"goal {GOAL_MSGS_PER_S // 1000}k msg/s")
     a.axhline(GOAL_RATIO * res["variants"]["raw"]["throughput"]["msgs_per_s"], color="orange", ls=":", lw=1,
               label=f"goal {GOAL_RATIO}x raw")
     a.set_ylabel("msg/s, first publish to last ack")
-    a.set_title("end-to-end throughput")
+    a.set_title("end-to-end throughput (peers: bench.peers, same run)")
     a.legend(fontsize=8)
     a.tick_params(axis="x", labelsize=8)
+    plt.setp(a.get_xticklabels(), rotation=20, ha="right")
 
     a = ax[0][1]
     for n in names:
@@ -311,6 +318,16 @@ def print_table(res: dict[str, Any]) -> None:
             top = ", ".join(f"{k} {u / fc['calls']:.0f}us/{calls // fc['calls']}x" for u, k, calls in inner)
             print(f"  {f:<8} EVALSHA {c['evalsha_us_per_call']:7.1f} us/call = {c['evalsha_us_per_msg']:5.2f} us/msg;"
                   f" Python wall {c['python_wall_us_per_call']:7.1f} us/call; inside: {top}")
+    peers = res.get("peers", {})
+    if peers:
+        ours = res["variants"]["fencemq_process"]["throughput"]["msgs_per_s"]
+        print("\npeers, same run, at-least-once (bench.peers):")
+        for name, p in peers.items():
+            if "msgs_per_s" in p:
+                print(f"  {PEER_LABELS[name]:<26} {p['msgs_per_s']:>9,.0f} msg/s  flat-out p99 {p['p99_ms']:8.1f} ms  "
+                      f"FenceMQ is {ours / p['msgs_per_s']:.1f}x")
+            else:
+                print(f"  {PEER_LABELS[name]:<26} skipped: {p['skipped']}")
     print("\ngoals (headline = FenceMQ worker process):")
     for g in res["goals"]:
         print(f"  {'PASS' if g['pass'] else 'FAIL'}  {g['goal']:<36} {g['value']!s:>10}  (target {g['target']})")
@@ -330,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--low-rate", type=float, default=1000.0, help="msg/s in the low-load run")
     ap.add_argument("--skip-thread", action="store_true", help="skip the worker-thread variant")
     ap.add_argument("--profile", default=None, help="cProfile the worker process into this file")
+    ap.add_argument("--skip-peers", action="store_true", help="skip NATS JetStream and RabbitMQ (bench.peers)")
     opts = ap.parse_args(argv)
     if opts.size < 8:
         ap.error("--size must be at least 8 (the payload carries its send time)")
@@ -369,6 +387,10 @@ def main(argv: list[str] | None = None) -> None:
         print("fences alone:", flush=True)
         res["fence_costs"] = asyncio.run(fence_costs(server.url, meter, size=opts.size))
         admin.close()
+
+    if not opts.skip_peers:
+        print("peers (services of this machine):", flush=True)
+        res["peers"] = run_peers(opts.messages, opts.size, opts.batch, opts.window)
 
     res["goals"] = goals(res)
     res["bench_seconds"] = time.perf_counter() - t_start
