@@ -10,7 +10,8 @@ Variants (same Redis server, flushed between them):
                    with the bench clients: a lower bound, for comparison).
 Each variant: a flat-out run (MPUB of 100, 10 in flight; PULL COUNT 100 BLOCK
 1000 + ACK pipelined) and a low-load run (one PUB per message at ~1,000 msg/s).
-Then the Redis cost of each fence alone (bench.fence_costs), and the peers a
+Then the Redis cost of each fence alone (bench.fence_costs), the Python SDK in
+both styles, asyncio and blocking (bench.sdk), and the peers a
 user would pick instead, measured the same way on this machine's services
 (bench.peers: NATS JetStream, RabbitMQ quorum queues; skipped when absent).
 Writes <out>/e2e.json and <out>/e2e.png and prints a table.
@@ -32,6 +33,7 @@ from typing import Any, Callable
 
 from bench.fence_costs import fence_costs
 from bench.peers import run_peers
+from bench.sdk import sdk_styles
 from bench.stats import RedisMeter, machine_busy_s, percentiles_ms, proc_cpu_s, self_cpu_s
 from bench.workloads import FenceMQ, RawStreams, Run, e2e
 from broker.config import Config
@@ -318,6 +320,10 @@ def print_table(res: dict[str, Any]) -> None:
             top = ", ".join(f"{k} {u / fc['calls']:.0f}us/{calls // fc['calls']}x" for u, k, calls in inner)
             print(f"  {f:<8} EVALSHA {c['evalsha_us_per_call']:7.1f} us/call = {c['evalsha_us_per_msg']:5.2f} us/msg;"
                   f" Python wall {c['python_wall_us_per_call']:7.1f} us/call; inside: {top}")
+    sdk = res.get("sdk", {})
+    if sdk:
+        print("\nthe Python SDK through a worker process (bench.sdk): " + ", ".join(
+            f"{style} {r['msgs_per_s']:,.0f} msg/s" for style, r in sdk.items()))
     peers = res.get("peers", {})
     if peers:
         ours = res["variants"]["fencemq_process"]["throughput"]["msgs_per_s"]
@@ -386,6 +392,14 @@ def main(argv: list[str] | None = None) -> None:
 
         print("fences alone:", flush=True)
         res["fence_costs"] = asyncio.run(fence_costs(server.url, meter, size=opts.size))
+        admin.flushall()
+
+        print("the Python SDK, asyncio and blocking:", flush=True)
+        worker = WorkerProcess(server.url)
+        try:
+            res["sdk"] = sdk_styles(worker.port, opts.messages, opts.size)
+        finally:
+            worker.stop()
         admin.close()
 
     if not opts.skip_peers:
