@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# Target: `runtime` (default, last stage) runs a worker.
+# Targets: `runtime` (default, last stage) runs a worker; `analytics` snapshots
+# and analyzes (docker-compose.yml, profile `analytics`).
 #
 # bookworm rather than the floating `python:3.11-slim` tag, so the Debian base
 # does not move under the image (trixie, which that tag moved to, no longer ships
@@ -15,5 +16,14 @@ EXPOSE 7379
 # No entrypoint wrapper: compose's `command:` is the whole command line.
 ENTRYPOINT []
 CMD ["fencemq", "serve", "--host", "0.0.0.0"]
+
+# The analytics job: Java 17 for Spark, and the spark extra (pyspark, pyarrow, matplotlib).
+FROM base AS analytics
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip install --no-cache-dir '.[spark]'
+ENV PYSPARK_PYTHON=python3
+CMD ["fencemq", "analyze", "/data/snapshot", "--out", "/data/report"]
 
 FROM base AS runtime

@@ -102,6 +102,19 @@ def test_compose_topology() -> None:
     assert "7379" in published["worker1"] and "7380" in published["worker2"]
 
 
+def test_compose_runs_the_analytics_job_on_demand() -> None:
+    services = _compose_services()
+    snapshot, analyze = services["snapshot"], services["analyze"]
+    for svc in (snapshot, analyze):  # not part of `docker compose up`: run with --profile analytics
+        assert svc["profiles"] == ["analytics"] and svc["build"]["target"] == "analytics"
+        assert "analytics:/data" in svc["volumes"]
+    assert "--out /data/snapshot" in snapshot["command"] and "redis://redis:6379/" in snapshot["command"]
+    assert analyze["command"].startswith("fencemq analyze /data/snapshot")
+    assert analyze["depends_on"]["snapshot"]["condition"] == "service_completed_successfully"
+    stage = _dockerfile_stages()["analytics"]
+    assert "openjdk-17-jre" in stage and ".[spark]" in stage, "Spark needs Java 17 and the spark extra"
+
+
 def _dockerfile_stages() -> dict[str, str]:
     text = (ROOT / "Dockerfile").read_text()
     parts = re.split(r"(?im)^FROM\s+\S+\s+AS\s+(\S+)\s*$", text)
