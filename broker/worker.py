@@ -1,10 +1,12 @@
 """The worker: a thin anyio TCP server in front of the fences.
 
 It speaks RESP2 and RESP3 (codec in broker.resp, command table in
-broker.commands, both free of I/O), over TCP or TLS (``tls_*`` settings), keeps no state that matters — everything
-lives in Redis — and may die at any instant. Pipelined PUBs to one queue are
-run as one fence call. SIGTERM drains: stop accepting, finish the commands in
-hand, close connections (sessions stay, to be resumed on another worker).
+broker.commands, both free of I/O) over TCP or TLS (the ``tls_*`` settings),
+to a single Redis or a Cluster (broker.redis_client.open_redis), keeps no
+state that matters — everything lives in Redis — and may die at any instant.
+Pipelined PUBs to one queue are run as one fence call. SIGTERM drains: stop
+accepting, finish the commands in hand, close connections (sessions stay, to
+be resumed on another worker).
 """
 
 from __future__ import annotations
