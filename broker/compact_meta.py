@@ -3,11 +3,11 @@
 An lmq at rest (one group, whose only member is its owner) keeps only the
 meta fields that differ from their defaults; ``z`` = ``<group>|<owner>``
 stands for the group, its member list and its owner, and the few fields left
-take one-letter names, times in seconds (lua/_common.lua, ``compact_meta``;
+take one-letter names, times in seconds (lua/_compact_meta.lua, ``compact_meta``;
 docs/data-model.md, "Lmqs at rest"). The fences read through it; code that
 reads meta hashes directly (the operator views) calls :func:`expand` to see
 every field spelled out. The names and defaults here must match
-``compact_names`` / ``compact_defaults`` / ``SHORT_NAMES`` in lua/_common.lua:
+``compact_names`` / ``compact_defaults`` / ``SHORT_NAMES`` in lua/_compact_meta.lua:
 tests/test_lmq_at_rest.py holds the two to each other.
 """
 

@@ -39,122 +39,7 @@ local function gf(g, f) return 'g|' .. g .. '|' .. f end
 local function mf(g, m, f) return 'm|' .. g .. '|' .. m .. '|' .. f end
 local function pad(id) return string.format('%016d', id) end
 
--- Compact meta (lmqs at rest; docs/data-model.md, "Lmqs at rest"). Millions
--- of lite queues sit idle with one exclusive owner, and a meta hash that
--- spells out every default costs ~400 B each. At rest such a queue keeps only
--- what differs from the defaults below; `z` = "<group>|<owner>" stands for its
--- one group, member list and owner, and the few fields left take one-letter
--- names (times to the second). Reads that may meet a compact hash go through
--- read_meta, which fills everything back in; a fence that writes meta expands
--- it first (expand_meta): some defaults are relative (cur = seq + 1, mem =
--- own), and a deleted field would come back as its default.
-local function compact_names(g, m)
-  return {'first', 'seq', gf(g, 'mode'), gf(g, 'pol'), gf(g, 'ep'), gf(g, 'onpre'), 'groups', gf(g, 'mem'),
-          mf(g, m, 'n'), mf(g, m, 'qos'), mf(g, m, 'on'), 'jcap', gf(g, 'cur')}
-end
-
--- (`first` = seq + 1 is both a new queue's and one whose log is all consumed.)
-local function compact_defaults(g, m, seq)
-  local next_id = tostring(seq + 1)
-  return {next_id, '0', 'exclusive', 'preempt', '0', 'keep', g, m, '0', '1', '1', '0', next_id}
-end
-
--- Kept at rest under a short name: seq, tag, the owner's delivered count,
--- and the create / last-write times (the last two in seconds).
-local SHORT_NAMES = {'S', 'T', 'N', 'C', 'W'}
-local function long_names(g, m) return {'seq', 'tag', mf(g, m, 'n'), 'ct', 'wt'} end
-local FIRST_TIME = 4
-
--- What a compact hash stands for but does not hold: a flat list {name,
--- value, ...}, or nil when the hash is not compact.
-local function omitted_fields(meta)
-  local z = redis.call('HGET', meta, 'z')
-  if not z then return nil end
-  local bar = string.find(z, '|', 1, true)
-  local g, m = string.sub(z, 1, bar - 1), string.sub(z, bar + 1)
-  local out, kept = {gf(g, 'own'), m}, {}
-  local short = redis.call('HMGET', meta, unpack(SHORT_NAMES))
-  for i, name in ipairs(long_names(g, m)) do
-    local v = short[i]
-    if v then
-      if i >= FIRST_TIME then v = string.format('%d', tonumber(v) * 1000) end
-      out[#out + 1] = name
-      out[#out + 1] = v
-      kept[name] = v
-    end
-  end
-  local names = compact_names(g, m)
-  local have = redis.call('HMGET', meta, unpack(names))
-  local defaults = compact_defaults(g, m, tonumber(kept.seq or '0'))
-  for i, name in ipairs(names) do
-    if not have[i] and not kept[name] then
-      out[#out + 1] = name
-      out[#out + 1] = defaults[i]
-    end
-  end
-  return out
-end
-
--- HMGET of meta fields, everything filled in when the hash is compact.
-local function read_meta(meta, names)
-  local n = #names
-  names[n + 1] = 'z'
-  local f = redis.call('HMGET', meta, unpack(names))
-  names[n + 1] = nil
-  local compact = f[n + 1]
-  f[n + 1] = nil
-  if compact then
-    local omitted, value = omitted_fields(meta), {}
-    for i = 1, #omitted, 2 do value[omitted[i]] = omitted[i + 1] end
-    for i = 1, n do
-      if not f[i] and value[names[i]] then f[i] = value[names[i]] end
-    end
-  end
-  return f
-end
-
--- Spell everything out again, before a write.
-local function expand_meta(meta)
-  local omitted = omitted_fields(meta)
-  if not omitted then return end
-  redis.call('HDEL', meta, 'z', unpack(SHORT_NAMES))
-  redis.call('HSET', meta, unpack(omitted))
-end
-
--- Leave out every default, if the queue has one group whose only member is
--- its owner — only when all the defaulted fields are present, so expanding
--- gives back this hash (but for times below a second).
-local function compact_meta(meta)
-  local top = redis.call('HMGET', meta, 'groups', 'z')
-  local g = top[1]
-  if not g or top[2] or string.find(g, '\n', 1, true) then return end
-  local gm = redis.call('HMGET', meta, gf(g, 'own'), gf(g, 'mem'))
-  local m = gm[1]
-  if not m or gm[2] ~= m then return end
-  local names = compact_names(g, m)
-  local have = redis.call('HMGET', meta, unpack(names))
-  for i = 1, #names do
-    if not have[i] then return end
-  end
-  local defaults = compact_defaults(g, m, tonumber(have[2]))
-  local drop = {gf(g, 'own')}
-  for i, name in ipairs(names) do
-    if have[i] == defaults[i] then drop[#drop + 1] = name end
-  end
-  redis.call('HDEL', meta, unpack(drop))
-  local longs = long_names(g, m)
-  local values = redis.call('HMGET', meta, unpack(longs))
-  local short = {'z', g .. '|' .. m}
-  for i, v in ipairs(values) do
-    if v then
-      if i >= FIRST_TIME then v = string.format('%d', math.floor(tonumber(v) / 1000)) end
-      short[#short + 1] = SHORT_NAMES[i]
-      short[#short + 1] = v
-    end
-  end
-  redis.call('HDEL', meta, unpack(longs))
-  redis.call('HSET', meta, unpack(short))
-end
+--@include _compact_meta.lua
 
 local function int_arg(v, name)
   local n = tonumber(v)
@@ -462,28 +347,23 @@ local function lock_of(K, member, default)
   return tonumber(member.lock or redis.call('HGET', K.meta, 'lock') or default)
 end
 
--- An lmq nobody owns and nobody has left to read is reclaimed after an idle
--- TTL (the caller passes it for lmqs only, 0 for plain topics): its keys get that expiry now, and lose it at the next write that gives
--- it an owner or a message to read. Plain topics are never reclaimed.
--- Cost: O(groups of the queue).
+-- Every key an lmq can have but mailboxes: what reclaiming it expires.
 local LMQ_KEYS = {'meta', 'log', 'jr', 'dd', 'ddm', 'dead'}
 
--- An lmq with nothing checked out, returned or delayed forgets the messages
--- every group has read: its log holds only what someone may still get
--- (docs/data-model.md, "Lmqs at rest"). At most 1000 per call (O(batch));
--- retention trims the rest at the next publish. An lmq without groups keeps
--- its messages for its first subscriber, and one with a group that rewinds
--- to the earliest message on preemption keeps them for that rewind.
-local function drop_consumed(K)
-  local top = read_meta(K.meta, {'groups', 'first'})
-  if not top[1] then return end
-  local first, upto = tonumber(top[2] or '1'), nil
-  for _, g in ipairs(split(top[1], '\n')) do
-    local f = read_meta(K.meta, {gf(g, 'cur'), gf(g, 'onpre')})
-    if f[2] == 'earliest' then return end
-    local cur = tonumber(f[1] or first)
-    if not upto or cur - 1 < upto then upto = cur - 1 end
-  end
+-- An lmq at rest (docs/data-model.md, "Lmqs at rest") with nothing checked
+-- out, returned or delayed:
+-- * forgets the messages every group has read, so its log holds only what
+--   someone may still get — at most 1000 per call (O(batch)); retention trims
+--   the rest at the next publish. An lmq without groups keeps its messages
+--   for its first subscriber, and one with a group that rewinds to the
+--   earliest message on preemption keeps them for that rewind;
+-- * is reclaimed after an idle TTL when nobody owns it or has anything left
+--   to read: its keys get that expiry now, and lose it at the next write that
+--   gives it an owner or a message to read (the caller passes the TTL for
+--   lmqs only, 0 for plain topics, which are never reclaimed).
+-- Then, nothing being checked out, its meta hash may come to rest compact.
+-- One look at each group serves both. Cost: O(groups + messages dropped).
+local function drop_consumed(K, first, upto)
   upto = math.min(upto, first + 999)
   if upto < first then return end
   local ids = {}
@@ -497,18 +377,21 @@ local function reclaim_if_idle(K, ttl_ms)
   if not ttl_ms or ttl_ms <= 0 then return end
   local settled = redis.call('HLEN', K.co) == 0
   local idle = settled and redis.call('ZCARD', K.rd) == 0 and redis.call('ZCARD', K.dly) == 0
-  if idle then drop_consumed(K) end
-  -- nothing checked out: the queue may come to rest in its compact form
-  if settled then compact_meta(K.meta) end
   if idle then
-    local top = read_meta(K.meta, {'seq', 'groups'})
-    local seq, groups = tonumber(top[1] or '0'), top[2]
+    local top = read_meta(K.meta, {'seq', 'groups', 'first'})
+    local seq, groups, first = tonumber(top[1] or '0'), top[2], tonumber(top[3] or '1')
+    local read_by_all, rewinds = nil, false
     for _, g in ipairs(groups and split(groups, '\n') or {}) do
-      local f = read_meta(K.meta, {gf(g, 'own'), gf(g, 'mem'), gf(g, 'cur')})
-      if f[1] or f[2] or tonumber(f[3] or '1') <= seq then idle = false; break end
+      local f = read_meta(K.meta, {gf(g, 'own'), gf(g, 'mem'), gf(g, 'cur'), gf(g, 'onpre')})
+      local cur = tonumber(f[3] or first)
+      if f[1] or f[2] or cur <= seq then idle = false end
+      if f[4] == 'earliest' then rewinds = true end
+      if not read_by_all or cur - 1 < read_by_all then read_by_all = cur - 1 end
     end
     if not groups and seq > 0 then idle = false end
+    if read_by_all and not rewinds then drop_consumed(K, first, read_by_all) end
   end
+  if settled then compact_meta(K.meta) end
   -- Every key an lmq can have but mailboxes (gone with their members).
   for _, name in ipairs(LMQ_KEYS) do
     local key = K[name]

@@ -1,7 +1,7 @@
 """An lmq at rest: a compact meta hash, and only the messages someone may still get.
 
-Compaction (lua/_common.lua ``compact_meta``; docs/data-model.md, "Compact
-meta") leaves out every meta field that holds its default once an lmq has one
+Compaction (lua/_compact_meta.lua ``compact_meta``; docs/data-model.md, "Lmqs at
+rest") leaves out every meta field that holds its default once an lmq has one
 group whose only member is its owner. The property test runs the same random
 lite-queue operations twice — through the real fences, and through the same
 fences with compaction switched off — and requires the same replies and the

@@ -1,0 +1,121 @@
+-- _compact_meta.lua: the compact meta hash of an lmq at rest; included by
+-- _common.lua (after gf/mf, before the helpers that read meta), so every fence
+-- has read_meta, expand_meta and compact_meta. Touches only the meta hash the
+-- caller passes (a key the fence got in KEYS).
+--
+-- Compact meta (lmqs at rest; docs/data-model.md, "Lmqs at rest"). Millions
+-- of lite queues sit idle with one exclusive owner, and a meta hash that
+-- spells out every default costs ~400 B each. At rest such a queue keeps only
+-- what differs from the defaults below; `z` = "<group>|<owner>" stands for its
+-- one group, member list and owner, and the few fields left take one-letter
+-- names (times to the second). Reads that may meet a compact hash go through
+-- read_meta, which fills everything back in; a fence that writes meta expands
+-- it first (expand_meta): some defaults are relative (cur = seq + 1, mem =
+-- own), and a deleted field would come back as its default.
+local function compact_names(g, m)
+  return {'first', 'seq', gf(g, 'mode'), gf(g, 'pol'), gf(g, 'ep'), gf(g, 'onpre'), 'groups', gf(g, 'mem'),
+          mf(g, m, 'n'), mf(g, m, 'qos'), mf(g, m, 'on'), 'jcap', gf(g, 'cur')}
+end
+
+-- (`first` = seq + 1 is both a new queue's and one whose log is all consumed.)
+local function compact_defaults(g, m, seq)
+  local next_id = tostring(seq + 1)
+  return {next_id, '0', 'exclusive', 'preempt', '0', 'keep', g, m, '0', '1', '1', '0', next_id}
+end
+
+-- Kept at rest under a short name: seq, tag, the owner's delivered count,
+-- and the create / last-write times (the last two in seconds).
+local SHORT_NAMES = {'S', 'T', 'N', 'C', 'W'}
+local function long_names(g, m) return {'seq', 'tag', mf(g, m, 'n'), 'ct', 'wt'} end
+local FIRST_TIME = 4
+
+-- What a compact hash stands for but does not hold: a flat list {name,
+-- value, ...}, or nil when the hash is not compact.
+local function omitted_fields(meta)
+  local z = redis.call('HGET', meta, 'z')
+  if not z then return nil end
+  local bar = string.find(z, '|', 1, true)
+  local g, m = string.sub(z, 1, bar - 1), string.sub(z, bar + 1)
+  local out, kept = {gf(g, 'own'), m}, {}
+  local short = redis.call('HMGET', meta, unpack(SHORT_NAMES))
+  for i, name in ipairs(long_names(g, m)) do
+    local v = short[i]
+    if v then
+      if i >= FIRST_TIME then v = string.format('%d', tonumber(v) * 1000) end
+      out[#out + 1] = name
+      out[#out + 1] = v
+      kept[name] = v
+    end
+  end
+  local names = compact_names(g, m)
+  local have = redis.call('HMGET', meta, unpack(names))
+  local defaults = compact_defaults(g, m, tonumber(kept.seq or '0'))
+  for i, name in ipairs(names) do
+    if not have[i] and not kept[name] then
+      out[#out + 1] = name
+      out[#out + 1] = defaults[i]
+    end
+  end
+  return out
+end
+
+-- HMGET of meta fields, everything filled in when the hash is compact.
+local function read_meta(meta, names)
+  local n = #names
+  names[n + 1] = 'z'
+  local f = redis.call('HMGET', meta, unpack(names))
+  names[n + 1] = nil
+  local compact = f[n + 1]
+  f[n + 1] = nil
+  if compact then
+    local omitted, value = omitted_fields(meta), {}
+    for i = 1, #omitted, 2 do value[omitted[i]] = omitted[i + 1] end
+    for i = 1, n do
+      if not f[i] and value[names[i]] then f[i] = value[names[i]] end
+    end
+  end
+  return f
+end
+
+-- Spell everything out again, before a write.
+local function expand_meta(meta)
+  local omitted = omitted_fields(meta)
+  if not omitted then return end
+  redis.call('HDEL', meta, 'z', unpack(SHORT_NAMES))
+  redis.call('HSET', meta, unpack(omitted))
+end
+
+-- Leave out every default, if the queue has one group whose only member is
+-- its owner — only when all the defaulted fields are present, so expanding
+-- gives back this hash (but for times below a second).
+local function compact_meta(meta)
+  local top = redis.call('HMGET', meta, 'groups', 'z')
+  local g = top[1]
+  if not g or top[2] or string.find(g, '\n', 1, true) then return end
+  local gm = redis.call('HMGET', meta, gf(g, 'own'), gf(g, 'mem'))
+  local m = gm[1]
+  if not m or gm[2] ~= m then return end
+  local names = compact_names(g, m)
+  local have = redis.call('HMGET', meta, unpack(names))
+  for i = 1, #names do
+    if not have[i] then return end
+  end
+  local defaults = compact_defaults(g, m, tonumber(have[2]))
+  local drop = {gf(g, 'own')}
+  for i, name in ipairs(names) do
+    if have[i] == defaults[i] then drop[#drop + 1] = name end
+  end
+  redis.call('HDEL', meta, unpack(drop))
+  local longs = long_names(g, m)
+  local values = redis.call('HMGET', meta, unpack(longs))
+  local short = {'z', g .. '|' .. m}
+  for i, v in ipairs(values) do
+    if v then
+      if i >= FIRST_TIME then v = string.format('%d', math.floor(tonumber(v) / 1000)) end
+      short[#short + 1] = SHORT_NAMES[i]
+      short[#short + 1] = v
+    end
+  end
+  redis.call('HDEL', meta, unpack(longs))
+  redis.call('HSET', meta, unpack(short))
+end
