@@ -224,7 +224,8 @@ def _format_cursor(nodes: list[Any], index: int, cursor: int) -> str:
     return str(cursor) if nodes == [None] else f"{nodes[index].name}/{cursor}"
 
 
-async def _scan(redis: Any, node: Any, cursor: int, pattern: str, count: int) -> tuple[int, list[bytes]]:
+async def scan_step(redis: Any, node: Any, cursor: int, pattern: str, count: int) -> tuple[int, list[bytes]]:
+    """One SCAN of queue meta hashes (``TYPE hash``) on one server, or on one master of a Cluster."""
     if node is None:
         nxt, keys = await redis.scan(cursor, match=pattern, count=count, _type="hash")
     else:
@@ -276,7 +277,7 @@ async def scan_queues(
         while True:
             room = limit - len(found)
             while True:
-                nxt, batch = await _scan(redis, node, cur, pattern, n)
+                nxt, batch = await scan_step(redis, node, cur, pattern, n)
                 fresh = []
                 for raw in batch:
                     qid = Keyspace.qid_from_meta_key(_s(raw))

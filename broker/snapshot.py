@@ -63,6 +63,7 @@ import pyarrow.parquet as pq
 from redis.exceptions import NoScriptError, ResponseError
 
 from broker.keyspace import Keyspace
+from broker.operations import is_cluster_client, primaries, scan_step
 from broker.scripts import sources
 from broker.sweeper import queue_ref
 from broker.values import integer
@@ -319,13 +320,9 @@ class _Writer:
 
 def _source_of(redis: Any) -> str:
     """Where the client points, without any password."""
-    try:
-        from redis.asyncio.cluster import RedisCluster
-        if isinstance(redis, RedisCluster):
-            nodes = ",".join(f"{n.host}:{n.port}" for n in redis.get_primaries())
-            return f"redis-cluster://{nodes}"
-    except ImportError:  # pragma: no cover
-        pass
+    if is_cluster_client(redis):
+        nodes = ",".join(f"{n.host}:{n.port}" for n in redis.get_primaries())
+        return f"redis-cluster://{nodes}"
     kw = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {}) or {}
     if "path" in kw:
         return f"unix://{kw['path']}?db={kw.get('db', 0)}"
@@ -334,26 +331,12 @@ def _source_of(redis: Any) -> str:
     return f"{scheme}://{user}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
-def _primaries(redis: Any) -> list[Any]:
-    """[None] for a single server; every master of a Cluster."""
-    try:
-        from redis.asyncio.cluster import RedisCluster
-    except ImportError:  # pragma: no cover
-        return [None]
-    return list(redis.get_primaries()) if isinstance(redis, RedisCluster) else [None]
-
-
 async def _scan(redis: Any, node: Any, pattern: str, count: int):
     """Yield batches of queue ids from one master (each at most once)."""
     seen: set[bytes] = set()
-    cursor: Any = 0
+    cursor = 0
     while True:
-        if node is None:
-            cursor, keys = await redis.scan(cursor, match=pattern, count=count, _type="hash")
-        else:
-            cursor, keys = await redis.scan(cursor, match=pattern, count=count, _type="hash", target_nodes=node)
-            if isinstance(cursor, dict):  # the cluster client answers {node name: cursor}
-                cursor = next(iter(cursor.values()))
+        cursor, keys = await scan_step(redis, node, cursor, pattern, count)
         fresh = []
         for k in keys:
             if k not in seen:
@@ -361,7 +344,7 @@ async def _scan(redis: Any, node: Any, pattern: str, count: int):
                 fresh.append(Keyspace.qid_from_meta_key(_s(k)))
         if fresh:
             yield fresh
-        if int(cursor) == 0:
+        if cursor == 0:
             return
 
 
@@ -421,7 +404,7 @@ async def take_snapshot(
     fence = _Fence(redis)
     await fence.load()
     writer = _Writer(out)
-    nodes = _primaries(redis)
+    nodes = await primaries(redis)
     done = vanished = unsettled = 0
     errors: list[str] = []
     error_count = 0
