@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bench.stats import percentiles_ms
+from bench.workloads import in_flight
 
 NATS_URL = "nats://127.0.0.1:4222"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -45,19 +46,10 @@ def _sent_at(body: bytes) -> float:
 async def _publish_all(publish: Callable[[bytes], Awaitable[Any]], total: int, size: int, batch: int,
                        window: int) -> None:
     """``window`` batches in flight, each of ``batch`` confirmed publishes."""
-    slots = asyncio.Semaphore(window)
-
     async def one_batch(n: int) -> None:
-        try:
-            await asyncio.gather(*(publish(_payload(size)) for _ in range(n)))
-        finally:
-            slots.release()
+        await asyncio.gather(*(publish(_payload(size)) for _ in range(n)))
 
-    tasks = []
-    for start in range(0, total, batch):
-        await slots.acquire()
-        tasks.append(asyncio.create_task(one_batch(min(batch, total - start))))
-    await asyncio.gather(*tasks)
+    await in_flight(one_batch, total, batch, window)
 
 
 def _result(total: int, started: float, latencies: list[float]) -> dict[str, Any]:

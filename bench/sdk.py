@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from bench.workloads import in_flight
 from broker.client import Client, SyncClient
 
 BATCH, WINDOW = 100, 10
@@ -38,22 +39,10 @@ async def async_style(url: str, total: int, size: int) -> dict[str, Any]:
         sub = await consumer.subscribe(topic, group="g", start="earliest")
         started = time.perf_counter()
 
-        async def produce() -> None:
-            slots = asyncio.Semaphore(WINDOW)
+        async def mpublish(n: int) -> None:
+            await producer.mpublish(topic, [payload] * n)
 
-            async def one(n: int) -> None:
-                try:
-                    await producer.mpublish(topic, [payload] * n)
-                finally:
-                    slots.release()
-
-            tasks = []
-            for start in range(0, total, BATCH):
-                await slots.acquire()
-                tasks.append(asyncio.create_task(one(min(BATCH, total - start))))
-            await asyncio.gather(*tasks)
-
-        publishing = asyncio.create_task(produce())
+        publishing = asyncio.create_task(in_flight(mpublish, total, BATCH, WINDOW))
         done = 0
         while done < total:
             batch = await sub.pull(BATCH, block_ms=1000)

@@ -16,6 +16,7 @@ import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bench.resp import RespConn
@@ -209,6 +210,23 @@ async def produce_batches(conn: RespConn, system: Any, run: Run, total: int, siz
         system.check_publish(await fut, k)
     run.t_last_pub_reply = time.perf_counter()
     run.messages = sent
+
+
+async def in_flight(send_batch: Callable[[int], Awaitable[Any]], total: int, batch: int, window: int) -> None:
+    """Send ``total`` items as ``send_batch(n)`` calls of up to ``batch``, ``window`` calls at once (client APIs)."""
+    slots = asyncio.Semaphore(window)
+
+    async def one(n: int) -> None:
+        try:
+            await send_batch(n)
+        finally:
+            slots.release()
+
+    tasks = []
+    for start in range(0, total, batch):
+        await slots.acquire()
+        tasks.append(asyncio.create_task(one(min(batch, total - start))))
+    await asyncio.gather(*tasks)
 
 
 async def produce_paced(conn: RespConn, system: Any, run: Run, total: int, size: int, rate: float) -> None:
