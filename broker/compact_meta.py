@@ -19,8 +19,11 @@ COMPACT_MARK = "z"
 TIMES = ("C", "W")  # kept in seconds
 
 
+AT_REST = {"seq": "S", "tag": "T"}  # queue-level counters: their names in a compact hash
+
+
 def _short_names(group: str, owner: str) -> dict[str, str]:
-    return {"S": "seq", "T": "tag", "N": f"m|{group}|{owner}|n", "C": "ct", "W": "wt"}
+    return {AT_REST["seq"]: "seq", AT_REST["tag"]: "tag", "N": f"m|{group}|{owner}|n", "C": "ct", "W": "wt"}
 
 
 def _defaults(group: str, owner: str, seq: int) -> dict[str, str]:

@@ -15,6 +15,7 @@ import msgpack
 
 from broker.config import Config
 from broker.errors import BadArgument, NotFound
+from broker import compact_meta
 from broker.keyspace import Handle, Keyspace, QueueRef
 from broker.messages import unpack_delivery
 from broker.operations import (
@@ -303,8 +304,9 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         chunk = qids[start : start + PIPELINE_CHUNK * 5]
         async with redis.pipeline(transaction=False) as pipe:
             for qid in chunk:
-                # seq and tag, or the short names an lmq at rest keeps them under (broker/compact_meta.py)
-                pipe.hmget(keys.queue_by_id(qid).meta, "seq", "tag", "S", "T")
+                # seq and tag, or the names an lmq at rest keeps them under
+                pipe.hmget(keys.queue_by_id(qid).meta, "seq", "tag", compact_meta.AT_REST["seq"],
+                           compact_meta.AT_REST["tag"])
             for qid, (seq, tag, rest_seq, rest_tag) in zip(chunk, await pipe.execute(), strict=True):
                 seq, tag = seq if seq is not None else rest_seq, tag if tag is not None else rest_tag
                 if seq is not None or tag is not None:
