@@ -3,7 +3,7 @@
     python -m bench.fanout [--messages 10000] [--size 128] [--repeat 3] [--out bench/results]
 
 A FenceMQ worker runs in its own process (``bench.serve_worker``, as in
-``bench.run``) in front of one private Redis (``broker.embedded``). The bench
+``bench.run``) in front of one private Redis (``fencemq.server.embedded``). The bench
 process runs, on one asyncio loop over ``bench/resp.py`` (pipelining RESP2 +
 hiredis), each on its own connection:
 
@@ -48,7 +48,7 @@ from bench.stats import (
     self_cpu_s,
 )
 from bench.workloads import _STAMP, make_payload
-from broker.embedded import EmbeddedRedis
+from fencemq.server.embedded import EmbeddedRedis
 
 MEMBERS = 4
 COPIES = 3  # one group + two non-shared subscriptions

@@ -1,6 +1,6 @@
 """Redis-side cost of each fence alone: publish, pull and ack of 100 messages per call.
 
-Drives broker.queues.Queues directly (redis-py asyncio, no worker, no RESP
+Drives fencemq.fences.queues.Queues directly (redis-py asyncio, no worker, no RESP
 server in between) on the bench's private server: publish 100, pull 100, ack
 100, repeated, with CONFIG RESETSTAT before and INFO commandstats after each
 call: Lua time per call and per message (EVALSHA usec; the commands the script
@@ -16,9 +16,9 @@ from typing import Any
 from redis.asyncio import Redis
 
 from bench.stats import RedisMeter
-from broker.config import Config
-from broker.keyspace import Handle
-from broker.queues import Queues
+from fencemq.config import Config
+from fencemq.model.keys import Handle
+from fencemq.fences.queues import Queues
 
 
 async def fence_costs(url: str, meter: RedisMeter, *, calls: int = 200, batch: int = 100, size: int = 128) -> dict[str, Any]:

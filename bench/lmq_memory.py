@@ -4,12 +4,12 @@
 
 For each lite journal setting (``lite_journal_cap``: the default, off, and
 10,000 events) a fresh private
-Redis (``broker.embedded.EmbeddedRedis``, never 127.0.0.1:6379) gets:
+Redis (``fencemq.server.embedded.EmbeddedRedis``, never 127.0.0.1:6379) gets:
 
 1. **subscribed only** — for lmq *i*, client ``c<i // per_client>`` runs the
    subscribe fence (``lua/subscribe.lua``, exactly the keys and arguments
-   ``broker.queues.Queues.subscribe`` passes) and the session writes that go
-   with it (the handle's entry in the session index, ``broker.session_index``,
+   ``fencemq.fences.queues.Queues.subscribe`` passes) and the session writes that go
+   with it (the handle's entry in the session index, ``fencemq.fences.session_index``,
    and HINCRBY of the lite quota count); every
    client also has its session hash and ``fmq:sessions`` entry. Fences are
    called by EVALSHA, pipelined over a raw RESP connection (bench/resp.py), so
@@ -48,12 +48,12 @@ import redis.asyncio
 
 from bench.resp import RespConn
 from bench.stats import run_and_write
-from broker import session_index
-from broker.config import Config
-from broker.embedded import EmbeddedRedis
-from broker.keyspace import Handle, Keyspace, QueueRef
-from broker.queues import Queues
-from broker.scripts import sources
+from fencemq.fences import session_index
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis
+from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.fences.queues import Queues
+from fencemq.fences.registry import sources
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_BYTES = 200
@@ -111,7 +111,7 @@ TEMPLATE_LMQ, TEMPLATE_CLIENT = "LMQTPL", "CLITPL"  # placeholders: no byte of t
 
 
 class Templates:
-    """The fence calls broker.queues.Queues makes, recorded from real calls and replayed with other names.
+    """The fence calls fencemq.fences.queues.Queues makes, recorded from real calls and replayed with other names.
 
     ``await Templates.record(url, config, topic)`` runs Queues.subscribe, publish, pull and ack once on a
     template lmq, capturing each fence's name, keys and arguments; ``call(name, lmq, client, ...)`` gives

@@ -7,7 +7,7 @@ SUB preempts A), then A again (preempting B), and so on for ``--rounds``
 rounds. Every timed SUB is a preemption, checked from its reply.
 
 At Redis (no worker) — the subscribe fence (``lua/subscribe.lua``, with the
-keys and arguments ``broker.queues.Queues.subscribe`` passes) by EVALSHA,
+keys and arguments ``fencemq.fences.queues.Queues.subscribe`` passes) by EVALSHA,
 pipelined over a raw RESP connection (bench/resp.py), 8 writes of 2,000 in
 flight (keys and arguments recorded from a real ``Queues`` call:
 ``bench.lmq_memory.Templates``):
@@ -18,7 +18,7 @@ flight (keys and arguments recorded from a real ``Queues`` call:
   preemption also returns a checkout;
 * ``worker_writes``: everything a worker sends Redis for one SUB that
   preempts: quota check (HGET, HEXISTS in the session index), the fence, the
-  handle's entry in the session index (HSETNX, ``broker.session_index``), and
+  handle's entry in the session index (HSETNX, ``fencemq.fences.session_index``), and
   the notice to the evicted client (RPUSH, LTRIM, PUBLISH).
 
 Through the worker — ``bench.serve_worker`` in its own process, two RESP2
@@ -47,10 +47,10 @@ from bench.lmq_memory import Bulk, Templates, git_commit
 from bench.resp import RespConn
 from bench.run import WorkerProcess
 from bench.stats import RedisMeter, machine_busy_s, proc_cpu_s, run_and_write
-from broker import session_index
-from broker.config import Config
-from broker.embedded import EmbeddedRedis
-from broker.keyspace import Handle, Keyspace, QueueRef
+from fencemq.fences import session_index
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis
+from fencemq.model.keys import Handle, Keyspace, QueueRef
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_PER_S = 20_000
@@ -64,7 +64,7 @@ def lmq_name(i: int) -> str:
 
 
 class Commands:
-    """The Redis commands of one SUB, as broker.queues.Queues.subscribe (and the worker around it) sends them."""
+    """The Redis commands of one SUB, as fencemq.fences.queues.Queues.subscribe (and the worker around it) sends them."""
 
     def __init__(self, config: Config, templates: Templates) -> None:
         self.config, self.t, self.keys = config, templates, Keyspace(config.prefix)

@@ -31,10 +31,10 @@ from bench.fence_costs import fence_costs
 from bench.resp import RespConn
 from bench.run import HOST, ROOT, WorkerProcess
 from bench.stats import RedisMeter, percentiles_ms
-from broker.config import Config
-from broker.embedded import EmbeddedRedis
-from broker.keyspace import Handle
-from broker.queues import Queues
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis
+from fencemq.model.keys import Handle
+from fencemq.fences.queues import Queues
 
 BATCHED_ACK_LUA = r"""
 -- prototype, for measurement only: ack.lua with one HMGET and batched deletes

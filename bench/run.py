@@ -36,9 +36,9 @@ from bench.peers import run_peers
 from bench.sdk import sdk_styles
 from bench.stats import RedisMeter, machine_busy_s, percentiles_ms, proc_cpu_s, self_cpu_s
 from bench.workloads import FenceMQ, RawStreams, Run, e2e
-from broker.config import Config
-from broker.embedded import EmbeddedRedis
-from broker.runner import WorkerThread
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis
+from fencemq.server.runner import WorkerThread
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"

@@ -2,7 +2,7 @@
 
     python -m bench.sdk [--messages 100000] [--size 128]     # alone; bench.run calls sdk_styles()
 
-What an application written against ``broker.client`` gets through one
+What an application written against ``fencemq.sdk.client`` gets through one
 worker (a process of its own, ``bench.serve_worker``), QoS 1, 128 B:
 
 * ``async``: a producer task (``mpublish`` of 100, 10 calls in flight, all
@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from bench.workloads import in_flight
-from broker.client import Client, SyncClient
+from fencemq import Client, SyncClient
 
 BATCH, WINDOW = 100, 10
 
@@ -87,7 +87,7 @@ def sdk_styles(worker_port: int, total: int, size: int) -> dict[str, dict[str, A
 
 def main() -> None:
     from bench.run import WorkerProcess
-    from broker.embedded import EmbeddedRedis
+    from fencemq.server.embedded import EmbeddedRedis
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=100_000)

@@ -2,7 +2,7 @@
 
     python -m bench.serve_worker --redis-url redis://127.0.0.1:PORT/0 [--profile out.prof]
 
-SIGTERM drains and exits (broker.runner.serve). With --profile the whole run is
+SIGTERM drains and exits (fencemq.server.runner.serve). With --profile the whole run is
 recorded by cProfile and written to the given file on exit.
 """
 
@@ -14,8 +14,8 @@ import sys
 
 import anyio
 
-from broker.config import Config
-from broker.runner import serve
+from fencemq.config import Config
+from fencemq.server.runner import serve
 
 
 def main() -> None:
@@ -55,8 +55,8 @@ def install_trace() -> list:
     import struct
     import time
 
-    from broker.queues import Queues
-    from broker.wakeups import Waiter
+    from fencemq.fences.queues import Queues
+    from fencemq.server.wakeups import Waiter
 
     events: list = []
     stamp = struct.Struct("<q").unpack_from

@@ -3,7 +3,7 @@
     python -m bench.sweep_cost [--sizes 10000 1000000] [--expired 1000] [--repeat 25] [--out bench/results]
 
 On a private EmbeddedRedis (never the Redis on 127.0.0.1:6379), one queue per
-size is filled through ``broker.queues.Queues``: N messages published in MPUB
+size is filled through ``fencemq.fences.queues.Queues``: N messages published in MPUB
 batches of 1,000, all pulled in batches of 1,000 by one member whose lock is an
 hour, so N checkouts are live. Then, per measurement, exactly ``--expired`` of
 them (chosen at random) get their deadline set to 0 in the queue's ``dl`` zset —
@@ -39,11 +39,11 @@ import redis
 
 from bench.run import machine_info
 from bench.stats import RedisMeter
-from broker.config import Config
-from broker.embedded import EmbeddedRedis
-from broker.keyspace import Handle
-from broker.queues import Queues
-from broker.redis_client import connect
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis
+from fencemq.model.keys import Handle
+from fencemq.fences.queues import Queues
+from fencemq.fences.redis_client import connect
 
 GOAL_RATIO = 1.5
 LOCK_MS = 3_600_000  # nothing expires by itself while the benchmark runs

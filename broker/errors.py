@@ -8,7 +8,10 @@ every layer.
 
 from __future__ import annotations
 
+import builtins
 import re
+
+import redis.exceptions
 
 
 class FenceMQError(Exception):
@@ -65,6 +68,14 @@ class NotFound(FenceMQError):
 
 class UnknownCommand(FenceMQError):
     code = "ERR"
+
+
+class ConnectionLost(redis.exceptions.ConnectionError, builtins.ConnectionError):
+    """SDK: the connection is gone; every pending and later call on the client raises this."""
+
+
+class EndOfStream(Exception):
+    """SDK: a push subscription reached its end (``TAKE`` replied ``EOS``)."""
 
 
 _BY_CODE: dict[str, type[FenceMQError]] = {

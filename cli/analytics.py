@@ -22,9 +22,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from broker.errors import BadArgument
-from broker.keyspace import Keyspace
-from cli.common import (
+from fencemq.errors import BadArgument
+from fencemq.model.keys import Keyspace
+from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
     CliError,
@@ -49,7 +49,7 @@ async def _snapshot(url: str, cluster: bool, prefix: str, out: Path, batch: int,
                     journal_entries: int, progress: Any) -> Any:
     from redis.asyncio import Redis, RedisCluster
 
-    from broker.snapshot import take_snapshot  # needs pyarrow (checked by the command)
+    from fencemq.ops.snapshot import take_snapshot  # needs pyarrow (checked by the command)
 
     client = RedisCluster.from_url(url) if cluster else Redis.from_url(url, socket_connect_timeout=5)
     try:
@@ -178,8 +178,8 @@ def analyze(
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
-        from spark.analytics import AnalyticsError, build_session
-        from spark.analytics import analyze as run_job
+        from fencemq.spark.analytics import AnalyticsError, build_session
+        from fencemq.spark.analytics import analyze as run_job
     except ImportError as exc:
         fail("analyze", CliError(f"PySpark is not installed ({exc}); pip install 'fencemq[spark]'"))
         raise typer.Exit(1) from None

@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cli.common import text
+from fencemq.cli.common import text
 
 ORDERS = 20
 ORDERS_TOPIC = "orders"
@@ -287,8 +287,8 @@ class Demo:
 
 def show_status(console: Console, redis_url: str) -> None:
     """What `fencemq status` reads from Redis right now (before the demo's clients leave)."""
-    from cli import status
-    from cli.common import connect
+    from fencemq.cli import status
+    from fencemq.cli.common import connect
 
     client = connect(redis_url)
     try:
@@ -305,8 +305,8 @@ def show_status(console: Console, redis_url: str) -> None:
 
 def run(console: Console, redis_url: str, source: str) -> bool:
     """Start a worker on ``redis_url`` (already reachable), play the demo, stop the worker."""
-    from broker.config import Config
-    from broker.runner import WorkerThread
+    from fencemq.config import Config
+    from fencemq.server.runner import WorkerThread
 
     with WorkerThread(Config(redis_url=redis_url, port=0)) as worker:
         console.print(Panel.fit(

@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from broker import maintenance
-from cli.common import CliError, fail
-from cli.opskit import (
+from fencemq.ops import maintenance
+from fencemq.cli.common import CliError, fail
+from fencemq.cli.opskit import (
     EXIT_NOT_FOUND,
     Cluster,
     Ctx,

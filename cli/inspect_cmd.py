@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from broker import inspection
-from cli.opskit import (
+from fencemq.ops import inspection
+from fencemq.cli.opskit import (
     Cluster,
     Ctx,
     Json,

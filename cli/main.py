@@ -22,11 +22,11 @@ import redis
 import typer
 from rich.console import Console
 
-from broker import __version__
-from broker.errors import BadArgument
-from broker.keyspace import Keyspace
-from cli import analytics, ops
-from cli.common import (
+from fencemq import __version__
+from fencemq.errors import BadArgument
+from fencemq.model.keys import Keyspace
+from fencemq.cli import analytics, ops
+from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
     CliError,
@@ -126,10 +126,10 @@ def serve(
     import anyio
     from prometheus_client import start_http_server
 
-    from broker.config import Config
-    from broker.runner import redis_for
-    from broker.runner import serve as run_worker
-    from broker.worker import client_tls
+    from fencemq.config import Config
+    from fencemq.server.runner import redis_for
+    from fencemq.server.runner import serve as run_worker
+    from fencemq.server.worker import client_tls
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -196,9 +196,9 @@ def demo(redis_url: RedisUrlOption = None) -> None:
     Starts a private embedded Redis unless --redis-url (or $FENCEMQ_REDIS_URL)
     is given, and a worker; both are stopped on exit.
     """
-    from broker.config import Config
-    from broker.runner import redis_for
-    from cli import demo as tour
+    from fencemq.config import Config
+    from fencemq.server.runner import redis_for
+    from fencemq.cli import demo as tour
 
     console = Console(highlight=False)
     url = redis_url_given(redis_url)
@@ -240,7 +240,7 @@ def status(
     Read-only. Needs the broker's Redis: --redis-url or $FENCEMQ_REDIS_URL
     (status never starts an embedded server).
     """
-    from cli import status as report
+    from fencemq.cli import status as report
 
     url = redis_url_given(redis_url)
     if not url:

@@ -32,14 +32,15 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from broker import inspection, maintenance
-from broker import operations as ops
-from broker.errors import BadArgument
-from broker.keyspace import check_topic
-from cli.common import CliError, fail
-from cli.dlq_cmd import dlq_app
-from cli.inspect_cmd import _groups_table, inspect_app
-from cli.opskit import (
+from fencemq.ops import inspection
+from fencemq.ops import maintenance
+from fencemq.ops import operations as ops
+from fencemq.errors import BadArgument
+from fencemq.model.keys import check_topic
+from fencemq.cli.common import CliError, fail
+from fencemq.cli.dlq_cmd import dlq_app
+from fencemq.cli.inspect_cmd import _groups_table, inspect_app
+from fencemq.cli.opskit import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
     ROOT,
@@ -63,7 +64,7 @@ from cli.opskit import (
     _secs,
     _table,
 )
-from cli.top_cmd import top
+from fencemq.cli.top_cmd import top
 
 # -- queues / lmqs -----------------------------------------------------------------------------
 

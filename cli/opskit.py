@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from broker.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
-from broker.keyspace import Keyspace, QueueRef, check_name, check_topic
-from cli.common import (
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
+from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
+from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
     CliError,

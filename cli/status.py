@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from broker import session_index
-from broker.keyspace import Keyspace
-from broker.operations import parse_meta
-from broker.sweeper import queue_ref
-from cli.common import safe_url, text
+from fencemq.fences import session_index
+from fencemq.model.keys import Keyspace
+from fencemq.ops.operations import parse_meta
+from fencemq.model.keys import queue_ref
+from fencemq.cli.common import safe_url, text
 
 PIPELINE_CHUNK = 200
 

@@ -13,11 +13,11 @@ import typer
 from rich.console import Group
 from rich.text import Text
 
-from broker import maintenance
-from broker import operations as ops
-from broker.keyspace import Keyspace
-from cli.common import safe_url
-from cli.opskit import (
+from fencemq.ops import maintenance
+from fencemq.ops import operations as ops
+from fencemq.model.keys import Keyspace
+from fencemq.cli.common import safe_url
+from fencemq.cli.opskit import (
     Cluster,
     Ctx,
     Json,

@@ -2,6 +2,6 @@
 
 import sys
 
-from spark.analytics import main
+from fencemq.spark.analytics import main
 
 sys.exit(main())

@@ -124,7 +124,7 @@ def load_tables(spark, snapshot_dir: str | Path) -> tuple[dict[str, Any], dict[s
 
 
 def _names(queue):
-    """(topic, lmq) from a queue id column, as broker.sweeper.queue_ref decodes it — no join.
+    """(topic, lmq) from a queue id column, as fencemq.server.sweeper.queue_ref decodes it — no join.
 
     Ids are ``t:<topic>``, ``l:<topic>:<lmq>`` or ``f:<owner>:<filter>`` with ``%``, ``:``, braces and
     control bytes percent-escaped (so splitting on ':' is exact); a filter queue's topic is its filter.
@@ -431,7 +431,7 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
 
     if report:
         try:
-            from spark import report as html
+            from fencemq.spark import report as html
         except ImportError:  # run as a file (spark-submit spark/analytics.py): its directory is on sys.path
             import report as html  # type: ignore[no-redef]
         age = res["backlog"].where(col("oldest_unacked_age_ms").isNotNull())

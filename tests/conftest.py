@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from broker.embedded import EmbeddedRedis
+from fencemq.server.embedded import EmbeddedRedis
 
 # Spark's Python workers must run the venv's interpreter, not whatever `python3` is on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

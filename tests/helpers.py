@@ -24,10 +24,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from broker import session_index
-from broker.config import Config
-from broker.keyspace import Keyspace
-from broker.runner import WorkerThread
+from fencemq.fences import session_index
+from fencemq.config import Config
+from fencemq.model.keys import Keyspace
+from fencemq.server.runner import WorkerThread
 
 
 def worker(redis_url: str, **settings: Any) -> WorkerThread:
@@ -98,10 +98,10 @@ def free_port() -> int:
 
 
 def subprocess_worker(redis_url: str, port: int, **settings: Any) -> subprocess.Popen:
-    """A worker in its own process (``broker.runner.serve``), answering PING on ``port``."""
+    """A worker in its own process (``fencemq.server.runner.serve``), answering PING on ``port``."""
     extra = "".join(f", {k}={v!r}" for k, v in settings.items())
     code = (
-        "import anyio; from broker.runner import serve; from broker.config import Config; "
+        "import anyio; from fencemq.server.runner import serve; from fencemq.config import Config; "
         f"anyio.run(serve, Config(redis_url={redis_url!r}, port={port}{extra}))"
     )
     log = tempfile.TemporaryFile()  # noqa: SIM115 — not a pipe: a chatty worker must never block on a full one

@@ -23,12 +23,12 @@ import redis
 import typer
 from typer.testing import CliRunner
 
-from broker.embedded import free_port
+from fencemq.server.embedded import free_port
 from tests.test_snapshot import run, run_workload, snapshot_to
 
 pyspark = pytest.importorskip("pyspark", reason="the [spark] extra (pyspark) is not installed")
 
-from spark.analytics import AGE_BUCKETS, RESULT_TABLES, analyze, build_session
+from fencemq.spark.analytics import AGE_BUCKETS, RESULT_TABLES, analyze, build_session
 
 # Every test here uses the one session (directly or through the CLI, which reuses a running one).
 # A cold JVM on a busy 2-core machine can take a minute for the first job: more than the default timeout.
@@ -447,7 +447,7 @@ def seed_violations(src: Path, dst: Path) -> dict[str, set[tuple]]:
 
 @pytest.fixture
 def cli() -> typer.Typer:
-    from cli.analytics import register
+    from fencemq.cli.analytics import register
 
     app = typer.Typer(add_completion=False)
     register(app)

@@ -20,10 +20,10 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from broker.config import Config
-from broker.embedded import free_port
-from broker.runner import WorkerThread
-from cli.main import app
+from fencemq.config import Config
+from fencemq.server.embedded import free_port
+from fencemq.server.runner import WorkerThread
+from fencemq.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 

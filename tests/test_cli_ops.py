@@ -15,11 +15,11 @@ import redis
 import typer
 from typer.testing import CliRunner
 
-from broker.config import Config
-from broker.embedded import EmbeddedRedis, free_port
-from broker.keyspace import Handle
-from broker.queues import Queues
-from cli.ops import register
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis, free_port
+from fencemq.model.keys import Handle
+from fencemq.fences.queues import Queues
+from fencemq.cli.ops import register
 from tests.helpers import as_map, client, deliveries, worker
 
 WIDE = {"COLUMNS": "220"}  # no cell wraps in the tables
@@ -415,16 +415,16 @@ def test_purge_empties_the_backlog_and_leaves_checkouts(broker: dict) -> None:
 
 
 def test_purge_asks_on_a_terminal(broker: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    import cli.ops
+    import fencemq.cli.ops as cli_ops
 
-    monkeypatch.setattr(cli.ops, "_interactive", lambda: True)
-    monkeypatch.setattr(cli.ops.typer, "confirm", lambda *a, **k: False)
+    monkeypatch.setattr(cli_ops, "_interactive", lambda: True)
+    monkeypatch.setattr(cli_ops.typer, "confirm", lambda *a, **k: False)
     result = invoke("purge", "orders", "--redis-url", broker["url"])
     assert result.exit_code == 1
     assert "billing" in result.stderr and "audit" in result.stderr  # what would go, shown before asking
     assert result.stderr.strip().splitlines()[-1] == "fencemq purge: not purged"
     assert ok_json("inspect", "queue", "orders", "--redis-url", broker["url"])["backlog"] == 10
-    monkeypatch.setattr(cli.ops.typer, "confirm", lambda *a, **k: True)
+    monkeypatch.setattr(cli_ops.typer, "confirm", lambda *a, **k: True)
     ok("purge", "orders", "--redis-url", broker["url"])
     assert ok_json("inspect", "queue", "orders", "--redis-url", broker["url"])["backlog"] == 0
 

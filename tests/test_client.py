@@ -6,7 +6,7 @@ Three kinds of peer:
   loss), since any Redis command goes through the same path;
 * a scripted fake worker (``FakeWorker``): replies the real worker does not give
   yet (TAKE / EOS, UNSUB MAX, HEARTBEAT SYNC) and the exact wire form of every verb;
-* a real worker (``broker.runner.WorkerThread``) in front of that Redis.
+* a real worker (``fencemq.server.runner.WorkerThread``) in front of that Redis.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import redis
 
-from broker.client import Client, ConnectionLost, EndOfStream, SyncClient
-from broker.config import Config
-from broker.errors import BadArgument, FenceMQError, NoAuth, NoPermission, Stale
-from broker.messages import Delivery
-from broker.resp import NULL_ARRAY, Push, RequestParser, SimpleString, encode_many
-from broker.runner import WorkerThread
+from fencemq import Client, ConnectionLost, EndOfStream, SyncClient
+from fencemq.config import Config
+from fencemq.errors import BadArgument, FenceMQError, NoAuth, NoPermission, Stale
+from fencemq.model.messages import Delivery
+from fencemq.protocol.resp import NULL_ARRAY, Push, RequestParser, SimpleString, encode_many
+from fencemq.server.runner import WorkerThread
 
 
 def run(coro: Any, timeout: float = 60) -> Any:
@@ -223,7 +223,7 @@ def test_a_cancelled_caller_does_not_shift_the_replies(redis_url: str) -> None:
 
 
 def test_connect_failure_is_a_connection_error() -> None:
-    from broker.embedded import free_port
+    from fencemq.server.embedded import free_port
 
     with pytest.raises(ConnectionError):
         run(Client.connect(f"redis://127.0.0.1:{free_port()}", connect_timeout=2))

@@ -16,11 +16,11 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from broker.client import SyncClient
-from broker.config import Config
-from broker.embedded import EmbeddedRedis
-from broker.keyspace import Keyspace, QueueRef
-from broker.runner import WorkerThread
+from fencemq import SyncClient
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.server.runner import WorkerThread
 from tests.helpers import wait_for
 
 KEYS = Keyspace()

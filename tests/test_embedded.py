@@ -16,8 +16,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-import broker.embedded as embedded
-from broker.embedded import EmbeddedRedis, find_server_binary
+import fencemq.server.embedded as embedded
+from fencemq.server.embedded import EmbeddedRedis, find_server_binary
 
 
 def _client(server: EmbeddedRedis, **kwargs) -> redis.Redis:
@@ -164,7 +164,7 @@ def test_without_appendonly_restart_starts_empty() -> None:
 def test_atexit_cleanup_stops_forgotten_servers() -> None:
     # A child interpreter starts a server and exits without stop(): atexit must clean up.
     # (Calling embedded._cleanup() here would also stop this session's fixtures.)
-    code = ("from broker.embedded import EmbeddedRedis; r = EmbeddedRedis().start(); "
+    code = ("from fencemq.server.embedded import EmbeddedRedis; r = EmbeddedRedis().start(); "
             "print(r.pid, r.data_dir, flush=True)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

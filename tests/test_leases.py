@@ -16,8 +16,8 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
-from broker.client import Client
-from broker.keyspace import Keyspace, QueueRef
+from fencemq.sdk.client import Client
+from fencemq.model.keys import Keyspace, QueueRef
 from tests import helpers
 from tests.helpers import RespConn, as_map, client, deliveries, wait_for, worker
 

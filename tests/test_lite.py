@@ -24,10 +24,11 @@ import pytest
 import redis
 import redis.asyncio
 
-from broker import compact_meta, session_index
-from broker.config import Config
-from broker.keyspace import Handle, Keyspace, QueueRef
-from broker.queues import Queues
+from fencemq.model import meta as compact_meta
+from fencemq.fences import session_index
+from fencemq.config import Config
+from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.fences.queues import Queues
 from tests import helpers
 from tests.helpers import Err, RespConn, as_map, deliveries, held_handles, pipeline, wait_for
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import redis
 
-from broker.client import Client
-from broker.config import Config
-from broker.keyspace import Handle, Keyspace, QueueRef
-from broker.lite import LiteSubscriptions
-from broker.runner import WorkerThread
+from fencemq.sdk.client import Client
+from fencemq.config import Config
+from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.sdk.lite import LiteSubscriptions
+from fencemq.server.runner import WorkerThread
 from tests.helpers import held_handles
 
 KEYS = Keyspace("fmq")

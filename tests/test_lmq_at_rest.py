@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from broker import compact_meta
-from broker.config import Config
-from broker.errors import FenceMQError
-from broker.keyspace import Handle, Keyspace, QueueRef
-from broker.queues import Queues
-from broker.scripts import sources
+from fencemq.model import meta as compact_meta
+from fencemq.config import Config
+from fencemq.errors import FenceMQError
+from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.fences.queues import Queues
+from fencemq.fences.registry import sources
 
 TOPIC, LMQ = "lt", "q1"
 REF = QueueRef(TOPIC, LMQ)

@@ -1,4 +1,4 @@
-"""The real fences, driven through broker.queues.Queues, against tests/model.py.
+"""The real fences, driven through fencemq.fences.queues.Queues, against tests/model.py.
 
 ``Harness`` runs every operation on both the real broker (one private Redis,
 the ``redis_server`` session fixture, flushed before each example) and the
@@ -38,11 +38,11 @@ from hypothesis.stateful import (
 )
 from redis.asyncio import Redis
 
-from broker.config import Config
-from broker.errors import FenceMQError
-from broker.keyspace import Handle, QueueRef
-from broker.messages import unpack_delivery
-from broker.queues import Queues
+from fencemq.config import Config
+from fencemq.errors import FenceMQError
+from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.messages import unpack_delivery
+from fencemq.fences.queues import Queues
 from tests.model import (
     SEP,
     ModelError,

@@ -32,7 +32,7 @@ def _scripts() -> dict[str, str]:
 
 
 def _cli_app(script: str) -> typer.Typer:
-    """The app behind a console script such as `fencemq = cli.main:app`."""
+    """The app behind a console script such as `fencemq = fencemq.cli.main:app`."""
     module_name, _, attr = _scripts()[script].partition(":")
     app = getattr(importlib.import_module(module_name), attr)
     assert isinstance(app, typer.Typer), f"{_scripts()[script]} is not a typer.Typer"
@@ -153,21 +153,52 @@ def _build_wheel(src: Path, out: Path) -> Path:
     pytest.fail("could not build the wheel:\n" + "\n".join(logs))
 
 
-def test_wheel_contains_all_packages_and_lua_scripts(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Build from a copy so the build/ and *.egg-info droppings stay out of the work tree.
-    src = tmp_path / "src"
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=_NOT_SOURCES)
-    wheel = _build_wheel(src, tmp_path / "dist")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    return _build_wheel(src, tmp / "dist")
 
-    # Compare with the copy that was built (the work tree may change meanwhile).
-    lua_files = sorted(p.name for p in (src / "lua").glob("*.lua"))
+
+def test_the_wheel_installs_one_import_root_with_the_lua_fences(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    lua_files = sorted(p.relative_to(ROOT / "lua").as_posix() for p in (ROOT / "lua").rglob("*.lua"))
     assert lua_files, "the repo's lua/ directory has no .lua scripts"
-    missing = [f for f in lua_files if f"fencemq_lua/{f}" not in names]
+    missing = [f for f in lua_files if f"fencemq/lua/{f}" not in names]
     assert not missing, f"Lua scripts missing from the wheel: {missing}"
-    for package in ("broker", "cli", "spark", "fencemq_lua"):
-        assert f"{package}/__init__.py" in names, f"package {package} missing from the wheel"
-    for module in (src / "broker").glob("*.py"):
-        assert f"broker/{module.name}" in names
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith((".dist-info", ".data"))}
+    assert tops == {"fencemq"}, f"the wheel installs more than one top-level package: {sorted(tops)}"
+    for folder, package in (("broker", "fencemq"), ("cli", "fencemq/cli"), ("spark", "fencemq/spark")):
+        for module in (ROOT / folder).rglob("*.py"):
+            rel = module.relative_to(ROOT / folder).as_posix()
+            assert f"{package}/{rel}" in names, f"{folder}/{rel} is missing from the wheel"
+    assert "fencemq/py.typed" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "fencemq = cli.main:app" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "fencemq = fencemq.cli.main:app" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_a_fresh_venv_with_the_wheel_imports_fencemq_and_runs_the_command(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                   check=True, timeout=300)
+    # The dependencies come from this test run's environment, the project itself only from the wheel:
+    # a plain path entry (not a site dir) carries no .pth, so the editable install stays out.
+    deps = next(p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "redis").is_dir())
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "zz_test_deps.pth").write_text(str(deps) + "\n")
+    probe = ("import importlib.util, fencemq, fencemq.cli, fencemq.spark, fencemq.lua; "
+             "from fencemq import Client, SyncClient; "
+             "print(fencemq.__file__); "
+             "print([n for n in ('broker', 'cli', 'spark') if importlib.util.find_spec(n)])")
+    run = subprocess.run([str(py), "-I", "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    where, strays = run.stdout.split("\n")[:2]
+    assert where.startswith(str(site)), f"fencemq was imported from {where}, not the wheel"
+    assert strays == "[]", f"top-level packages besides fencemq: {strays}"
+    cli = subprocess.run([str(venv / "bin" / "fencemq"), "--help"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and "serve" in cli.stdout, cli.stderr

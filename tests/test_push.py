@@ -1,6 +1,6 @@
 """Push mailboxes, MAX-n and the end-of-stream sentinel (issue 6), against a real server.
 
-The property test drives ``broker.queues.Queues`` directly (one private Redis,
+The property test drives ``fencemq.fences.queues.Queues`` directly (one private Redis,
 flushed before each example): whatever the capacity, MAX, publish pattern and
 take pattern (including no take at all until the end),
 
@@ -11,7 +11,7 @@ take pattern (including no take at all until the end),
   after the push member ended gets every message the consumer did not settle;
 * the mailbox never holds more than its capacity, and no call ever waits.
 
-The rest go through a worker (``broker.runner.WorkerThread``): MAX armed at or
+The rest go through a worker (``fencemq.server.runner.WorkerThread``): MAX armed at or
 below what was delivered, abrupt UNSUB waking a blocked TAKE, a mailbox
 surviving a worker restart and a consumer moving to another worker,
 back-pressure, leases that start at TAKE, and the SDK's iterators.
@@ -31,11 +31,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from broker.client import Client, EndOfStream, SyncClient
-from broker.config import Config
-from broker.errors import NotFound
-from broker.keyspace import Handle, Keyspace, QueueRef
-from broker.queues import Queues
+from fencemq import Client, EndOfStream, SyncClient
+from fencemq.config import Config
+from fencemq.errors import NotFound
+from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.fences.queues import Queues
 from tests.helpers import (
     RespConn,
     as_map,

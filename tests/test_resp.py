@@ -1,4 +1,4 @@
-"""Tests for broker.resp: the sans-I/O RESP request parser and reply encoder."""
+"""Tests for fencemq.protocol.resp: the sans-I/O RESP request parser and reply encoder."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.resp import (
+from fencemq.protocol.resp import (
     NULL_ARRAY,
     ErrorReply,
     NullArray,

@@ -20,11 +20,11 @@ import pytest
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from broker.client import Client, Subscription
-from broker.config import Config
-from broker.keyspace import Handle, Keyspace, QueueRef
-from broker.messages import Delivery
-from broker.queues import Queues
+from fencemq.sdk.client import Client, Subscription
+from fencemq.config import Config
+from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.messages import Delivery
+from fencemq.fences.queues import Queues
 from tests.helpers import worker
 
 KEYS = Keyspace()

@@ -1,6 +1,6 @@
 """MQTT filters and shared subscriptions through a worker (issue 7).
 
-Every test talks to a ``broker.runner.WorkerThread`` on the flushed private
+Every test talks to a ``fencemq.server.runner.WorkerThread`` on the flushed private
 server of ``redis_url`` with redis-py clients whose sessions are named
 (``HELLO 2 SETNAME …``, see ``tests.helpers.client``). A wildcard SUB or a
 ``$share/<group>/<filter>`` SUB is a push subscription: its members TAKE. An
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from broker.keyspace import Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
 from tests.helpers import (
     RespConn,
     as_map,

@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import redis
 from redis.asyncio import Redis
 
-from broker import compact_meta
-from broker.config import Config
-from broker.embedded import EmbeddedRedis
-from broker.keyspace import Handle, Keyspace
-from broker.queues import Queues
-from broker.snapshot import SCHEMAS, Manifest, take_snapshot
-from broker.sweeper import queue_ref
+from fencemq.model import meta as compact_meta
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis
+from fencemq.model.keys import Handle, Keyspace
+from fencemq.fences.queues import Queues
+from fencemq.ops.snapshot import SCHEMAS, Manifest, take_snapshot
+from fencemq.model.keys import queue_ref
 
 SEP = "\x00"
 
@@ -426,7 +426,7 @@ def test_snapshot_reloads_a_flushed_script_and_reports_unreadable_queues(redis_u
     r.close()
 
     async def main() -> tuple[Manifest, Any]:
-        from broker.snapshot import _Fence
+        from fencemq.ops.snapshot import _Fence
 
         a = Redis.from_url(redis_url)
         try:

@@ -20,13 +20,13 @@ import pytest
 import trustme
 from typer.testing import CliRunner
 
-from broker.client import ConnectionLost, SyncClient
-from broker.config import Config
-from broker.embedded import EmbeddedRedis, free_port
-from broker.errors import BadArgument
-from broker.runner import WorkerThread
-from broker.worker import Worker
-from cli.main import app
+from fencemq import ConnectionLost, SyncClient
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis, free_port
+from fencemq.errors import BadArgument
+from fencemq.server.runner import WorkerThread
+from fencemq.server.worker import Worker
+from fencemq.cli.main import app
 from tests.helpers import worker
 from tests.test_cli import ROOT, _read_until
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.errors import BadArgument
-from broker.topics import (
+from fencemq.errors import BadArgument
+from fencemq.model.topics import (
     FilterIndex,
     FilterTarget,
     check_filter,

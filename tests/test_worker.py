@@ -1,6 +1,6 @@
 """The worker over the wire: every verb's success and error path, RESP2 and RESP3.
 
-Each test starts a worker (``broker.runner.WorkerThread``) on the flushed
+Each test starts a worker (``fencemq.server.runner.WorkerThread``) on the flushed
 private server of ``redis_url`` and talks to it as any client would: redis-py
 with its reply callbacks removed (``helpers.client``) or a raw socket
 (``helpers.RespConn``) where redis-py would hide what is under test — push
@@ -445,7 +445,7 @@ def test_unsub_returns_pending_checkouts_at_once_and_is_idempotent(w, proto):
 
 
 def test_commands_on_a_handle_never_subscribed_are_notfound_or_settle_nothing(w):
-    from broker.keyspace import Handle, QueueRef
+    from fencemq.model.keys import Handle, QueueRef
 
     c = client(w.port, 2, "nobody")
     h = Handle(QueueRef("orders"), "g", "nobody").encode()

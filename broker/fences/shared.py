@@ -1,0 +1,123 @@
+"""MQTT-style delivery: filter subscriptions, shared groups, retained messages.
+
+A publish to a plain topic lands in the topic's own log (for queue-style
+groups) and is copied into the queue of every matching filter subscription:
+``SUB a/+/c`` (the client's own) and ``SUB $share/g/a/#`` (one queue per
+shared group, whose members are served one message each by the group's
+strategy). Overlapping filters each get their own copy. Filter subscriptions
+are push subscriptions: their members TAKE from mailboxes.
+
+A shared group lives while it has members: when the last one leaves, its
+queue and undelivered messages are deleted. A member's QoS 1 messages still
+unsettled when its session ends go back to the group's queue and on to
+another member — the group's queue is the subscription's, so they are
+re-matched by the subscription's filter, not by their source topic.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from fencemq.errors import BadArgument
+from fencemq.fences.filters import FilterRegistry
+from fencemq.model.keys import QueueRef
+from fencemq.model.messages import pack_body
+from fencemq.fences.queues import Queues, Subscription
+from fencemq.model.topics import check_topic_name, has_wildcard, matches, parse_target, SHARE_PREFIX
+
+
+def is_filter_target(target: str) -> bool:
+    return target.startswith(SHARE_PREFIX) or has_wildcard(target)
+
+
+class FanOut:
+    def __init__(self, queues: Queues) -> None:
+        self.queues = queues
+        self.redis = queues.redis
+        self.keys = queues.keys
+        self.config = queues.config
+        self.registry = FilterRegistry(queues.redis, queues.keys)
+        queues.on_queue_dropped = self._forget
+
+    async def _forget(self, ref: QueueRef) -> None:
+        await self.registry.unregister(ref)
+        # A subscriber may have created the queue again between the drop and
+        # the unregistering: then it must stay registered.
+        if await self.redis.exists(self.keys.queue(ref).meta):
+            owner = ref.owner or ""
+            share = owner[len(SHARE_PREFIX):] if owner.startswith(SHARE_PREFIX) else None
+            await self.registry.register(ref, share, None if share else owner)
+
+    async def subscribe(
+        self,
+        client: str,
+        target: str,
+        *,
+        qos: int = 1,
+        capacity: int | None = None,
+        max_messages: int | None = None,
+        lock_ms: int | None = None,
+        strategy: str | None = None,
+        skip_offline: bool = False,
+        epoch: int | None = None,
+    ) -> Subscription:
+        parsed = parse_target(target)
+        if parsed.share is None and (strategy is not None or skip_offline):
+            raise BadArgument("STRATEGY and SKIP-OFFLINE apply to shared subscriptions ($share/<group>/<filter>)")
+        if parsed.share is not None:
+            ref, group, mode = QueueRef(parsed.filter, None, SHARE_PREFIX + parsed.share), parsed.share, "shared"
+        else:
+            ref, group, mode = QueueRef(parsed.filter, None, client), "~" + client, "exclusive"
+        sub = await self.queues.subscribe(
+            client, parsed.filter, group=group, mode=mode, start=("latest", None), qos=qos,
+            capacity=capacity or self.config.mailbox_capacity, max_messages=max_messages, lock_ms=lock_ms,
+            strategy=strategy, skip_offline=skip_offline, queue=ref, epoch=epoch,
+        )
+        await self.registry.register(ref, parsed.share, None if parsed.share else client)
+        if parsed.share is None and sub.new_member:
+            await self._send_retained(ref, parsed.filter)  # MQTT 5: never to shared subscriptions
+        return sub
+
+    async def _send_retained(self, ref: QueueRef, filt: str) -> None:
+        bodies = [
+            body for topic, body in (await self.redis.hgetall(self.keys.retained)).items()
+            if matches(filt, topic.decode())
+        ]
+        for start in range(0, len(bodies), self.config.max_batch):
+            await self.queues.append(ref, bodies[start : start + self.config.max_batch])
+
+    async def publish(
+        self,
+        topic: str,
+        payloads: list[bytes],
+        *,
+        lmq: str | None = None,
+        qos: int = 1,
+        dedup_ids: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        producer: str | None = None,
+        retain: bool = False,
+    ) -> list[str]:
+        """Publish to the topic's own queue, then copy to every matching filter."""
+        if lmq is None:
+            check_topic_name(topic)
+        elif retain:
+            raise BadArgument("RETAIN applies to plain topics, not lite queues")
+        ids = await self.queues.publish(
+            topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
+        )
+        if lmq is not None:
+            return ids
+        bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]
+        if retain:
+            # The last retained message per topic; an empty payload clears it.
+            if payloads[-1]:
+                await self.redis.hset(self.keys.retained, topic, bodies[-1])
+            else:
+                await self.redis.hdel(self.keys.retained, topic)
+        refs = await self.registry.matching(topic)
+        if refs:
+            async with anyio.create_task_group() as tg:
+                for ref in refs:
+                    tg.start_soon(self.queues.append, ref, bodies)
+        return ids

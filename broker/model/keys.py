@@ -1,0 +1,254 @@
+"""Key names: the only module that knows how FenceMQ lays its state out in Redis.
+
+Every key of one queue starts with ``<prefix>:{<queue id>}`` so they all share
+one hash tag, hence one Cluster slot, and a fence script can declare them all
+in KEYS. Client-supplied names are escaped so that no two queues can ever
+produce the same key and no name can break out of its hash tag.
+
+A *queue* is a plain topic (``t:<topic>``), one lite queue of a lite topic
+(``l:<topic>:<lmq>``), or the queue of one MQTT filter subscription
+(``f:<owner>:<filter>``: owner is the client, or ``$share/<group>``), fed
+by fan-out at publish. The layout of a queue, and why it is so small, is
+described in docs/data-model.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from urllib.parse import unquote
+from dataclasses import dataclass
+from functools import lru_cache
+
+import msgpack
+
+from fencemq.errors import BadArgument
+
+# Bytes that would make names ambiguous inside a key, or break the hash tag.
+_UNSAFE = re.compile(r"[%{}:\x00-\x20\x7f]")
+
+MAX_TOPIC_BYTES = 512
+MAX_NAME_BYTES = 128
+# Group and client names end up inside hash field names joined by '|' and in
+# lex-ordered members joined by NUL, so those bytes cannot appear in them.
+_NAME_OK = re.compile(r"^[\x21-\x7e]+$")
+
+
+def escape(name: str) -> str:
+    return _UNSAFE.sub(lambda m: "%%%02X" % ord(m.group()), name)
+
+
+def check_topic(topic: str, what: str = "topic") -> str:
+    if not topic:
+        raise BadArgument(f"{what} name is empty; give a non-empty name")
+    if len(topic.encode()) > MAX_TOPIC_BYTES:
+        raise BadArgument(f"{what} name is longer than {MAX_TOPIC_BYTES} bytes; use a shorter name")
+    if "\x00" in topic:
+        raise BadArgument(f"{what} name contains NUL; remove it")
+    return topic
+
+
+def check_name(name: str, what: str) -> str:
+    """Group, client and lmq names: printable ASCII without '|' (a field separator)."""
+    if not name:
+        raise BadArgument(f"{what} name is empty; give a non-empty name")
+    if len(name) > MAX_NAME_BYTES:
+        raise BadArgument(f"{what} name is longer than {MAX_NAME_BYTES} bytes; use a shorter name")
+    if not _NAME_OK.match(name) or "|" in name:
+        raise BadArgument(f"{what} name {name!r} must be printable ASCII without spaces or '|'")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRef:
+    """Identifies one queue: a plain topic, one lmq of a lite topic, or a filter subscription's."""
+
+    topic: str  # the topic, or the filter of a filter subscription
+    lmq: str | None = None
+    owner: str | None = None  # filter subscriptions: the client, or $share/<group>
+
+    @property
+    def lite(self) -> bool:
+        return self.lmq is not None
+
+    @property
+    def is_filter(self) -> bool:
+        return self.owner is not None
+
+    @property
+    def qid(self) -> str:
+        if self.owner is not None:
+            return "f:" + escape(self.owner) + ":" + escape(self.topic)
+        if self.lmq is None:
+            return "t:" + escape(self.topic)
+        return "l:" + escape(self.topic) + ":" + escape(self.lmq)
+
+    def __str__(self) -> str:
+        return self.topic if self.lmq is None else f"{self.topic}[{self.lmq}]"
+
+
+def queue_ref(qid: str) -> QueueRef:
+    """The queue a queue id (``QueueRef.qid``) names: its inverse."""
+    kind, _, rest = qid.partition(":")
+    if kind == "t":
+        return QueueRef(unquote(rest))
+    if kind == "f":
+        owner, _, filt = rest.partition(":")
+        return QueueRef(unquote(filt), None, unquote(owner))
+    topic, _, lmq = rest.partition(":")
+    return QueueRef(unquote(topic), unquote(lmq))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """All keys of one queue; every one carries the same hash tag."""
+
+    meta: str  # hash: counters, config, group and member state
+    log: str  # hash: message id -> "<publish ms>:<msgpack body>"
+    checkouts: str  # hash: delivery tag -> group NUL member NUL id NUL epoch NUL acquisitions NUL failures
+    deadlines: str  # zset: delivery tag scored by lease deadline (ms)
+    owned: str  # zset (lex): group NUL member NUL tag, to return a member's checkouts in O(own)
+    ready: str  # zset (lex): group NUL id(16 digits) NUL acquisitions NUL failures: returned messages
+    delayed: str  # zset: same members as ready, scored by the time they become ready
+    dedup: str  # zset: dedup id scored by publish time
+    dedup_ids: str  # hash: dedup id -> message id
+    dead: str  # list: dead-lettered messages
+    journal: str  # list: capped event journal
+    wake: str  # sharded pub/sub channel: "something became ready"
+
+    def mailbox(self, group: str, member: str) -> str:
+        return f"{self.meta}:mb:{escape(group)}:{escape(member)}"
+
+    def lease_keys(self) -> list[str]:
+        """The keys every lease-moving fence declares, in this order."""
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed]
+
+    def all_keys(self) -> list[str]:
+        """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed,
+                self.dedup, self.dedup_ids, self.dead, self.journal]
+
+
+class Keyspace:
+    """Builds key names under a configurable prefix (default ``fmq``)."""
+
+    def __init__(self, prefix: str = "fmq") -> None:
+        if not prefix or _UNSAFE.search(prefix):
+            raise BadArgument("key prefix must be non-empty without '{', '}', ':', '%' or spaces")
+        self.prefix = prefix
+        self.schedule = f"{prefix}:schedule"  # zset: queue id -> earliest due time
+        self.sessions = f"{prefix}:sessions"  # zset: client id -> session lease deadline
+        self.workers = f"{prefix}:workers"  # zset: worker id -> worker lease deadline
+        self._queue_keys = lru_cache(maxsize=65536)(self._build_queue_keys)
+
+    def queue(self, ref: QueueRef) -> QueueKeys:
+        return self._queue_keys(ref.qid)
+
+    def queue_by_id(self, qid: str) -> QueueKeys:
+        return self._queue_keys(qid)
+
+    def _build_queue_keys(self, qid: str) -> QueueKeys:
+        base = f"{self.prefix}:{{{qid}}}"
+        return QueueKeys(
+            meta=base,
+            log=base + ":log",
+            checkouts=base + ":co",
+            deadlines=base + ":dl",
+            owned=base + ":own",
+            ready=base + ":rd",
+            delayed=base + ":dly",
+            dedup=base + ":dd",
+            dedup_ids=base + ":ddm",
+            dead=base + ":dlq",
+            journal=base + ":jr",
+            wake=base + ":wake",
+        )
+
+    def topic(self, topic: str) -> str:
+        """Hash: the topic's kind (plain or lite) and its configuration."""
+        return f"{self.prefix}:topic:{{{escape(topic)}}}"
+
+    def session(self, client: str) -> str:
+        return f"{self.prefix}:sess:{{{escape(client)}}}"
+
+    def session_handles(self, client: str) -> str:
+        """Set: the client's non-lite handles (lite ones are in session_lmqs; broker/session_index.py)."""
+        return self.session(client) + ":subs"
+
+    def session_lmqs(self, client: str, bucket: int) -> str:
+        """Hash, one of 16 buckets: ``group|lmq|topic`` -> "" per lite subscription the client holds."""
+        return f"{self.session(client)}:lmqs:{bucket}"
+
+    @property
+    def filters(self) -> str:
+        """Hash: filter subscription queue id -> msgpack [filter, share group or None, client or None]."""
+        return f"{self.prefix}:filters"
+
+    @property
+    def filters_version(self) -> str:
+        return f"{self.prefix}:filters:version"
+
+    @property
+    def filters_channel(self) -> str:
+        return f"{self.prefix}:filters:changed"
+
+    @property
+    def retained(self) -> str:
+        """Hash: topic -> its retained message (stored form)."""
+        return f"{self.prefix}:retained"
+
+    def session_lite_counts(self, client: str) -> str:
+        """Hash: lite topic -> lite subscriptions the client holds (the quota)."""
+        return self.session(client) + ":lite"
+
+    def session_notices(self, client: str) -> str:
+        return self.session(client) + ":notices"
+
+    def session_channel(self, client: str) -> str:
+        return self.session(client) + ":push"
+
+    def queue_pattern(self) -> str:
+        """SCAN pattern matching every queue's meta hash (and only those, with TYPE hash)."""
+        return f"{self.prefix}:{{[tlf]:*}}"
+
+    @staticmethod
+    def qid_from_meta_key(key: str) -> str:
+        return key[key.index("{") + 1 : key.rindex("}")]
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """A subscription handle: which queue, group and member it speaks for.
+
+    Handles are self-describing so a stateless worker routes PULL/ACK without a
+    lookup; a worker only honours a handle whose member is the caller's own
+    client id, so a forged handle gains nothing.
+    """
+
+    queue: QueueRef
+    group: str
+    member: str
+
+    def encode(self) -> str:
+        fields = [1, self.queue.topic, self.queue.lmq, self.group, self.member]
+        if self.queue.owner is not None:
+            fields.append(self.queue.owner)
+        packed = msgpack.packb(fields)
+        return "h" + base64.urlsafe_b64encode(packed).rstrip(b"=").decode()
+
+    @staticmethod
+    def decode(text: str) -> "Handle":
+        try:
+            if not text.startswith("h"):
+                raise ValueError
+            raw = text[1:]
+            version, topic, lmq, group, member, *owner = msgpack.unpackb(
+                base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+            )
+            if version != 1 or len(owner) > 1:
+                raise ValueError
+            if not all(isinstance(v, str) for v in (topic, group, member, *owner)) or not isinstance(lmq, (str, type(None))):
+                raise ValueError
+        except Exception:
+            raise BadArgument(f"{text[:64]!r} is not a subscription handle; use the handle SUB returned") from None
+        return Handle(QueueRef(topic, lmq, owner[0] if owner else None), group, member)

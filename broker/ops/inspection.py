@@ -1,0 +1,381 @@
+"""Operator reads of one thing in depth: a queue, a group, a member, a session.
+
+What ``fencemq inspect`` shows (cli/inspect_cmd.py presents it). Like the
+listings in broker/operations.py: async, a ``redis.asyncio`` client or
+cluster, plain JSON-able data back, pipelined reads (not atomic), times on
+Redis's clock. Meta hashes are read whole and spelled out
+(``fencemq.model.meta.expand``), so an lmq at rest reads like any other queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from fencemq.model import meta as compact_meta
+from fencemq.fences import session_index
+from fencemq.errors import NotFound
+from fencemq.model.keys import Handle, Keyspace, QueueKeys, QueueRef
+from fencemq.ops.operations import (
+    SEP,
+    _in_s,
+    _lex_range,
+    _meta_or_fail,
+    display_name,
+    now_ms,
+    parse_meta,
+    queue_info,
+)
+from fencemq.model.values import integer as _int
+from fencemq.model.values import text as _s
+
+
+async def _checkouts(redis: Any, k: QueueKeys, now: int, limit: int, group: str | None = None,
+                     member: str | None = None, epochs: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Up to ``limit`` checkouts (soonest deadline first; those waiting in a push
+    mailbox, with no deadline yet, last) and how many there are in all."""
+    tags: list[bytes] = []
+    if group is None:
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.hlen(k.checkouts)
+            pipe.zcard(k.deadlines)
+            pipe.zrange(k.deadlines, 0, max(limit - 1, 0), withscores=True)
+            total, leased, first = await pipe.execute()
+        total = int(total)
+        tags = [t for t, _ in first] if limit > 0 else []
+        if len(tags) < limit and total > int(leased):
+            # Checkouts without a deadline (in a push mailbox): walk the records.
+            seen = set(tags)
+            scan_cursor = 0
+            while len(tags) < limit:
+                scan_cursor, batch = await redis.hscan(k.checkouts, scan_cursor, count=500)
+                fresh = [t for t in batch if t not in seen]
+                if fresh:
+                    for tag, score in zip(fresh, await redis.zmscore(k.deadlines, fresh), strict=True):
+                        if score is None and len(tags) < limit:
+                            tags.append(tag)
+                            seen.add(tag)
+                if int(scan_cursor) == 0:
+                    break
+    else:
+        lo, hi = _lex_range(group, member) if member is not None else _lex_range(group)
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.zlexcount(k.owned, lo, hi)
+            pipe.zrangebylex(k.owned, lo, hi, 0, limit)
+            total, owned = await pipe.execute()
+        total = int(total)
+        tags = [o.rsplit(SEP, 1)[1] for o in owned] if limit > 0 else []
+    if not tags:
+        return [], total
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hmget(k.checkouts, tags)
+        pipe.zmscore(k.deadlines, tags)
+        records, deadlines = await pipe.execute()
+    out = []
+    for tag, rec, deadline in zip(tags, records, deadlines, strict=True):
+        if rec is None:
+            continue  # settled between the two reads
+        g, m, msg_id, epoch, acq, fail = _s(rec).split("\x00")
+        dl = int(deadline) if deadline is not None else None
+        row = {
+            "tag": _s(tag), "group": g, "member": m, "id": int(msg_id), "epoch": int(epoch),
+            "acquisitions": int(acq), "failures": int(fail), "deadline_ms": dl, "expires_in_s": _in_s(dl, now),
+        }
+        if epochs is not None:
+            row["stale"] = int(epoch) < epochs.get(g, 0)
+        out.append(row)
+    out.sort(key=lambda r: (r["deadline_ms"] is None, r["deadline_ms"] or 0, r["group"], r["member"]))
+    return out, total
+
+
+def _member_row(group: str, m: str, f: dict[str, str], owner: str | None, now: int) -> dict[str, Any]:
+    sus = _int(f.get("sus"), None)
+    return {
+        "member": m,
+        "owner": m == owner,
+        "delivered": _int(f.get("n")),
+        "max": _int(f.get("max"), None),
+        "lock_ms": _int(f.get("lock"), None),
+        "suspected": sus is not None,
+        "suspected_since_ms": sus,
+        "suspected_for_s": _in_s(now, sus) if sus is not None else None,
+        "marker": f.get("mk"),
+        "capacity": _int(f.get("cap"), None),
+        "push": "cap" in f,
+        "qos": _int(f.get("qos"), 1),
+        "ended": "end" in f,
+        "online": f.get("on", "1") != "0",
+    }
+
+
+def _group_row(name: str, group: dict[str, Any], seq: int, first: int) -> dict[str, Any]:
+    cursor = max(_int(group.get("cur"), first), first)
+    return {
+        "group": name,
+        "mode": group.get("mode"),
+        "policy": group.get("pol"),
+        "on_preempt": group.get("onpre"),
+        "strategy": group.get("strat"),
+        "epoch": _int(group.get("ep")),
+        "cursor": cursor,
+        "owner": group.get("own"),
+        "unread": max(0, seq - cursor + 1),
+    }
+
+
+async def _delayed_by_group(redis: Any, k: QueueKeys, cap: int = 10_000) -> dict[str, int] | None:
+    """Delayed redeliveries per group (None when there are more than ``cap``: not counted)."""
+    if await redis.zcard(k.delayed) > cap:
+        return None
+    out: dict[str, int] = {}
+    for member in await redis.zrange(k.delayed, 0, -1):
+        g = _s(member.split(SEP, 1)[0])
+        out[g] = out.get(g, 0) + 1
+    return out
+
+
+async def _group_counts(redis: Any, k: QueueKeys, groups: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per group: returned, checkouts; per member: checkouts held and mailbox depth."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for g, group in groups.items():
+            pipe.zlexcount(k.ready, *_lex_range(g))
+            pipe.zlexcount(k.owned, *_lex_range(g))
+            for m, f in group["members"].items():
+                pipe.zlexcount(k.owned, *_lex_range(g, m))
+                pipe.llen(k.mailbox(g, m))
+        replies = iter(await pipe.execute()) if groups else iter(())
+    out: dict[str, Any] = {}
+    for g, group in groups.items():
+        entry = {"returned": int(next(replies)), "checkouts": int(next(replies)), "members": {}}
+        for m, f in group["members"].items():
+            held, depth = int(next(replies)), int(next(replies))
+            entry["members"][m] = {"checkouts": held, "mailbox_depth": depth if "cap" in f else None}
+        out[g] = entry
+    return out
+
+
+async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int = 20) -> dict[str, Any]:
+    """A queue: log bounds, counters, groups (cursor, epoch, owner, backlog), members, checkouts."""
+    raw = await _meta_or_fail(redis, keys, ref)
+    k = keys.queue(ref)
+    now = await now_ms(redis)
+    fields, groups = parse_meta(raw)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hlen(k.log)
+        pipe.zcard(k.ready)
+        pipe.zcard(k.delayed)
+        pipe.llen(k.dead)
+        pipe.llen(k.journal)
+        pipe.zcard(k.deadlines)
+        pipe.pttl(k.meta)
+        log_len, ready, delayed, dead, journal, leased, ttl = await pipe.execute()
+    seq, first = _int(fields.get("seq")), _int(fields.get("first"), 1)
+    counts = await _group_counts(redis, k, groups)
+    delayed_by = await _delayed_by_group(redis, k)
+    epochs = {g: _int(group.get("ep")) for g, group in groups.items()}
+    checkouts, total = await _checkouts(redis, k, now, limit, epochs=epochs)
+    out_groups = []
+    for g, group in groups.items():
+        row = _group_row(g, group, seq, first)
+        c = counts[g]
+        row.update({
+            "returned": c["returned"],
+            "delayed": delayed_by.get(g, 0) if delayed_by is not None else None,
+            "backlog": row["unread"] + c["returned"],
+            "checkouts": c["checkouts"],
+            "members": [
+                {**_member_row(g, m, f, group.get("own"), now), **c["members"][m]}
+                for m, f in group["members"].items()
+            ],
+        })
+        out_groups.append(row)
+    ct, wt = _int(fields.get("ct"), None), _int(fields.get("wt"), None)
+    return {
+        **queue_info(ref.qid),
+        "now_ms": now,
+        "seq": seq,
+        "first": first,
+        "retained": int(log_len),
+        "last_tag": _int(fields.get("tag")),
+        "created_ms": ct,
+        "last_write_ms": wt,
+        "expires_in_s": round(int(ttl) / 1000, 3) if int(ttl) >= 0 else None,
+        "journal_cap": _int(fields.get("jcap"), None),
+        "journal_length": int(journal),
+        "backlog": max((g["backlog"] for g in out_groups), default=None),
+        "checkouts_total": total,
+        "leased": int(leased),
+        "ready": int(ready),
+        "delayed": int(delayed),
+        "dead_letters": int(dead),
+        "push_members": [line.replace("\t", "/") for line in fields.get("push", "").split("\n") if line],
+        "groups": out_groups,
+        "checkouts": checkouts,
+        "checkouts_shown": len(checkouts),
+    }
+
+
+async def inspect_group(redis: Any, keys: Keyspace, ref: QueueRef, group: str, *, limit: int = 20) -> dict[str, Any]:
+    """One subscription group: cursor, epoch, owner, members (markers, suspicion, mailboxes), checkouts."""
+    raw = await _meta_or_fail(redis, keys, ref)
+    k = keys.queue(ref)
+    now = await now_ms(redis)
+    fields, groups = parse_meta(raw)
+    if group not in groups or "mode" not in groups[group]:
+        known = ", ".join(groups) or "none"
+        raise NotFound(f"queue {display_name(ref)} has no group {group!r} (groups: {known})")
+    g = groups[group]
+    seq, first = _int(fields.get("seq")), _int(fields.get("first"), 1)
+    counts = (await _group_counts(redis, k, {group: g}))[group]
+    delayed_by = await _delayed_by_group(redis, k)
+    checkouts, total = await _checkouts(redis, k, now, limit, group=group, epochs={group: _int(g.get("ep"))})
+    row = _group_row(group, g, seq, first)
+    row.update({
+        **queue_info(ref.qid),
+        "queue": display_name(ref),
+        "now_ms": now,
+        "seq": seq,
+        "first": first,
+        "skip_offline": g.get("skip") == "1",
+        "returned": counts["returned"],
+        "delayed": delayed_by.get(group, 0) if delayed_by is not None else None,
+        "backlog": row["unread"] + counts["returned"],
+        "checkouts_total": total,
+        "members": [
+            {**_member_row(group, m, f, g.get("own"), now), **counts["members"][m]}
+            for m, f in g["members"].items()
+        ],
+        "checkouts": checkouts,
+        "checkouts_shown": len(checkouts),
+    })
+    return row
+
+
+async def session_info(redis: Any, keys: Keyspace, client: str, now: int) -> dict[str, Any] | None:
+    """A client's session: worker, connection, since, lease; None when it has none."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(keys.session(client))
+        pipe.zscore(keys.sessions, client)
+        pipe.llen(keys.session_notices(client))
+        for cmd in session_index.count_commands(keys, client):
+            pipe.execute_command(*cmd)
+        raw, lease, notices, *counts = await pipe.execute()
+    handles = sum(int(n) for n in counts)
+    if not raw and lease is None and not handles:
+        return None
+    f = {_s(a): _s(b) for a, b in raw.items()}
+    lease_ms = int(lease) if lease is not None else None
+    return {
+        "client": client,
+        "worker": f.get("worker"),
+        "connection": f.get("conn"),
+        "since_ms": _int(f.get("since"), None),
+        "lease_deadline_ms": lease_ms,
+        "lease_in_s": _in_s(lease_ms, now),
+        "alive": lease_ms is not None and lease_ms > now,
+        "subscriptions": handles,
+        "notices_queued": int(notices),
+    }
+
+
+async def inspect_member(redis: Any, keys: Keyspace, ref: QueueRef, group: str, member: str, *,
+                         limit: int = 20) -> dict[str, Any]:
+    """One member: delivered/max, lock, suspicion, marker, mailbox, its checkouts, its session."""
+    raw = await _meta_or_fail(redis, keys, ref)
+    k = keys.queue(ref)
+    now = await now_ms(redis)
+    _fields, groups = parse_meta(raw)
+    if group not in groups or "mode" not in groups[group]:
+        raise NotFound(f"queue {display_name(ref)} has no group {group!r} (groups: {', '.join(groups) or 'none'})")
+    g = groups[group]
+    if member not in g["members"] or "n" not in g["members"][member]:
+        known = ", ".join(g["members"]) or "none"
+        raise NotFound(f"{member!r} is not a member of group {group!r} of {display_name(ref)} (members: {known})")
+    f = g["members"][member]
+    epoch = _int(g.get("ep"))
+    checkouts, total = await _checkouts(redis, k, now, limit, group=group, member=member, epochs={group: epoch})
+    depth = await redis.llen(k.mailbox(group, member)) if "cap" in f else None
+    return {
+        **queue_info(ref.qid),
+        "queue": display_name(ref),
+        "group": group,
+        "mode": g.get("mode"),
+        "epoch": epoch,
+        "group_owner": g.get("own"),
+        "position": list(g["members"]).index(member) + 1,
+        "now_ms": now,
+        **_member_row(group, member, f, g.get("own"), now),
+        "handle": Handle(ref, group, member).encode(),
+        "mailbox_depth": int(depth) if depth is not None else None,
+        "checkouts_total": total,
+        "checkouts": checkouts,
+        "checkouts_shown": len(checkouts),
+        "session": await session_info(redis, keys, member, now),
+    }
+
+
+def _entry_order(entry: Handle | str) -> str:
+    """Handles listed in the order of their text, as the client sees them."""
+    return entry.encode() if isinstance(entry, Handle) else entry
+
+
+async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int = 20) -> dict[str, Any]:
+    """A client's session: lease, worker, every subscription handle it holds (with its state), notices."""
+    now = await now_ms(redis)
+    info = await session_info(redis, keys, client, now)
+    if info is None:
+        raise NotFound(f"no session {client!r} under prefix {keys.prefix!r} (connected clients: `fencemq status`)")
+    handles = sorted(await session_index.all_entries(redis, keys, client), key=_entry_order)
+    shown = handles[:limit]
+    decoded = [h for h in shown if isinstance(h, Handle)]
+    async with redis.pipeline(transaction=False) as pipe:
+        for h in decoded:
+            pipe.hgetall(keys.queue(h.queue).meta)  # whole: an lmq at rest is compact (broker/compact_meta.py)
+            pipe.zlexcount(keys.queue(h.queue).owned, *_lex_range(h.group, h.member))
+        pipe.hgetall(keys.session_lite_counts(client))
+        pipe.lrange(keys.session_notices(client), 0, max(limit - 1, 0))
+        replies = await pipe.execute()
+    states = iter(replies[:-2])
+    lite, notices = replies[-2], replies[-1]
+    subs = []
+    for h in shown:
+        if not isinstance(h, Handle):
+            subs.append({"handle": h, "error": "not a handle"})
+            continue
+        fields = compact_meta.expand(next(states))
+        g, m = f"g|{h.group}|", f"m|{h.group}|{h.member}|"
+        n, mx, sus, mk, cap = (fields.get(m + f) for f in ("n", "max", "sus", "mk", "cap"))
+        own, mode, ep = (fields.get(g + f) for f in ("own", "mode", "ep"))
+        held = int(next(states))
+        subs.append({
+            "handle": h.encode(), **queue_info(h.queue.qid), "queue": display_name(h.queue), "group": h.group,
+            "mode": _s(mode) if mode is not None else None, "epoch": _int(ep), "member": n is not None,
+            "owner": own is not None and _s(own) == client, "delivered": _int(n), "max": _int(mx, None),
+            "suspected": sus is not None, "marker": _s(mk) if mk is not None else None, "push": cap is not None,
+            "checkouts": held,
+        })
+    decoded_notices = []
+    for raw in notices if limit > 0 else []:
+        try:
+            decoded_notices.append(_plain(msgpack.unpackb(raw, raw=False)))
+        except Exception:  # noqa: BLE001 - not ours to judge: show what is there
+            decoded_notices.append({"raw": _s(raw)})
+    return {
+        **info,
+        "now_ms": now,
+        "handles": subs,
+        "handles_total": len(handles),
+        "lite_counts": {_s(a): _int(b) for a, b in lite.items()},
+        "notices": decoded_notices,
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return _s(value)
+    if isinstance(value, dict):
+        return {_s(a): _plain(b) for a, b in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,398 @@
+"""Operator writes and live figures: evict, sweep, seek, purge, dead letters, top.
+
+The other half of the operator CLI's Redis side (broker/operations.py lists,
+broker/inspection.py inspects). Every write goes through a fence: ``evict``, ``seek`` and
+``sweep`` reuse the broker's own (:class:`~fencemq.fences.queues.Queues`), ``purge``
+and ``replay_dead`` have theirs (``lua/purge.lua``, ``lua/replay_dead.lua``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from fencemq.config import Config
+from fencemq.errors import BadArgument, NotFound
+from fencemq.model import meta as compact_meta
+from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.messages import unpack_delivery
+from fencemq.ops.operations import (
+    PIPELINE_CHUNK,
+    Progress,
+    QueueFilter,
+    _in_s,
+    _meta_or_fail,
+    display_name,
+    now_ms,
+    parse_meta,
+    queue_info,
+    queue_rows,
+    scan_queues,
+)
+from fencemq.fences.queues import Queues
+from fencemq.fences.registry import Fences
+from fencemq.fences.sessions import RedisClock, Sessions, unsubscribe_notice
+from fencemq.model.keys import queue_ref
+from fencemq.model.values import integer as _int
+from fencemq.model.values import text as _s
+
+DEAD_LETTER_SCAN = 10_000  # dead letters a replay examines at most, from the head
+PREVIEW_BYTES = 64
+
+# -- writes: evict, sweep, seek ------------------------------------------------------------
+
+
+def broker_config(keys: Keyspace) -> Config:
+    """The workers' settings as the environment gives them (FENCEMQ_*), else the defaults.
+
+    The operations that run a fence pass what the workers would: the lmq idle
+    TTL, the sweep batch; the prefix is always ``keys``'.
+    """
+    try:
+        return Config.from_env(prefix=keys.prefix)
+    except ValueError:  # a FENCEMQ_* variable that does not parse: the workers would not start either
+        return Config(prefix=keys.prefix)
+
+
+def _queues(redis: Any, keys: Keyspace) -> Queues:
+    return Queues(redis, broker_config(keys))
+
+
+async def _redispatch(q: Queues, ref: QueueRef) -> None:
+    """Returned messages go to the queue's push members now, as the sweeper does."""
+    members = await q.push_members(ref)
+    if members:
+        await q.dispatch(ref, members)
+
+
+async def evict(redis: Any, keys: Keyspace, ref: QueueRef, group: str, client: str,
+                by: str = "operator") -> dict[str, Any]:
+    """Fence ``client`` off the subscription (eviction marker, ownership dropped, checkouts
+    back to the queue) and queue it an ``unsubscribe`` notice (``by`` = operator)."""
+    await _meta_or_fail(redis, keys, ref)
+    q = _queues(redis, keys)
+    handle = Handle(ref, group, client)
+    returned = await q.evict(handle, by)
+    if returned < 0:
+        raise NotFound(f"{client!r} is not a member of group {group!r} of {display_name(ref)}; "
+                       f"see `fencemq inspect group`")
+    notice = unsubscribe_notice(handle, by)
+    sessions = Sessions(redis, keys, q, RedisClock(redis), q.config.session_lease_ms)
+    await sessions.notify(client, notice)
+    if returned:
+        await _redispatch(q, ref)
+    return {**queue_info(ref.qid), "queue": display_name(ref), "group": group, "client": client,
+            "returned": returned, "notice": notice}
+
+
+async def sweep(redis: Any, keys: Keyspace, qids: list[str] | None = None, *, max_queues: int = 10_000,
+                progress: Progress | None = None) -> dict[str, Any]:
+    """Return expired leases now: of these queues, or (``qids`` None) of every queue that is due.
+
+    Does what a worker's sweeper does for each queue: the sweep fence,
+    redispatch to push members, a ``message_timeout`` notice to each member
+    that lost a lease.
+    """
+    q = _queues(redis, keys)
+    sessions = Sessions(redis, keys, q, RedisClock(redis), q.config.session_lease_ms)
+    results: list[dict[str, Any]] = []
+    if qids is not None:
+        for qid in qids:
+            if not await redis.exists(keys.queue_by_id(qid).meta):
+                raise NotFound(f"no queue {qid!r} under prefix {keys.prefix!r} (ids as `fencemq queues` prints them)")
+    due_mode = qids is None
+    todo = list(qids or [])
+    done = 0
+    while True:
+        if due_mode and not todo:
+            if done >= max_queues:
+                break
+            todo = await q.due_queues(await now_ms(redis), min(100, max_queues - done))
+            if not todo:
+                break
+        if not todo:
+            break
+        qid = todo.pop(0)
+        ref = queue_ref(qid)
+        res = await q.sweep(qid)
+        if res.returned:
+            await _redispatch(q, ref)
+        notices = []
+        for group, member, tags, successor in res.timeouts:
+            notice: dict[str, Any] = {"type": "message_timeout", "handle": Handle(ref, group, member).encode(),
+                                      "topic": ref.topic, "tags": tags}
+            if ref.lmq is not None:
+                notice["lmq"] = ref.lmq
+            if successor:
+                notice["replaced_by"] = successor
+            await sessions.notify(member, notice)
+            notices.append({"group": group, "member": member, "tags": tags, "replaced_by": successor or None})
+        results.append({**queue_info(qid), "returned": res.returned, "next_due_ms": res.next_due if res.next_due >= 0
+                        else None, "timeouts": notices})
+        done += 1
+        if progress is not None:
+            progress(done, len(qids) if qids is not None else None)
+    return {"queues": results, "swept": len(results), "returned": sum(r["returned"] for r in results),
+            "now_ms": await now_ms(redis)}
+
+
+SEEK_KINDS = ("id", "time", "earliest", "latest")
+
+
+async def seek(redis: Any, keys: Keyspace, ref: QueueRef, group: str, kind: str, arg: int | None = None) -> dict[str, Any]:
+    """Operator seek of a whole subscription group (the fence acts on the group, not a member)."""
+    if kind not in SEEK_KINDS:
+        raise BadArgument("seek takes id, time, earliest or latest")
+    raw = await _meta_or_fail(redis, keys, ref)
+    _fields, groups = parse_meta(raw)
+    if group not in groups or "mode" not in groups[group]:
+        raise NotFound(f"queue {display_name(ref)} has no group {group!r} (groups: {', '.join(groups) or 'none'})")
+    g = groups[group]
+    before = {"epoch": _int(g.get("ep")), "cursor": _int(g.get("cur"), None)}
+    member = g.get("own") or next(iter(g["members"]), None) or "operator"
+    q = _queues(redis, keys)
+    epoch, cursor, clamped = await q.seek(Handle(ref, group, member), kind, arg)
+    return {**queue_info(ref.qid), "queue": display_name(ref), "group": group, "target": kind, "arg": arg,
+            "epoch": epoch, "cursor": cursor, "clamped": clamped, "before": before}
+
+
+# -- purge ---------------------------------------------------------------------------------
+
+
+async def purge(redis: Any, keys: Keyspace, ref: QueueRef, idle_ttl_ms: int | None = None) -> dict[str, Any]:
+    """Drop every message a group has not been given yet, and every returned or delayed one
+    (each group's cursor moves past the last message); checkouts are left alone."""
+    await _meta_or_fail(redis, keys, ref)
+    k = keys.queue(ref)
+    ttl = (broker_config(keys).lmq_idle_ttl_ms if ref.lite else 0) if idle_ttl_ms is None else idle_ttl_ms
+    fences = Fences(redis)
+    res = await fences.call("purge", [k.meta, k.log, k.checkouts, k.owned, k.ready, k.delayed, k.dedup,
+                                      k.dedup_ids, k.journal], [ttl])
+    seq, flat = int(res[0]), res[1]
+    groups = []
+    for i in range(0, len(flat), 6):
+        g, cursor_before, unread, returned, delayed, held = flat[i : i + 6]
+        groups.append({"group": _s(g), "cursor_before": int(cursor_before), "cursor": seq + 1,
+                       "unread": int(unread), "returned": int(returned), "delayed": int(delayed),
+                       "checkouts_left": int(held)})
+    return {**queue_info(ref.qid), "queue": display_name(ref), "seq": seq, "groups": groups,
+            "dropped": sum(g["unread"] + g["returned"] + g["delayed"] for g in groups),
+            "checkouts_left": sum(g["checkouts_left"] for g in groups)}
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+def _preview(payload: bytes, size: int = PREVIEW_BYTES) -> str:
+    try:
+        text = payload.decode("utf-8")
+        if all(c.isprintable() or c in "\t" for c in text):
+            return text if len(text) <= size else text[:size] + "…"
+    except UnicodeDecodeError:
+        pass
+    hexed = payload[:size // 2].hex()
+    return "0x" + hexed + ("…" if len(payload) > size // 2 else "")
+
+
+def decode_dead_letter(ref: QueueRef, raw: bytes) -> dict[str, Any]:
+    """A dead letter: id, group, member, acquisitions, failures, ms, stored body.
+
+    nack.lua writes one msgpack array (docs/data-model.md).
+    """
+    try:
+        msg_id, group, member, acq, failures, ms, stored = msgpack.unpackb(raw, raw=True)
+    except Exception as exc:  # noqa: BLE001 - one bad entry must not hide the others
+        return {"error": f"undecodable dead letter ({type(exc).__name__})", "raw_size": len(raw)}
+    row: dict[str, Any] = {"id": int(msg_id), "group": _s(group), "member": _s(member), "acquisitions": int(acq),
+                           "failures": int(failures), "dead_ms": int(ms)}
+    try:
+        d = unpack_delivery(ref.topic, ref.lmq, 0, b"", int(msg_id), int(acq), stored)
+    except Exception as exc:  # noqa: BLE001 - one bad entry must not hide the others
+        row.update({"error": f"undecodable body ({type(exc).__name__})", "size": len(stored)})
+        return row
+    row.update({
+        "published_ms": d.published_ms, "size": len(d.payload), "qos": d.qos, "producer": d.producer,
+        "headers": d.headers or None, "topic": d.topic, "preview": _preview(d.payload),
+    })
+    try:
+        row["payload"] = d.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        import base64
+
+        row["payload_b64"] = base64.b64encode(d.payload).decode()
+    return row
+
+
+async def dead_letters(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int = 20,
+                       start: int = 0) -> dict[str, Any]:
+    """The queue's dead letters, oldest first (``limit`` from position ``start``)."""
+    await _meta_or_fail_or_dlq(redis, keys, ref)
+    k = keys.queue(ref)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.llen(k.dead)
+        pipe.lrange(k.dead, start, start + max(limit, 1) - 1)
+        total, raw = await pipe.execute()
+    entries = [decode_dead_letter(ref, r) for r in raw[:limit]]
+    for i, e in enumerate(entries):
+        e["position"] = start + i
+    return {**queue_info(ref.qid), "queue": display_name(ref), "total": int(total), "dead_letters": entries,
+            "now_ms": await now_ms(redis)}
+
+
+async def _meta_or_fail_or_dlq(redis: Any, keys: Keyspace, ref: QueueRef) -> None:
+    """A queue's dead letters outlive a reclaimed lmq's meta: either one makes it known."""
+    if not await redis.exists(keys.queue(ref).dead):
+        await _meta_or_fail(redis, keys, ref)
+
+
+async def replay_dead(redis: Any, keys: Keyspace, ref: QueueRef, *, count: int = 1,
+                      scan: int = DEAD_LETTER_SCAN, idle_ttl_ms: int | None = None) -> dict[str, Any]:
+    """Put up to ``count`` dead letters back into their group's ready set (one atomic fence);
+    those whose body retention already trimmed, or whose group is gone, stay dead letters."""
+    if count < 1:
+        raise BadArgument("count must be at least 1")
+    await _meta_or_fail_or_dlq(redis, keys, ref)
+    k = keys.queue(ref)
+    q = _queues(redis, keys)
+    ttl = (q.config.lmq_idle_ttl_ms if ref.lite else 0) if idle_ttl_ms is None else idle_ttl_ms
+    res = await q.fences.call(
+        "replay_dead",
+        [k.meta, k.log, k.checkouts, k.ready, k.delayed, k.dead, k.dedup, k.dedup_ids, k.wake, k.journal],
+        [count, max(scan, count), ttl],
+    )
+    replayed_flat, skipped_flat, left, examined = res[0], res[1], int(res[2]), int(res[3])
+    replayed = [{"id": int(replayed_flat[i]), "group": _s(replayed_flat[i + 1]), "member": _s(replayed_flat[i + 2]),
+                 "acquisitions": int(replayed_flat[i + 3]), "via": _s(replayed_flat[i + 4])}
+                for i in range(0, len(replayed_flat), 5)]
+    skipped = [{"position": int(skipped_flat[i]), "id": _int(skipped_flat[i + 1], None),
+                "group": _s(skipped_flat[i + 2]), "reason": _s(skipped_flat[i + 3])}
+               for i in range(0, len(skipped_flat), 4)]
+    if replayed and await redis.exists(k.meta):
+        await _redispatch(q, ref)
+    return {**queue_info(ref.qid), "queue": display_name(ref), "replayed": replayed, "skipped": skipped,
+            "examined": examined, "dead_letters_left": left}
+
+
+# -- live figures (top) ----------------------------------------------------------------------
+
+
+@dataclass
+class TopState:
+    """What ``top`` remembers between refreshes to turn counters into rates."""
+
+    at_ms: int | None = None
+    counters: dict[str, tuple[int, int]] = field(default_factory=dict)  # qid -> (seq, tag)
+    journal_marks: dict[str, int] = field(default_factory=dict)  # qid -> ms of the newest event seen
+
+
+JOURNAL_TAIL = 2000
+RATE_EVENTS = ("pub", "out", "ack", "nack", "timeout", "dead")
+
+
+async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int = 20, scan_limit: int = 10_000,
+                     flt: QueueFilter | None = None) -> dict[str, Any]:
+    """One refresh of ``top``: the busiest ``limit`` queues (of the first ``scan_limit`` found)
+    with rates since the previous refresh (publish from ``seq``, deliveries from the delivery
+    tag counter, acks/nacks/timeouts from the journal), consumers and suspects."""
+    now = await now_ms(redis)
+    page = await scan_queues(redis, keys, flt, limit=scan_limit)
+    qids = page.qids
+    counters: dict[str, tuple[int, int]] = {}
+    for start in range(0, len(qids), PIPELINE_CHUNK * 5):
+        chunk = qids[start : start + PIPELINE_CHUNK * 5]
+        async with redis.pipeline(transaction=False) as pipe:
+            for qid in chunk:
+                # seq and tag, or the names an lmq at rest keeps them under
+                pipe.hmget(keys.queue_by_id(qid).meta, "seq", "tag", compact_meta.AT_REST["seq"],
+                           compact_meta.AT_REST["tag"])
+            for qid, (seq, tag, rest_seq, rest_tag) in zip(chunk, await pipe.execute(), strict=True):
+                seq, tag = seq if seq is not None else rest_seq, tag if tag is not None else rest_tag
+                if seq is not None or tag is not None:
+                    counters[qid] = (_int(seq), _int(tag))
+    elapsed = (now - state.at_ms) / 1000 if state.at_ms is not None else None
+
+    def rate(qid: str, i: int) -> float | None:
+        if not elapsed or qid not in state.counters:
+            return None
+        return max(0.0, (counters[qid][i] - state.counters[qid][i]) / elapsed)
+
+    def activity(qid: str) -> tuple[float, int]:
+        moved = (rate(qid, 0) or 0) + (rate(qid, 1) or 0)
+        return moved, counters[qid][0]
+
+    chosen = sorted(counters, key=activity, reverse=True)[:limit]
+    rows = {r["qid"]: r for r in await queue_rows(redis, keys, chosen, now)}
+    async with redis.pipeline(transaction=False) as pipe:
+        for qid in chosen:
+            pipe.lrange(keys.queue_by_id(qid).journal, -JOURNAL_TAIL, -1)
+            pipe.hgetall(keys.queue_by_id(qid).meta)
+        replies = await pipe.execute() if chosen else []
+    out_rows = []
+    suspects = []
+    for i, qid in enumerate(chosen):
+        if qid not in rows:
+            continue
+        tail, meta = replies[2 * i], replies[2 * i + 1]
+        row = rows[qid]
+        since = state.journal_marks.get(qid)
+        events: dict[str, int] = dict.fromkeys(RATE_EVENTS, 0)
+        newest = since
+        oldest_ms = _int(tail[0].split(b"\t", 1)[0], None) if tail else None
+        for entry in tail:
+            parts = entry.split(b"\t", 2)
+            ms = _int(parts[0], None) if parts else None
+            if ms is None:
+                continue
+            newest = ms if newest is None or ms > newest else newest
+            if since is not None and ms > since and len(parts) > 1:
+                ev = _s(parts[1])
+                if ev in events:
+                    events[ev] += 1
+        if newest is not None:
+            state.journal_marks[qid] = newest
+        window = (now - since) / 1000 if since is not None else None
+        row["rates"] = {
+            "publish": rate(qid, 0),
+            "deliver": rate(qid, 1),
+            **{f"journal_{ev}": (events[ev] / elapsed if elapsed and since is not None else None)
+               for ev in ("ack", "nack", "timeout", "dead")},
+        }
+        # More events than the tail read since the last refresh: the journal rates are lower bounds.
+        row["journal_rates_partial"] = bool(since is not None and len(tail) >= JOURNAL_TAIL and oldest_ms is not None
+                                            and oldest_ms > since)
+        row["journal_window_s"] = round(window, 3) if window is not None else None
+        _fields, groups = parse_meta(meta)
+        consumers = []
+        for g, group in groups.items():
+            for m, f in group["members"].items():
+                consumers.append(m)
+                if "sus" in f or "mk" in f:
+                    suspects.append({"queue": row["name"], "qid": qid, "group": g, "member": m,
+                                     "suspected_for_s": _in_s(now, _int(f.get("sus"), None)) if "sus" in f else None,
+                                     "marker": f.get("mk")})
+        row["consumers"] = sorted(set(consumers))
+        out_rows.append(row)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zcount(keys.workers, now, "+inf")
+        pipe.zcount(keys.sessions, now, "+inf")
+        pipe.zcard(keys.sessions)
+        workers, sessions_alive, sessions_total = await pipe.execute()
+    state.at_ms = now
+    state.counters = counters
+    return {
+        "now_ms": now,
+        "interval_s": elapsed,
+        "queues_seen": len(counters),
+        "queues_truncated": page.cursor is not None,
+        "workers_alive": int(workers),
+        "sessions_alive": int(sessions_alive),
+        "sessions": int(sessions_total),
+        "totals": {
+            "publish": sum(r for q in counters if (r := rate(q, 0)) is not None) if elapsed else None,
+            "deliver": sum(r for q in counters if (r := rate(q, 1)) is not None) if elapsed else None,
+        },
+        "queues": out_rows,
+        "suspected": suspects,
+    }

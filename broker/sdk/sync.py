@@ -1,0 +1,168 @@
+"""The blocking SDK facade: a ``Client`` on a private event loop in a background thread.
+
+Same methods as the async client, each run to completion with
+``asyncio.run_coroutine_threadsafe``; ``for d in sub`` iterates like
+``async for``. ``from fencemq import SyncClient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Iterator
+from typing import Any, Self, TypeVar
+
+from fencemq.sdk.client import DEFAULT_URL, Client, ConnectionLost, Subscription
+from fencemq.sdk.subscription import ITER_BLOCK_MS, ITER_COUNT
+from fencemq.model.messages import Delivery
+
+T = TypeVar("T")
+
+class SyncClient:
+    """Blocking facade: a Client on a private event loop in a background thread."""
+
+    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        self._client = client
+        self._loop = loop
+        self._thread = thread
+
+    @classmethod
+    def connect(
+        cls,
+        url: str = DEFAULT_URL,
+        client_id: str | None = None,
+        protocol: int = 3,
+        password: str | None = None,
+        username: str | None = None,
+        **options: Any,
+    ) -> SyncClient:
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="fencemq-sync-client", daemon=True)
+        thread.start()
+        try:
+            client = asyncio.run_coroutine_threadsafe(
+                Client.connect(url, client_id, protocol, password, username, **options), loop
+            ).result()
+        except BaseException:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+            raise
+        return cls(client, loop, thread)
+
+    def _run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        if self._loop.is_closed():
+            getattr(coro, "close", lambda: None)()
+            raise ConnectionLost("client closed")
+        if threading.current_thread() is self._thread:
+            getattr(coro, "close", lambda: None)()
+            raise RuntimeError("SyncClient called from its own loop thread (e.g. in on_notice): use the async API")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+
+    @property
+    def id(self) -> str | None:
+        return self._client.id
+
+    @property
+    def aio(self) -> Client:
+        """The underlying async client (use it only from this facade's loop)."""
+        return self._client
+
+    def execute(self, *args: Any) -> Any:
+        return self._run(self._client.execute(*args))
+
+    def ping(self, message: str | bytes | None = None) -> str:
+        return self._run(self._client.ping(message))
+
+    def publish(self, topic: str, payload: bytes | str, **kwargs: Any) -> str:
+        return self._run(self._client.publish(topic, payload, **kwargs))
+
+    def mpublish(self, topic: str, payloads: list[bytes], **kwargs: Any) -> list[str]:
+        return self._run(self._client.mpublish(topic, payloads, **kwargs))
+
+    def subscribe(self, topic: str, **kwargs: Any) -> SyncSubscription:
+        return SyncSubscription(self, self._run(self._client.subscribe(topic, **kwargs)))
+
+    def heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> list[dict[str, Any]]:
+        return self._run(self._client.heartbeat(sync))
+
+    def get_notice(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next pushed notice, or None on timeout / when the client is closed."""
+        async def get() -> dict[str, Any] | None:
+            q = self._client._notices
+            if q is None:
+                return None
+            try:
+                return await asyncio.wait_for(q.get(), timeout)
+            except TimeoutError:
+                return None
+
+        return self._run(get())
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            try:
+                self._run(self._client.close())
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join()
+                self._loop.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncSubscription:
+    def __init__(self, client: SyncClient, sub: Subscription) -> None:
+        self._client = client
+        self.aio = sub
+
+    handle = property(lambda self: self.aio.handle)
+    mode = property(lambda self: self.aio.mode)
+    epoch = property(lambda self: self.aio.epoch)
+    owner = property(lambda self: self.aio.owner)
+    dropped = property(lambda self: self.aio.dropped)
+
+    def pull(self, count: int = 1, block_ms: int | None = None) -> list[Delivery]:
+        return self._client._run(self.aio.pull(count, block_ms))
+
+    def take(self, block_ms: int | None = None) -> Delivery | None:
+        return self._client._run(self.aio.take(block_ms))
+
+    def ack(self, *tags: str | Delivery) -> int:
+        return self._client._run(self.aio.ack(*tags))
+
+    def nack(self, *tags: str | Delivery, delay_ms: int | None = None, discard: bool = False) -> int:
+        return self._client._run(self.aio.nack(*tags, delay_ms=delay_ms, discard=discard))
+
+    def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
+        return self._client._run(self.aio.renew(*tags, lock_ms=lock_ms))
+
+    def seek(self, where: str | None = None, *, id: int | str | None = None,
+             time_ms: int | None = None) -> int:
+        return self._client._run(self.aio.seek(where, id=id, time_ms=time_ms))
+
+    def unsubscribe(self, max: int | None = None) -> None:
+        self._client._run(self.aio.unsubscribe(max))
+
+    def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS) -> Iterator[Delivery]:
+        agen = self.aio.iter(count, block_ms)
+
+        async def step() -> Delivery:
+            return await agen.__anext__()
+
+        try:
+            while True:
+                try:
+                    yield self._client._run(step())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._client._loop.is_closed():
+                self._client._run(agen.aclose())
+
+    def __iter__(self) -> Iterator[Delivery]:
+        return self.iter()

@@ -1,0 +1,80 @@
+"""Running a worker: in the foreground (``fencemq serve``) or in a thread (tests, demo, bench)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+
+import anyio
+
+from fencemq.config import Config
+from fencemq.server.embedded import EmbeddedRedis
+from fencemq.server.worker import Worker
+
+
+@contextlib.contextmanager
+def redis_for(config: Config) -> Iterator[Config]:
+    """The config with a Redis URL: the given one, or a private embedded server's."""
+    if config.redis_url:
+        yield config
+        return
+    with EmbeddedRedis() as server:
+        yield replace(config, redis_url=server.url)
+
+
+async def serve(config: Config, on_ready=None) -> None:
+    """Run until SIGTERM/SIGINT, then drain."""
+    worker = Worker(config)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(worker.run)
+        if on_ready is not None:
+            on_ready(worker, port)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                worker.drain()
+                break
+
+
+class WorkerThread:
+    """A worker on its own event loop in a background thread; ``port`` once started."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.worker = Worker(config)
+        self.port: int | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="fencemq-worker", daemon=True)
+
+    def _main(self) -> None:
+        async def body() -> None:
+            async with anyio.create_task_group() as tg:
+                self.port = await tg.start(self.worker.run)
+                self._ready.set()
+
+        try:
+            anyio.run(body)
+        except BaseException as exc:  # surfaced to the starting thread
+            self._error = exc
+            self._ready.set()
+
+    def start(self) -> "WorkerThread":
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise RuntimeError(f"worker failed to start: {self._error!r}") from self._error
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread.is_alive():
+            self.worker.drain()
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "WorkerThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

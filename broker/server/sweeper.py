@@ -1,0 +1,68 @@
+"""The sweeper: returns expired leases and ends expired sessions.
+
+Every worker runs one. It visits only queues whose earliest deadline has
+passed (the global schedule), so idle queues cost nothing, and every script it
+runs is idempotent, so a fleet of sweepers is safe. A lease comes back within
+``sweep_interval_ms`` of its deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from fencemq.server import metrics
+from fencemq.model.keys import Handle, queue_ref
+from fencemq.fences.queues import Queues
+from fencemq.fences.sessions import Sessions
+
+log = logging.getLogger(__name__)
+
+
+class Sweeper:
+    def __init__(self, queues: Queues, sessions: Sessions, interval_ms: int) -> None:
+        self.queues = queues
+        self.sessions = sessions
+        self.interval = interval_ms / 1000
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception:  # a failed round must not stop the next one
+                log.exception("sweep round failed")
+            await anyio.sleep(self.interval)
+
+    async def sweep_once(self) -> int:
+        """One round; returns how many leases came back."""
+        returned = 0
+        now = await self.sessions.clock.now_ms()
+        for qid in await self.queues.due_queues(now):
+            result = await self.queues.sweep(qid)
+            returned += result.returned
+            ref = queue_ref(qid)
+            if result.returned:
+                push_members = await self.queues.push_members(ref)
+                if push_members:
+                    await self.queues.dispatch(ref, push_members)
+            metrics.SUSPICIONS.inc(len(result.newly_suspected))
+            for group, member, tags, successor in result.timeouts:
+                metrics.LEASE_TIMEOUTS.inc(len(tags))
+                notice = {
+                    "type": "message_timeout",
+                    "handle": Handle(ref, group, member).encode(),
+                    "topic": ref.topic,
+                    "tags": tags,
+                }
+                if ref.lmq is not None:
+                    notice["lmq"] = ref.lmq
+                if successor:
+                    notice["replaced_by"] = successor
+                await self.sessions.notify(member, notice)
+        for client in await self.sessions.claim_expired():
+            await self.sessions.end(client)
+            metrics.SESSIONS_EXPIRED.inc()
+        return returned

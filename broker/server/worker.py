@@ -1,0 +1,153 @@
+"""The worker: a thin anyio TCP server in front of the fences.
+
+It speaks RESP2 and RESP3 (codec in fencemq.protocol.resp, command table in
+fencemq.protocol.commands, both free of I/O) over TCP or TLS (the ``tls_*`` settings),
+to a single Redis or a Cluster (fencemq.fences.redis_client.open_redis), keeps no
+state that matters — everything lives in Redis — and may die at any instant.
+Pipelined PUBs to one queue are run as one fence call. SIGTERM drains: stop
+accepting, finish the commands in hand, close connections (sessions stay, to
+be resumed on another worker).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import ssl
+import uuid
+from typing import Any
+
+import anyio
+from anyio.abc import SocketAttribute, SocketStream
+from anyio.streams.tls import TLSListener
+from redis.exceptions import RedisError
+
+from fencemq.server import metrics
+from fencemq.config import Config
+from fencemq.server.connection import ClientConnection
+from fencemq.errors import BadArgument
+from fencemq.fences.shared import FanOut
+from fencemq.fences.queues import Queues
+from fencemq.fences.redis_client import open_redis
+from fencemq.fences.sessions import RedisClock, Sessions
+from fencemq.server.sweeper import Sweeper
+from fencemq.server.wakeups import Wakeups
+
+log = logging.getLogger(__name__)
+
+
+def client_tls(config: Config) -> ssl.SSLContext | None:
+    """The TLS context clients connect with, or None for plain TCP."""
+    if not config.tls_cert_file and not config.tls_key_file:
+        if config.tls_ca_file:
+            raise BadArgument("tls_ca_file needs tls_cert_file and tls_key_file (the worker's own certificate)")
+        return None
+    if not (config.tls_cert_file and config.tls_key_file):
+        raise BadArgument("TLS needs both tls_cert_file and tls_key_file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    if config.tls_ca_file:
+        context.load_verify_locations(config.tls_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class Worker:
+    def __init__(self, config: Config) -> None:
+        if not config.redis_url:
+            raise BadArgument("a worker needs redis_url (fencemq serve starts an embedded Redis when none is given)")
+        self.config = config
+        self.tls = client_tls(config)  # a bad TLS setting fails here, before anything starts
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.port: int | None = None
+        self.connections: dict[str, "ClientConnection"] = {}  # by connection token
+        self._numbers = itertools.count(1)
+        self._draining = anyio.Event()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        redis = await open_redis(self.config.redis_url)
+        try:
+            self.redis = redis
+            self.queues = Queues(redis, self.config)
+            self.fanout = FanOut(self.queues)
+            self.keys = self.queues.keys
+            self.clock = RedisClock(redis)
+            self.sessions = Sessions(redis, self.keys, self.queues, self.clock, self.config.session_lease_ms)
+            self.wakeups = Wakeups(redis, f"{self.config.prefix}:worker:{self.id}")
+            sweeper = Sweeper(self.queues, self.sessions, self.config.sweep_interval_ms)
+            listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
+            self.port = listener.extra(SocketAttribute.local_port)
+            if self.tls is not None:
+                # the handshake runs in the connection's own task: a client that
+                # fails it is logged and dropped, nobody else waits on it
+                listener = TLSListener(listener, self.tls, standard_compatible=False)
+            # Schedule writes run beside replies; their group outlives the services
+            # and connections, so a drain still completes them.
+            async with anyio.create_task_group() as writes:
+                self.queues.spawn = writes.start_soon
+                async with anyio.create_task_group() as services:
+                    services.start_soon(self.wakeups.run)
+                    await self.wakeups.follow(self.keys.filters_channel, lambda _: self.fanout.registry.invalidate())
+                    services.start_soon(sweeper.run)
+                    services.start_soon(self._keep_alive)
+                    async with anyio.create_task_group() as conns:
+                        accepting = anyio.CancelScope()
+                        conns.start_soon(self._accept, listener, conns, accepting)
+                        task_status.started(self.port)
+                        await self._draining.wait()
+                        accepting.cancel()
+                        for conn in list(self.connections.values()):
+                            conn.closing = True
+                            if conn.idle:  # waiting for a request: nothing in hand to finish
+                                conn.scope.cancel()
+                        conns.start_soon(self._cut_stragglers)
+                    services.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await redis.zrem(self.keys.workers, self.id)  # gone: no need to wait for its lease
+        finally:
+            with anyio.CancelScope(shield=True):
+                await redis.aclose()
+
+    async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
+        with scope:
+            await listener.serve(self._serve_connection, task_group=conns)
+
+    async def _cut_stragglers(self, grace_s: float = 2.0) -> None:
+        """A long-poll in progress is not worth holding a shutdown for."""
+        with anyio.move_on_after(grace_s):
+            while self.connections:
+                await anyio.sleep(0.02)
+        for conn in list(self.connections.values()):
+            conn.scope.cancel()
+
+    def drain(self) -> None:
+        """Stop accepting; connections finish what they hold and close."""
+        self._draining.set()
+
+    async def _serve_connection(self, stream: SocketStream) -> None:
+        conn = ClientConnection(self, stream, f"{self.id}:{next(self._numbers)}")
+        self.connections[conn.token] = conn
+        metrics.CONNECTIONS.inc()
+        try:
+            await conn.run()
+        except Exception:  # one connection's failure must never take the worker down
+            log.exception("connection %s failed; closing it", conn.token)
+        finally:
+            del self.connections[conn.token]
+            metrics.CONNECTIONS.dec()
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    async def _keep_alive(self) -> None:
+        """Refresh the leases of sessions connected here, and this worker's own."""
+        while True:
+            clients = [c.client_id for c in self.connections.values() if c.client_id and c.bound]
+            try:
+                await self.sessions.keep_alive(clients)
+                now = await self.clock.now_ms()
+                await self.redis.zadd(self.keys.workers, {self.id: now + self.config.session_lease_ms})
+            except (OSError, RedisError) as exc:
+                log.warning("could not refresh session leases: %s", exc)
+            await anyio.sleep(self.config.session_lease_ms / 3000)
