@@ -24,7 +24,7 @@ import typer
 from typer.testing import CliRunner
 
 from fencemq.server.embedded import free_port
-from tests.test_snapshot import run, run_workload, snapshot_to
+from tests.ops.test_snapshot import run, run_workload, snapshot_to
 
 pyspark = pytest.importorskip("pyspark", reason="the [spark] extra (pyspark) is not installed")
 

@@ -25,7 +25,7 @@ from fencemq.server.embedded import free_port
 from fencemq.server.runner import WorkerThread
 from fencemq.cli.main import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def invoke(*args: str, **env: str):

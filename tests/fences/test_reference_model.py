@@ -1,4 +1,4 @@
-"""The real fences, driven through fencemq.fences.queues.Queues, against tests/model.py.
+"""The real fences, driven through fencemq.fences.queues.Queues, against tests/reference.py.
 
 ``Harness`` runs every operation on both the real broker (one private Redis,
 the ``redis_server`` session fixture, flushed before each example) and the
@@ -43,7 +43,7 @@ from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle, QueueRef
 from fencemq.model.messages import unpack_delivery
 from fencemq.fences.queues import Queues
-from tests.model import (
+from tests.reference import (
     SEP,
     ModelError,
     PullReply,

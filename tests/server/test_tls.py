@@ -28,7 +28,7 @@ from fencemq.server.runner import WorkerThread
 from fencemq.server.worker import Worker
 from fencemq.cli.main import app
 from tests.helpers import worker
-from tests.test_cli import ROOT, _read_until
+from tests.cli.test_cli import ROOT, _read_until
 
 
 class Files:
