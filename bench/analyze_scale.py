@@ -218,20 +218,20 @@ def bench_snapshot(lmqs: int, workdir: Path) -> dict[str, float]:
     from fencemq.config import Config
     from fencemq.server.embedded import EmbeddedRedis
     from fencemq.model.keys import Handle, Keyspace
-    from fencemq.fences.queues import Queues
+    from fencemq.fences.core import Core
     from fencemq.ops.snapshot import take_snapshot
 
     async def fill(url: str) -> None:
         r = Redis.from_url(url, max_connections=64)
-        q = Queues(r, Config(redis_url=url))
+        q = Core(r, Config(redis_url=url))
         sem = asyncio.Semaphore(64)
 
         async def one(i: int) -> None:
             async with sem:
-                await q.publish("snap", [b"m1", b"m2", b"m3"], lmq=f"l{i}")
-                h = Handle.decode((await q.subscribe(f"c{i}", "snap", lmq=f"l{i}")).handle)
-                got = (await q.pull(h, 2)).deliveries
-                await q.ack(h, [got[0].tag])
+                await q.publishing.publish("snap", [b"m1", b"m2", b"m3"], lmq=f"l{i}")
+                h = Handle.decode((await q.subscriptions.subscribe(f"c{i}", "snap", lmq=f"l{i}")).handle)
+                got = (await q.leases.pull(h, 2)).deliveries
+                await q.leases.ack(h, [got[0].tag])
 
         await asyncio.gather(*(one(i) for i in range(lmqs)))
         await r.aclose()

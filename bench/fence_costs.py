@@ -1,11 +1,11 @@
 """Redis-side cost of each fence alone: publish, pull and ack of 100 messages per call.
 
-Drives fencemq.fences.queues.Queues directly (redis-py asyncio, no worker, no RESP
+Drives fencemq.fences.core.Core directly (redis-py asyncio, no worker, no RESP
 server in between) on the bench's private server: publish 100, pull 100, ack
 100, repeated, with CONFIG RESETSTAT before and INFO commandstats after each
 call: Lua time per call and per message (EVALSHA usec; the commands the script
 runs are counted inside it and also listed), and the Python-side wall time per
-call (redis-py + Queues + round trip).
+call (redis-py + Core + round trip).
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from redis.asyncio import Redis
 from bench.stats import RedisMeter
 from fencemq.config import Config
 from fencemq.model.keys import Handle
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 
 
 async def fence_costs(url: str, meter: RedisMeter, *, calls: int = 200, batch: int = 100, size: int = 128) -> dict[str, Any]:
     redis = Redis.from_url(url, protocol=2)
     try:
-        queues = Queues(redis, Config(redis_url=url))
+        queues = Core(redis, Config(redis_url=url))
         topic = "bench-fence-costs"
-        sub = await queues.subscribe("bench-fence-client", topic, group="g")
+        sub = await queues.subscriptions.subscribe("bench-fence-client", topic, group="g")
         handle = Handle.decode(sub.handle)
         # warm up: script cache, topic kind cache
-        await queues.publish(topic, [b"w"])
-        warm = await queues.pull(handle, 1)
-        await queues.ack(handle, [d.tag for d in warm.deliveries])
+        await queues.publishing.publish(topic, [b"w"])
+        warm = await queues.leases.pull(handle, 1)
+        await queues.leases.ack(handle, [d.tag for d in warm.deliveries])
 
         payloads = [b"x" * size] * batch
         totals = {f: {"evalsha_usec": 0, "evalsha_calls": 0, "cmd_usec": 0, "wall": 0.0, "commands": {}}
@@ -57,11 +57,11 @@ async def fence_costs(url: str, meter: RedisMeter, *, calls: int = 200, batch: i
         # in a consumer that keeps up (small hashes/zsets stay listpacks).
         pulled = 0
         for _ in range(calls):
-            await measure("publish", queues.publish(topic, payloads))
-            res = await measure("pull", queues.pull(handle, batch))
+            await measure("publish", queues.publishing.publish(topic, payloads))
+            res = await measure("pull", queues.leases.pull(handle, batch))
             tags = [d.tag for d in res.deliveries]
             pulled += len(tags)
-            await measure("ack", queues.ack(handle, tags))
+            await measure("ack", queues.leases.ack(handle, tags))
 
         out: dict[str, Any] = {"calls": calls, "batch": batch, "pulled": pulled}
         n = calls * batch

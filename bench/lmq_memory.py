@@ -8,14 +8,14 @@ Redis (``fencemq.server.embedded.EmbeddedRedis``, never 127.0.0.1:6379) gets:
 
 1. **subscribed only** — for lmq *i*, client ``c<i // per_client>`` runs the
    subscribe fence (``lua/subscribe.lua``, exactly the keys and arguments
-   ``fencemq.fences.queues.Queues.subscribe`` passes) and the session writes that go
+   ``fencemq.fences.subscribe.Subscriptions.subscribe`` passes) and the session writes that go
    with it (the handle's entry in the session index, ``fencemq.fences.session_index``,
    and HINCRBY of the lite quota count); every
    client also has its session hash and ``fmq:sessions`` entry. Fences are
    called by EVALSHA, pipelined over a raw RESP connection (bench/resp.py), so
    the run takes seconds per million instead of minutes through redis-py.
 2. **after one message acked** — then, per lmq, the publish, pull and ack
-   fences of one message (what ``Queues.publish/pull/ack`` send; the global
+   fences of one message (what ``Core.publish/pull/ack`` send; the global
    lease schedule entry a PULL adds is left out: the sweeper removes it once
    the lease deadline has passed, so an idle system holds none). Three more
    fences per lmq take minutes per million on a 2-CPU machine, so by default
@@ -25,7 +25,7 @@ Redis (``fencemq.server.embedded.EmbeddedRedis``, never 127.0.0.1:6379) gets:
 Bytes per lmq = ``INFO memory used_memory`` delta / number of lmqs. For one
 sample lmq: ``MEMORY USAGE`` of each key, the encoding, and each meta field
 with its length, so the cost of every part is visible. Checks that the bulk path builds exactly
-the state ``Queues.subscribe`` builds (same keys, same field names, same
+the state ``Core.subscribe`` builds (same keys, same field names, same
 session index entry) on a sample. Writes ``<out>/lmq_memory.json``.
 """
 
@@ -52,7 +52,7 @@ from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle, Keyspace, QueueRef
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from fencemq.fences.registry import sources
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,9 +111,9 @@ TEMPLATE_LMQ, TEMPLATE_CLIENT = "LMQTPL", "CLITPL"  # placeholders: no byte of t
 
 
 class Templates:
-    """The fence calls fencemq.fences.queues.Queues makes, recorded from real calls and replayed with other names.
+    """The fence calls fencemq.fences.core.Core makes, recorded from real calls and replayed with other names.
 
-    ``await Templates.record(url, config, topic)`` runs Queues.subscribe, publish, pull and ack once on a
+    ``await Templates.record(url, config, topic)`` runs Core.subscribe, publish, pull and ack once on a
     template lmq, capturing each fence's name, keys and arguments; ``call(name, lmq, client, ...)`` gives
     the EVALSHA of the same call for another lmq and client. So the benches follow the fences' key
     layout whatever it becomes, and send exactly what the broker sends.
@@ -128,7 +128,7 @@ class Templates:
         conn = redis.asyncio.Redis.from_url(url)
         calls: dict[str, tuple[list[str], list[Any]]] = {}
         try:
-            queues = Queues(conn, config)
+            queues = Core(conn, config)
             real = queues.fences.call
 
             async def recording(name: str, keys: list[str], args: list[Any]) -> Any:
@@ -136,11 +136,11 @@ class Templates:
                 return await real(name, keys, args)
 
             queues.fences.call = recording  # type: ignore[method-assign]
-            sub = await queues.subscribe(TEMPLATE_CLIENT, topic, lmq=TEMPLATE_LMQ)
-            await queues.publish(topic, [b"x" * 16], lmq=TEMPLATE_LMQ, producer="producer")
+            sub = await queues.subscriptions.subscribe(TEMPLATE_CLIENT, topic, lmq=TEMPLATE_LMQ)
+            await queues.publishing.publish(topic, [b"x" * 16], lmq=TEMPLATE_LMQ, producer="producer")
             handle = Handle.decode(sub.handle)
-            pulled = await queues.pull(handle, 1)
-            await queues.ack(handle, [pulled.deliveries[0].tag])
+            pulled = await queues.leases.pull(handle, 1)
+            await queues.leases.ack(handle, [pulled.deliveries[0].tag])
             keys = Keyspace(config.prefix)
             await conn.delete(*keys.queue(QueueRef(topic, TEMPLATE_LMQ)).all_keys(),
                               keys.session_handles(TEMPLATE_CLIENT), keys.session_lite_counts(TEMPLATE_CLIENT),
@@ -165,7 +165,7 @@ class Templates:
 
 
 class Layout:
-    """Per lmq i: the commands Queues (and the session bookkeeping around it) sends."""
+    """Per lmq i: the commands Core (and the session bookkeeping around it) sends."""
 
     def __init__(self, templates: Templates, config: Config, per_client: int) -> None:
         self.t = templates
@@ -273,11 +273,11 @@ def session_shape(r: redis.Redis, keys: Keyspace, client: str, lmq: str) -> list
 
 
 async def check_layout(url: str, config: Config, r: redis.Redis, per_client: int) -> dict[str, Any]:
-    """The bulk path must build what Queues.subscribe builds: compare on one lmq of each."""
+    """The bulk path must build what Core.subscribe builds: compare on one lmq of each."""
     async_redis = redis.asyncio.Redis.from_url(url)
     try:
-        queues = Queues(async_redis, config)
-        sub = await queues.subscribe("c-check", TOPIC, lmq="l-check")
+        queues = Core(async_redis, config)
+        sub = await queues.subscriptions.subscribe("c-check", TOPIC, lmq="l-check")
         keys = Keyspace(config.prefix)
         real = keys.queue(QueueRef(TOPIC, "l-check"))
         bulk = keys.queue(QueueRef(TOPIC, lmq_name(0)))

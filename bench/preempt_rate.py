@@ -7,9 +7,9 @@ SUB preempts A), then A again (preempting B), and so on for ``--rounds``
 rounds. Every timed SUB is a preemption, checked from its reply.
 
 At Redis (no worker) — the subscribe fence (``lua/subscribe.lua``, with the
-keys and arguments ``fencemq.fences.queues.Queues.subscribe`` passes) by EVALSHA,
+keys and arguments ``fencemq.fences.subscribe.Subscriptions.subscribe`` passes) by EVALSHA,
 pipelined over a raw RESP connection (bench/resp.py), 8 writes of 2,000 in
-flight (keys and arguments recorded from a real ``Queues`` call:
+flight (keys and arguments recorded from a real ``Core`` call:
 ``bench.lmq_memory.Templates``):
 
 * ``fence``: the fence alone, lite journal off (the default ``lite_journal_cap``) and on;
@@ -64,7 +64,7 @@ def lmq_name(i: int) -> str:
 
 
 class Commands:
-    """The Redis commands of one SUB, as fencemq.fences.queues.Queues.subscribe (and the worker around it) sends them."""
+    """The Redis commands of one SUB, as fencemq.fences.subscribe.Subscriptions.subscribe (and the worker around it) sends them."""
 
     def __init__(self, config: Config, templates: Templates) -> None:
         self.config, self.t, self.keys = config, templates, Keyspace(config.prefix)

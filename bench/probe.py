@@ -12,7 +12,7 @@
    (hashes keep their listpacks: idle lmqs rely on them for memory).
 6. Round trips through a worker process: PING, PUB, empty PULL, vs PING to Redis.
 7. The low-load publish -> deliver path through a worker process, step by step
-   (bench.serve_worker --trace wraps Queues.publish/pull/schedule and Waiter.fire).
+   (bench.serve_worker --trace wraps Core.publish/pull/schedule and Waiter.fire).
 Writes <out>/probe.json and prints a summary.
 """
 
@@ -34,7 +34,7 @@ from bench.stats import RedisMeter, percentiles_ms
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 
 BATCHED_ACK_LUA = r"""
 -- prototype, for measurement only: ack.lua with one HMGET and batched deletes
@@ -126,17 +126,17 @@ def listpack_inserts(admin: Any, meter: RedisMeter, reps: int = 200) -> dict[str
 async def ack_prototype(url: str, meter: RedisMeter, rounds: int = 50) -> dict[str, float]:
     redis = Redis.from_url(url, protocol=2)
     try:
-        queues = Queues(redis, Config(redis_url=url))
+        queues = Core(redis, Config(redis_url=url))
         topic = "probe-ack"
-        sub = await queues.subscribe("probe-client", topic, group="g")
+        sub = await queues.subscriptions.subscribe("probe-client", topic, group="g")
         handle = Handle.decode(sub.handle)
         k = queues.keys.queue(handle.queue)
         for _ in range(2 * rounds):
-            await queues.publish(topic, [b"x" * 128] * 100)
+            await queues.publishing.publish(topic, [b"x" * 128] * 100)
         prototype = redis.register_script(BATCHED_ACK_LUA)
 
         async def shipped(tags: list[str]) -> int:
-            return await queues.ack(handle, tags)
+            return await queues.leases.ack(handle, tags)
 
         async def batched(tags: list[str]) -> int:
             return int(await prototype(keys=[k.meta, k.checkouts, k.deadlines, k.owned],
@@ -144,10 +144,10 @@ async def ack_prototype(url: str, meter: RedisMeter, rounds: int = 50) -> dict[s
 
         await batched([])  # load it
         out = {}
-        for name, ack in (("ack.lua as shipped (Queues.ack)", shipped), ("batched prototype", batched)):
+        for name, ack in (("ack.lua as shipped (Core.ack)", shipped), ("batched prototype", batched)):
             usec = inner = 0
             for _ in range(rounds):
-                res = await queues.pull(handle, 100)
+                res = await queues.leases.pull(handle, 100)
                 tags = [d.tag for d in res.deliveries]
                 meter.reset()
                 n = await ack(tags)

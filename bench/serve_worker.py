@@ -55,7 +55,7 @@ def install_trace() -> list:
     import struct
     import time
 
-    from fencemq.fences.queues import Queues
+    from fencemq.fences.core import Core
     from fencemq.server.wakeups import Waiter
 
     events: list = []
@@ -72,9 +72,9 @@ def install_trace() -> list:
             return result
         return wrapper
 
-    Queues.publish = timed("publish", Queues.publish, lambda a, k, r: stamps(a[1]))
-    Queues.pull = timed("pull", Queues.pull, lambda a, k, r: stamps([d.payload for d in r.deliveries]))
-    Queues.schedule = timed("schedule", Queues.schedule, lambda a, k, r: [])
+    Core.publish = timed("publish", Core.publish, lambda a, k, r: stamps(a[1]))
+    Core.pull = timed("pull", Core.pull, lambda a, k, r: stamps([d.payload for d in r.deliveries]))
+    Core.schedule = timed("schedule", Core.schedule, lambda a, k, r: [])
     fire = Waiter.fire
 
     def traced_fire(self) -> None:

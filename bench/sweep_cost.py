@@ -3,11 +3,11 @@
     python -m bench.sweep_cost [--sizes 10000 1000000] [--expired 1000] [--repeat 25] [--out bench/results]
 
 On a private EmbeddedRedis (never the Redis on 127.0.0.1:6379), one queue per
-size is filled through ``fencemq.fences.queues.Queues``: N messages published in MPUB
+size is filled through ``fencemq.fences.core.Core``: N messages published in MPUB
 batches of 1,000, all pulled in batches of 1,000 by one member whose lock is an
 hour, so N checkouts are live. Then, per measurement, exactly ``--expired`` of
 them (chosen at random) get their deadline set to 0 in the queue's ``dl`` zset —
-the clock is poked, nothing is mocked — and ``Queues.sweep(qid)`` is timed
+the clock is poked, nothing is mocked — and ``Core.sweep(qid)`` is timed
 three ways:
 
 * wall: the Python time of the call (fence + schedule upkeep, round trips);
@@ -42,7 +42,7 @@ from bench.stats import RedisMeter
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from fencemq.fences.redis_client import connect
 
 GOAL_RATIO = 1.5
@@ -54,7 +54,7 @@ MEMBER = "bench-sweeper"
 class LiveQueue:
     """One topic whose single consumer holds `size` live checkouts."""
 
-    def __init__(self, queues: Queues, size: int) -> None:
+    def __init__(self, queues: Core, size: int) -> None:
         self.queues = queues
         self.size = size
         self.topic = f"sweep-{size}"
@@ -70,13 +70,13 @@ class LiveQueue:
     async def build(self) -> float:
         t0 = time.perf_counter()
         q = self.queues
-        sub = await q.subscribe(MEMBER, self.topic, group="g", lock_ms=LOCK_MS)
+        sub = await q.subscriptions.subscribe(MEMBER, self.topic, group="g", lock_ms=LOCK_MS)
         self.handle = Handle.decode(sub.handle)
         payloads = [b"%015d" % i for i in range(BATCH)]
         for _ in range(self.size // BATCH):
-            await q.publish(self.topic, payloads)
+            await q.publishing.publish(self.topic, payloads)
         while len(self.tags) < self.size:
-            got = await q.pull(self.handle, BATCH)
+            got = await q.leases.pull(self.handle, BATCH)
             assert got.status == "ok" and got.deliveries, got.status
             self.tags += [d.tag for d in got.deliveries]
         return time.perf_counter() - t0
@@ -84,8 +84,8 @@ class LiveQueue:
     async def refill(self, expected: int) -> None:
         """After a sweep: prove alive (any ACK clears suspicion) and check the returned ones out again."""
         assert self.handle is not None
-        await self.queues.ack(self.handle, ["0"])
-        got = await self.queues.pull(self.handle, BATCH)
+        await self.queues.leases.ack(self.handle, ["0"])
+        got = await self.queues.leases.pull(self.handle, BATCH)
         assert got.status == "ok" and len(got.deliveries) == expected, (got.status, len(got.deliveries))
         back = {d.tag for d in got.deliveries}
         self.tags = [t for t in self.tags if t not in self._expired] + list(back)
@@ -97,7 +97,7 @@ class LiveQueue:
         admin.zadd(keys.deadlines, dict.fromkeys(self._expired, 0), xx=True)
         meter.reset()
         t0 = time.perf_counter()
-        result = await self.queues.sweep(self.qid)
+        result = await self.queues.leases.sweep(self.qid)
         wall = time.perf_counter() - t0
         stats = meter.read()
         assert result.returned == expired, result.returned
@@ -125,7 +125,7 @@ async def bench(url: str, sizes: list[int], expired: int, repeat: int, seed: int
     meter = RedisMeter(admin)
     rng = random.Random(seed)
     try:
-        queues = Queues(r, Config(redis_url=url, max_lock_ms=LOCK_MS, retention_maxlen=0, retention_maxage_ms=0))
+        queues = Core(r, Config(redis_url=url, max_lock_ms=LOCK_MS, retention_maxlen=0, retention_maxage_ms=0))
         for script in queues.fences.scripts.values():  # no NOSCRIPT round inside a measurement
             admin.script_load(script.script)
         live = [LiveQueue(queues, n) for n in sizes]
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     ratio_cpu = large["median_redis_cpu_us"] / small["median_redis_cpu_us"]
     ratio_min = {m: large["min_" + m] / small["min_" + m] for m in METRICS}
     res = {
-        "what": f"Queues.sweep returning {args.expired} expired checkouts among N live ones",
+        "what": f"Leases.sweep returning {args.expired} expired checkouts among N live ones",
         "machine": machine,
         "expired_per_sweep": args.expired,
         "repeat": args.repeat,

@@ -1,15 +1,18 @@
-"""Every error FenceMQ can report, in one place.
+"""Every error FenceMQ can report, in one table.
 
-A Lua fence fails with ``redis.error_reply("CODE message")``; the first word is
-the code. The same code is the RESP error word a worker sends to its client and
-selects the Python exception the SDK raises, so a failure reads the same in
-every layer.
+A Lua fence fails with ``raise('CODE', message)`` (lua/lib/base.lua); the first
+word is the code. The same code is the RESP error word a worker sends to its
+client and selects the Python exception the SDK raises, so a failure reads the
+same in every layer. :data:`TABLE` is the one place a code is defined:
+tests/fences/test_headers.py fails on a Lua ``raise`` of a code that is not in
+it, and on a code defined twice.
 """
 
 from __future__ import annotations
 
 import builtins
 import re
+from dataclasses import dataclass
 
 import redis.exceptions
 
@@ -29,8 +32,6 @@ class FenceMQError(Exception):
 
 
 class BadArgument(FenceMQError):
-    """The request is malformed; nothing was changed."""
-
     code = "BADARG"
 
 
@@ -47,14 +48,10 @@ class NoPermission(FenceMQError):
 
 
 class Busy(FenceMQError):
-    """An exclusive subscription with POLICY reject is held by another client."""
-
     code = "BUSY"
 
 
 class Stale(FenceMQError):
-    """The caller acted on an epoch or session that has since moved on."""
-
     code = "STALE"
 
 
@@ -67,7 +64,29 @@ class NotFound(FenceMQError):
 
 
 class UnknownCommand(FenceMQError):
-    code = "ERR"
+    """A verb the worker does not speak: Redis's own word, ``ERR``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCode:
+    code: str  # the RESP error word, and the first word of a fence's error
+    exception: type[FenceMQError]
+    meaning: str
+
+
+TABLE: tuple[ErrorCode, ...] = (
+    ErrorCode("ERR", FenceMQError, "a generic error: wrong arity, an unknown command (as Redis says it)"),
+    ErrorCode("BADARG", BadArgument, "the request is malformed or out of range; nothing was changed"),
+    ErrorCode("NOAUTH", NoAuth, "authenticate first (AUTH, or HELLO … AUTH)"),
+    ErrorCode("WRONGPASS", WrongPassword, "the user name or password is wrong"),
+    ErrorCode("NOPERM", NoPermission, "the caller may not do this (another client's handle, a missing permission)"),
+    ErrorCode("BUSY", Busy, "an exclusive subscription with POLICY reject is held by another client"),
+    ErrorCode("STALE", Stale, "the caller acted on an epoch or session that has since moved on"),
+    ErrorCode("LIMIT", LimitExceeded, "a size, count or quota limit was reached; nothing was changed"),
+    ErrorCode("NOTFOUND", NotFound, "no such subscription, queue or member (any more)"),
+)
+
+BY_CODE: dict[str, type[FenceMQError]] = {e.code: e.exception for e in TABLE}
 
 
 class ConnectionLost(redis.exceptions.ConnectionError, builtins.ConnectionError):
@@ -78,12 +97,6 @@ class EndOfStream(Exception):
     """SDK: a push subscription reached its end (``TAKE`` replied ``EOS``)."""
 
 
-_BY_CODE: dict[str, type[FenceMQError]] = {
-    cls.code: cls
-    for cls in (FenceMQError, BadArgument, NoAuth, WrongPassword, NoPermission, Busy, Stale, LimitExceeded, NotFound)
-}
-
-
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]+, on @user_script:\d+\.?$")
 
 
@@ -91,9 +104,8 @@ def from_reply(text: str) -> FenceMQError:
     """Turn an error line (from a Lua script or a worker) into its exception."""
     # Redis 7 appends where in the script the error was raised; clients need not see it.
     text = _SCRIPT_SUFFIX.sub("", text.strip())
-    # redis-py prefixes script errors with the script context on some versions
     code, _, message = text.partition(" ")
-    cls = _BY_CODE.get(code)
+    cls = BY_CODE.get(code)
     if cls is None:
         return FenceMQError(text)
     return cls(message)
@@ -102,11 +114,11 @@ def from_reply(text: str) -> FenceMQError:
 def translate(exc: BaseException) -> FenceMQError | None:
     """Map a redis-py ResponseError raised by a fence to a FenceMQError, else None."""
     text = str(exc)
-    for code in _BY_CODE:
+    for code in BY_CODE:
         if code != "ERR" and (text.startswith(code + " ") or text == code):
             return from_reply(text)
     # Lua errors may be wrapped: "Error running script ...: @user_script:12: BADARG ..."
-    for code in _BY_CODE:
+    for code in BY_CODE:
         marker = f" {code} "
         if code != "ERR" and marker in text:
             return from_reply(text[text.index(marker) + 1 :])

@@ -1,28 +1,37 @@
 -- ack.lua: settle checkouts of one member.
---@include _common.lua
--- (every fence: KEYS[last] is the queue's journal)
+--@include lib/seek.lua
+--@include lib/lite.lua
 --
--- KEYS[1] meta  KEYS[2] checkouts  KEYS[3] deadlines  KEYS[4] owned
--- KEYS[5] ready  KEYS[6] delayed  KEYS[7] log  KEYS[8] dedup  KEYS[9] dedup ids  KEYS[10] dead letters
---   (the last four only to reclaim an idle lmq)
--- ARGV[1] group  ARGV[2] member  ARGV[3] idle TTL ms of an lmq (0 = plain)
--- ARGV[4..] delivery tags
+-- KEYS[1] meta
+-- KEYS[2] checkouts
+-- KEYS[3] deadlines
+-- KEYS[4] owned
+-- KEYS[5] ready
+-- KEYS[6] delayed
+-- KEYS[7] log             (log, dedup, dedup_ids and dead: only to reclaim an idle lmq)
+-- KEYS[8] dedup
+-- KEYS[9] dedup_ids
+-- KEYS[10] dead
+-- KEYS[11] journal
+-- ARGV[1] group
+-- ARGV[2] member
+-- ARGV[3] idle_ttl_ms     of an lmq (0 = a plain topic)
+-- ARGV[4..] tags
 -- Returns: the number of checkouts settled. A tag that is not (any more)
 --   checked out to this member — expired, redelivered, released by a seek,
 --   settled before — settles nothing.
+-- Errors: none of its own (a bad idle TTL is a caller's bug).
 -- Cost: O(tags · log n), in five Redis calls whatever the batch size.
-local K = {meta = KEYS[1], co = KEYS[2], dl = KEYS[3], own = KEYS[4], rd = KEYS[5], dly = KEYS[6], log = KEYS[7],
-           dd = KEYS[8], ddm = KEYS[9], dead = KEYS[10], jr = KEYS[#KEYS]}
-local g, m = ARGV[1], ARGV[2]
+local g, m = A.group, A.member
 local tags, seen = {}, {}
-for i = 4, #ARGV do
-  if not seen[ARGV[i]] then
-    seen[ARGV[i]] = true
-    tags[#tags + 1] = ARGV[i]
+for _, tag in ipairs(A.tags) do
+  if not seen[tag] then
+    seen[tag] = true
+    tags[#tags + 1] = tag
   end
 end
 -- One read and three deletes for the whole batch, not a round of calls per tag.
-local records = redis.call('HMGET', K.co, unpack(tags))
+local records = redis.call('HMGET', K.checkouts, unpack(tags))
 local epoch = group_epoch(K.meta, g)
 local settled, owned = {}, {}
 local now
@@ -38,10 +47,10 @@ for i, rec in ipairs(records) do
   end
 end
 if #settled > 0 then
-  redis.call('HDEL', K.co, unpack(settled))
-  redis.call('ZREM', K.dl, unpack(settled))
-  redis.call('ZREM', K.own, unpack(owned))
-  reclaim_if_idle(K, tonumber(ARGV[3]))
+  redis.call('HDEL', K.checkouts, unpack(settled))
+  redis.call('ZREM', K.deadlines, unpack(settled))
+  redis.call('ZREM', K.owned, unpack(owned))
+  reclaim_if_idle(K, tonumber(A.idle_ttl_ms))
   flush_journal(K)
 end
 -- Any settle attempt shows the consumer is alive: it is no longer suspected,

@@ -1,33 +1,43 @@
 -- nack.lua: return checkouts of one member to the queue, later, or for good.
---@include _common.lua
--- (every fence: KEYS[last] is the queue's journal)
+--@include lib/seek.lua
 --
--- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
--- KEYS[6] ready  KEYS[7] delayed  KEYS[8] dead letters  KEYS[9] wake channel
--- ARGV[1] group  ARGV[2] member  ARGV[3] delay ms (0 = now)  ARGV[4] discard (1/0)
--- ARGV[5] default max failures before dead-lettering (0 = never)  ARGV[6..] tags
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] checkouts
+-- KEYS[4] deadlines
+-- KEYS[5] owned
+-- KEYS[6] ready
+-- KEYS[7] delayed
+-- KEYS[8] dead
+-- KEYS[9] wake
+-- KEYS[10] journal
+-- ARGV[1] group
+-- ARGV[2] member
+-- ARGV[3] delay_ms        0 = now
+-- ARGV[4] discard         1/0
+-- ARGV[5] max_failures    default NACKs before dead-lettering (0 = never)
+-- ARGV[6..] tags
 -- Returns: {returned, dead-lettered, due}: checkouts returned (or discarded),
 --   how many of them went to the dead-letter list, and when delayed ones
 --   become ready (-1 when none were delayed).
 -- A NACK counts a failure; at the limit the message goes to the dead-letter
 -- list instead of back to the queue. DISCARD drops it (no redelivery).
+-- Errors: BADARG on a negative DELAY.
 -- Cost: O(tags).
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], dead = KEYS[8], wake = KEYS[9], jr = KEYS[#KEYS]}
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
-local g, m = ARGV[1], ARGV[2]
-local delay = int_arg(ARGV[3], 'DELAY')
+local g, m = A.group, A.member
+local delay = int_arg(A.delay_ms, 'DELAY')
 if delay < 0 then raise('BADARG', 'DELAY must be 0 or more milliseconds') end
-local discard = ARGV[4] == '1'
-local maxfail = tonumber(redis.call('HGET', K.meta, 'maxdel') or ARGV[5])
+local discard = A.discard == '1'
+local maxfail = tonumber(redis.call('HGET', K.meta, 'maxdel') or A.max_failures)
 local now = now_ms()
 local epoch = group_epoch(K.meta, g)
 local returned, dead, woke = 0, 0, false
-for i = 6, #ARGV do
-  local rec = redis.call('HGET', K.co, ARGV[i])
-  local c = rec and parse_checkout(ARGV[i], rec)
+for _, tag in ipairs(A.tags) do
+  local rec = redis.call('HGET', K.checkouts, tag)
+  local c = rec and parse_checkout(tag, rec)
   if c and c.group == g and c.member == m and c.epoch >= epoch then
-    take_checkout(K, ARGV[i])
+    take_checkout(K, tag)
     returned = returned + 1
     journal(now, discard and 'discard' or 'nack', g, m, c.id, c.tag, c.epoch, c.fail + 1)
     if not discard then
@@ -38,7 +48,7 @@ for i = 6, #ARGV do
         dead = dead + 1
         journal(now, 'dead', g, m, c.id, c.tag, c.epoch, fail)
       elseif delay > 0 then
-        redis.call('ZADD', K.dly, now + delay, ready_member(g, c.id, c.acq, fail))
+        redis.call('ZADD', K.delayed, now + delay, ready_member(g, c.id, c.acq, fail))
       else
         requeue(K, c, fail)
         woke = true

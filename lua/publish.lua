@@ -1,36 +1,40 @@
 -- publish.lua: append a batch of messages to one queue's log.
---@include _common.lua
--- (every fence: KEYS[last] is the queue's journal)
+--@include lib/seek.lua
+--@include lib/lite.lua
 --
--- KEYS[1] meta   KEYS[2] log   KEYS[3] dedup (zset)   KEYS[4] dedup ids (hash)
--- KEYS[5] wake channel (sharded pub/sub; same hash tag)  KEYS[6] dead letters
--- ARGV[1] max length to retain (0 = unbounded)
--- ARGV[2] max age to retain in ms (0 = unbounded)
--- ARGV[3] dedup window in ms
--- ARGV[4] idle TTL ms of an lmq (0 = plain topic)
--- ARGV[6] journal cap (0 = off)
--- ARGV[5] n, then (after ARGV[6]) n pairs: body (opaque, packed by the caller), dedup id ('' = none)
--- Returns: {ids, push members}: the n message ids (a repeated dedup id within
---          the window returns the id of the first publish and stores
---          nothing), and the queue's push members as 'group TAB member' lines
---          (false when none) for the worker to dispatch to.
--- Errors: BADARG when n does not match the arguments.
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] dedup           zset: dedup id scored by publish time
+-- KEYS[4] dedup_ids       hash: dedup id -> message id
+-- KEYS[5] wake            sharded pub/sub channel (same hash tag)
+-- KEYS[6] dead
+-- KEYS[7] journal
+-- ARGV[1] maxlen          messages to retain (0 = unbounded)
+-- ARGV[2] maxage_ms       age to retain (0 = unbounded)
+-- ARGV[3] dedup_window_ms
+-- ARGV[4] idle_ttl_ms     of an lmq (0 = a plain topic)
+-- ARGV[5] journal_cap     (0 = off)
+-- ARGV[6..] messages      pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- Returns: {ids, push members}: one message id per pair (a repeated dedup id
+--   within the window returns the id of the first publish and stores
+--   nothing), and the queue's push members as 'group TAB member' lines (false
+--   when none) for the worker to dispatch to.
+-- Errors: BADARG when the messages are not pairs or a number is not an integer.
 -- Cost: O(n + trimmed), trimming at most n + 100 old entries per call.
-local K = {meta = KEYS[1], log = KEYS[2], dd = KEYS[3], ddm = KEYS[4], wake = KEYS[5], dead = KEYS[6], jr = KEYS[#KEYS]}
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
-local maxlen = int_arg(ARGV[1], 'MAXLEN')
-local maxage = int_arg(ARGV[2], 'MAXAGE')
-local window = int_arg(ARGV[3], 'dedup window')
-local idle_ttl = int_arg(ARGV[4], 'idle TTL')
-local n = int_arg(ARGV[5], 'batch size')
-if #ARGV ~= 6 + 2 * n then raise('BADARG', 'publish batch declares ' .. n .. ' messages but carries ' .. (#ARGV - 6) / 2) end
+local maxlen = int_arg(A.maxlen, 'MAXLEN')
+local maxage = int_arg(A.maxage_ms, 'MAXAGE')
+local window = int_arg(A.dedup_window_ms, 'dedup window')
+local idle_ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
+if #A.messages % 2 ~= 0 then raise('BADARG', 'publish takes (body, dedup id) pairs') end
+local n = #A.messages / 2
 
 local now = now_ms()
 if window > 0 then
-  local old = redis.call('ZRANGEBYSCORE', K.dd, '-inf', now - window, 'LIMIT', 0, 100 + n)
+  local old = redis.call('ZRANGEBYSCORE', K.dedup, '-inf', now - window, 'LIMIT', 0, 100 + n)
   if #old > 0 then
-    redis.call('ZREM', K.dd, unpack(old))
-    redis.call('HDEL', K.ddm, unpack(old))
+    redis.call('ZREM', K.dedup, unpack(old))
+    redis.call('HDEL', K.dedup_ids, unpack(old))
   end
 end
 
@@ -38,9 +42,9 @@ local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
 local stamp = now .. ':'
 local ids, pairs_ = {}, {}
 for i = 1, n do
-  local body, dedup = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  local body, dedup = A.messages[2 * i - 1], A.messages[2 * i]
   local existing = false
-  if dedup ~= '' then existing = redis.call('HGET', K.ddm, dedup) end
+  if dedup ~= '' then existing = redis.call('HGET', K.dedup_ids, dedup) end
   if existing then
     ids[i] = existing
   else
@@ -48,8 +52,8 @@ for i = 1, n do
     pairs_[#pairs_ + 1] = seq
     pairs_[#pairs_ + 1] = stamp .. body
     if dedup ~= '' then
-      redis.call('ZADD', K.dd, now, dedup)
-      redis.call('HSET', K.ddm, dedup, seq)
+      redis.call('ZADD', K.dedup, now, dedup)
+      redis.call('HSET', K.dedup_ids, dedup, seq)
     end
     ids[i] = tostring(seq)
     journal(now, 'pub', nil, nil, seq)
@@ -59,7 +63,7 @@ if #pairs_ == 0 then return {ids, false} end
 
 redis.call('HSET', K.log, unpack(pairs_))
 if redis.call('HSETNX', K.meta, 'first', 1) == 1 then redis.call('HSET', K.meta, 'ct', now) end
-redis.call('HSET', K.meta, 'seq', seq, 'wt', now, 'jcap', ARGV[6])
+redis.call('HSET', K.meta, 'seq', seq, 'wt', now, 'jcap', A.journal_cap)
 
 -- Retention trims from the head only, whatever the messages' state: a
 -- consumer that later reaches a trimmed id skips it (documented in docs/).

@@ -1,10 +1,16 @@
 -- purge.lua: an operator drops every message a queue's subscriptions have not been given yet.
---@include _common.lua
--- (every fence: KEYS[last] is the queue's journal)
+--@include lib/lite.lua
 --
--- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] owned  KEYS[5] ready
--- KEYS[6] delayed  KEYS[7] dedup  KEYS[8] dedup ids  KEYS[9] journal
--- ARGV[1] idle TTL ms of an lmq (0 = plain topic)
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] checkouts
+-- KEYS[4] owned
+-- KEYS[5] ready
+-- KEYS[6] delayed
+-- KEYS[7] dedup
+-- KEYS[8] dedup_ids
+-- KEYS[9] journal
+-- ARGV[1] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- Returns: {seq, {group, cursor before, unread dropped, returned dropped,
 --   delayed dropped, checkouts left, ...}} (six entries per group, in the
 --   order the groups were created).
@@ -21,10 +27,8 @@
 -- An lmq left with nothing to read and no owner gets its idle TTL.
 -- Errors: NOTFOUND when the queue does not exist.
 -- Cost: O(groups · log n + returned and delayed messages of the queue).
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], own = KEYS[4], rd = KEYS[5], dly = KEYS[6], dd = KEYS[7],
-           ddm = KEYS[8], jr = KEYS[#KEYS]}
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
-local ttl = int_arg(ARGV[1], 'idle TTL')
+local ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
 if redis.call('EXISTS', K.meta) == 0 then raise('NOTFOUND', 'no such queue; list them with `fencemq queues`') end
 local f = redis.call('HMGET', K.meta, 'seq', 'first', 'groups')
 local seq, first = tonumber(f[1] or '0'), tonumber(f[2] or '1')
@@ -33,25 +37,25 @@ local now = now_ms()
 
 -- Delayed redeliveries per group, in one pass over the delayed set.
 local delayed, stale = {}, {}
-for _, member in ipairs(redis.call('ZRANGE', K.dly, 0, -1)) do
+for _, member in ipairs(redis.call('ZRANGE', K.delayed, 0, -1)) do
   local g = string.match(member, '^([^%z]*)')
   delayed[g] = (delayed[g] or 0) + 1
   stale[#stale + 1] = member
 end
 for i = 1, #stale, 1000 do
-  redis.call('ZREM', K.dly, unpack(stale, i, math.min(i + 999, #stale)))
+  redis.call('ZREM', K.delayed, unpack(stale, i, math.min(i + 999, #stale)))
 end
 
 local out = {}
 for _, g in ipairs(groups) do
-  local gs = redis.call('HMGET', K.meta, gf(g, 'cur'), gf(g, 'ep'))
+  local gs = redis.call('HMGET', K.meta, gf(g, CURSOR), gf(g, EPOCH))
   local cur = tonumber(gs[1] or first)
   if cur < first then cur = first end
   local unread = math.max(0, seq - cur + 1)
-  local returned = redis.call('ZLEXCOUNT', K.rd, '[' .. g .. SEP, '(' .. g .. '\1')
-  if returned > 0 then redis.call('ZREMRANGEBYLEX', K.rd, '[' .. g .. SEP, '(' .. g .. '\1') end
-  local held = redis.call('ZLEXCOUNT', K.own, '[' .. g .. SEP, '(' .. g .. '\1')
-  redis.call('HSET', K.meta, gf(g, 'cur'), seq + 1)
+  local returned = redis.call('ZLEXCOUNT', K.ready, '[' .. g .. SEP, '(' .. g .. '\1')
+  if returned > 0 then redis.call('ZREMRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1') end
+  local held = redis.call('ZLEXCOUNT', K.owned, '[' .. g .. SEP, '(' .. g .. '\1')
+  redis.call('HSET', K.meta, gf(g, CURSOR), seq + 1)
   local dropped = unread + returned + (delayed[g] or 0)
   journal(now, 'purge', g, nil, seq + 1, nil, gs[2], dropped)
   out[#out + 1] = g

@@ -1,13 +1,19 @@
 -- replay_dead.lua: an operator puts dead letters back into their group's queue.
---@include _common.lua
--- (every fence: KEYS[last] is the queue's journal)
+--@include lib/lite.lua
 --
--- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] ready  KEYS[5] delayed
--- KEYS[6] dead letters  KEYS[7] dedup  KEYS[8] dedup ids  KEYS[9] wake channel
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] checkouts
+-- KEYS[4] ready
+-- KEYS[5] delayed
+-- KEYS[6] dead
+-- KEYS[7] dedup
+-- KEYS[8] dedup_ids
+-- KEYS[9] wake
 -- KEYS[10] journal
--- ARGV[1] count: replay at most this many
--- ARGV[2] examine at most this many dead letters, from the head (the oldest)
--- ARGV[3] idle TTL ms of an lmq (0 = plain topic)
+-- ARGV[1] count           replay at most this many
+-- ARGV[2] scan_limit      examine at most this many dead letters, from the head (the oldest)
+-- ARGV[3] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- Returns: {replayed, skipped, dead letters left, examined}
 --   replayed: flat {id, group, member, acquisitions, via} per message, in
 --     dead-letter order; via = 'ready' (put in the group's ready set) or
@@ -27,12 +33,10 @@
 -- keep their place; the walk goes past them, so they never block a replay.
 -- Errors: BADARG on a bad count.
 -- Cost: O(examined + position of the last replayed dead letter).
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], rd = KEYS[4], dly = KEYS[5], dead = KEYS[6], dd = KEYS[7],
-           ddm = KEYS[8], wake = KEYS[9], jr = KEYS[#KEYS]}
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
-local count = int_arg(ARGV[1], 'count')
-local limit = int_arg(ARGV[2], 'scan limit')
-local ttl = int_arg(ARGV[3], 'idle TTL')
+local count = int_arg(A.count, 'count')
+local limit = int_arg(A.scan_limit, 'scan limit')
+local ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
 if count < 1 then raise('BADARG', 'count must be at least 1') end
 if limit < count then limit = count end
 
@@ -57,7 +61,7 @@ while #gone < count and examined < limit do
       skipped[#skipped + 1] = 'undecodable'
       prefix = false
     else
-      local gs = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'cur'), 'first')
+      local gs = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, CURSOR), 'first')
       local reason
       if not gs[1] then reason = 'no-group'
       elseif redis.call('HEXISTS', K.log, id) == 0 then reason = 'trimmed' end
@@ -72,9 +76,9 @@ while #gone < count and examined < limit do
           via = 'cursor'
         else
           local member = ready_member(g, id, acq, 0)
-          local queued = redis.call('ZRANGEBYLEX', K.rd, '[' .. g .. SEP .. pad(id) .. SEP,
+          local queued = redis.call('ZRANGEBYLEX', K.ready, '[' .. g .. SEP .. pad(id) .. SEP,
                                     '(' .. g .. SEP .. pad(id) .. '\1', 'LIMIT', 0, 1)
-          if #queued == 0 then redis.call('ZADD', K.rd, 0, member) end
+          if #queued == 0 then redis.call('ZADD', K.ready, 0, member) end
         end
         journal(now, 'replay', g, m, id, nil, nil, acq)
         replayed[#replayed + 1] = id; replayed[#replayed + 1] = g; replayed[#replayed + 1] = m or ''

@@ -1,11 +1,18 @@
 -- seek.lua: move a subscription's cursor and raise its epoch.
---@include _common.lua
--- (every fence: KEYS[last] is the queue's journal)
+--@include lib/seek.lua
 --
--- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
--- KEYS[6] ready  KEYS[7] delayed  KEYS[8] wake channel
--- ARGV[1] group  ARGV[2] target kind: id | time | earliest | latest
--- ARGV[3] target argument (id or ms; '' for earliest/latest)
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] checkouts
+-- KEYS[4] deadlines
+-- KEYS[5] owned
+-- KEYS[6] ready
+-- KEYS[7] delayed
+-- KEYS[8] wake
+-- KEYS[9] journal
+-- ARGV[1] group
+-- ARGV[2] kind            id | time | earliest | latest
+-- ARGV[3] target          id or ms ('' for earliest/latest)
 -- Returns: {new epoch, new cursor, 1 if the target was below retention and
 --   was clamped to the oldest retained message else 0}
 -- Every checkout of the group taken under the old epoch is released (its tag
@@ -15,11 +22,9 @@
 -- only ever grows, across workers and concurrent seeks.
 -- Errors: NOTFOUND (no such subscription), BADARG (bad target).
 -- Cost: O(the group's checkouts + delayed messages of the queue + log2 n).
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
-local g, kind, arg = ARGV[1], ARGV[2], ARGV[3]
-local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'ep'), 'seq', 'first')
+local g, kind, arg = A.group, A.kind, A.target
+local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, EPOCH), 'seq', 'first')
 if not f[1] then raise('NOTFOUND', 'no subscription ' .. g .. ' on this queue; SUB first') end
 local seq, first = tonumber(f[3] or '0'), tonumber(f[4] or '1')
 local cur, clamped
@@ -43,11 +48,7 @@ end
 if clamped == nil then clamped = cur < first end
 if cur < first then cur = first end
 
-release_group_checkouts(K, g, false)
-clear_group_backlog(K, g)
-
-local epoch = redis.call('HINCRBY', K.meta, gf(g, 'ep'), 1)
-redis.call('HSET', K.meta, gf(g, 'cur'), cur)
+local epoch = move_cursor(K, g, cur)
 journal(now_ms(), 'seek', g, nil, cur, nil, epoch, kind)
 flush_journal(K)
 redis.call('SPUBLISH', K.wake, 'seek')

@@ -1,17 +1,24 @@
 -- snapshot.lua: one queue's whole state, read in one atomic call (read-only).
---@include _common.lua
--- (every fence: KEYS[last] is the queue's journal)
+--@include lib/seek.lua
 --
--- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
--- KEYS[6] ready  KEYS[7] delayed  KEYS[8] dead letters
--- KEYS[9..last-1] push mailboxes (`<meta>:mb:<group>:<member>`), any number:
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] checkouts
+-- KEYS[4] deadlines
+-- KEYS[5] owned
+-- KEYS[6] ready
+-- KEYS[7] delayed
+-- KEYS[8] dead
+-- KEYS[9] journal
+-- KEYS[10..] mailboxes    push mailboxes (`<meta>:mb:<group>:<member>`), any number:
 --   the caller names those of the members that have a `cap` field (it learns
 --   them from an earlier snapshot of the queue) and checks them against this
---   call's meta; see broker/snapshot.py
--- ARGV[1] max log entries to list, oldest first (0 = none): ids, publish ms
---   and stored size only, never the bodies
--- ARGV[2] max journal entries, the newest (0 = none, -1 = all)
--- Returns (nothing is written):
+--   call's meta; see broker/ops/snapshot.py
+-- ARGV[1] max_log         log entries to list, oldest first (0 = none): ids,
+--   publish ms and stored size only, never the bodies
+-- ARGV[2] max_journal     entries, the newest (0 = none, -1 = all)
+-- Errors: BADARG when a limit is not an integer.
+-- Returns: (nothing is written)
 --   { now ms (Redis TIME),
 --     meta (HGETALL, flat),
 --     checkouts (HGETALL, flat: tag, record),
@@ -20,7 +27,7 @@
 --     delayed (ZRANGE WITHSCORES, flat: member, due ms),
 --     {log entries retained (HLEN), owned entries (ZCARD), dead letters (LLEN),
 --      journal entries kept (LLEN)},
---     mailbox depths (LLEN, one per KEYS[9..last-1], the EOS sentinel included),
+--     mailbox depths (LLEN, one per mailbox key, the EOS sentinel included),
 --     oldest pending message per group (flat: group, id, publish ms): the
 --       smallest retained id (>= first) the group has not settled — checked
 --       out, returned, delayed, or not yet read (cursor ≤ seq); groups with
@@ -34,10 +41,8 @@
 -- mailbox, each group's cursor and epoch agree with its checkouts).
 -- Cost: O(state of the queue + log entries + journal entries listed); one
 --   HGET of the log per group (the oldest pending message).
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], dead = KEYS[8], jr = KEYS[#KEYS]}
-local max_log = int_arg(ARGV[1], 'max log entries')
-local max_journal = int_arg(ARGV[2], 'max journal entries')
+local max_log = int_arg(A.max_log, 'max log entries')
+local max_journal = int_arg(A.max_journal, 'max journal entries')
 local now = now_ms()
 
 -- meta as if expanded: a snapshot never shows the compact form of an lmq at rest
@@ -57,14 +62,14 @@ for _, list in ipairs({stored, omitted or {}}) do
     end
   end
 end
-local co = redis.call('HGETALL', K.co)
-local dl = redis.call('ZRANGE', K.dl, 0, -1, 'WITHSCORES')
-local rd = redis.call('ZRANGE', K.rd, 0, -1)
-local dly = redis.call('ZRANGE', K.dly, 0, -1, 'WITHSCORES')
-local counts = {redis.call('HLEN', K.log), redis.call('ZCARD', K.own), redis.call('LLEN', K.dead),
-                redis.call('LLEN', K.jr)}
+local co = redis.call('HGETALL', K.checkouts)
+local dl = redis.call('ZRANGE', K.deadlines, 0, -1, 'WITHSCORES')
+local rd = redis.call('ZRANGE', K.ready, 0, -1)
+local dly = redis.call('ZRANGE', K.delayed, 0, -1, 'WITHSCORES')
+local counts = {redis.call('HLEN', K.log), redis.call('ZCARD', K.owned), redis.call('LLEN', K.dead),
+                redis.call('LLEN', K.journal)}
 local mailboxes = {}
-for i = 9, #KEYS - 1 do mailboxes[#mailboxes + 1] = redis.call('LLEN', KEYS[i]) end
+for _, box in ipairs(K.mailboxes) do mailboxes[#mailboxes + 1] = redis.call('LLEN', box) end
 
 local seq, first = tonumber(f.seq or '0'), tonumber(f.first or '1')
 local low = {}
@@ -85,7 +90,7 @@ for i = 1, #dly, 2 do
 end
 local oldest = {}
 for _, g in ipairs(f.groups and split(f.groups, '\n') or {}) do
-  local cur = tonumber(f[gf(g, 'cur')] or first)
+  local cur = tonumber(f[gf(g, CURSOR)] or first)
   if cur < first then cur = first end
   pending(g, cur)
   if low[g] then
@@ -113,7 +118,7 @@ if max_log > 0 then
 end
 
 local jr = {}
-if max_journal < 0 then jr = redis.call('LRANGE', K.jr, 0, -1)
-elseif max_journal > 0 then jr = redis.call('LRANGE', K.jr, -max_journal, -1) end
+if max_journal < 0 then jr = redis.call('LRANGE', K.journal, 0, -1)
+elseif max_journal > 0 then jr = redis.call('LRANGE', K.journal, -max_journal, -1) end
 
 return {now, meta, co, dl, rd, dly, counts, mailboxes, oldest, entries, jr}

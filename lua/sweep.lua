@@ -1,10 +1,16 @@
 -- sweep.lua: return every checkout of one queue whose lease has expired.
---@include _common.lua
--- (every fence: KEYS[last] is the queue's journal)
+--@include lib/members.lua
 --
--- KEYS[1] meta  KEYS[2] log  KEYS[3] checkouts  KEYS[4] deadlines  KEYS[5] owned
--- KEYS[6] ready  KEYS[7] delayed  KEYS[8] wake channel
--- ARGV[1] limit: at most this many expired checkouts per call
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] checkouts
+-- KEYS[4] deadlines
+-- KEYS[5] owned
+-- KEYS[6] ready
+-- KEYS[7] delayed
+-- KEYS[8] wake
+-- KEYS[9] journal
+-- ARGV[1] limit           at most this many expired checkouts per call
 -- Returns: {next due (-1 = nothing pending), returned,
 --           {{group, member, {expired tags}, new active member or '', 1 if newly suspected}, ...}}
 -- Expired messages go back to the ready set in id order; a timeout counts as
@@ -13,14 +19,13 @@
 -- active single-active member that times out has all its checkouts returned
 -- and the next member in arrival order that is not suspected takes over.
 -- Idempotent: several workers may sweep the same queue at once.
+-- Errors: none of its own.
 -- Cost: O(expired · log n + due delayed); never a scan of live checkouts.
-local K = {meta = KEYS[1], log = KEYS[2], co = KEYS[3], dl = KEYS[4], own = KEYS[5], rd = KEYS[6],
-           dly = KEYS[7], wake = KEYS[8], jr = KEYS[#KEYS]}
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
-local limit = int_arg(ARGV[1], 'limit')
+local limit = int_arg(A.limit, 'limit')
 local now = now_ms()
 local moved = promote_delayed(K, now)
-local expired = redis.call('ZRANGEBYSCORE', K.dl, '-inf', now, 'LIMIT', 0, limit)
+local expired = redis.call('ZRANGEBYSCORE', K.deadlines, '-inf', now, 'LIMIT', 0, limit)
 local by_member, order = {}, {}
 for _, tag in ipairs(expired) do
   local c = take_checkout(K, tag)
@@ -34,7 +39,7 @@ for _, tag in ipairs(expired) do
     end
     table.insert(by_member[key][3], tag)
   else
-    redis.call('ZREM', K.dl, tag)
+    redis.call('ZREM', K.deadlines, tag)
   end
 end
 
@@ -42,12 +47,12 @@ local notices = {}
 for _, key in ipairs(order) do
   local g, m, tags = by_member[key][1], by_member[key][2], by_member[key][3]
   local successor, newly = '', 0
-  if redis.call('HEXISTS', K.meta, mf(g, m, 'n')) == 1 then
-    if redis.call('HSETNX', K.meta, mf(g, m, 'sus'), now) == 1 then
+  if redis.call('HEXISTS', K.meta, mf(g, m, DELIVERED)) == 1 then
+    if redis.call('HSETNX', K.meta, mf(g, m, SUSPECTED), now) == 1 then
       newly = 1
       journal(now, 'suspect', g, m)
     end
-    local f = redis.call('HMGET', K.meta, gf(g, 'mode'), gf(g, 'own'))
+    local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER))
     if f[1] == 'single-active' and f[2] == m then
       return_member_checkouts(K, g, m)
       -- The timed-out member goes to the back of the line; the next one in
@@ -64,8 +69,8 @@ for _, key in ipairs(order) do
       end
       line[#line + 1] = m
       set_members(K.meta, g, line)
-      if successor == '' then redis.call('HDEL', K.meta, gf(g, 'own'))
-      else redis.call('HSET', K.meta, gf(g, 'own'), successor) end
+      if successor == '' then redis.call('HDEL', K.meta, gf(g, OWNER))
+      else redis.call('HSET', K.meta, gf(g, OWNER), successor) end
     end
   end
   notices[#notices + 1] = {g, m, tags, successor, newly}

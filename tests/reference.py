@@ -4,7 +4,7 @@ It mirrors, operation by operation, what the fences in ``lua/`` document:
 publish, subscribe, pull, ack, nack, renew, sweep, seek and unsubscribe, for
 shared, single-active and exclusive subscriptions (groups) of one queue. The
 property-based tests in ``tests/test_model.py`` drive the real fences through
-``fencemq.fences.queues.Queues`` and compare every reply and the whole Redis state of
+``fencemq.fences.core.Core`` and compare every reply and the whole Redis state of
 the queue with this model after every step.
 
 Time is not modelled as a clock. The test controls it instead:

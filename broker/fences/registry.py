@@ -1,14 +1,33 @@
-"""The fence registry: loads ``lua/*.lua`` (shipped as package ``fencemq.lua``).
+"""The fence registry: the Lua fences, their headers, and the one spec of each.
 
-A script may pull shared helpers in with a line ``--@include _common.lua``;
-files starting with ``_`` are helpers, not fences. Each fence is wrapped in a
-redis-py ``Script``: it runs by EVALSHA and, after a restart or SCRIPT FLUSH
-answers NOSCRIPT, is loaded again transparently — clients never see it.
+A fence is one file ``lua/<name>.lua``: one atomic operation. Its header (the
+comment lines at its top) documents it in a fixed form, one line each::
+
+    -- KEYS[1] meta           the queue's meta hash
+    -- KEYS[9..] mailboxes    (a variadic tail: every key from 9 on)
+    -- ARGV[1] group
+    -- Returns: …
+    -- Errors: …
+
+and may pull helpers in with ``--@include lib/<name>.lua``. The loader
+(:func:`sources`) expands the includes (each file once, in the order first
+asked for; an include that is missing, repeated in one file or circular is
+refused with its file and line) and then binds the header's names, so the
+fence body reads ``K.meta`` and ``A.group`` rather than ``KEYS[1]`` and
+``ARGV[1]``: a variadic tail becomes a list (``K.mailboxes``, ``A.tags``).
+
+The Python side builds a call from a :class:`FenceSpec` holding the same
+names (tests/fences/test_headers.py holds every header to its spec and every
+``raise('CODE', …)`` to the error table). Each fence is wrapped in a redis-py
+``Script``: it runs by EVALSHA and, after a restart or SCRIPT FLUSH answers
+NOSCRIPT, is loaded again transparently — clients never see it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -18,30 +37,173 @@ from redis.exceptions import ResponseError
 
 from fencemq.errors import FenceMQError, translate
 
-_INCLUDE = re.compile(r"^--@include\s+(\S+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
+_SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
+_SECTION = re.compile(r"^--[ \t]*(Returns|Errors):")
+
+
+class LoadError(RuntimeError):
+    """A fence or include that cannot be assembled (a bug in lua/, found at load time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """What a fence's header declares: KEYS and ARGV by name, and which sections it has."""
+
+    keys: tuple[str, ...]
+    keys_rest: str | None
+    argv: tuple[str, ...]
+    argv_rest: str | None
+    sections: frozenset[str]
+
+
+def _slots(found: list[tuple[int, bool, str]], where: str, what: str) -> tuple[tuple[str, ...], str | None]:
+    fixed: list[str] = []
+    rest = None
+    for n, (index, variadic, name) in enumerate(sorted(found), start=1):
+        if index != n:
+            raise LoadError(f"{where}: {what}[{index}] {name} is out of sequence (expected {what}[{n}])")
+        if rest is not None:
+            raise LoadError(f"{where}: {what}[{index}] {name} follows the variadic {what} tail {rest}")
+        if variadic:
+            rest = name
+        else:
+            fixed.append(name)
+    return tuple(fixed), rest
+
+
+def parse_header(source: str, where: str = "?") -> Header:
+    """The header of a fence's own source (before includes are expanded)."""
+    keys: list[tuple[int, bool, str]] = []
+    argv: list[tuple[int, bool, str]] = []
+    sections = set()
+    for line in source.splitlines():
+        if not line.startswith("--"):
+            break
+        for kind, index, variadic, name in _SLOT.findall(line):
+            (keys if kind == "KEYS" else argv).append((int(index), bool(variadic), name))
+        if m := _SECTION.match(line):
+            sections.add(m.group(1))
+    k, k_rest = _slots(keys, where, "KEYS")
+    a, a_rest = _slots(argv, where, "ARGV")
+    return Header(k, k_rest, a, a_rest, frozenset(sections))
+
+
+def _raw_files() -> dict[str, str]:
+    root = resources.files("fencemq.lua")
+    files = {p.name: p.read_text(encoding="utf-8") for p in root.iterdir() if p.name.endswith(".lua")}
+    lib = root / "lib"
+    if lib.is_dir():
+        files.update({f"lib/{p.name}": p.read_text(encoding="utf-8") for p in lib.iterdir() if p.name.endswith(".lua")})
+    return files
+
+
+def _bind(header: Header) -> str:
+    """Lua binding the header's names: ``local K = {meta = KEYS[1], …}`` and ``local A``."""
+
+    def table(kind: str, fixed: tuple[str, ...], rest: str | None) -> str:
+        parts = [f"{name} = {kind}[{i}]" for i, name in enumerate(fixed, start=1)]
+        if rest is not None:
+            parts.append(f"{rest} = {{unpack({kind}, {len(fixed) + 1})}}")
+        return "{" + ", ".join(parts) + "}"
+
+    return (f"local K = {table('KEYS', header.keys, header.keys_rest)}\n"
+            f"local A = {table('ARGV', header.argv, header.argv_rest)}\n")
+
+
+def assemble(name: str, files: Mapping[str, str]) -> str:
+    """A fence's full source: its includes (each once), the K/A binding, then its body."""
+    included: list[str] = []
+    chunks: list[str] = []
+
+    def expand(file: str, chain: tuple[str, ...]) -> str:
+        asked: dict[str, int] = {}
+        body: list[str] = []
+        for lineno, line in enumerate(files[file].splitlines(), start=1):
+            m = _INCLUDE.match(line)
+            if m is None:
+                body.append(line)
+                continue
+            target = m.group(1)
+            where = f"lua/{file}:{lineno}"
+            if target in asked:
+                raise LoadError(f"{where} includes {target} again (first at line {asked[target]})")
+            asked[target] = lineno
+            if target not in files or not target.startswith("lib/"):
+                raise LoadError(f"{where} includes {target}, which is not a file in lua/lib/")
+            if target in chain:
+                raise LoadError(f"{where}: include cycle {' -> '.join((*chain, target))}")
+            if target not in included:
+                included.append(target)
+                chunks.append(f"-- from {target}\n" + expand(target, (*chain, target)))
+        return "\n".join(body)
+
+    body = expand(f"{name}.lua", (f"{name}.lua",))
+    binding = _bind(parse_header(files[f"{name}.lua"], f"lua/{name}.lua"))
+    return "\n".join([*chunks, binding, body]) + "\n"
 
 
 @cache
 def sources() -> dict[str, str]:
-    """Fence name -> full Lua source with its includes expanded."""
-    package = resources.files("fencemq.lua")
-    raw = {p.name: p.read_text(encoding="utf-8") for p in package.iterdir() if p.name.endswith(".lua")}
+    """Fence name -> its full Lua source, ready to load."""
+    files = _raw_files()
+    return {n[:-4]: assemble(n[:-4], files) for n in files if "/" not in n}
 
-    def expand(name: str, seen: tuple[str, ...] = ()) -> str:
-        if name in seen:
-            raise RuntimeError(f"include cycle: {' -> '.join(seen + (name,))}")
-        if name not in raw:
-            raise RuntimeError(f"lua/{seen[-1] if seen else '?'} includes missing file {name}")
-        return _INCLUDE.sub(lambda m: expand(m.group(1), seen + (name,)), raw[name])
 
-    return {name[:-4]: expand(name) for name in raw if not name.startswith("_")}
+@cache
+def headers() -> dict[str, Header]:
+    return {n[:-4]: parse_header(src, f"lua/{n}") for n, src in _raw_files().items() if "/" not in n}
+
+
+# -- specs ---------------------------------------------------------------------------------
+
+SPECS: dict[str, "FenceSpec"] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class FenceSpec:
+    """How Python calls one fence: its KEYS and ARGV by the names of its Lua header.
+
+    Keys are looked up by name among the ``keys`` given to :meth:`Fences.run`
+    (a ``QueueKeys`` answers its own attributes: ``meta``, ``log``,
+    ``checkouts``…); arguments by keyword. A variadic tail is passed whole.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    argv: tuple[str, ...]
+    keys_rest: str | None = None
+    argv_rest: str | None = None
+
+    def __post_init__(self) -> None:
+        SPECS[self.name] = self
+
+    def key_list(self, keys: Any, extra: Mapping[str, str], rest: Sequence[str]) -> list[str]:
+        out = [extra[n] if n in extra else getattr(keys, n) for n in self.keys]
+        if rest and self.keys_rest is None:
+            raise TypeError(f"fence {self.name} takes no variadic keys")
+        return [*out, *rest]
+
+    def arg_list(self, named: Mapping[str, Any], rest: Sequence[Any]) -> list[Any]:
+        missing = [n for n in self.argv if n not in named]
+        unknown = [n for n in named if n not in self.argv]
+        if missing or unknown:
+            raise TypeError(f"fence {self.name}: missing ARGV {missing}, unknown {unknown}")
+        if rest and self.argv_rest is None:
+            raise TypeError(f"fence {self.name} takes no variadic arguments")
+        return [*(named[n] for n in self.argv), *rest]
+
+
+def fence(name: str, keys: str, argv: str, *, keys_rest: str | None = None, argv_rest: str | None = None) -> FenceSpec:
+    """Declare a fence's spec: ``keys`` and ``argv`` are space-separated names, in header order."""
+    return FenceSpec(name, tuple(keys.split()), tuple(argv.split()), keys_rest, argv_rest)
 
 
 class Fences:
-    """Every fence, bound to one async redis client.
+    """Every fence, bound to one async redis client (single server or Cluster).
 
-    ``await fences.call("pull", keys, args)`` runs a fence and turns its coded
-    errors into FenceMQError subclasses.
+    ``await fences.run(PULL, queue_keys, group=…, member=…)`` runs a fence and
+    turns its coded errors into FenceMQError subclasses.
     """
 
     def __init__(self, redis: Any) -> None:
@@ -49,6 +211,11 @@ class Fences:
         self.scripts: dict[str, AsyncScript] = {
             name: redis.register_script(src) for name, src in sources().items()
         }
+
+    async def run(self, spec: FenceSpec, keys: Any, *, extra_keys: Mapping[str, str] | None = None,
+                  keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
+        return await self.call(spec.name, spec.key_list(keys, extra_keys or {}, keys_rest),
+                               spec.arg_list(args, args_rest))
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         try:

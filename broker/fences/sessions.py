@@ -18,24 +18,14 @@ import msgpack
 from redis.asyncio import Redis
 
 from fencemq.fences import session_index
-from fencemq.model.keys import Handle, Keyspace
-from fencemq.fences.queues import Queues
+from fencemq.fences.context import FenceContext
+from fencemq.fences.lite import Lite, unsubscribe_notice
 from fencemq.fences.redis_client import pipeline_then_publish
+from fencemq.fences.subscribe import Subscriptions
+from fencemq.model.keys import Handle
 
 MAX_QUEUED_NOTICES = 1000
 CLEANUP_RETRY_MS = 5_000
-
-
-def unsubscribe_notice(handle: Handle, by: str, resent: bool = False) -> dict[str, Any]:
-    """Told to a client whose subscription was taken (preempted or evicted)."""
-    notice: dict[str, Any] = {
-        "type": "unsubscribe", "reason": "preempted", "by": by, "topic": handle.queue.topic, "handle": handle.encode(),
-    }
-    if handle.queue.lmq is not None:
-        notice["lmq"] = handle.queue.lmq
-    if resent:
-        notice["resent"] = True
-    return notice
 
 
 class RedisClock:
@@ -56,10 +46,12 @@ class RedisClock:
 
 
 class Sessions:
-    def __init__(self, redis: Redis, keys: Keyspace, queues: Queues, clock: RedisClock, lease_ms: int) -> None:
-        self.redis = redis
-        self.keys = keys
-        self.queues = queues
+    def __init__(self, ctx: FenceContext, subscriptions: Subscriptions, lite: Lite, clock: RedisClock,
+                 lease_ms: int) -> None:
+        self.redis = ctx.redis
+        self.keys = ctx.keys
+        self.subscriptions = subscriptions
+        self.lite = lite
         self.clock = clock
         self.lease_ms = lease_ms
 
@@ -82,7 +74,7 @@ class Sessions:
         """End a session now: leave every subscription. Returns checkouts returned."""
         returned = 0
         for h in await session_index.handles(self.redis, self.keys, client):
-            returned += await self.queues.unsubscribe(h, session_over=True)
+            returned += await self.subscriptions.unsubscribe(h, session_over=True)
         await self.redis.delete(
             self.keys.session(client), self.keys.session_handles(client), self.keys.session_notices(client),
             self.keys.session_lite_counts(client), *session_index.bucket_keys(self.keys, client),
@@ -103,9 +95,9 @@ class Sessions:
         listed = set(lmqs)
         for lmq, h in held.items():
             if lmq not in listed:
-                await self.queues.unsubscribe(h, session_over=True)
+                await self.subscriptions.unsubscribe(h, session_over=True)
         still = [held[lmq] for lmq in lmqs if lmq in held]
-        for h, marker in zip(still, await self.queues.marked(still)):
+        for h, marker in zip(still, await self.lite.marked(still)):
             if marker is not None:
                 await self.notify(client, unsubscribe_notice(h, marker, resent=True))
 
@@ -117,7 +109,7 @@ class Sessions:
         out: a client may hold a hundred thousand of them, and an lmq is held
         by its owner whether connected or not.
         """
-        await self.queues.set_presence(await session_index.non_lite_handles(self.redis, self.keys, client), online)
+        await self.subscriptions.set_presence(await session_index.non_lite_handles(self.redis, self.keys, client), online)
 
     async def claim_expired(self, limit: int = 100) -> list[str]:
         """Sessions whose lease ran out, claimed for cleaning.

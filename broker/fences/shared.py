@@ -1,43 +1,109 @@
-"""MQTT-style delivery: filter subscriptions, shared groups, retained messages.
+"""Shared subscriptions (guarantee 4) and MQTT-style filters: fan-out at publish.
 
 A publish to a plain topic lands in the topic's own log (for queue-style
 groups) and is copied into the queue of every matching filter subscription:
 ``SUB a/+/c`` (the client's own) and ``SUB $share/g/a/#`` (one queue per
 shared group, whose members are served one message each by the group's
-strategy). Overlapping filters each get their own copy. Filter subscriptions
-are push subscriptions: their members TAKE from mailboxes.
+strategy: lua/lib/shared.lua). Overlapping filters each get their own copy.
+Filter subscriptions are push subscriptions: their members TAKE from
+mailboxes.
 
 A shared group lives while it has members: when the last one leaves, its
 queue and undelivered messages are deleted. A member's QoS 1 messages still
 unsettled when its session ends go back to the group's queue and on to
 another member — the group's queue is the subscription's, so they are
 re-matched by the subscription's filter, not by their source topic.
+
+The filters are found through a registry in Redis and a trie cached per
+worker — never a scan of all subscriptions. The registry is a hash plus a
+version counter; a change is announced on a channel, and every worker also
+re-reads the version at least once a second, so a missed announcement costs
+at most that delay. Protocol: docs/protocol.md, "Filters and shared subscriptions".
 """
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import anyio
+import msgpack
 
 from fencemq.errors import BadArgument
-from fencemq.fences.filters import FilterRegistry
-from fencemq.model.keys import QueueRef
+from fencemq.fences.context import FenceContext
+from fencemq.fences.publish import Publishing
+from fencemq.fences.redis_client import pipeline_then_publish
+from fencemq.fences.subscribe import Subscription, Subscriptions
+from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.messages import pack_body
-from fencemq.fences.queues import Queues, Subscription
-from fencemq.model.topics import check_topic_name, has_wildcard, matches, parse_target, SHARE_PREFIX
+from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, matches, parse_target
+
+RECHECK_S = 1.0
 
 
 def is_filter_target(target: str) -> bool:
     return target.startswith(SHARE_PREFIX) or has_wildcard(target)
 
 
-class FanOut:
-    def __init__(self, queues: Queues) -> None:
-        self.queues = queues
-        self.redis = queues.redis
-        self.keys = queues.keys
-        self.config = queues.config
-        self.registry = FilterRegistry(queues.redis, queues.keys)
-        queues.on_queue_dropped = self._forget
+class FilterRegistry:
+    def __init__(self, redis: Any, keys: Keyspace) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.index = FilterIndex()
+        self.version: bytes | None = None
+        self.checked_at = 0.0
+
+    def invalidate(self) -> None:
+        self.checked_at = 0.0
+
+    async def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self.checked_at < RECHECK_S:
+            return
+        self.checked_at = now
+        version = await self.redis.get(self.keys.filters_version)
+        if version == self.version:
+            return
+        index = FilterIndex()
+        for qid, raw in (await self.redis.hgetall(self.keys.filters)).items():
+            filt = msgpack.unpackb(raw)[0]
+            index.add(qid.decode(), filt)
+        self.index, self.version = index, version
+
+    async def matching(self, topic: str) -> list[QueueRef]:
+        await self._refresh()
+        return [queue_ref(qid) for qid in self.index.match(topic)]
+
+    async def register(self, ref: QueueRef, share: str | None, client: str | None) -> None:
+
+        def writes(pipe: Any) -> None:
+            pipe.hsetnx(self.keys.filters, ref.qid, msgpack.packb([ref.topic, share, client]))
+            pipe.incr(self.keys.filters_version)
+
+        await pipeline_then_publish(self.redis, writes, self.keys.filters_channel, ref.qid)
+        self.invalidate()
+
+    async def unregister(self, ref: QueueRef) -> None:
+
+        def writes(pipe: Any) -> None:
+            pipe.hdel(self.keys.filters, ref.qid)
+            pipe.incr(self.keys.filters_version)
+
+        await pipeline_then_publish(self.redis, writes, self.keys.filters_channel, ref.qid)
+        self.invalidate()
+
+
+class Shared:
+    """Filter subscriptions (a client's own, or a ``$share`` group's) and the fan-out that feeds them."""
+
+    def __init__(self, ctx: FenceContext, publishing: Publishing, subscriptions: Subscriptions) -> None:
+        self.publishing = publishing
+        self.subscriptions = subscriptions
+        self.redis = ctx.redis
+        self.keys = ctx.keys
+        self.config = ctx.config
+        self.registry = FilterRegistry(ctx.redis, ctx.keys)
+        subscriptions.on_queue_dropped = self._forget
 
     async def _forget(self, ref: QueueRef) -> None:
         await self.registry.unregister(ref)
@@ -68,7 +134,7 @@ class FanOut:
             ref, group, mode = QueueRef(parsed.filter, None, SHARE_PREFIX + parsed.share), parsed.share, "shared"
         else:
             ref, group, mode = QueueRef(parsed.filter, None, client), "~" + client, "exclusive"
-        sub = await self.queues.subscribe(
+        sub = await self.subscriptions.subscribe(
             client, parsed.filter, group=group, mode=mode, start=("latest", None), qos=qos,
             capacity=capacity or self.config.mailbox_capacity, max_messages=max_messages, lock_ms=lock_ms,
             strategy=strategy, skip_offline=skip_offline, queue=ref, epoch=epoch,
@@ -84,7 +150,7 @@ class FanOut:
             if matches(filt, topic.decode())
         ]
         for start in range(0, len(bodies), self.config.max_batch):
-            await self.queues.append(ref, bodies[start : start + self.config.max_batch])
+            await self.publishing.append(ref, bodies[start : start + self.config.max_batch])
 
     async def publish(
         self,
@@ -103,7 +169,7 @@ class FanOut:
             check_topic_name(topic)
         elif retain:
             raise BadArgument("RETAIN applies to plain topics, not lite queues")
-        ids = await self.queues.publish(
+        ids = await self.publishing.publish(
             topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
         )
         if lmq is not None:
@@ -119,5 +185,5 @@ class FanOut:
         if refs:
             async with anyio.create_task_group() as tg:
                 for ref in refs:
-                    tg.start_soon(self.queues.append, ref, bodies)
+                    tg.start_soon(self.publishing.append, ref, bodies)
         return ids

@@ -2,7 +2,7 @@
 
 The other half of the operator CLI's Redis side (broker/operations.py lists,
 broker/inspection.py inspects). Every write goes through a fence: ``evict``, ``seek`` and
-``sweep`` reuse the broker's own (:class:`~fencemq.fences.queues.Queues`), ``purge``
+``sweep`` reuse the broker's own (:class:`~fencemq.fences.core.Core`), ``purge``
 and ``replay_dead`` have theirs (``lua/purge.lua``, ``lua/replay_dead.lua``).
 """
 
@@ -31,9 +31,10 @@ from fencemq.ops.operations import (
     queue_rows,
     scan_queues,
 )
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
+from fencemq.fences.lite import unsubscribe_notice
+from fencemq.fences.operator import PURGE, REPLAY_DEAD
 from fencemq.fences.registry import Fences
-from fencemq.fences.sessions import RedisClock, Sessions, unsubscribe_notice
 from fencemq.model.keys import queue_ref
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
@@ -56,15 +57,13 @@ def broker_config(keys: Keyspace) -> Config:
         return Config(prefix=keys.prefix)
 
 
-def _queues(redis: Any, keys: Keyspace) -> Queues:
-    return Queues(redis, broker_config(keys))
+def _queues(redis: Any, keys: Keyspace) -> Core:
+    return Core(redis, broker_config(keys))
 
 
-async def _redispatch(q: Queues, ref: QueueRef) -> None:
+async def _redispatch(q: Core, ref: QueueRef) -> None:
     """Returned messages go to the queue's push members now, as the sweeper does."""
-    members = await q.push_members(ref)
-    if members:
-        await q.dispatch(ref, members)
+    await q.mailboxes.dispatch_all(ref)
 
 
 async def evict(redis: Any, keys: Keyspace, ref: QueueRef, group: str, client: str,
@@ -74,13 +73,12 @@ async def evict(redis: Any, keys: Keyspace, ref: QueueRef, group: str, client: s
     await _meta_or_fail(redis, keys, ref)
     q = _queues(redis, keys)
     handle = Handle(ref, group, client)
-    returned = await q.evict(handle, by)
+    returned = await q.lite.evict(handle, by)
     if returned < 0:
         raise NotFound(f"{client!r} is not a member of group {group!r} of {display_name(ref)}; "
                        f"see `fencemq inspect group`")
     notice = unsubscribe_notice(handle, by)
-    sessions = Sessions(redis, keys, q, RedisClock(redis), q.config.session_lease_ms)
-    await sessions.notify(client, notice)
+    await q.sessions.notify(client, notice)
     if returned:
         await _redispatch(q, ref)
     return {**queue_info(ref.qid), "queue": display_name(ref), "group": group, "client": client,
@@ -96,7 +94,7 @@ async def sweep(redis: Any, keys: Keyspace, qids: list[str] | None = None, *, ma
     that lost a lease.
     """
     q = _queues(redis, keys)
-    sessions = Sessions(redis, keys, q, RedisClock(redis), q.config.session_lease_ms)
+    sessions = q.sessions
     results: list[dict[str, Any]] = []
     if qids is not None:
         for qid in qids:
@@ -109,14 +107,14 @@ async def sweep(redis: Any, keys: Keyspace, qids: list[str] | None = None, *, ma
         if due_mode and not todo:
             if done >= max_queues:
                 break
-            todo = await q.due_queues(await now_ms(redis), min(100, max_queues - done))
+            todo = await q.leases.due_queues(await now_ms(redis), min(100, max_queues - done))
             if not todo:
                 break
         if not todo:
             break
         qid = todo.pop(0)
         ref = queue_ref(qid)
-        res = await q.sweep(qid)
+        res = await q.leases.sweep(qid)
         if res.returned:
             await _redispatch(q, ref)
         notices = []
@@ -153,7 +151,7 @@ async def seek(redis: Any, keys: Keyspace, ref: QueueRef, group: str, kind: str,
     before = {"epoch": _int(g.get("ep")), "cursor": _int(g.get("cur"), None)}
     member = g.get("own") or next(iter(g["members"]), None) or "operator"
     q = _queues(redis, keys)
-    epoch, cursor, clamped = await q.seek(Handle(ref, group, member), kind, arg)
+    epoch, cursor, clamped = await q.seek.move(Handle(ref, group, member), kind, arg)
     return {**queue_info(ref.qid), "queue": display_name(ref), "group": group, "target": kind, "arg": arg,
             "epoch": epoch, "cursor": cursor, "clamped": clamped, "before": before}
 
@@ -167,9 +165,7 @@ async def purge(redis: Any, keys: Keyspace, ref: QueueRef, idle_ttl_ms: int | No
     await _meta_or_fail(redis, keys, ref)
     k = keys.queue(ref)
     ttl = (broker_config(keys).lmq_idle_ttl_ms if ref.lite else 0) if idle_ttl_ms is None else idle_ttl_ms
-    fences = Fences(redis)
-    res = await fences.call("purge", [k.meta, k.log, k.checkouts, k.owned, k.ready, k.delayed, k.dedup,
-                                      k.dedup_ids, k.journal], [ttl])
+    res = await Fences(redis).run(PURGE, k, idle_ttl_ms=ttl)
     seq, flat = int(res[0]), res[1]
     groups = []
     for i in range(0, len(flat), 6):
@@ -257,11 +253,7 @@ async def replay_dead(redis: Any, keys: Keyspace, ref: QueueRef, *, count: int =
     k = keys.queue(ref)
     q = _queues(redis, keys)
     ttl = (q.config.lmq_idle_ttl_ms if ref.lite else 0) if idle_ttl_ms is None else idle_ttl_ms
-    res = await q.fences.call(
-        "replay_dead",
-        [k.meta, k.log, k.checkouts, k.ready, k.delayed, k.dead, k.dedup, k.dedup_ids, k.wake, k.journal],
-        [count, max(scan, count), ttl],
-    )
+    res = await q.fences.run(REPLAY_DEAD, k, count=count, scan_limit=max(scan, count), idle_ttl_ms=ttl)
     replayed_flat, skipped_flat, left, examined = res[0], res[1], int(res[2]), int(res[3])
     replayed = [{"id": int(replayed_flat[i]), "group": _s(replayed_flat[i + 1]), "member": _s(replayed_flat[i + 2]),
                  "acquisitions": int(replayed_flat[i + 3]), "via": _s(replayed_flat[i + 4])}

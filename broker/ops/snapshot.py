@@ -64,6 +64,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from fencemq.model.keys import Keyspace
 from fencemq.ops.operations import is_cluster_client, primaries, scan_step
+from fencemq.fences.operator import SNAPSHOT
 from fencemq.fences.registry import sources
 from fencemq.model.keys import queue_ref
 from fencemq.model.values import integer
@@ -417,8 +418,7 @@ async def take_snapshot(
         for qid in qids:
             k = keyspace.queue_by_id(qid)
             boxes = [k.mailbox(g, m) for g, m in guess.get(qid, [])]
-            calls.append(([k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed, k.dead, *boxes,
-                           k.journal], args))
+            calls.append((SNAPSHOT.key_list(k, {}, boxes), args))
         return calls
 
     async def finish(qids: list[str], fetching: asyncio.Task) -> None:

@@ -14,16 +14,15 @@ import anyio
 
 from fencemq.server import metrics
 from fencemq.model.keys import Handle, queue_ref
-from fencemq.fences.queues import Queues
-from fencemq.fences.sessions import Sessions
+from fencemq.fences.core import Core
 
 log = logging.getLogger(__name__)
 
 
 class Sweeper:
-    def __init__(self, queues: Queues, sessions: Sessions, interval_ms: int) -> None:
-        self.queues = queues
-        self.sessions = sessions
+    def __init__(self, core: Core, interval_ms: int) -> None:
+        self.core = core
+        self.sessions = core.sessions
         self.interval = interval_ms / 1000
 
     async def run(self) -> None:
@@ -40,14 +39,12 @@ class Sweeper:
         """One round; returns how many leases came back."""
         returned = 0
         now = await self.sessions.clock.now_ms()
-        for qid in await self.queues.due_queues(now):
-            result = await self.queues.sweep(qid)
+        for qid in await self.core.leases.due_queues(now):
+            result = await self.core.leases.sweep(qid)
             returned += result.returned
             ref = queue_ref(qid)
             if result.returned:
-                push_members = await self.queues.push_members(ref)
-                if push_members:
-                    await self.queues.dispatch(ref, push_members)
+                await self.core.mailboxes.dispatch_all(ref)
             metrics.SUSPICIONS.inc(len(result.newly_suspected))
             for group, member, tags, successor in result.timeouts:
                 metrics.LEASE_TIMEOUTS.inc(len(tags))

@@ -20,7 +20,7 @@ from fencemq.fences.shared import is_filter_target
 from fencemq.model.keys import Handle
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
 from fencemq.protocol.resp import Prebuilt, SimpleString
-from fencemq.fences.sessions import unsubscribe_notice
+from fencemq.fences.lite import unsubscribe_notice
 
 OK = SimpleString("OK")
 
@@ -88,7 +88,7 @@ class Verbs:
     async def cmd_pub(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
                       retain: bool = False, dedup_ids: list[str] | None = None,
                       headers: dict[str, str] | None = None) -> Any:
-        ids = await self.worker.fanout.publish(
+        ids = await self.worker.core.shared.publish(
             topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=self.client_id,
             retain=retain,
         )
@@ -96,7 +96,7 @@ class Verbs:
         return ids[0]
 
     async def cmd_mpub(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1) -> Any:
-        ids = await self.worker.fanout.publish(topic, payloads, lmq=lmq, qos=qos, producer=self.client_id)
+        ids = await self.worker.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, producer=self.client_id)
         metrics.PUBLISHED.inc(len(ids))
         return ids
 
@@ -106,7 +106,7 @@ class Verbs:
         payloads = [p for r in reqs for p in r.args["payloads"]]
         ids: list[str] = []
         for start in range(0, len(payloads), self.config.max_batch):
-            ids += await self.worker.fanout.publish(
+            ids += await self.worker.core.shared.publish(
                 first["topic"], payloads[start : start + self.config.max_batch], lmq=first.get("lmq"),
                 qos=first.get("qos", 1), producer=self.client_id,
             )
@@ -129,8 +129,8 @@ class Verbs:
             extra = set(options) - allowed
             if extra:
                 raise BadArgument(f"a topic filter subscription does not take {', '.join(sorted(extra)).upper()}")
-            return (await self.worker.fanout.subscribe(client, topic, **options)).as_reply()
-        sub = await self.worker.queues.subscribe(client, topic, **options)
+            return (await self.worker.core.shared.subscribe(client, topic, **options)).as_reply()
+        sub = await self.worker.core.subscriptions.subscribe(client, topic, **options)
         if sub.evicted:
             mine = Handle.decode(sub.handle)
             evicted = Handle(mine.queue, mine.group, sub.evicted)
@@ -139,10 +139,10 @@ class Verbs:
 
     async def cmd_pull(self, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
         h = self._handle(handle)
-        queues = self.worker.queues
-        result = await queues.pull(h, count)
+        leases = self.worker.core.leases
+        result = await leases.pull(h, count)
         if not result.deliveries and result.status == "ok" and block_ms is not None:
-            result = await self._long_poll(h, block_ms, lambda: queues.pull(h, count), lambda r: bool(
+            result = await self._long_poll(h, block_ms, lambda: leases.pull(h, count), lambda r: bool(
                 r.deliveries or r.status != "ok"))
         metrics.DELIVERED.inc(len(result.deliveries))
         return Prebuilt(encode_deliveries(result.deliveries, self.proto))
@@ -184,10 +184,10 @@ class Verbs:
 
     async def cmd_take(self, handle: str, block_ms: int | None = None) -> Any:
         h = self._handle(handle)
-        queues = self.worker.queues
-        result = await queues.take(h)
+        mailboxes = self.worker.core.mailboxes
+        result = await mailboxes.take(h)
         if result is None and block_ms is not None:
-            result = await self._long_poll(h, block_ms, lambda: queues.take(h), lambda r: r is not None)
+            result = await self._long_poll(h, block_ms, lambda: mailboxes.take(h), lambda r: r is not None)
         if result == "EOS":
             return SimpleString("EOS")
         if result is None:
@@ -196,21 +196,21 @@ class Verbs:
         return Prebuilt(encode_delivery(result, self.proto))
 
     async def cmd_ack(self, handle: str, tags: list[str]) -> Any:
-        n = await self.worker.queues.ack(self._handle(handle), tags)
+        n = await self.worker.core.leases.ack(self._handle(handle), tags)
         metrics.ACKED.inc(n)
         return n
 
     async def cmd_nack(self, handle: str, tags: list[str], delay_ms: int = 0, discard: bool = False) -> Any:
-        return await self.worker.queues.nack(self._handle(handle), tags, delay_ms=delay_ms, discard=discard)
+        return await self.worker.core.leases.nack(self._handle(handle), tags, delay_ms=delay_ms, discard=discard)
 
     async def cmd_renew(self, handle: str, tags: list[str], lock_ms: int | None = None) -> Any:
-        n = await self.worker.queues.renew(self._handle(handle), tags, lock_ms=lock_ms)
+        n = await self.worker.core.leases.renew(self._handle(handle), tags, lock_ms=lock_ms)
         metrics.RENEWALS.inc(n)
         return n
 
     async def cmd_seek(self, handle: str, kind: str, arg: int | None) -> Any:
         h = self._handle(handle)
-        epoch, cursor, clamped = await self.worker.queues.seek(h, kind, arg)
+        epoch, cursor, clamped = await self.worker.core.seek.move(h, kind, arg)
         if clamped:
             # The reply stays the epoch (the contract); the client is told apart.
             notice = {"type": "seek_clamped", "handle": handle, "topic": h.queue.topic, "epoch": epoch,
@@ -220,9 +220,9 @@ class Verbs:
 
     async def cmd_unsub(self, handle: str, max_messages: int | None = None) -> Any:
         if max_messages is not None:
-            await self.worker.queues.end_after(self._handle(handle), max_messages)
+            await self.worker.core.mailboxes.end_after(self._handle(handle), max_messages)
             return OK
-        await self.worker.queues.unsubscribe(self._handle(handle))
+        await self.worker.core.subscriptions.unsubscribe(self._handle(handle))
         return OK
 
     async def cmd_heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> Any:

@@ -28,10 +28,8 @@ from fencemq.server import metrics
 from fencemq.config import Config
 from fencemq.server.connection import ClientConnection
 from fencemq.errors import BadArgument
-from fencemq.fences.shared import FanOut
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from fencemq.fences.redis_client import open_redis
-from fencemq.fences.sessions import RedisClock, Sessions
 from fencemq.server.sweeper import Sweeper
 from fencemq.server.wakeups import Wakeups
 
@@ -70,13 +68,12 @@ class Worker:
         redis = await open_redis(self.config.redis_url)
         try:
             self.redis = redis
-            self.queues = Queues(redis, self.config)
-            self.fanout = FanOut(self.queues)
-            self.keys = self.queues.keys
-            self.clock = RedisClock(redis)
-            self.sessions = Sessions(redis, self.keys, self.queues, self.clock, self.config.session_lease_ms)
+            self.core = Core(redis, self.config)
+            self.keys = self.core.keys
+            self.clock = self.core.clock
+            self.sessions = self.core.sessions
             self.wakeups = Wakeups(redis, f"{self.config.prefix}:worker:{self.id}")
-            sweeper = Sweeper(self.queues, self.sessions, self.config.sweep_interval_ms)
+            sweeper = Sweeper(self.core, self.config.sweep_interval_ms)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
             if self.tls is not None:
@@ -86,10 +83,10 @@ class Worker:
             # Schedule writes run beside replies; their group outlives the services
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:
-                self.queues.spawn = writes.start_soon
+                self.core.ctx.spawn = writes.start_soon
                 async with anyio.create_task_group() as services:
                     services.start_soon(self.wakeups.run)
-                    await self.wakeups.follow(self.keys.filters_channel, lambda _: self.fanout.registry.invalidate())
+                    await self.wakeups.follow(self.keys.filters_channel, lambda _: self.core.shared.registry.invalidate())
                     services.start_soon(sweeper.run)
                     services.start_soon(self._keep_alive)
                     async with anyio.create_task_group() as conns:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis, free_port
 from fencemq.model.keys import Handle
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from fencemq.cli.ops import register
 from tests.helpers import as_map, client, deliveries, worker
 
@@ -349,13 +349,13 @@ def test_sweep_returns_expired_leases_and_notifies(redis_url: str) -> None:
     async def setup() -> None:
         r = redis.asyncio.Redis.from_url(redis_url)
         try:
-            q = Queues(r, cfg)
-            await q.publish("jobs", [b"a", b"b", b"c"])
-            sub = await q.subscribe("w1", "jobs", group="g", lock_ms=1)
-            assert len((await q.pull(Handle.decode(sub.handle), 2)).deliveries) == 2
-            await q.publish("other", [b"x"])
-            sub = await q.subscribe("w2", "other", group="g", lock_ms=1)
-            assert len((await q.pull(Handle.decode(sub.handle), 1)).deliveries) == 1
+            q = Core(r, cfg)
+            await q.publishing.publish("jobs", [b"a", b"b", b"c"])
+            sub = await q.subscriptions.subscribe("w1", "jobs", group="g", lock_ms=1)
+            assert len((await q.leases.pull(Handle.decode(sub.handle), 2)).deliveries) == 2
+            await q.publishing.publish("other", [b"x"])
+            sub = await q.subscriptions.subscribe("w2", "other", group="g", lock_ms=1)
+            assert len((await q.leases.pull(Handle.decode(sub.handle), 1)).deliveries) == 1
         finally:
             await r.aclose()
 
@@ -477,12 +477,12 @@ def test_dlq_replay_keeps_dead_letters_whose_body_was_trimmed(redis_url: str) ->
     async def setup() -> None:
         r = redis.asyncio.Redis.from_url(redis_url)
         try:
-            q = Queues(r, cfg)
-            await q.publish("t", [b"one", b"two"])
-            h = Handle.decode((await q.subscribe("w", "t", group="g")).handle)
-            first, second = (await q.pull(h, 2)).deliveries
-            await q.nack(h, [first.tag, second.tag])  # both dead
-            await q.publish("t", [b"three"])  # retention (2) trims id 1
+            q = Core(r, cfg)
+            await q.publishing.publish("t", [b"one", b"two"])
+            h = Handle.decode((await q.subscriptions.subscribe("w", "t", group="g")).handle)
+            first, second = (await q.leases.pull(h, 2)).deliveries
+            await q.leases.nack(h, [first.tag, second.tag])  # both dead
+            await q.publishing.publish("t", [b"three"])  # retention (2) trims id 1
         finally:
             await r.aclose()
 
@@ -600,13 +600,13 @@ def test_cluster_listing_visits_every_master_and_pages_across_them(cluster: list
     async def setup() -> None:
         rc = RedisCluster.from_url(url)
         try:
-            q = Queues(rc, Config(redis_url=url, max_failures=1))
+            q = Core(rc, Config(redis_url=url, max_failures=1))
             for i in range(30):
-                await q.publish("spread", [b"a"], lmq=f"lmq-{i}")
-            await q.publish("plain", [b"p1", b"p2"])
-            h = Handle.decode((await q.subscribe("w", "plain", group="g")).handle)
-            (d, _) = (await q.pull(h, 2)).deliveries
-            await q.nack(h, [d.tag])
+                await q.publishing.publish("spread", [b"a"], lmq=f"lmq-{i}")
+            await q.publishing.publish("plain", [b"p1", b"p2"])
+            h = Handle.decode((await q.subscriptions.subscribe("w", "plain", group="g")).handle)
+            (d, _) = (await q.leases.pull(h, 2)).deliveries
+            await q.leases.nack(h, [d.tag])
         finally:
             await rc.aclose()
 

@@ -28,7 +28,7 @@ from fencemq.model import meta as compact_meta
 from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.model.keys import Handle, Keyspace, QueueRef
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from tests import helpers
 from tests.helpers import Err, RespConn, as_map, deliveries, held_handles, pipeline, wait_for
 
@@ -482,7 +482,7 @@ class _FailOnce:
 
 
 def test_a_subscription_whose_session_write_failed_is_still_left_when_the_session_ends(w, r, monkeypatch):
-    redis_ = w.worker.queues.redis
+    redis_ = w.worker.core.redis
     monkeypatch.setattr(redis_, "execute_command", _FailOnce(
         redis_.execute_command, lambda *cmd, **_: cmd[0] == "HSETNX" and ":lmqs:" in cmd[1]))
     with connect(w.port, "A", 2) as a:
@@ -496,14 +496,14 @@ def test_a_subscription_whose_session_write_failed_is_still_left_when_the_sessio
 
 def test_a_session_whose_cleanup_failed_once_is_cleaned_up_later(redis_url, r):
     with worker(redis_url, session_lease_ms=500) as w:
-        queues = w.worker.queues
-        queues.unsubscribe = _FailOnce(queues.unsubscribe, lambda h, session_over=False: session_over)
+        subscriptions = w.worker.core.subscriptions
+        subscriptions.unsubscribe = _FailOnce(subscriptions.unsubscribe, lambda h, session_over=False: session_over)
         a = connect(w.port, "A", 2)
         subscribe(a, "chat", "x")
         subscribe(a, "chat", "y")
         a.close()
         wait_for(lambda: r.zscore(KEYS.sessions, "A") is None, timeout=10, what="the session to be claimed")
-        assert queues.unsubscribe.failed == 1
+        assert subscriptions.unsubscribe.failed == 1
         time.sleep(2)  # many sweep rounds
         left = {lmq: member_fields(meta(r, "chat", lmq), "A") for lmq in ("x", "y")}
         assert left == {"x": {}, "y": {}} and session_keys(r, "A") == []
@@ -686,7 +686,7 @@ def test_an_operator_force_evict_fences_the_client_until_it_subscribes_again(w, 
     async def evict(client: str, lmq: str) -> int:
         conn = redis.asyncio.Redis.from_url(redis_url)
         try:
-            return await Queues(conn, Config(redis_url=redis_url)).evict(Handle(QueueRef("chat", lmq), GROUP, client))
+            return await Core(conn, Config(redis_url=redis_url)).lite.evict(Handle(QueueRef("chat", lmq), GROUP, client))
         finally:
             await conn.aclose()
 

@@ -22,7 +22,8 @@ from fencemq.model import meta as compact_meta
 from fencemq.config import Config
 from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle, Keyspace, QueueRef
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
+from fencemq.fences.operator import SNAPSHOT
 from fencemq.fences.registry import sources
 
 TOPIC, LMQ = "lt", "q1"
@@ -32,7 +33,7 @@ MEMBERS = (("A", "default"), ("B", "default"), ("A", "g2"))
 TIMESTAMPS = {"ct", "wt"}  # written from the clock: differ between two runs
 
 
-def without_compaction(queues: Queues) -> Queues:
+def without_compaction(queues: Core) -> Core:
     """The same fences with compact_meta a no-op: the reference the compact form is held to."""
     marker = "local function compact_meta(meta)\n"
     for name, src in sources().items():
@@ -42,13 +43,13 @@ def without_compaction(queues: Queues) -> Queues:
 
 
 class TwoBrokers:
-    """One event loop; Queues with compaction under prefix 'c', without under prefix 'p'."""
+    """One event loop; Core with compaction under prefix 'c', without under prefix 'p'."""
 
     def __init__(self, url: str, on_preempt: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.redis: Redis = self.loop.run_until_complete(self._connect(url))
-        self.compact = Queues(self.redis, Config(prefix="c", lmq_idle_ttl_ms=3_600_000))
-        self.plain = without_compaction(Queues(self.redis, Config(prefix="p", lmq_idle_ttl_ms=3_600_000)))
+        self.compact = Core(self.redis, Config(prefix="c", lmq_idle_ttl_ms=3_600_000))
+        self.plain = without_compaction(Core(self.redis, Config(prefix="p", lmq_idle_ttl_ms=3_600_000)))
         self.on_preempt = on_preempt
         self.tags: dict[tuple[str, str], list[str]] = {m: [] for m in MEMBERS}
 
@@ -57,7 +58,7 @@ class TwoBrokers:
         return Redis.from_url(url)
 
     def both(self, op: Any) -> tuple[Any, Any]:
-        async def one(q: Queues) -> Any:
+        async def one(q: Core) -> Any:
             try:
                 return await op(q)
             except FenceMQError as exc:
@@ -135,7 +136,7 @@ def expire_every_lease(b: TwoBrokers) -> tuple[Any, Any]:
         tags = b.loop.run_until_complete(b.redis.zrange(dl, 0, -1))
         if tags:
             b.loop.run_until_complete(b.redis.zadd(dl, {t: 0 for t in tags}, xx=True))
-    swept = b.both(lambda q: q.sweep(REF.qid))
+    swept = b.both(lambda q: q.leases.sweep(REF.qid))
     return tuple(s if isinstance(s, str) else (s.returned, s.timeouts, s.newly_suspected) for s in swept)
 
 
@@ -143,15 +144,15 @@ def step(b: TwoBrokers, op: tuple[Any, ...]) -> None:
     kind, *args = op
     if kind == "sub":
         (client, group), qos, lock = args
-        got = b.both(lambda q: q.subscribe(client, TOPIC, lmq=LMQ, group=group, qos=qos, lock_ms=lock,
+        got = b.both(lambda q: q.subscriptions.subscribe(client, TOPIC, lmq=LMQ, group=group, qos=qos, lock_ms=lock,
                                            on_preempt=b.on_preempt))
         got = tuple(g if isinstance(g, str) else (g.mode, g.epoch, g.owner, g.evicted, g.returned, g.cursor)
                     for g in got)
     elif kind == "pub":
-        got = b.both(lambda q: q.publish(TOPIC, [b"m"] * args[0], lmq=LMQ, producer="p"))
+        got = b.both(lambda q: q.publishing.publish(TOPIC, [b"m"] * args[0], lmq=LMQ, producer="p"))
     elif kind == "pull":
         c, n = args
-        got = tuple(deliveries(g) for g in b.both(lambda q: q.pull(handle(c), n)))
+        got = tuple(deliveries(g) for g in b.both(lambda q: q.leases.pull(handle(c), n)))
         if not isinstance(got[0], str):
             b.tags[c] += [t for t, *_ in got[0][2]]
     elif kind in ("ack", "nack"):
@@ -159,33 +160,33 @@ def step(b: TwoBrokers, op: tuple[Any, ...]) -> None:
         tags, b.tags[c] = b.tags[c][:2], b.tags[c][2:]
         if not tags:
             return
-        settle = (lambda q: q.ack(handle(c), tags)) if kind == "ack" else (lambda q: q.nack(handle(c), tags))
+        settle = (lambda q: q.leases.ack(handle(c), tags)) if kind == "ack" else (lambda q: q.leases.nack(handle(c), tags))
         got = b.both(settle)
     elif kind == "unsub":
-        got = b.both(lambda q: q.unsubscribe(handle(args[0]), session_over=True))
+        got = b.both(lambda q: q.subscriptions.unsubscribe(handle(args[0]), session_over=True))
     elif kind == "seek":
         c, where = args
-        got = b.both(lambda q: q.seek(handle(c), where))
+        got = b.both(lambda q: q.seek.move(handle(c), where))
     elif kind == "evict":
-        got = b.both(lambda q: q.evict(handle(args[0])))
+        got = b.both(lambda q: q.lite.evict(handle(args[0])))
     elif kind == "subpush":
         (client, group) = args[0]
-        got = b.both(lambda q: q.subscribe(client, TOPIC, lmq=LMQ, group=group, capacity=2,
+        got = b.both(lambda q: q.subscriptions.subscribe(client, TOPIC, lmq=LMQ, group=group, capacity=2,
                                            on_preempt=b.on_preempt))
         got = tuple(g if isinstance(g, str) else (g.epoch, g.owner, g.evicted, g.returned) for g in got)
     elif kind == "take":
         (c,) = args
-        got = tuple(took(g) for g in b.both(lambda q: q.take(handle(c))))
+        got = tuple(took(g) for g in b.both(lambda q: q.mailboxes.take(handle(c))))
         if hasattr(got[0], "__len__") and len(got[0]) == 4 and not isinstance(got[0], str):
             b.tags[c].append(got[0][0])
     elif kind == "max":
         c, n = args
-        got = b.both(lambda q: q.end_after(handle(c), n))
+        got = b.both(lambda q: q.mailboxes.end_after(handle(c), n))
     elif kind == "renew":
         (c,) = args
         if not b.tags[c]:
             return
-        got = b.both(lambda q: q.renew(handle(c), b.tags[c][:2]))
+        got = b.both(lambda q: q.leases.renew(handle(c), b.tags[c][:2]))
     else:
         got = expire_every_lease(b)
     assert got[0] == got[1], f"{op}: {got[0]!r} with compaction, {got[1]!r} without"
@@ -220,63 +221,62 @@ def raw_meta(b: TwoBrokers) -> dict[str, str]:
 
 
 def test_a_freshly_subscribed_lmq_keeps_only_its_group_owner_and_creation_second(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
     meta = raw_meta(lite)
     assert set(meta) == {"C", "z"} and meta["z"] == "default|A"
     assert abs(int(meta["C"]) - lite.loop.run_until_complete(lite.redis.time())[0]) <= 2
 
 
 def test_an_lmq_comes_back_to_rest_compact_after_its_last_ack(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
-    lite.both(lambda q: q.publish(TOPIC, [b"x"], lmq=LMQ))
-    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 5))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"x"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 5))
     assert "z" not in raw_meta(lite), "a checkout spells the hash out"
-    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
     meta = raw_meta(lite)
     assert meta["z"] == "default|A"
     assert {f: meta[f] for f in ("S", "T", "N")} == {"S": "1", "T": "1", "N": "1"}, "seq, last tag, delivered"
 
 
 def test_an_empty_poll_of_an_lmq_at_rest_writes_nothing(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
     before = raw_meta(lite)
     for _ in range(3):
-        result, _ = lite.both(lambda q: q.pull(handle("A"), 10))
+        result, _ = lite.both(lambda q: q.leases.pull(handle("A"), 10))
         assert result.status == "ok" and result.deliveries == []
     assert raw_meta(lite) == before
 
 
 def test_a_preemption_of_an_lmq_at_rest_marks_the_old_owner_and_leaves_the_hash_spelled_out(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
-    sub, _ = lite.both(lambda q: q.subscribe("B", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    sub, _ = lite.both(lambda q: q.subscriptions.subscribe("B", TOPIC, lmq=LMQ))
     assert sub.evicted == "A" and sub.owner == "B"
     meta = raw_meta(lite)
     assert "z" not in meta, "two members: not compact"
     assert meta["m|default|A|mk"] == "B" and meta["g|default|mem"] == "A\nB"
-    lite.both(lambda q: q.unsubscribe(handle("A"), session_over=True))
+    lite.both(lambda q: q.subscriptions.unsubscribe(handle("A"), session_over=True))
     assert set(raw_meta(lite)) == {"C", "z"}, "the old owner gone: back at rest"
 
 
 def test_a_plain_topic_is_never_compacted(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", "plain", group="g", mode="exclusive"))
+    lite.both(lambda q: q.subscriptions.subscribe("A", "plain", group="g", mode="exclusive"))
     raw = lite.loop.run_until_complete(lite.redis.hgetall(Keyspace("c").queue(QueueRef("plain")).meta))
     assert b"z" not in raw and b"g|g|mode" in raw
 
 
 def test_python_and_lua_expand_a_compact_hash_alike(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
-    lite.both(lambda q: q.publish(TOPIC, [b"x", b"y"], lmq=LMQ))
-    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 5))
-    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"x", b"y"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 5))
+    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
     assert "z" in raw_meta(lite)
     k = Keyspace("c").queue(REF)
     lua_view = lite.loop.run_until_complete(
-        lite.compact.fences.call("snapshot", [k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed,
-                                              k.dead, k.journal], [0, 0]))[1]
+        lite.compact.fences.run(SNAPSHOT, k, max_log=0, max_journal=0))[1]
     lua_fields = {lua_view[i].decode(): lua_view[i + 1].decode() for i in range(0, len(lua_view), 2)}
     assert lua_fields == compact_meta.expand(raw_meta(lite))
     # and expanding for real (a publish) gives the same fields
-    lite.both(lambda q: q.publish(TOPIC, [b"z"], lmq=LMQ))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"z"], lmq=LMQ))
     spelled = raw_meta(lite)
     assert "z" not in spelled
     changed = ("seq", "wt", "ct", "first")  # the publish, and times to the second at rest
@@ -289,51 +289,51 @@ def log_ids(b: TwoBrokers) -> list[int]:
 
 
 def test_an_lmq_with_nothing_checked_out_forgets_what_its_owner_consumed(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
-    lite.both(lambda q: q.publish(TOPIC, [b"1", b"2", b"3"], lmq=LMQ))
-    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 2))
-    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"1", b"2", b"3"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
+    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
     assert log_ids(lite) == [3], "the third is still to be read"
-    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 2))
-    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
+    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
     assert log_ids(lite) == []
     assert set(raw_meta(lite)) == {"C", "W", "S", "T", "N", "z"}
     # a seek back finds nothing left to re-read: SEEK ID 1 is clamped to the next id
-    (_, cursor, clamped), _ = lite.both(lambda q: q.seek(handle("A"), "id", 1))
+    (_, cursor, clamped), _ = lite.both(lambda q: q.seek.move(handle("A"), "id", 1))
     assert (cursor, clamped) == (4, True)
-    lite.both(lambda q: q.seek(handle("A"), "earliest"))
-    again, _ = lite.both(lambda q: q.pull(handle("A"), 10))
+    lite.both(lambda q: q.seek.move(handle("A"), "earliest"))
+    again, _ = lite.both(lambda q: q.leases.pull(handle("A"), 10))
     assert again.status == "ok" and again.deliveries == []
 
 
 def test_a_nacked_message_keeps_the_log_until_it_is_settled(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
-    lite.both(lambda q: q.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
-    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 2))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
     first, second = pulled.deliveries
-    lite.both(lambda q: q.nack(handle("A"), [first.tag]))
-    lite.both(lambda q: q.ack(handle("A"), [second.tag]))
+    lite.both(lambda q: q.leases.nack(handle("A"), [first.tag]))
+    lite.both(lambda q: q.leases.ack(handle("A"), [second.tag]))
     assert log_ids(lite) == [1, 2], "1 is back in line to be redelivered"
-    redelivered, _ = lite.both(lambda q: q.pull(handle("A"), 2))
+    redelivered, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
     assert [d.id for d in redelivered.deliveries] == ["1"]
-    lite.both(lambda q: q.ack(handle("A"), [redelivered.deliveries[0].tag]))
+    lite.both(lambda q: q.leases.ack(handle("A"), [redelivered.deliveries[0].tag]))
     assert log_ids(lite) == []
 
 
 def test_an_lmq_nobody_subscribed_to_keeps_its_messages_for_the_first_subscriber(lite) -> None:
-    lite.both(lambda q: q.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ))
-    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 1))
-    lite.both(lambda q: q.ack(handle("A"), [pulled.deliveries[0].tag]))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 1))
+    lite.both(lambda q: q.leases.ack(handle("A"), [pulled.deliveries[0].tag]))
     assert log_ids(lite) == [2], "2 is still to be read"
 
 
 def test_an_lmq_whose_group_rewinds_on_preemption_keeps_what_was_consumed(lite) -> None:
-    lite.both(lambda q: q.subscribe("A", TOPIC, lmq=LMQ, on_preempt="earliest"))
-    lite.both(lambda q: q.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
-    pulled, _ = lite.both(lambda q: q.pull(handle("A"), 2))
-    lite.both(lambda q: q.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ, on_preempt="earliest"))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
+    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
     assert log_ids(lite) == [1, 2]
-    lite.both(lambda q: q.subscribe("B", TOPIC, lmq=LMQ))
-    again, _ = lite.both(lambda q: q.pull(handle("B"), 5))
+    lite.both(lambda q: q.subscriptions.subscribe("B", TOPIC, lmq=LMQ))
+    again, _ = lite.both(lambda q: q.leases.pull(handle("B"), 5))
     assert [d.id for d in again.deliveries] == ["1", "2"], "the new owner starts from the earliest"

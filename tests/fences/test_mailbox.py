@@ -1,6 +1,6 @@
 """Push mailboxes, MAX-n and the end-of-stream sentinel (issue 6), against a real server.
 
-The property test drives ``fencemq.fences.queues.Queues`` directly (one private Redis,
+The property test drives ``fencemq.fences.core.Core`` directly (one private Redis,
 flushed before each example): whatever the capacity, MAX, publish pattern and
 take pattern (including no take at all until the end),
 
@@ -35,7 +35,7 @@ from fencemq import Client, EndOfStream, SyncClient
 from fencemq.config import Config
 from fencemq.errors import NotFound
 from fencemq.model.keys import Handle, Keyspace, QueueRef
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from tests.helpers import (
     RespConn,
     as_map,
@@ -65,7 +65,7 @@ class Direct:
     def __init__(self, url: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.redis: Redis = self.loop.run_until_complete(self._connect(url))
-        self.queues = Queues(self.redis, CONFIG)
+        self.queues = Core(self.redis, CONFIG)
 
     @staticmethod
     async def _connect(url: str) -> Redis:
@@ -80,7 +80,7 @@ class Direct:
 
     def reset(self) -> None:
         self.run(self.redis.flushall())
-        self.queues = Queues(self.redis, CONFIG)
+        self.queues = Core(self.redis, CONFIG)
 
     def mailbox_len(self, group: str, member: str, ref: QueueRef = REF) -> int:
         return self.run(self.redis.llen(self.queues.keys.queue(ref).mailbox(group, member)))
@@ -135,11 +135,11 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
     ids: list[int] = []
 
     def publish(n: int) -> None:
-        ids.extend(int(i) for i in direct.run(q.publish(TOPIC, payloads(len(ids), n))))
+        ids.extend(int(i) for i in direct.run(q.publishing.publish(TOPIC, payloads(len(ids), n))))
 
     if sc["before"]:
         publish(sc["before"])
-    h = Handle.decode(direct.run(q.subscribe(
+    h = Handle.decode(direct.run(q.subscriptions.subscribe(
         "c", TOPIC, group="g", mode=sc["mode"], capacity=cap, max_messages=mx)).handle)
     seen: list[int] = []
     unsettled: set[int] = set()
@@ -148,7 +148,7 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
     def take(ack: bool) -> bool:
         """One TAKE; False when the mailbox was empty or the stream ended."""
         nonlocal ended
-        got = direct.run(q.take(h))
+        got = direct.run(q.mailboxes.take(h))
         if got == "EOS":
             ended = True
             return False
@@ -157,7 +157,7 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
         assert got.payload == b"m%d" % (int(got.id) - 1)
         seen.append(int(got.id))
         if ack:
-            assert direct.run(q.ack(h, [got.tag])) == 1
+            assert direct.run(q.leases.ack(h, [got.tag])) == 1
         else:
             unsettled.add(int(got.id))
         return True
@@ -188,8 +188,8 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
         # The stream cannot end before MAX is reached; then everything was delivered.
         assert len(ids) < mx, f"{len(ids)} published, MAX {mx}, yet no end of stream"
         assert seen == ids
-        direct.run(q.unsubscribe(h))  # abrupt: seats EOS
-        assert direct.run(q.take(h)) == "EOS"
+        direct.run(q.subscriptions.unsubscribe(h))  # abrupt: seats EOS
+        assert direct.run(q.mailboxes.take(h)) == "EOS"
     elif cap > mx:
         assert seen == ids[:mx], f"capacity {cap} > MAX {mx}: expected exactly the first {mx}"
     else:
@@ -198,11 +198,11 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
         assert set(seen) <= set(first), "beyond MAX"
         assert len(first) - len(seen) <= 1, f"evict-offer gives up one entry at most, {first} vs {seen}"
     with pytest.raises(NotFound):
-        direct.run(q.take(h))  # the handle is closed after EOS
+        direct.run(q.mailboxes.take(h))  # the handle is closed after EOS
 
     # Nothing lost to the subscription: the rest goes to the next member of the group.
-    p = Handle.decode(direct.run(q.subscribe("p", TOPIC, group="g", mode=sc["mode"])).handle)
-    pulled = [int(d.id) for d in direct.run(q.pull(p, 1000)).deliveries]
+    p = Handle.decode(direct.run(q.subscriptions.subscribe("p", TOPIC, group="g", mode=sc["mode"])).handle)
+    pulled = [int(d.id) for d in direct.run(q.leases.pull(p, 1000)).deliveries]
     settled = set(seen) - unsettled
     assert pulled == sorted(set(ids) - settled), f"seen {seen}, unsettled {unsettled}, pulled {pulled}"
 
@@ -213,11 +213,11 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
 def test_max_0_ends_a_push_subscription_before_anything_is_delivered(direct: Direct) -> None:
     direct.reset()
     q = direct.queues
-    direct.run(q.publish(TOPIC, payloads(0, 3)))
-    h = Handle.decode(direct.run(q.subscribe("c", TOPIC, group="g", mode="shared", capacity=4, max_messages=0)).handle)
-    assert direct.run(q.take(h)) == "EOS"
-    p = Handle.decode(direct.run(q.subscribe("p", TOPIC, group="g", mode="shared")).handle)
-    assert [d.id for d in direct.run(q.pull(p, 10)).deliveries] == ["1", "2", "3"]
+    direct.run(q.publishing.publish(TOPIC, payloads(0, 3)))
+    h = Handle.decode(direct.run(q.subscriptions.subscribe("c", TOPIC, group="g", mode="shared", capacity=4, max_messages=0)).handle)
+    assert direct.run(q.mailboxes.take(h)) == "EOS"
+    p = Handle.decode(direct.run(q.subscriptions.subscribe("p", TOPIC, group="g", mode="shared")).handle)
+    assert [d.id for d in direct.run(q.leases.pull(p, 10)).deliveries] == ["1", "2", "3"]
 
 
 def test_the_sentinel_evicts_the_oldest_entry_of_a_full_mailbox_and_that_message_goes_back_to_the_group(
@@ -225,13 +225,13 @@ def test_the_sentinel_evicts_the_oldest_entry_of_a_full_mailbox_and_that_message
 ) -> None:
     direct.reset()
     q = direct.queues
-    h = Handle.decode(direct.run(q.subscribe("c", TOPIC, group="g", mode="shared", capacity=3)).handle)
-    direct.run(q.publish(TOPIC, payloads(0, 10)))
+    h = Handle.decode(direct.run(q.subscriptions.subscribe("c", TOPIC, group="g", mode="shared", capacity=3)).handle)
+    direct.run(q.publishing.publish(TOPIC, payloads(0, 10)))
     assert direct.mailbox_len("g", "c") == 3  # 1 2 3, delivered 3
-    assert direct.run(q.end_after(h, 3)) is True  # MAX = delivered: ends at once, the mailbox is full
-    assert [d if d == "EOS" else d.id for d in (direct.run(q.take(h)) for _ in range(3))] == ["2", "3", "EOS"]
-    p = Handle.decode(direct.run(q.subscribe("p", TOPIC, group="g", mode="shared")).handle)
-    assert [d.id for d in direct.run(q.pull(p, 100)).deliveries] == [str(i) for i in range(1, 11)]
+    assert direct.run(q.mailboxes.end_after(h, 3)) is True  # MAX = delivered: ends at once, the mailbox is full
+    assert [d if d == "EOS" else d.id for d in (direct.run(q.mailboxes.take(h)) for _ in range(3))] == ["2", "3", "EOS"]
+    p = Handle.decode(direct.run(q.subscriptions.subscribe("p", TOPIC, group="g", mode="shared")).handle)
+    assert [d.id for d in direct.run(q.leases.pull(p, 100)).deliveries] == [str(i) for i in range(1, 11)]
 
 
 def test_with_capacity_at_most_max_nothing_gives_way_when_max_is_reached_with_room_in_the_mailbox(
@@ -239,20 +239,20 @@ def test_with_capacity_at_most_max_nothing_gives_way_when_max_is_reached_with_ro
 ) -> None:
     direct.reset()
     q = direct.queues
-    h = Handle.decode(direct.run(q.subscribe("c", TOPIC, group="g", mode="shared", capacity=2, max_messages=3)).handle)
+    h = Handle.decode(direct.run(q.subscriptions.subscribe("c", TOPIC, group="g", mode="shared", capacity=2, max_messages=3)).handle)
     seen = []
     for i in range(3):  # the consumer keeps up: the mailbox is never full
-        direct.run(q.publish(TOPIC, payloads(i, 1)))
-        seen.append(direct.run(q.take(h)).id)
-    assert seen == ["1", "2", "3"] and direct.run(q.take(h)) == "EOS"
+        direct.run(q.publishing.publish(TOPIC, payloads(i, 1)))
+        seen.append(direct.run(q.mailboxes.take(h)).id)
+    assert seen == ["1", "2", "3"] and direct.run(q.mailboxes.take(h)) == "EOS"
 
 
 def test_with_capacity_at_most_max_a_full_mailbox_gives_up_its_oldest_entry_to_the_sentinel(direct: Direct) -> None:
     direct.reset()
     q = direct.queues
-    h = Handle.decode(direct.run(q.subscribe("c", TOPIC, group="g", mode="shared", capacity=2, max_messages=3)).handle)
-    direct.run(q.publish(TOPIC, payloads(0, 5)))  # 1 2 in the mailbox
-    got = [direct.run(q.take(h)) for _ in range(3)]  # taking 1 tops up 3 = MAX: full, so 2 gives way
+    h = Handle.decode(direct.run(q.subscriptions.subscribe("c", TOPIC, group="g", mode="shared", capacity=2, max_messages=3)).handle)
+    direct.run(q.publishing.publish(TOPIC, payloads(0, 5)))  # 1 2 in the mailbox
+    got = [direct.run(q.mailboxes.take(h)) for _ in range(3)]  # taking 1 tops up 3 = MAX: full, so 2 gives way
     assert [g if g == "EOS" else g.id for g in got] == ["1", "3", "EOS"]
 
 
@@ -261,22 +261,22 @@ def test_subscribing_again_after_an_abrupt_unsubscribe_gives_a_live_subscription
 ) -> None:
     direct.reset()
     q = direct.queues
-    h = Handle.decode(direct.run(q.subscribe("c", TOPIC, group="g", mode="shared", capacity=4)).handle)
-    direct.run(q.unsubscribe(h))  # EOS seated; the member stays until it TAKEs it
-    direct.run(q.subscribe("c", TOPIC, group="g", mode="shared", capacity=4))
-    direct.run(q.publish(TOPIC, [b"x"]))
-    got = direct.run(q.take(h))
+    h = Handle.decode(direct.run(q.subscriptions.subscribe("c", TOPIC, group="g", mode="shared", capacity=4)).handle)
+    direct.run(q.subscriptions.unsubscribe(h))  # EOS seated; the member stays until it TAKEs it
+    direct.run(q.subscriptions.subscribe("c", TOPIC, group="g", mode="shared", capacity=4))
+    direct.run(q.publishing.publish(TOPIC, [b"x"]))
+    got = direct.run(q.mailboxes.take(h))
     assert got != "EOS" and got is not None and got.payload == b"x"
 
 
 def test_a_push_member_that_reached_its_end_no_longer_owns_its_exclusive_group(direct: Direct) -> None:
     direct.reset()
     q = direct.queues
-    direct.run(q.publish(TOPIC, payloads(0, 2)))
-    h = Handle.decode(direct.run(q.subscribe("c", TOPIC, capacity=4, max_messages=1)).handle)
-    assert direct.run(q.take(h)).id == "1"
-    assert direct.run(q.take(h)) == "EOS"
-    nxt = direct.run(q.subscribe("d", TOPIC, group="~c"))
+    direct.run(q.publishing.publish(TOPIC, payloads(0, 2)))
+    h = Handle.decode(direct.run(q.subscriptions.subscribe("c", TOPIC, capacity=4, max_messages=1)).handle)
+    assert direct.run(q.mailboxes.take(h)).id == "1"
+    assert direct.run(q.mailboxes.take(h)) == "EOS"
+    nxt = direct.run(q.subscriptions.subscribe("d", TOPIC, group="~c"))
     assert nxt.evicted is None, f"{nxt.evicted} was preempted after it had left"
 
 
@@ -346,7 +346,7 @@ def test_an_abrupt_unsub_wakes_a_blocked_take_with_eos_within_milliseconds(redis
         time.sleep(0.3)
         assert "reply" not in result, "TAKE BLOCK returned before anything happened"
         t0 = time.monotonic()
-        direct.run(direct.queues.unsubscribe(Handle.decode(h)))
+        direct.run(direct.queues.subscriptions.unsubscribe(Handle.decode(h)))
         t.join(6)
         assert result["reply"] == "EOS"
         assert result["at"] - t0 < 0.5, f"woke after {result['at'] - t0:.3f} s"
@@ -456,14 +456,14 @@ def test_a_mailbox_message_s_lease_starts_when_it_is_taken_not_when_it_is_dispat
 
 def test_the_sdk_push_iterator_ends_cleanly_when_the_subscription_is_ended_from_elsewhere(redis_url) -> None:
     async def main(url: str) -> list[bytes]:
-        operator = Queues(Redis.from_url(redis_url), Config())
+        operator = Core(Redis.from_url(redis_url), Config())
         async with await Client.connect(url, client_id="sdk") as c:
             sub = await c.subscribe("t", group="g", push=True, capacity=4)
             await c.mpublish("t", [b"a", b"b"])
 
             async def end_soon() -> None:  # while the iterator waits in TAKE BLOCK 5000
                 await asyncio.sleep(0.3)
-                await operator.unsubscribe(Handle.decode(sub.handle))
+                await operator.subscriptions.unsubscribe(Handle.decode(sub.handle))
 
             got: list[bytes] = []
             enders = []

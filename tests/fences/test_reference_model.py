@@ -1,4 +1,4 @@
-"""The real fences, driven through fencemq.fences.queues.Queues, against tests/reference.py.
+"""The real fences, driven through fencemq.fences.core.Core, against tests/reference.py.
 
 ``Harness`` runs every operation on both the real broker (one private Redis,
 the ``redis_server`` session fixture, flushed before each example) and the
@@ -42,7 +42,7 @@ from fencemq.config import Config
 from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle, QueueRef
 from fencemq.model.messages import unpack_delivery
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from tests.reference import (
     SEP,
     ModelError,
@@ -86,7 +86,7 @@ class Driver:
     def __init__(self, url: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.redis: Redis = self.loop.run_until_complete(self._connect(url))
-        self.queues = Queues(self.redis, CONFIG)
+        self.queues = Core(self.redis, CONFIG)
 
     @staticmethod
     async def _connect(url: str) -> Redis:
@@ -97,7 +97,7 @@ class Driver:
 
     def reset(self, config: Config = CONFIG) -> None:
         self.run(self.redis.flushall())
-        self.queues = Queues(self.redis, config)  # fresh topic-kind cache
+        self.queues = Core(self.redis, config)  # fresh topic-kind cache
 
     def now_ms(self) -> int:
         sec, usec = self.run(self.redis.time())
@@ -157,7 +157,7 @@ class Harness:
             self.published += 1
             payloads.append(b"p%d" % self.published)
         before = self.model.seq
-        ids = self.d.run(self.q.publish(TOPIC, payloads, dedup_ids=list(dedups)))
+        ids = self.d.run(self.q.publishing.publish(TOPIC, payloads, dedup_ids=list(dedups)))
         stamp = 0
         if int(max(ids, key=int)) > before:  # read the fence's clock off a new entry
             stored = self.d.run(self.d.redis.hget(self.keys.log, max(ids, key=int)))
@@ -168,7 +168,7 @@ class Harness:
 
     def subscribe(self, group: str, member: str, **kw: Any) -> SubReply | Err:
         start = kw.pop("start", ("earliest", None))
-        real = self._real(self.q.subscribe(
+        real = self._real(self.q.subscriptions.subscribe(
             member, TOPIC, group=group, mode=kw.get("mode"), policy=kw.get("policy"), start=start,
             lock_ms=kw.get("lock_ms"), epoch=kw.get("epoch"), max_messages=kw.get("max_messages"),
             on_preempt=kw.get("onpre"),
@@ -181,7 +181,7 @@ class Harness:
 
     def pull(self, group: str, member: str, count: int) -> PullReply | Err:
         t0 = self.d.now_ms()
-        res = self._real(self.q.pull(self.handle(group, member), count))
+        res = self._real(self.q.leases.pull(self.handle(group, member), count))
         t1 = self.d.now_ms()
         expected = self._predict(self.model.pull, group, member, count, now=(t0, t1))
         if not isinstance(res, Err):
@@ -194,14 +194,14 @@ class Harness:
         return self._after(expected)
 
     def ack(self, group: str, member: str, tags: list[str]) -> int:
-        real = self.d.run(self.q.ack(self.handle(group, member), tags))
+        real = self.d.run(self.q.leases.ack(self.handle(group, member), tags))
         expected = self.model.ack(group, member, tags)
         assert real == expected
         return self._after(expected)
 
     def nack(self, group: str, member: str, tags: list[str], *, delay_ms: int = 0, discard: bool = False) -> int:
         t0 = self.d.now_ms()
-        real = self.d.run(self.q.nack(self.handle(group, member), tags, delay_ms=delay_ms, discard=discard))
+        real = self.d.run(self.q.leases.nack(self.handle(group, member), tags, delay_ms=delay_ms, discard=discard))
         t1 = self.d.now_ms()
         expected = self.model.nack(group, member, tags, delay_ms=delay_ms, discard=discard, now=(t0, t1))
         assert real == expected
@@ -209,7 +209,7 @@ class Harness:
 
     def renew(self, group: str, member: str, tags: list[str], *, lock_ms: int | None = None) -> int:
         t0 = self.d.now_ms()
-        real = self.d.run(self.q.renew(self.handle(group, member), tags, lock_ms=lock_ms))
+        real = self.d.run(self.q.leases.renew(self.handle(group, member), tags, lock_ms=lock_ms))
         t1 = self.d.now_ms()
         expected = self.model.renew(group, member, tags, lock_ms=lock_ms, now=(t0, t1))
         assert real == expected
@@ -233,7 +233,7 @@ class Harness:
         self._after(None)
 
     def sweep(self) -> SweepReply:
-        res = self.d.run(self.q.sweep(QREF.qid))
+        res = self.d.run(self.q.leases.sweep(QREF.qid))
         expected = self.model.sweep()
         assert SweepReply(res.returned, [(g, m, list(t), s) for g, m, t, s in res.timeouts]) == expected
         # right after a sweep the queue is scheduled exactly at its earliest deadline or due time (or not at all)
@@ -252,7 +252,7 @@ class Harness:
         return self._after(expected)
 
     def seek(self, group: str, member: str, kind: str, arg: int | None = None) -> SeekReply | Err:
-        real = self._real(self.q.seek(self.handle(group, member), kind, arg))
+        real = self._real(self.q.seek.move(self.handle(group, member), kind, arg))
         if not isinstance(real, Err):
             real = SeekReply(*real)
         expected = self._predict(self.model.seek, group, kind, arg)
@@ -260,7 +260,7 @@ class Harness:
         return self._after(expected)
 
     def unsubscribe(self, group: str, member: str) -> int:
-        real = self.d.run(self.q.unsubscribe(self.handle(group, member)))
+        real = self.d.run(self.q.subscriptions.unsubscribe(self.handle(group, member)))
         expected = self.model.unsubscribe(group, member)
         assert real == expected
         return self._after(expected)
@@ -792,36 +792,36 @@ def test_an_exclusive_subscriber_preempts_the_owner_whose_pulls_then_say_evicted
 def test_a_delayed_redelivery_is_not_delivered_twice_after_a_preemption_moves_the_cursor(driver: Driver) -> None:
     driver.reset()
     q, keys = driver.queues, driver.queues.keys.queue(QREF)
-    driver.run(q.publish(TOPIC, [b"a", b"b"]))
-    a = Handle.decode(driver.run(q.subscribe("a", TOPIC, group="g", mode="exclusive", on_preempt="earliest")).handle)
-    tag = driver.run(q.pull(a, 1)).deliveries[0].tag
-    driver.run(q.nack(a, [tag], delay_ms=100_000))
-    b = Handle.decode(driver.run(q.subscribe("b", TOPIC, group="g", mode="exclusive")).handle)
+    driver.run(q.publishing.publish(TOPIC, [b"a", b"b"]))
+    a = Handle.decode(driver.run(q.subscriptions.subscribe("a", TOPIC, group="g", mode="exclusive", on_preempt="earliest")).handle)
+    tag = driver.run(q.leases.pull(a, 1)).deliveries[0].tag
+    driver.run(q.leases.nack(a, [tag], delay_ms=100_000))
+    b = Handle.decode(driver.run(q.subscriptions.subscribe("b", TOPIC, group="g", mode="exclusive")).handle)
     for member in driver.run(driver.redis.zrange(keys.delayed, 0, -1)):
         driver.run(driver.redis.zadd(keys.delayed, {member: 0}))  # the delay runs out
-    ids = [d.id for d in driver.run(q.pull(b, 3)).deliveries]
+    ids = [d.id for d in driver.run(q.leases.pull(b, 3)).deliveries]
     assert len(ids) == len(set(ids)), f"id checked out twice at once: {ids}"
 
 
 def test_ack_and_renew_of_a_checkout_taken_before_sub_epoch_raised_the_epoch_settle_nothing(driver: Driver) -> None:
     driver.reset()
     q = driver.queues
-    driver.run(q.publish(TOPIC, [b"a"]))
-    h = Handle.decode(driver.run(q.subscribe("a", TOPIC, group="g", mode="shared")).handle)
-    d = driver.run(q.pull(h, 1)).deliveries[0]
+    driver.run(q.publishing.publish(TOPIC, [b"a"]))
+    h = Handle.decode(driver.run(q.subscriptions.subscribe("a", TOPIC, group="g", mode="shared")).handle)
+    d = driver.run(q.leases.pull(h, 1)).deliveries[0]
     assert d.epoch == 0
-    assert driver.run(q.subscribe("a", TOPIC, group="g", mode="shared", epoch=5)).epoch == 5
-    assert driver.run(q.renew(h, [d.tag])) == 0
-    assert driver.run(q.ack(h, [d.tag])) == 0
+    assert driver.run(q.subscriptions.subscribe("a", TOPIC, group="g", mode="shared", epoch=5)).epoch == 5
+    assert driver.run(q.leases.renew(h, [d.tag])) == 0
+    assert driver.run(q.leases.ack(h, [d.tag])) == 0
 
 
 def test_renew_with_a_shorter_lock_moves_the_queues_sweep_schedule_earlier(driver: Driver) -> None:
     driver.reset()
     q, keys = driver.queues, driver.queues.keys.queue(QREF)
-    driver.run(q.publish(TOPIC, [b"a"]))
-    h = Handle.decode(driver.run(q.subscribe("a", TOPIC, group="g", mode="shared")).handle)
-    d = driver.run(q.pull(h, 1)).deliveries[0]  # 60 s lease
-    assert driver.run(q.renew(h, [d.tag], lock_ms=1_000)) == 1  # now 1 s
+    driver.run(q.publishing.publish(TOPIC, [b"a"]))
+    h = Handle.decode(driver.run(q.subscriptions.subscribe("a", TOPIC, group="g", mode="shared")).handle)
+    d = driver.run(q.leases.pull(h, 1)).deliveries[0]  # 60 s lease
+    assert driver.run(q.leases.renew(h, [d.tag], lock_ms=1_000)) == 1  # now 1 s
     deadline = driver.run(driver.redis.zscore(keys.deadlines, d.tag))
     scheduled = driver.run(driver.redis.zscore(q.keys.schedule, QREF.qid))
     assert scheduled <= deadline, f"sweep scheduled at {scheduled:.0f}, lease ends at {deadline:.0f}"

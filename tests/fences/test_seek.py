@@ -24,7 +24,7 @@ from fencemq.sdk.client import Client, Subscription
 from fencemq.config import Config
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.model.messages import Delivery
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from tests.helpers import worker
 
 KEYS = Keyspace()
@@ -294,12 +294,12 @@ def test_seek_below_retention_lands_on_the_oldest_retained_message(redis_url):
             # the core API says when it clamped (the SEEK reply carries only the epoch)
             r = AsyncRedis.from_url(redis_url)
             try:
-                queues = Queues(r, Config(redis_url=redis_url))
+                queues = Core(r, Config(redis_url=redis_url))
                 h = Handle(QueueRef("short"), "~late", "late")
-                _, cursor, clamped = await queues.seek(h, "id", 1)
+                _, cursor, clamped = await queues.seek.move(h, "id", 1)
                 assert (cursor, clamped) == (151, True)
-                assert (await queues.seek(h, "id", 170))[1:] == (170, False)
-                assert (await queues.seek(h, "time", 0))[1:] == (151, True)
+                assert (await queues.seek.move(h, "id", 170))[1:] == (170, False)
+                assert (await queues.seek.move(h, "time", 0))[1:] == (151, True)
             finally:
                 await r.aclose()
 

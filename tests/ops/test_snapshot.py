@@ -23,7 +23,7 @@ from fencemq.model import meta as compact_meta
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle, Keyspace
-from fencemq.fences.queues import Queues
+from fencemq.fences.core import Core
 from fencemq.ops.snapshot import SCHEMAS, Manifest, take_snapshot
 from fencemq.model.keys import queue_ref
 
@@ -53,90 +53,90 @@ async def run_workload(url: str) -> Facts:
     redelivery, a lite-topic preemption and an operator eviction, a seek, a push mailbox, QoS 0."""
     facts = Facts()
     r = Redis.from_url(url)
-    q = Queues(r, Config(redis_url=url, max_failures=2, lite_journal_cap=10_000))
+    q = Core(r, Config(redis_url=url, max_failures=2, lite_journal_cap=10_000))
     try:
-        await q.publish("orders", [f"order-{i}".encode() for i in range(12)])
-        c1 = _h(await q.subscribe("c1", "orders", group="billing"))
-        c2 = _h(await q.subscribe("c2", "orders", group="billing"))
-        c3 = _h(await q.subscribe("c3", "orders", group="audit", lock_ms=50))
+        await q.publishing.publish("orders", [f"order-{i}".encode() for i in range(12)])
+        c1 = _h(await q.subscriptions.subscribe("c1", "orders", group="billing"))
+        c2 = _h(await q.subscriptions.subscribe("c2", "orders", group="billing"))
+        c3 = _h(await q.subscriptions.subscribe("c3", "orders", group="audit", lock_ms=50))
 
-        got = (await q.pull(c1, 4)).deliveries  # ids 1..4
+        got = (await q.leases.pull(c1, 4)).deliveries  # ids 1..4
         tags = {int(d.id): d.tag for d in got}
-        assert await q.ack(c1, [tags[1], tags[2]]) == 2
-        assert await q.nack(c1, [tags[3]]) == 1  # back to ready, 1 failure
-        got = (await q.pull(c2, 2)).deliveries  # id 3 again (2nd delivery), then 5
+        assert await q.leases.ack(c1, [tags[1], tags[2]]) == 2
+        assert await q.leases.nack(c1, [tags[3]]) == 1  # back to ready, 1 failure
+        got = (await q.leases.pull(c2, 2)).deliveries  # id 3 again (2nd delivery), then 5
         assert [(int(d.id), d.deliveries) for d in got] == [(3, 2), (5, 1)]
-        assert await q.nack(c2, [got[0].tag]) == 1  # 2nd failure: dead-lettered
-        assert await q.ack(c2, [got[1].tag]) == 1
-        got = (await q.pull(c2, 1)).deliveries  # id 6
-        assert await q.nack(c2, [got[0].tag], delay_ms=300_000) == 1  # delayed redelivery
+        assert await q.leases.nack(c2, [got[0].tag]) == 1  # 2nd failure: dead-lettered
+        assert await q.leases.ack(c2, [got[1].tag]) == 1
+        got = (await q.leases.pull(c2, 1)).deliveries  # id 6
+        assert await q.leases.nack(c2, [got[0].tag], delay_ms=300_000) == 1  # delayed redelivery
         # c1 keeps id 4 checked out
 
-        got = (await q.pull(c3, 3)).deliveries  # audit group: ids 1..3, 50 ms leases
+        got = (await q.leases.pull(c3, 3)).deliveries  # audit group: ids 1..3, 50 ms leases
         assert len(got) == 3
         await asyncio.sleep(0.15)
-        swept = await q.sweep("t:orders")
+        swept = await q.leases.sweep("t:orders")
         assert swept.returned == 3
         facts.timed_out["c3"] = 3
-        assert (await q.pull(c3, 1)).status == "suspected"
-        got = (await q.pull(c1, 2)).deliveries  # ids 7, 8 for billing
-        assert await q.renew(c1, [got[0].tag]) == 1
+        assert (await q.leases.pull(c3, 1)).status == "suspected"
+        got = (await q.leases.pull(c1, 2)).deliveries  # ids 7, 8 for billing
+        assert await q.leases.renew(c1, [got[0].tag]) == 1
 
         # A group that seeks back: acks again after the seek are legitimate
-        c4 = _h(await q.subscribe("c4", "orders", group="replay"))
-        got = (await q.pull(c4, 3)).deliveries
-        assert await q.ack(c4, [d.tag for d in got]) == 3
-        epoch, cursor, _ = await q.seek(c4, "earliest")
+        c4 = _h(await q.subscriptions.subscribe("c4", "orders", group="replay"))
+        got = (await q.leases.pull(c4, 3)).deliveries
+        assert await q.leases.ack(c4, [d.tag for d in got]) == 3
+        epoch, cursor, _ = await q.seek.move(c4, "earliest")
         assert (epoch, cursor) == (1, 1)
         facts.seeks.append(("t:orders", "replay", 1))
-        got = (await q.pull(c4, 2)).deliveries
+        got = (await q.leases.pull(c4, 2)).deliveries
         assert [(int(d.id), d.epoch) for d in got] == [(1, 1), (2, 1)]
-        assert await q.ack(c4, [got[0].tag]) == 1
+        assert await q.leases.ack(c4, [got[0].tag]) == 1
 
         # Push: a mailbox filled by dispatch; one TAKEn
-        p1 = _h(await q.subscribe("p1", "orders", group="pushers", capacity=3))
-        taken = await q.take(p1)
+        p1 = _h(await q.subscriptions.subscribe("p1", "orders", group="pushers", capacity=3))
+        taken = await q.mailboxes.take(p1)
         assert taken is not None and taken != "EOS"
 
         # QoS 0: deliveries without a checkout record (tags 'q…')
-        c5 = _h(await q.subscribe("c5", "orders", group="fast", qos=0))
-        got = (await q.pull(c5, 2)).deliveries
+        c5 = _h(await q.subscriptions.subscribe("c5", "orders", group="fast", qos=0))
+        got = (await q.leases.pull(c5, 2)).deliveries
         assert all(d.tag.startswith("q") for d in got)
 
         # Lite topic: preemption (exclusive, last subscriber wins) and an operator eviction
         for room in ("room1", "room2", "room3"):
-            await q.publish("chat", [f"{room}-{i}".encode() for i in range(3)], lmq=room)
-        a1 = _h(await q.subscribe("alice", "chat", lmq="room1"))
-        assert len((await q.pull(a1, 2)).deliveries) == 2
-        sub_b = await q.subscribe("bob", "chat", lmq="room1")
+            await q.publishing.publish("chat", [f"{room}-{i}".encode() for i in range(3)], lmq=room)
+        a1 = _h(await q.subscriptions.subscribe("alice", "chat", lmq="room1"))
+        assert len((await q.leases.pull(a1, 2)).deliveries) == 2
+        sub_b = await q.subscriptions.subscribe("bob", "chat", lmq="room1")
         assert sub_b.evicted == "alice"
         facts.preempted.append(("l:chat:room1", "alice", "bob"))
-        assert (await q.pull(a1, 1)).status == "evicted"  # fenced pull, journaled
-        got = (await q.pull(_h(sub_b), 3)).deliveries
+        assert (await q.leases.pull(a1, 1)).status == "evicted"  # fenced pull, journaled
+        got = (await q.leases.pull(_h(sub_b), 3)).deliveries
         assert [(int(d.id), d.deliveries) for d in got] == [(1, 2), (2, 2), (3, 1)]
-        assert await q.ack(_h(sub_b), [got[0].tag]) == 1
+        assert await q.leases.ack(_h(sub_b), [got[0].tag]) == 1
 
-        a2 = _h(await q.subscribe("alice", "chat", lmq="room2"))
-        got = (await q.pull(a2, 1)).deliveries
-        assert await q.ack(a2, [got[0].tag]) == 1
-        assert len((await q.pull(a2, 1)).deliveries) == 1
-        assert await q.evict(a2, by="ops") == 1
+        a2 = _h(await q.subscriptions.subscribe("alice", "chat", lmq="room2"))
+        got = (await q.leases.pull(a2, 1)).deliveries
+        assert await q.leases.ack(a2, [got[0].tag]) == 1
+        assert len((await q.leases.pull(a2, 1)).deliveries) == 1
+        assert await q.lite.evict(a2, by="ops") == 1
         facts.evicted.append(("l:chat:room2", "alice", "ops"))
-        assert (await q.pull(a2, 1)).status == "evicted"
+        assert (await q.leases.pull(a2, 1)).status == "evicted"
         # room3: published, nobody subscribed
 
         # room4: ON-PREEMPT earliest: the new owner reads from the start again, under a new epoch,
         # so acking an id alice acked before is legitimate (a rewind), not a double ack
-        await q.publish("chat", [b"r4-1", b"r4-2"], lmq="room4")
-        a4 = _h(await q.subscribe("alice", "chat", lmq="room4", on_preempt="earliest"))
-        got = (await q.pull(a4, 2)).deliveries
-        assert await q.ack(a4, [d.tag for d in got]) == 2
-        sub_b4 = await q.subscribe("bob", "chat", lmq="room4")
+        await q.publishing.publish("chat", [b"r4-1", b"r4-2"], lmq="room4")
+        a4 = _h(await q.subscriptions.subscribe("alice", "chat", lmq="room4", on_preempt="earliest"))
+        got = (await q.leases.pull(a4, 2)).deliveries
+        assert await q.leases.ack(a4, [d.tag for d in got]) == 2
+        sub_b4 = await q.subscriptions.subscribe("bob", "chat", lmq="room4")
         assert sub_b4.evicted == "alice" and sub_b4.epoch == 1
         facts.preempted.append(("l:chat:room4", "alice", "bob"))
-        got = (await q.pull(_h(sub_b4), 1)).deliveries
+        got = (await q.leases.pull(_h(sub_b4), 1)).deliveries
         assert [(int(d.id), d.epoch) for d in got] == [(1, 1)]
-        assert await q.ack(_h(sub_b4), [got[0].tag]) == 1
+        assert await q.leases.ack(_h(sub_b4), [got[0].tag]) == 1
     finally:
         await r.aclose()
     return facts
@@ -328,19 +328,19 @@ def test_snapshot_is_consistent_per_queue_under_load(redis_url: str, tmp_path: P
 
     async def main() -> Manifest:
         r = Redis.from_url(redis_url)
-        q = Queues(r, Config(redis_url=redis_url, lite_journal_cap=10_000))
+        q = Core(r, Config(redis_url=redis_url, lite_journal_cap=10_000))
         handles = []
         for i in range(n_queues):
-            await q.publish("load", [b"x"] * 200, lmq=f"q{i}")
-            handles.append(_h(await q.subscribe(f"w{i}", "load", lmq=f"q{i}")))
+            await q.publishing.publish("load", [b"x"] * 200, lmq=f"q{i}")
+            handles.append(_h(await q.subscriptions.subscribe(f"w{i}", "load", lmq=f"q{i}")))
         stop = asyncio.Event()
 
         async def churn(h: Handle) -> None:
             rng = random.Random(h.queue.lmq)
             while not stop.is_set():
-                got = (await q.pull(h, rng.randint(1, 3))).deliveries
+                got = (await q.leases.pull(h, rng.randint(1, 3))).deliveries
                 if got and rng.random() < 0.7:
-                    await q.ack(h, [d.tag for d in got[: rng.randint(1, len(got))]])
+                    await q.leases.ack(h, [d.tag for d in got[: rng.randint(1, len(got))]])
                 await asyncio.sleep(0)
 
         tasks = [asyncio.create_task(churn(h)) for h in handles]
@@ -389,13 +389,13 @@ def test_snapshot_visits_every_cluster_master(cluster: list[EmbeddedRedis], tmp_
     async def main() -> Manifest:
         rc = RedisCluster.from_url(url)
         try:
-            q = Queues(rc, Config(redis_url=url, lite_journal_cap=10_000))
+            q = Core(rc, Config(redis_url=url, lite_journal_cap=10_000))
             for i in range(30):
-                await q.publish("spread", [b"a", b"b"], lmq=f"lmq-{i}")
-                h = _h(await q.subscribe("c", "spread", lmq=f"lmq-{i}"))
-                got = (await q.pull(h, 1)).deliveries
-                await q.ack(h, [got[0].tag])
-            await q.publish("plain", [b"p"])
+                await q.publishing.publish("spread", [b"a", b"b"], lmq=f"lmq-{i}")
+                h = _h(await q.subscriptions.subscribe("c", "spread", lmq=f"lmq-{i}"))
+                got = (await q.leases.pull(h, 1)).deliveries
+                await q.leases.ack(h, [got[0].tag])
+            await q.publishing.publish("plain", [b"p"])
             return await take_snapshot(rc, Keyspace(), tmp_path / "c", batch=7)
         finally:
             await rc.aclose()

@@ -1,7 +1,7 @@
--- _compact_meta.lua: the compact meta hash of an lmq at rest; included by
--- _common.lua (after gf/mf, before the helpers that read meta), so every fence
--- has read_meta, expand_meta and compact_meta. Touches only the meta hash the
--- caller passes (a key the fence got in KEYS).
+-- lib/meta.lua: a queue's meta hash: the compact form of an lmq at rest, and
+-- a group's member list. Touches only the meta hash the caller passes (a key
+-- the fence got in KEYS).
+--@include lib/base.lua
 --
 -- Compact meta (lmqs at rest; docs/data-model.md, "Lmqs at rest"). Millions
 -- of lite queues sit idle with one exclusive owner, and a meta hash that
@@ -13,8 +13,8 @@
 -- it first (expand_meta): some defaults are relative (cur = seq + 1, mem =
 -- own), and a deleted field would come back as its default.
 local function compact_names(g, m)
-  return {'first', 'seq', gf(g, 'mode'), gf(g, 'pol'), gf(g, 'ep'), gf(g, 'onpre'), 'groups', gf(g, 'mem'),
-          mf(g, m, 'n'), mf(g, m, 'qos'), mf(g, m, 'on'), 'jcap', gf(g, 'cur')}
+  return {'first', 'seq', gf(g, MODE), gf(g, POLICY), gf(g, EPOCH), gf(g, ON_PREEMPT), 'groups', gf(g, MEMBERS),
+          mf(g, m, DELIVERED), mf(g, m, QOS), mf(g, m, ONLINE), 'jcap', gf(g, CURSOR)}
 end
 
 -- (`first` = seq + 1 is both a new queue's and one whose log is all consumed.)
@@ -26,7 +26,7 @@ end
 -- Kept at rest under a short name: seq, tag, the owner's delivered count,
 -- and the create / last-write times (the last two in seconds).
 local SHORT_NAMES = {'S', 'T', 'N', 'C', 'W'}
-local function long_names(g, m) return {'seq', 'tag', mf(g, m, 'n'), 'ct', 'wt'} end
+local function long_names(g, m) return {'seq', 'tag', mf(g, m, DELIVERED), 'ct', 'wt'} end
 local FIRST_TIME = 4
 
 -- What a compact hash stands for but does not hold: a flat list {name,
@@ -36,7 +36,7 @@ local function omitted_fields(meta)
   if not z then return nil end
   local bar = string.find(z, '|', 1, true)
   local g, m = string.sub(z, 1, bar - 1), string.sub(z, bar + 1)
-  local out, kept = {gf(g, 'own'), m}, {}
+  local out, kept = {gf(g, OWNER), m}, {}
   local short = redis.call('HMGET', meta, unpack(SHORT_NAMES))
   for i, name in ipairs(long_names(g, m)) do
     local v = short[i]
@@ -92,7 +92,7 @@ local function compact_meta(meta)
   local top = redis.call('HMGET', meta, 'groups', 'z')
   local g = top[1]
   if not g or top[2] or string.find(g, '\n', 1, true) then return end
-  local gm = redis.call('HMGET', meta, gf(g, 'own'), gf(g, 'mem'))
+  local gm = redis.call('HMGET', meta, gf(g, OWNER), gf(g, MEMBERS))
   local m = gm[1]
   if not m or gm[2] ~= m then return end
   local names = compact_names(g, m)
@@ -101,7 +101,7 @@ local function compact_meta(meta)
     if not have[i] then return end
   end
   local defaults = compact_defaults(g, m, tonumber(have[2]))
-  local drop = {gf(g, 'own')}
+  local drop = {gf(g, OWNER)}
   for i, name in ipairs(names) do
     if have[i] == defaults[i] then drop[#drop + 1] = name end
   end
@@ -118,4 +118,16 @@ local function compact_meta(meta)
   end
   redis.call('HDEL', meta, unpack(longs))
   redis.call('HSET', meta, unpack(short))
+end
+
+-- A group's members, in arrival order.
+local function members_of(meta, g)
+  local list = redis.call('HGET', meta, gf(g, MEMBERS))
+  if not list or list == '' then return {} end
+  return split(list, '\n')
+end
+
+local function set_members(meta, g, list)
+  if #list == 0 then redis.call('HDEL', meta, gf(g, MEMBERS))
+  else redis.call('HSET', meta, gf(g, MEMBERS), table.concat(list, '\n')) end
 end

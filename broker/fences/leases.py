@@ -1,0 +1,124 @@
+"""Consumer timeouts with suspicion (guarantee 5): checkouts, their leases, the sweep.
+
+Every checkout is a lease with its own delivery tag and a deadline in the
+queue's sorted set; ACK, NACK and RENEW settle or extend it (lua/ack.lua,
+nack.lua, renew.lua); a sweep returns the expired ones and marks their
+holders suspected (lua/sweep.lua). The queues to sweep are found through a
+global schedule (another slot than the queues', so written beside the fence:
+``ZADD LT``, an entry that is too early only costs an empty sweep).
+Lua side: lua/lib/leases.lua. Protocol: docs/protocol.md, "Leases".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fencemq.errors import BadArgument
+from fencemq.fences.context import FenceContext
+from fencemq.fences.registry import fence
+from fencemq.model.keys import Handle
+from fencemq.model.messages import Delivery, unpack_delivery
+from fencemq.model.values import text
+
+_LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
+
+PULL = fence("pull", f"{_LEASE_KEYS} journal", "group member count default_lock_ms")
+ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal",
+            "group member idle_ttl_ms", argv_rest="tags")
+NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal", "group member delay_ms discard max_failures",
+             argv_rest="tags")
+RENEW = fence("renew", "meta checkouts deadlines", "group member lock_ms default_lock_ms", argv_rest="tags")
+SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
+
+
+@dataclass(slots=True)
+class PullResult:
+    epoch: int
+    status: str  # ok | evicted | suspected | standby | ended
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SweepResult:
+    next_due: int
+    returned: int
+    timeouts: list[tuple[str, str, list[str], str]]  # group, member, tags, new active member
+    newly_suspected: list[tuple[str, str]] = field(default_factory=list)  # (group, member)
+
+
+class Leases:
+    def __init__(self, ctx: FenceContext) -> None:
+        self.ctx = ctx
+
+    async def pull(self, handle: Handle, count: int = 1) -> PullResult:
+        config = self.ctx.config
+        if not 0 < count <= config.max_batch:
+            raise BadArgument(f"COUNT must be between 1 and {config.max_batch}")
+        k = self.ctx.keys.queue(handle.queue)
+        res = await self.ctx.fences.run(PULL, k, group=handle.group, member=handle.member, count=count,
+                                        default_lock_ms=config.default_lock_ms)
+        epoch, deadline, status = int(res[0]), int(res[1]), text(res[2])
+        topic, lmq = handle.queue.topic, handle.queue.lmq
+        deliveries = [
+            unpack_delivery(topic, lmq, epoch, res[i], int(res[i + 1]), int(res[i + 2]), res[i + 3])
+            for i in range(3, len(res), 4)
+        ]
+        if deadline >= 0:
+            await self.ctx.schedule_soon(handle.queue.qid, deadline)
+        return PullResult(epoch, status, deliveries)
+
+    async def ack(self, handle: Handle, tags: list[str]) -> int:
+        k = self.ctx.keys.queue(handle.queue)
+        return int(await self.ctx.fences.run(ACK, k, group=handle.group, member=handle.member,
+                                             idle_ttl_ms=self.ctx.idle_ttl(handle.queue),
+                                             args_rest=self.ctx.tags(tags)))
+
+    async def nack(self, handle: Handle, tags: list[str], *, delay_ms: int = 0, discard: bool = False) -> int:
+        config = self.ctx.config
+        if not 0 <= delay_ms <= config.max_lock_ms:
+            raise BadArgument(f"DELAY must be between 0 and {config.max_lock_ms} ms")
+        k = self.ctx.keys.queue(handle.queue)
+        res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=delay_ms,
+                                        discard=int(discard), max_failures=config.max_failures,
+                                        args_rest=self.ctx.tags(tags))
+        if int(res[2]) >= 0:
+            await self.ctx.schedule(handle.queue.qid, int(res[2]))
+        return int(res[0])
+
+    async def renew(self, handle: Handle, tags: list[str], *, lock_ms: int | None = None) -> int:
+        config = self.ctx.config
+        if lock_ms is not None and not 0 < lock_ms <= config.max_lock_ms:
+            raise BadArgument(f"LOCK must be between 1 and {config.max_lock_ms} ms")
+        k = self.ctx.keys.queue(handle.queue)
+        res = await self.ctx.fences.run(RENEW, k, group=handle.group, member=handle.member, lock_ms=lock_ms or 0,
+                                        default_lock_ms=config.default_lock_ms, args_rest=self.ctx.tags(tags))
+        if int(res[0]):
+            # A shorter LOCK can move a deadline before the queue's schedule entry.
+            await self.ctx.schedule_soon(handle.queue.qid, int(res[1]))
+        return int(res[0])
+
+    async def sweep(self, qid: str) -> SweepResult:
+        """Return one queue's expired leases and reschedule it."""
+        redis, keys = self.ctx.redis, self.ctx.keys
+        k = keys.queue_by_id(qid)
+        res = await self.ctx.fences.run(SWEEP, k, limit=self.ctx.config.sweep_batch)
+        next_due = int(res[0])
+        if next_due < 0:
+            await redis.zrem(keys.schedule, qid)
+        else:
+            await redis.zadd(keys.schedule, {qid: next_due})
+        # A checkout made between the sweep and the line above was scheduled
+        # with LT against the old (due) entry, which we just overwrote: look again.
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(k.deadlines, 0, 0, withscores=True)
+            pipe.zrange(k.delayed, 0, 0, withscores=True)
+            firsts = await pipe.execute()
+        dues = [int(f[0][1]) for f in firsts if f]
+        if dues:
+            await self.ctx.schedule(qid, min(dues))
+        timeouts = [(text(g), text(m), [text(t) for t in tags], text(s)) for g, m, tags, s, _ in res[2]]
+        newly = [(text(g), text(m)) for g, m, _, _, fresh in res[2] if int(fresh)]
+        return SweepResult(next_due, int(res[1]), timeouts, newly)
+
+    async def due_queues(self, now_ms: int, limit: int = 100) -> list[str]:
+        return [text(q) for q in await self.ctx.redis.zrangebyscore(self.ctx.keys.schedule, "-inf", now_ms, 0, limit)]

@@ -1,0 +1,70 @@
+"""Exclusive lite queues with eviction fences (guarantee 1): markers, quotas, notices.
+
+A lite topic holds many tiny ordered queues (lmqs). In an exclusive group the
+last subscriber wins: lua/subscribe.lua switches the owner and writes an
+eviction *marker* for the old one in the same atomic call; an operator's
+evict (lua/evict.lua) marks without a new owner. A marked member's pulls
+get nothing. Markers end only with the member: a resubscribe, a HEARTBEAT
+SYNC that no longer lists the lmq (fences/sessions.py), the session's end.
+Lua side: lua/lib/lite.lua. Protocol: docs/protocol.md, "Lite queues".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fencemq.errors import LimitExceeded
+from fencemq.fences import session_index
+from fencemq.fences.context import FenceContext
+from fencemq.fences.registry import fence
+from fencemq.model.keys import Handle
+from fencemq.model.values import text
+
+EVICT = fence("evict", "meta log checkouts deadlines owned ready wake journal", "group member by")
+
+
+def marker_field(handle: Handle) -> str:
+    """The meta field holding a member's eviction marker (who evicted it)."""
+    return f"m|{handle.group}|{handle.member}|mk"
+
+
+def unsubscribe_notice(handle: Handle, by: str, resent: bool = False) -> dict[str, Any]:
+    """Told to a client whose subscription was taken (preempted or evicted)."""
+    notice: dict[str, Any] = {
+        "type": "unsubscribe", "reason": "preempted", "by": by, "topic": handle.queue.topic, "handle": handle.encode(),
+    }
+    if handle.queue.lmq is not None:
+        notice["lmq"] = handle.queue.lmq
+    if resent:
+        notice["resent"] = True
+    return notice
+
+
+class Lite:
+    def __init__(self, ctx: FenceContext) -> None:
+        self.ctx = ctx
+
+    async def evict(self, handle: Handle, by: str = "operator") -> int:
+        """Fence a member off its subscription; -1 when it is not a member."""
+        k = self.ctx.keys.queue(handle.queue)
+        return int(await self.ctx.fences.run(EVICT, k, group=handle.group, member=handle.member, by=by))
+
+    async def marked(self, handles: list[Handle]) -> list[str | None]:
+        """Who evicted each member (its eviction marker), None where unmarked."""
+        async with self.ctx.redis.pipeline(transaction=False) as pipe:
+            for h in handles:
+                pipe.hget(self.ctx.keys.queue(h.queue).meta, marker_field(h))
+            return [None if v is None else text(v) for v in await pipe.execute()]
+
+    async def check_quota(self, client: str, topic: str, handle: Handle) -> None:
+        """A client may hold at most ``lite_quota`` lmqs of one topic (holding it already is fine)."""
+        quota = self.ctx.config.lite_quota
+        held = int(await self.ctx.redis.hget(self.ctx.keys.session_lite_counts(client), topic) or 0)
+        if held >= quota and not await session_index.contains(self.ctx.redis, self.ctx.keys, handle):
+            raise LimitExceeded(
+                f"client {client} holds {held} lite subscriptions of {topic!r}, the quota; unsubscribe some first"
+            )
+
+    async def count(self, handle: Handle, delta: int) -> None:
+        """The client's count of lite subscriptions of the topic (the quota's)."""
+        await self.ctx.redis.hincrby(self.ctx.keys.session_lite_counts(handle.member), handle.queue.topic, delta)

@@ -1,0 +1,69 @@
+"""Publishing: appending messages to a queue's log (lua/publish.lua).
+
+One fence call per batch (MPUB, pipelined PUBs): ids are assigned in order,
+the publish time is Redis's, a dedup id repeated within the window returns
+the first id and stores nothing, retention trims from the head. Then the
+queue's push members get their share (fences/mailbox.py).
+Protocol: docs/protocol.md, "Publishing".
+"""
+
+from __future__ import annotations
+
+from fencemq.errors import BadArgument, LimitExceeded
+from fencemq.fences.context import FenceContext
+from fencemq.fences.mailbox import Mailboxes, parse_push_members
+from fencemq.fences.registry import fence
+from fencemq.model.keys import QueueRef
+from fencemq.model.messages import pack_body
+from fencemq.model.values import text
+
+PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal",
+                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap", argv_rest="messages")
+
+
+class Publishing:
+    def __init__(self, ctx: FenceContext, mailboxes: Mailboxes) -> None:
+        self.ctx = ctx
+        self.mailboxes = mailboxes
+
+    async def publish(
+        self,
+        topic: str,
+        payloads: list[bytes],
+        *,
+        lmq: str | None = None,
+        qos: int = 1,
+        dedup_ids: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        producer: str | None = None,
+    ) -> list[str]:
+        config = self.ctx.config
+        ref = self.ctx.queue(topic, lmq)
+        if not payloads:
+            raise BadArgument("nothing to publish; give at least one payload")
+        if len(payloads) > config.max_batch:
+            raise LimitExceeded(f"batch of {len(payloads)} exceeds {config.max_batch} messages; split it")
+        if qos not in (0, 1):
+            raise BadArgument("QOS must be 0 or 1")
+        for p in payloads:
+            if len(p) > config.max_payload:
+                raise LimitExceeded(f"payload of {len(p)} bytes exceeds {config.max_payload}; split it")
+        await self.ctx.check_topic_kind(topic, lmq is not None)
+        return await self.append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids)
+
+    async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str] | None = None) -> list[str]:
+        """Append packed bodies to one queue and fill its push members' mailboxes."""
+        config = self.ctx.config
+        messages: list[bytes | str] = []
+        for body, dedup in zip(bodies, dedup_ids or [""] * len(bodies), strict=True):
+            messages.append(body)
+            messages.append(dedup)
+        ids, push_members = await self.ctx.fences.run(
+            PUBLISH, self.ctx.keys.queue(ref), maxlen=config.retention_maxlen,
+            maxage_ms=config.retention_maxage_ms, dedup_window_ms=config.dedup_window_ms,
+            idle_ttl_ms=self.ctx.idle_ttl(ref), journal_cap=self.ctx.journal_cap(ref), args_rest=messages,
+        )
+        members = parse_push_members(push_members)
+        if members:
+            await self.mailboxes.dispatch(ref, members)
+        return [text(i) for i in ids]

@@ -1,0 +1,31 @@
+"""Seek fenced by epochs (guarantee 2): move a subscription's cursor, raise its epoch.
+
+A seek moves the group's cursor to a message id, a publish time, the
+earliest or the latest message and raises the group's epoch in the same
+atomic call (lua/seek.lua), so epochs only grow. Every delivery carries the
+epoch it was read under; checkouts of an older epoch settle nothing.
+Lua side: lua/lib/seek.lua. Protocol: docs/protocol.md, "Seek and epochs".
+"""
+
+from __future__ import annotations
+
+from fencemq.errors import BadArgument
+from fencemq.fences.context import FenceContext
+from fencemq.fences.registry import fence
+from fencemq.model.keys import Handle
+
+SEEK = fence("seek", "meta log checkouts deadlines owned ready delayed wake journal", "group kind target")
+TARGETS = ("earliest", "latest", "id", "time")
+
+
+class Seek:
+    def __init__(self, ctx: FenceContext) -> None:
+        self.ctx = ctx
+
+    async def move(self, handle: Handle, kind: str, arg: int | None = None) -> tuple[int, int, bool]:
+        """Move the group's cursor; returns (new epoch, cursor, clamped to retention)."""
+        if kind not in TARGETS:
+            raise BadArgument("SEEK takes ID id, TIME ms, EARLIEST or LATEST")
+        k = self.ctx.keys.queue(handle.queue)
+        res = await self.ctx.fences.run(SEEK, k, group=handle.group, kind=kind, target="" if arg is None else arg)
+        return int(res[0]), int(res[1]), bool(int(res[2]))

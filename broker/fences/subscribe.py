@@ -1,0 +1,193 @@
+"""Subscriptions: joining and leaving a queue as a member of a group.
+
+A subscription is a *group* on a queue with a mode — exclusive (lite queues,
+a client's own), shared (competing consumers, ``$share``) or single-active —
+and its members. lua/subscribe.lua joins (creating the group on first use,
+preempting an exclusive owner), lua/unsubscribe.lua leaves (every checkout
+back at once), lua/presence.lua marks a member online or offline, and
+lua/drop_if_empty.lua deletes a filter subscription's queue when its last
+member has left. Protocol: docs/protocol.md, "Subscriptions".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from fencemq.errors import BadArgument, FenceMQError
+from fencemq.fences import session_index
+from fencemq.fences.context import FenceContext, opt
+from fencemq.fences.lite import Lite
+from fencemq.fences.mailbox import Mailboxes
+from fencemq.fences.registry import fence
+from fencemq.model.keys import Handle, QueueRef, check_name
+from fencemq.model.values import text
+
+SUBSCRIBE = fence(
+    "subscribe", "meta log checkouts deadlines owned ready wake delayed dedup dedup_ids dead journal",
+    "group member mode default_mode policy from_kind from_arg lock_ms epoch max capacity qos on_preempt journal_cap"
+    " strategy skip_offline lite",
+)
+UNSUBSCRIBE = fence("unsubscribe",
+                    "meta log checkouts deadlines owned ready delayed wake dedup dedup_ids dead journal mailbox",
+                    "group member how idle_ttl_ms")
+PRESENCE = fence("presence", "meta journal", "group member online")
+DROP_IF_EMPTY = fence("drop_if_empty", "meta", "", keys_rest="others")
+
+MODES = ("exclusive", "shared", "single-active")
+POLICIES = ("preempt", "reject")
+FROM_KINDS = ("earliest", "latest", "id", "time")
+STRATEGIES = ("round-robin", "sticky", "hash")
+
+
+@dataclass(slots=True)
+class Subscription:
+    handle: str
+    mode: str
+    epoch: int
+    owner: str
+    evicted: str | None
+    returned: int
+    cursor: int
+    qos: int = 1
+    new_member: bool = False
+
+    def as_reply(self) -> dict[str, object]:
+        reply: dict[str, object] = {"handle": self.handle, "mode": self.mode, "epoch": self.epoch, "qos": self.qos}
+        if self.owner:
+            reply["owner"] = self.owner
+        return reply
+
+
+class Subscriptions:
+    def __init__(self, ctx: FenceContext, mailboxes: Mailboxes, lite: Lite) -> None:
+        self.ctx = ctx
+        self.mailboxes = mailboxes
+        self.lite = lite
+        # Set by the shared subscriptions: a filter queue was deleted with its last member.
+        self.on_queue_dropped: Callable[[QueueRef], Awaitable[None]] | None = None
+        mailboxes.on_end = self.forget
+
+    async def subscribe(
+        self,
+        client: str,
+        topic: str,
+        *,
+        lmq: str | None = None,
+        group: str | None = None,
+        mode: str | None = None,
+        policy: str | None = None,
+        start: tuple[str, int | None] = ("earliest", None),
+        lock_ms: int | None = None,
+        epoch: int | None = None,
+        max_messages: int | None = None,
+        capacity: int | None = None,
+        qos: int = 1,
+        on_preempt: str | None = None,
+        strategy: str | None = None,
+        skip_offline: bool = False,
+        queue: QueueRef | None = None,
+    ) -> Subscription:
+        """Join a subscription. ``queue`` names a filter subscription's own queue."""
+        config = self.ctx.config
+        ref = queue or self.ctx.queue(topic, lmq)
+        check_name(client, "client")
+        if group is not None:
+            check_name(group, "group")
+        else:
+            # Lite queues are held per group; without GROUP a plain topic
+            # subscription is the client's own.
+            group = "default" if lmq is not None else "~" + client
+        if mode is not None and mode not in MODES:
+            raise BadArgument(f"MODE must be one of {', '.join(MODES)}")
+        if policy is not None and policy not in POLICIES:
+            raise BadArgument("POLICY must be preempt or reject")
+        if start[0] not in FROM_KINDS:
+            raise BadArgument("FROM takes earliest, latest, ID id or TIME ms")
+        if lock_ms is not None and not 0 < lock_ms <= config.max_lock_ms:
+            raise BadArgument(f"LOCK must be between 1 and {config.max_lock_ms} ms")
+        if max_messages is not None and max_messages < 0:
+            raise BadArgument("MAX must be 0 or more")
+        if capacity is not None and not 0 < capacity <= 1_000_000:
+            raise BadArgument("CAPACITY must be between 1 and 1000000")
+        if qos not in (0, 1):
+            raise BadArgument("QOS must be 0 or 1")
+        if on_preempt is not None and on_preempt not in ("keep", "earliest", "latest"):
+            raise BadArgument("ON-PREEMPT must be keep, earliest or latest")
+        if strategy is not None and strategy not in STRATEGIES:
+            raise BadArgument(f"STRATEGY must be one of {', '.join(STRATEGIES)}")
+        if queue is None:
+            await self.ctx.check_topic_kind(topic, lmq is not None)
+        held = Handle(ref, group, client)
+        if ref.lite:
+            await self.lite.check_quota(client, topic, held)
+        redis, keys = self.ctx.redis, self.ctx.keys
+        # The session learns of the handle before the fence makes the
+        # membership: whatever fails next, its end will leave it (idempotently).
+        added = await session_index.add(redis, keys, held)
+        # Without GROUP the subscription is the client's own: exclusive to it.
+        default_mode = "exclusive" if (lmq is not None or group.startswith("~")) else "shared"
+        try:
+            res = await self.ctx.fences.run(
+                SUBSCRIBE, keys.queue(ref), group=group, member=client, mode=opt(mode), default_mode=default_mode,
+                policy=opt(policy), from_kind=start[0], from_arg=opt(start[1]), lock_ms=opt(lock_ms),
+                epoch=opt(epoch), max=opt(max_messages), capacity=opt(capacity), qos=qos,
+                on_preempt=opt(on_preempt), journal_cap=self.ctx.journal_cap(ref), strategy=opt(strategy),
+                skip_offline=int(skip_offline), lite=int(ref.lite),
+            )
+        except FenceMQError:
+            if added:  # refused (BADARG, BUSY): nothing to leave
+                await session_index.remove(redis, keys, held)
+            raise
+        if ref.lite and int(res[6]):
+            await self.lite.count(held, 1)
+        if capacity is not None:
+            await self.mailboxes.dispatch_all(ref)
+        return Subscription(
+            held.encode(), text(res[0]), int(res[1]), text(res[2]), text(res[3]) or None, int(res[4]), int(res[5]),
+            qos, new_member=bool(int(res[6])),
+        )
+
+    async def unsubscribe(self, handle: Handle, *, session_over: bool = False) -> int:
+        """Leave the subscription; all checkouts go back at once. Idempotent.
+
+        A push member that cancels keeps its handle until it TAKEs the
+        end-of-stream sentinel seated here; when its session is over it goes
+        at once.
+        """
+        k = self.ctx.keys.queue(handle.queue)
+        res = await self.ctx.fences.run(
+            UNSUBSCRIBE, k, extra_keys={"mailbox": k.mailbox(handle.group, handle.member)}, group=handle.group,
+            member=handle.member, how="leave" if session_over else "cancel", idle_ttl_ms=self.ctx.idle_ttl(handle.queue),
+        )
+        removed = bool(int(res[2]))
+        await session_index.remove(self.ctx.redis, self.ctx.keys, handle)
+        if handle.queue.lite and removed:
+            await self.lite.count(handle, -1)
+        if int(res[0]):
+            # The returned messages go to another member now, not at the next publish.
+            await self.mailboxes.dispatch_all(handle.queue)
+        if removed and handle.queue.is_filter:
+            await self.drop_if_empty(handle.queue)
+        return int(res[0])
+
+    async def forget(self, handle: Handle) -> None:
+        """A push member took its end-of-stream sentinel: the fence removed it, the session forgets it."""
+        await session_index.remove(self.ctx.redis, self.ctx.keys, handle)
+        if handle.queue.lite:
+            await self.lite.count(handle, -1)
+        if handle.queue.is_filter:
+            await self.drop_if_empty(handle.queue)
+
+    async def drop_if_empty(self, ref: QueueRef) -> bool:
+        """Delete a filter subscription's queue once no member is left (MQTT groups)."""
+        k = self.ctx.keys.queue(ref)
+        dropped = bool(await self.ctx.fences.run(DROP_IF_EMPTY, k, keys_rest=k.all_keys()[1:]))
+        if dropped and self.on_queue_dropped is not None:
+            await self.on_queue_dropped(ref)
+        return dropped
+
+    async def set_presence(self, handles: list[Handle], online: bool) -> None:
+        for h in handles:
+            await self.ctx.fences.run(PRESENCE, self.ctx.keys.queue(h.queue), group=h.group, member=h.member,
+                                      online=int(online))

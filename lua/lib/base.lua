@@ -1,0 +1,54 @@
+-- lib/base.lua: what every fence needs: Redis time, coded errors, integer
+-- arguments, splitting, and the names of the meta hash's fields.
+-- Nothing here touches a key.
+
+local SEP = '\0'
+
+-- Milliseconds on Redis's clock: leases must agree across workers, so no
+-- fence ever trusts the caller's clock.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Abort with a coded error (the code is the first word; every code is in
+-- broker/errors.py). Fences validate before they write, so an error never
+-- leaves a half-applied change behind (Redis does not roll a script back).
+local function raise(code, message)
+  error({err = code .. ' ' .. message})
+end
+
+local function split(s, sep)
+  local out, start = {}, 1
+  while true do
+    local i = string.find(s, sep, start, true)
+    if not i then
+      out[#out + 1] = string.sub(s, start)
+      return out
+    end
+    out[#out + 1] = string.sub(s, start, i - 1)
+    start = i + #sep
+  end
+end
+
+local function int_arg(v, name)
+  local n = tonumber(v)
+  if not n or n ~= math.floor(n) then raise('BADARG', name .. ' must be an integer, got ' .. tostring(v)) end
+  return n
+end
+
+local function pad(id) return string.format('%016d', id) end
+
+-- Field names of the meta hash: g|<group>|<field> for a subscription (group),
+-- m|<group>|<member>|<field> for one member. A concept keeps its name in the
+-- code whatever short name it is stored under.
+local function gf(g, f) return 'g|' .. g .. '|' .. f end
+local function mf(g, m, f) return 'm|' .. g .. '|' .. m .. '|' .. f end
+
+-- group fields
+local MODE, POLICY, OWNER, EPOCH, CURSOR, MEMBERS = 'mode', 'pol', 'own', 'ep', 'cur', 'mem'
+local ON_PREEMPT, STRATEGY, SKIP_OFFLINE, RR_POINTER, STICKY = 'onpre', 'strat', 'skip', 'rr', 'stk'
+-- member fields
+local DELIVERED, MAX, LOCK, SUSPECTED, MARKER, FENCE_LOGGED = 'n', 'max', 'lock', 'sus', 'mk', 'fj'
+local CAPACITY, QOS, ENDED, ONLINE = 'cap', 'qos', 'end', 'on'
+local MEMBER_FIELDS = {DELIVERED, MAX, LOCK, SUSPECTED, MARKER, FENCE_LOGGED, CAPACITY, QOS, ENDED, ONLINE}

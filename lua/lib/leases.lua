@@ -1,0 +1,167 @@
+-- lib/leases.lua: checkouts, their leases, and the ready and delayed sets.
+-- A checkout is a record (K.checkouts: tag -> record), a deadline (K.deadlines:
+-- tag scored by ms, absent while it waits in a push mailbox) and an ownership
+-- entry (K.owned, lex: group NUL member NUL tag), so a member's checkouts are
+-- found in O(its own).
+--@include lib/meta.lua
+--@include lib/journal.lua
+--
+-- Encodings (docs/data-model.md; broker/model/records.py reads them):
+--   checkout record  group NUL member NUL id NUL epoch NUL acquisitions NUL failures
+--   ready member     group NUL id(16 digits) NUL acquisitions NUL failures
+--   owned member     group NUL member NUL tag
+
+local function parse_checkout(tag, rec)
+  local g, m, id, ep, acq, fail = string.match(rec, '^([^%z]*)%z([^%z]*)%z(%d+)%z(%d+)%z(%d+)%z(%d+)$')
+  return {tag = tag, group = g, member = m, id = tonumber(id), epoch = tonumber(ep),
+          acq = tonumber(acq), fail = tonumber(fail)}
+end
+
+-- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
+-- tag is not checked out any more (settled, expired, or never existed).
+local function take_checkout(K, tag)
+  local rec = redis.call('HGET', K.checkouts, tag)
+  if not rec then return nil end
+  local c = parse_checkout(tag, rec)
+  redis.call('HDEL', K.checkouts, tag)
+  redis.call('ZREM', K.deadlines, tag)
+  redis.call('ZREM', K.owned, c.group .. SEP .. c.member .. SEP .. tag)
+  return c
+end
+
+local function ready_member(g, id, acq, fail)
+  return g .. SEP .. pad(id) .. SEP .. acq .. SEP .. fail
+end
+
+-- Put a returned message back where it was in id order, ahead of newer ones.
+local function requeue(K, c, fail)
+  redis.call('ZADD', K.ready, 0, ready_member(c.group, c.id, c.acq, fail))
+end
+
+-- Tags a member holds, in O(its own checkouts).
+local function member_tags(K, g, m)
+  local prefix = g .. SEP .. m .. SEP
+  local owned = redis.call('ZRANGEBYLEX', K.owned, '[' .. prefix, '(' .. g .. SEP .. m .. '\1')
+  local tags = {}
+  for i, member in ipairs(owned) do tags[i] = string.sub(member, #prefix + 1) end
+  return tags
+end
+
+local function return_member_checkouts(K, g, m)
+  local tags = member_tags(K, g, m)
+  for _, tag in ipairs(tags) do
+    local c = take_checkout(K, tag)
+    if c then requeue(K, c, c.fail) end
+  end
+  return tags
+end
+
+-- Every checkout of a group (all members): requeued, or released for good.
+-- Cost: O(the group's checkouts).
+local function release_group_checkouts(K, g, back_to_ready)
+  local owned = redis.call('ZRANGEBYLEX', K.owned, '[' .. g .. SEP, '(' .. g .. '\1')
+  for _, member in ipairs(owned) do
+    local c = take_checkout(K, split(member, SEP)[3])
+    if c and back_to_ready then requeue(K, c, c.fail) end
+  end
+  return #owned
+end
+
+local function promote_delayed(K, now)
+  local due = redis.call('ZRANGEBYSCORE', K.delayed, '-inf', now, 'LIMIT', 0, 1000)
+  if #due > 0 then
+    for _, member in ipairs(due) do redis.call('ZADD', K.ready, 0, member) end
+    redis.call('ZREM', K.delayed, unpack(due))
+  end
+  return #due
+end
+
+-- Earliest moment something in this queue is due (a lease deadline or a
+-- delayed redelivery), or -1: the worker keeps the global schedule with it.
+local function next_due(K)
+  local best = -1
+  local d = redis.call('ZRANGE', K.deadlines, 0, 0, 'WITHSCORES')
+  if d[2] then best = tonumber(d[2]) end
+  local l = redis.call('ZRANGE', K.delayed, 0, 0, 'WITHSCORES')
+  if l[2] and (best < 0 or tonumber(l[2]) < best) then best = tonumber(l[2]) end
+  return best
+end
+
+-- A consumer that settles or renews is no longer suspected. In single-active
+-- mode it takes over when the active member is gone or suspected itself, so a
+-- group whose members all timed out never deadlocks.
+local function clear_suspicion(meta, g, m)
+  redis.call('HDEL', meta, mf(g, m, SUSPECTED))
+end
+
+-- Check out up to `count` messages for member m: returned ones first, in id
+-- order, then new ones from the group's cursor. Each gets a fresh tag, a
+-- record and an ownership entry; a deadline only when `deadline` is given (a
+-- push mailbox starts the lease when the consumer TAKEs the message).
+-- Granted QoS is min(member's, message's): a QoS 0 delivery is at most once —
+-- no record, no lease, never redelivered — and its tag starts with 'q'.
+-- Returns a list of {tag, id, acquisitions, body}. O(count + due delayed).
+local function check_out(K, g, m, count, ep, now, deadline, member_qos)
+  promote_delayed(K, now)
+  local taken = {}
+  local returned = redis.call('ZRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1', 'LIMIT', 0, count)
+  if #returned > 0 then
+    redis.call('ZREM', K.ready, unpack(returned))
+    for _, member in ipairs(returned) do
+      local p = split(member, SEP)
+      local id = tonumber(p[2])
+      local body = redis.call('HGET', K.log, id)
+      -- a body trimmed by retention while pending is skipped, not delivered
+      if body then taken[#taken + 1] = {nil, id, tonumber(p[3]) + 1, body, tonumber(p[4])} end
+    end
+  end
+  local f = read_meta(K.meta, {gf(g, CURSOR), 'seq', 'first'})
+  local last, first = tonumber(f[2] or '0'), tonumber(f[3] or '1')
+  local cur = tonumber(f[1] or first)
+  if cur < first then cur = first end
+  local want = math.min(count - #taken, last - cur + 1)
+  -- an empty poll of a queue at rest writes nothing
+  if want > 0 or #taken > 0 then expand_meta(K.meta) end
+  if want > 0 then
+    local ids = {}
+    for i = 1, want do ids[i] = cur + i - 1 end
+    local bodies = redis.call('HMGET', K.log, unpack(ids))
+    for i = 1, want do
+      if bodies[i] then taken[#taken + 1] = {nil, ids[i], 1, bodies[i], 0} end
+    end
+    redis.call('HSET', K.meta, gf(g, CURSOR), cur + want)
+  end
+  if #taken == 0 then return taken end
+
+  local top = redis.call('HINCRBY', K.meta, 'tag', #taken)
+  redis.call('HINCRBY', K.meta, mf(g, m, DELIVERED), #taken)
+  local records, deadlines, owned, n = {}, {}, {}, 0
+  local gm = g .. SEP .. m .. SEP
+  local base = top - #taken
+  for i, t in ipairs(taken) do
+    local tag = tostring(base + i)
+    t[1] = tag
+    if member_qos == 0 or string.byte(t[4], string.find(t[4], ':', 1, true) + 1) == 48 then  -- '0': QoS 0
+      t[1] = 'q' .. tag
+    else
+      n = n + 2
+      records[n - 1] = tag
+      records[n] = gm .. t[2] .. SEP .. ep .. SEP .. t[3] .. SEP .. t[5]
+      deadlines[n - 1] = deadline
+      deadlines[n] = tag
+      owned[n - 1] = 0
+      owned[n] = gm .. tag
+    end
+    journal(now, 'out', g, m, t[2], t[1], ep, t[3])
+  end
+  if n == 0 then return taken end
+  redis.call('HSET', K.checkouts, unpack(records))
+  if deadline then redis.call('ZADD', K.deadlines, unpack(deadlines)) end
+  redis.call('ZADD', K.owned, unpack(owned))
+  return taken
+end
+
+local function lock_of(K, member, default)
+  return tonumber(member.lock or redis.call('HGET', K.meta, 'lock') or default)
+end
+

@@ -1,0 +1,92 @@
+-- lib/lite.lua: exclusive lite queues. The eviction marker (member field
+-- MARKER, naming who evicted it) fences a member off its lmq: its pulls get
+-- nothing until it subscribes again or its session ends; markers never
+-- expire by time. And the lifecycle of an lmq: consumed messages dropped,
+-- reclaimed after an idle TTL, revived by a write.
+--@include lib/leases.lua
+
+-- Fence a member off: it is marked (by = who evicted it) and what it holds
+-- goes back to the group. Returns the tags returned.
+local function mark_evicted(K, g, m, by)
+  local returned = return_member_checkouts(K, g, m)
+  redis.call('HSET', K.meta, mf(g, m, MARKER), by)
+  return returned
+end
+
+-- A member that subscribes again is no longer fenced off.
+local function clear_marker(meta, g, m)
+  redis.call('HDEL', meta, mf(g, m, MARKER), mf(g, m, FENCE_LOGGED))
+end
+
+-- A marked member tries to receive: whatever it still holds goes back, and
+-- the attempt is journaled once per eviction (a client polling in a loop must
+-- not flood the journal and push the preempt event itself out of it).
+local function fenced_off(K, g, m, ep, by)
+  return_member_checkouts(K, g, m)
+  expand_meta(K.meta)
+  if redis.call('HSETNX', K.meta, mf(g, m, FENCE_LOGGED), 1) == 1 then
+    journal(now_ms(), 'fenced', g, m, nil, nil, ep, by)
+  end
+end
+
+-- Every key an lmq can have but mailboxes: what reclaiming it expires.
+local LMQ_KEYS = {'meta', 'log', 'journal', 'dedup', 'dedup_ids', 'dead'}
+
+-- An lmq at rest (docs/data-model.md, "Lmqs at rest") with nothing checked
+-- out, returned or delayed:
+-- * forgets the messages every group has read, so its log holds only what
+--   someone may still get — at most 1000 per call (O(batch)); retention trims
+--   the rest at the next publish. An lmq without groups keeps its messages
+--   for its first subscriber, and one with a group that rewinds to the
+--   earliest message on preemption keeps them for that rewind;
+-- * is reclaimed after an idle TTL when nobody owns it or has anything left
+--   to read: its keys get that expiry now, and lose it at the next write that
+--   gives it an owner or a message to read (the caller passes the TTL for
+--   lmqs only, 0 for plain topics, which are never reclaimed).
+-- Then, nothing being checked out, its meta hash may come to rest compact.
+-- One look at each group serves both. Cost: O(groups + messages dropped).
+local function drop_consumed(K, first, upto)
+  upto = math.min(upto, first + 999)
+  if upto < first then return end
+  local ids = {}
+  for id = first, upto do ids[#ids + 1] = id end
+  redis.call('HDEL', K.log, unpack(ids))
+  expand_meta(K.meta)
+  redis.call('HSET', K.meta, 'first', upto + 1)
+end
+
+local function reclaim_if_idle(K, ttl_ms)
+  if not ttl_ms or ttl_ms <= 0 then return end
+  local settled = redis.call('HLEN', K.checkouts) == 0
+  local idle = settled and redis.call('ZCARD', K.ready) == 0 and redis.call('ZCARD', K.delayed) == 0
+  if idle then
+    local top = read_meta(K.meta, {'seq', 'groups', 'first'})
+    local seq, groups, first = tonumber(top[1] or '0'), top[2], tonumber(top[3] or '1')
+    local read_by_all, rewinds = nil, false
+    for _, g in ipairs(groups and split(groups, '\n') or {}) do
+      local f = read_meta(K.meta, {gf(g, OWNER), gf(g, MEMBERS), gf(g, CURSOR), gf(g, ON_PREEMPT)})
+      local cur = tonumber(f[3] or first)
+      if f[1] or f[2] or cur <= seq then idle = false end
+      if f[4] == 'earliest' then rewinds = true end
+      if not read_by_all or cur - 1 < read_by_all then read_by_all = cur - 1 end
+    end
+    if not groups and seq > 0 then idle = false end
+    if read_by_all and not rewinds then drop_consumed(K, first, read_by_all) end
+  end
+  if settled then compact_meta(K.meta) end
+  -- Every key an lmq can have but mailboxes (gone with their members).
+  for _, name in ipairs(LMQ_KEYS) do
+    local key = K[name]
+    if key then
+      if idle then redis.call('PEXPIRE', key, ttl_ms) else redis.call('PERSIST', key) end
+    end
+  end
+end
+
+-- A write that gives the queue an owner or a message revives it: no key may
+-- keep the reclaim TTL (the caller declares all of LMQ_KEYS).
+local function revive(K)
+  for _, name in ipairs(LMQ_KEYS) do
+    if K[name] then redis.call('PERSIST', K[name]) end
+  end
+end

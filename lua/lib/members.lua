@@ -1,0 +1,74 @@
+-- lib/members.lua: a subscription's members and who may receive now. The
+-- delivery gate is where the guarantees meet: a marked (evicted) member, a
+-- suspected one, an ended one and a standby get nothing.
+--@include lib/lite.lua
+
+-- May this member become the active one of a single-active group? Not if it
+-- is suspected, nor while its session has no connection.
+local function can_take_over(meta, g, m)
+  local f = read_meta(meta, {mf(g, m, DELIVERED), mf(g, m, SUSPECTED), mf(g, m, ONLINE)})
+  return f[1] and not f[2] and f[3] ~= '0'
+end
+
+-- Remove a member from its group: fields and arrival-order slot. An
+-- exclusive group loses its owner; a single-active one hands over to the next
+-- member in arrival order that is not suspected. Returns the owner after.
+local function remove_member(K, g, m)
+  for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
+  local rest = {}
+  for _, other in ipairs(members_of(K.meta, g)) do
+    if other ~= m then rest[#rest + 1] = other end
+  end
+  set_members(K.meta, g, rest)
+  local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER))
+  local owner = f[2]
+  if owner == m then
+    owner = nil
+    if f[1] == 'single-active' then
+      for _, other in ipairs(rest) do
+        if can_take_over(K.meta, g, other) then owner = other; break end
+      end
+    end
+    if owner then redis.call('HSET', K.meta, gf(g, OWNER), owner) else redis.call('HDEL', K.meta, gf(g, OWNER)) end
+  end
+  return owner
+end
+
+-- May member m of group g receive messages now, and how many at most?
+-- Returns status ('ok' or the fence that stops it), epoch, the member's
+-- state fields, and the count allowed by its MAX.
+local function delivery_gate(K, g, m, count)
+  local f = read_meta(K.meta, {gf(g, MODE), gf(g, EPOCH), gf(g, OWNER), mf(g, m, DELIVERED),
+    mf(g, m, MAX), mf(g, m, MARKER), mf(g, m, SUSPECTED), mf(g, m, LOCK), mf(g, m, CAPACITY), mf(g, m, ENDED),
+    mf(g, m, QOS), mf(g, m, ONLINE)})
+  local mode, ep, owner = f[1], tonumber(f[2] or '0'), f[3]
+  if not mode or not f[4] then raise('NOTFOUND', 'not subscribed to this queue any more; SUB again for a new handle') end
+  local member = {lock = f[8], cap = f[9], ended = f[10], delivered = tonumber(f[4]), max = f[5],
+                  qos = tonumber(f[11] or '1'), online = f[12] ~= '0'}
+  if f[6] then
+    -- Evicted: whatever it still holds goes back for the new owner.
+    fenced_off(K, g, m, ep, f[6])
+    return 'evicted', ep, member, 0
+  end
+  if f[7] then return 'suspected', ep, member, 0 end
+  if f[10] then return 'ended', ep, member, 0 end
+  if mode == 'exclusive' and owner ~= m then return 'standby', ep, member, 0 end
+  if mode == 'single-active' and owner ~= m then
+    -- Take over from an active member that is gone, suspected or
+    -- disconnected: no deadlock, and no stall behind a dropped connection.
+    if owner and can_take_over(K.meta, g, owner) then
+      return 'standby', ep, member, 0
+    end
+    -- What the old active member still holds comes back first, so the group's
+    -- order survives the handover (its late ACKs settle nothing).
+    if owner and owner ~= m then return_member_checkouts(K, g, owner) end
+    expand_meta(K.meta)
+    redis.call('HSET', K.meta, gf(g, OWNER), m)
+  end
+  if f[5] then
+    local left = tonumber(f[5]) - member.delivered
+    if left <= 0 then return 'ended', ep, member, 0 end
+    if left < count then count = left end
+  end
+  return 'ok', ep, member, count
+end

@@ -1,0 +1,180 @@
+"""Every Lua fence is documented by its header, called by its spec, and fails only with codes in the error table.
+
+The checks run over the real lua/ tree, and each one is also run against a
+broken copy of one file, so a check that could not fail would show here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+
+import pytest
+
+import fencemq
+from fencemq.errors import BY_CODE, TABLE, FenceMQError
+from fencemq.fences.registry import SPECS, FenceSpec, LoadError, _raw_files, assemble, parse_header
+
+LUA_BUILTINS = set(
+    "pairs ipairs tonumber tostring type error pcall unpack select next assert setmetatable getmetatable rawget"
+    " rawset string table math redis cmsgpack cjson bit struct KEYS ARGV K A".split())
+LUA_KEYWORDS = set(
+    "and break do else elseif end false for function if in local nil not or repeat return then true until while"
+    .split())
+RAISE = re.compile(r"raise\('([A-Z]+)'")
+
+
+def all_specs() -> dict[str, FenceSpec]:
+    """Every spec declared anywhere in the package (they register themselves when their module loads)."""
+    for info in pkgutil.walk_packages(fencemq.__path__, "fencemq."):
+        if info.name.startswith(("fencemq.fences.", "fencemq.ops.")):
+            importlib.import_module(info.name)
+    return dict(SPECS)
+
+
+def fence_files(files: dict[str, str]) -> dict[str, str]:
+    return {name[:-4]: src for name, src in files.items() if "/" not in name}
+
+
+def header_problems(files: dict[str, str], specs: dict[str, FenceSpec]) -> list[str]:
+    problems = []
+    fences = fence_files(files)
+    for name, src in sorted(fences.items()):
+        try:
+            header = parse_header(src, f"lua/{name}.lua")
+        except LoadError as exc:
+            problems.append(str(exc))
+            continue
+        if not header.keys and header.keys_rest is None:
+            problems.append(f"lua/{name}.lua: no KEYS lines")
+        if not header.argv and header.argv_rest is None and "-- ARGV: none" not in src:
+            problems.append(f"lua/{name}.lua: no ARGV lines (say `-- ARGV: none` when it takes none)")
+        for section in ("Returns", "Errors"):
+            if section not in header.sections:
+                problems.append(f"lua/{name}.lua: no `-- {section}:` line")
+        spec = specs.get(name)
+        if spec is None:
+            problems.append(f"lua/{name}.lua has no FenceSpec")
+            continue
+        if (spec.keys, spec.keys_rest) != (header.keys, header.keys_rest):
+            problems.append(f"lua/{name}.lua KEYS {header.keys} + {header.keys_rest} != spec {spec.keys} + "
+                            f"{spec.keys_rest}")
+        if (spec.argv, spec.argv_rest) != (header.argv, header.argv_rest):
+            problems.append(f"lua/{name}.lua ARGV {header.argv} + {header.argv_rest} != spec {spec.argv} + "
+                            f"{spec.argv_rest}")
+    for name in specs:
+        if name not in fences:
+            problems.append(f"spec {name} has no lua/{name}.lua")
+    return problems
+
+
+def raise_problems(files: dict[str, str]) -> list[str]:
+    return [f"lua/{name}: raise('{code}', …) is not in fencemq.errors.TABLE"
+            for name, src in sorted(files.items()) for code in RAISE.findall(src) if code not in BY_CODE]
+
+
+def _strip(src: str) -> str:
+    src = re.sub(r"--[^\n]*", "", src)
+    src = re.sub(r"'(\\.|[^'\\])*'", "''", src)
+    return re.sub(r'"(\\.|[^"\\])*"', '""', src)
+
+
+def undefined_names(files: dict[str, str]) -> list[str]:
+    """Names a fence uses that neither it nor its includes define: a missing include fails only at run time."""
+    problems = []
+    for name in fence_files(files):
+        code = _strip(assemble(name, files))
+        defined = set(re.findall(r"\blocal\s+function\s+(\w+)", code))
+        for m in re.finditer(r"\blocal\s+([\w\s,]+?)\s*(?:=|\n|$)", code):
+            defined.update(n.strip() for n in m.group(1).split(",") if n.strip())
+        for m in re.finditer(r"\bfunction\s*\w*\s*\(([^)]*)\)", code):
+            defined.update(n.strip() for n in m.group(1).split(",") if n.strip())
+        for m in re.finditer(r"\bfor\s+([\w\s,]+?)\s+(?:in|=)", code):
+            defined.update(n.strip() for n in m.group(1).split(","))
+        code = re.sub(r"([{,]\s*)[A-Za-z_]\w*(\s*=[^=])", r"\1\2", code)  # table constructor keys
+        used = {m.group(1) for m in re.finditer(r"(?<![\w.:])([A-Za-z_]\w*)", code)}
+        missing = sorted(used - defined - LUA_BUILTINS - LUA_KEYWORDS)
+        if missing:
+            problems.append(f"lua/{name}.lua uses {missing}, defined nowhere it includes")
+    return problems
+
+
+# -- the real tree ---------------------------------------------------------------------------
+
+
+def test_every_fence_header_names_its_keys_argv_returns_and_errors_as_its_spec_does() -> None:
+    assert header_problems(_raw_files(), all_specs()) == []
+
+
+def test_every_code_a_fence_raises_is_in_the_error_table() -> None:
+    assert raise_problems(_raw_files()) == []
+
+
+def test_every_name_a_fence_uses_is_defined_by_it_or_its_includes() -> None:
+    assert undefined_names(_raw_files()) == []
+
+
+def test_the_error_table_has_each_code_once_and_every_error_class_in_it() -> None:
+    codes = [e.code for e in TABLE]
+    assert len(codes) == len(set(codes))
+    classes = {cls for cls in vars(importlib.import_module("fencemq.errors")).values()
+               if isinstance(cls, type) and issubclass(cls, FenceMQError)}
+    assert {cls.code for cls in classes} <= set(codes)
+
+
+def test_each_guarantee_has_its_include_module_and_tests() -> None:
+    files = _raw_files()
+    for guarantee in ("lite", "seek", "mailbox", "shared", "leases"):
+        assert f"lib/{guarantee}.lua" in files
+        importlib.import_module(f"fencemq.fences.{guarantee}")
+
+
+# -- the checks can fail ------------------------------------------------------------------
+
+
+def _broken(file: str, old: str, new: str) -> dict[str, str]:
+    files = dict(_raw_files())
+    assert old in files[file], f"{old!r} not in lua/{file}"
+    files[file] = files[file].replace(old, new, 1)
+    return files
+
+
+@pytest.mark.parametrize("old, new, found", [
+    ("-- KEYS[8] journal\n", "-- KEYS[8] jr\n", "KEYS"),  # a key renamed in the header only
+    ("-- ARGV[3] count\n", "", "ARGV"),  # an argument dropped
+    ("-- Errors:", "-- Failures:", "no `-- Errors:` line"),
+    ("-- Returns:", "-- Gives:", "no `-- Returns:` line"),
+])
+def test_a_broken_header_is_found(old: str, new: str, found: str) -> None:
+    problems = header_problems(_broken("pull.lua", old, new), all_specs())
+    assert problems and all("lua/pull.lua" in p for p in problems) and any(found in p for p in problems), problems
+
+
+def test_a_spec_without_a_fence_and_a_fence_without_a_spec_are_found() -> None:
+    specs = all_specs()
+    ghost = {**{k: v for k, v in specs.items() if k != "renew"}, "ghost": FenceSpec.__new__(FenceSpec)}
+    problems = header_problems(_raw_files(), ghost)
+    assert "lua/renew.lua has no FenceSpec" in problems and "spec ghost has no lua/ghost.lua" in problems
+
+
+def test_a_code_missing_from_the_table_is_found() -> None:
+    files = _broken("pull.lua", "raise('BADARG', 'COUNT", "raise('OOPS', 'COUNT")
+    assert raise_problems(files) == ["lua/pull.lua: raise('OOPS', …) is not in fencemq.errors.TABLE"]
+
+
+def test_a_missing_include_is_found() -> None:
+    files = _broken("ack.lua", "--@include lib/seek.lua\n", "")
+    assert undefined_names(files) == ["lua/ack.lua uses ['group_epoch'], defined nowhere it includes"]
+
+
+def test_the_loader_refuses_a_repeated_missing_or_circular_include_with_its_line() -> None:
+    files = _broken("pull.lua", "--@include lib/members.lua\n", "--@include lib/members.lua\n--@include lib/members.lua\n")
+    with pytest.raises(LoadError, match=r"lua/pull.lua:3 includes lib/members.lua again \(first at line 2\)"):
+        assemble("pull", files)
+    files = _broken("pull.lua", "--@include lib/members.lua\n", "--@include lib/nothing.lua\n")
+    with pytest.raises(LoadError, match=r"lua/pull.lua:2 includes lib/nothing.lua, which is not a file"):
+        assemble("pull", files)
+    files = _broken("lib/base.lua", "local SEP = '\\0'\n", "--@include lib/meta.lua\nlocal SEP = '\\0'\n")
+    with pytest.raises(LoadError, match="include cycle"):
+        assemble("pull", files)
