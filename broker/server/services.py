@@ -1,0 +1,51 @@
+"""What one worker shares with all its connections: Redis, the fences, pub/sub.
+
+The worker builds these once its Redis answers and hands them to every
+connection, session and verb; nothing here knows a worker or a connection,
+so the worker, the connection and the verbs import this module and never
+each other the wrong way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis, RedisCluster
+
+from fencemq.config import Config
+from fencemq.fences.queues import Queues
+from fencemq.fences.sessions import RedisClock, Sessions
+from fencemq.fences.shared import FanOut
+from fencemq.model.keys import Keyspace
+from fencemq.server.wakeups import Wakeups
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    config: Config
+    worker_id: str
+    redis: Redis | RedisCluster
+    queues: Queues
+    fanout: FanOut
+    keys: Keyspace
+    clock: RedisClock
+    sessions: Sessions
+    wakeups: Wakeups
+
+    @classmethod
+    def over(cls, redis: Redis | RedisCluster, config: Config, worker_id: str) -> Services:
+        """The services of a worker on this Redis connection (nothing is started yet)."""
+        queues = Queues(redis, config)
+        keys = queues.keys
+        clock = RedisClock(redis)
+        return cls(
+            config=config,
+            worker_id=worker_id,
+            redis=redis,
+            queues=queues,
+            fanout=FanOut(queues),
+            keys=keys,
+            clock=clock,
+            sessions=Sessions(redis, keys, queues, clock, config.session_lease_ms),
+            wakeups=Wakeups(redis, f"{config.prefix}:worker:{worker_id}"),
+        )
