@@ -24,14 +24,15 @@ from anyio.abc import SocketAttribute, SocketStream
 from anyio.streams.tls import TLSListener
 from redis.exceptions import RedisError
 
-from fencemq.server import metrics
 from fencemq.config import Config
-from fencemq.server.connection import ClientConnection
 from fencemq.errors import BadArgument
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import open_redis
+from fencemq.server import metrics
+from fencemq.server.connection import ClientConnection
+from fencemq.server.services import Services
 from fencemq.server.sweeper import Sweeper
-from fencemq.server.wakeups import Wakeups
+from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 
@@ -60,35 +61,32 @@ class Worker:
         self.tls = client_tls(config)  # a bad TLS setting fails here, before anything starts
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.port: int | None = None
-        self.connections: dict[str, "ClientConnection"] = {}  # by connection token
+        self.connections: dict[str, ClientConnection] = {}  # by connection token
         self._numbers = itertools.count(1)
         self._draining = anyio.Event()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         redis = await open_redis(self.config.redis_url)
         try:
-            self.redis = redis
-            self.core = Core(redis, self.config)
-            self.keys = self.core.keys
-            self.clock = self.core.clock
-            self.sessions = self.core.sessions
-            self.wakeups = Wakeups(redis, f"{self.config.prefix}:worker:{self.id}")
-            sweeper = Sweeper(self.core, self.config.sweep_interval_ms)
+            self.services = services = Services.over(redis, self.config, self.id)
+            self.verbs = Verbs(services)
+            sweeper = Sweeper(services.core, self.config.sweep_interval_ms)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
             if self.tls is not None:
                 # the handshake runs in the connection's own task: a client that
                 # fails it is logged and dropped, nobody else waits on it
                 listener = TLSListener(listener, self.tls, standard_compatible=False)
-            # Schedule writes run beside replies; their group outlives the services
+            # Schedule writes run beside replies; their group outlives the background tasks
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:
-                self.core.ctx.spawn = writes.start_soon
-                async with anyio.create_task_group() as services:
-                    services.start_soon(self.wakeups.run)
-                    await self.wakeups.follow(self.keys.filters_channel, lambda _: self.core.shared.registry.invalidate())
-                    services.start_soon(sweeper.run)
-                    services.start_soon(self._keep_alive)
+                services.core.ctx.spawn = writes.start_soon
+                async with anyio.create_task_group() as background:
+                    background.start_soon(services.wakeups.run)
+                    await services.wakeups.follow(
+                        services.keys.filters_channel, lambda _: services.core.shared.registry.invalidate())
+                    background.start_soon(sweeper.run)
+                    background.start_soon(self._keep_alive)
                     async with anyio.create_task_group() as conns:
                         accepting = anyio.CancelScope()
                         conns.start_soon(self._accept, listener, conns, accepting)
@@ -96,13 +94,11 @@ class Worker:
                         await self._draining.wait()
                         accepting.cancel()
                         for conn in list(self.connections.values()):
-                            conn.closing = True
-                            if conn.idle:  # waiting for a request: nothing in hand to finish
-                                conn.scope.cancel()
+                            conn.drain()
                         conns.start_soon(self._cut_stragglers)
-                    services.cancel_scope.cancel()
+                    background.cancel_scope.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                await redis.zrem(self.keys.workers, self.id)  # gone: no need to wait for its lease
+                await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
                 await redis.aclose()
@@ -117,14 +113,14 @@ class Worker:
             while self.connections:
                 await anyio.sleep(0.02)
         for conn in list(self.connections.values()):
-            conn.scope.cancel()
+            conn.cut()
 
     def drain(self) -> None:
         """Stop accepting; connections finish what they hold and close."""
         self._draining.set()
 
     async def _serve_connection(self, stream: SocketStream) -> None:
-        conn = ClientConnection(self, stream, f"{self.id}:{next(self._numbers)}")
+        conn = ClientConnection(self.services, self.verbs, stream, f"{self.id}:{next(self._numbers)}")
         self.connections[conn.token] = conn
         metrics.CONNECTIONS.inc()
         try:
@@ -137,14 +133,20 @@ class Worker:
             with anyio.CancelScope(shield=True):
                 await conn.close()
 
+    @property
+    def core(self) -> Core:
+        """The worker's fences (tests reach in to inject Redis failures)."""
+        return self.services.core
+
     async def _keep_alive(self) -> None:
         """Refresh the leases of sessions connected here, and this worker's own."""
         while True:
-            clients = [c.client_id for c in self.connections.values() if c.client_id and c.bound]
+            services = self.services
+            clients = [c.session.client_id for c in self.connections.values() if c.session.client_id and c.session.bound]
             try:
-                await self.sessions.keep_alive(clients)
-                now = await self.clock.now_ms()
-                await self.redis.zadd(self.keys.workers, {self.id: now + self.config.session_lease_ms})
+                await services.sessions.keep_alive(clients)
+                now = await services.clock.now_ms()
+                await services.redis.zadd(services.keys.workers, {self.id: now + self.config.session_lease_ms})
             except (OSError, RedisError) as exc:
                 log.warning("could not refresh session leases: %s", exc)
             await anyio.sleep(self.config.session_lease_ms / 3000)
