@@ -1,0 +1,28 @@
+"""The docs name what exists: every file or folder docs/architecture.md points at is in the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+PATH = re.compile(r"`((?:broker|lua|cli|spark|tests|bench|docs)/[\w./-]*)`")
+
+
+def paths_named_in(doc: str) -> list[str]:
+    return sorted(set(PATH.findall((REPOSITORY / doc).read_text())))
+
+
+def test_every_path_in_the_architecture_doc_exists() -> None:
+    named = paths_named_in("docs/architecture.md")
+    assert len(named) > 30, named
+    missing = [p for p in named if not (REPOSITORY / p).exists()]
+    assert missing == []
+
+
+def test_the_architecture_table_names_a_lua_include_python_module_and_tests_for_each_guarantee() -> None:
+    text = (REPOSITORY / "docs/architecture.md").read_text()
+    for guarantee in ("lite", "seek", "mailbox", "shared", "leases"):
+        for path in (f"lua/lib/{guarantee}.lua", f"broker/fences/{guarantee}.py"):
+            assert f"`{path}`" in text, path
+            assert (REPOSITORY / path).exists(), path
