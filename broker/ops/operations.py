@@ -309,9 +309,9 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
             replies = await pipe.execute()
         parsed = []
         for i, qid in enumerate(chunk):
-            meta, leased, held, ready, delayed, dead = replies[6 * i : 6 * i + 6]
-            if meta:
-                parsed.append((qid, *parse_meta(meta), leased, held, ready, delayed, dead))
+            raw_meta, leased, held, ready, delayed, dead = replies[6 * i : 6 * i + 6]
+            if raw_meta:
+                parsed.append((qid, *parse_meta(raw_meta), leased, held, ready, delayed, dead))
         async with redis.pipeline(transaction=False) as pipe:
             for qid, _fields, groups, *_ in parsed:
                 k = keys.queue_by_id(qid)

@@ -164,7 +164,7 @@ class QueueReply:
 
     qid: str
     now: int
-    meta: meta.Meta
+    state: meta.Meta
     group_order: list[str]
     push: list[tuple[str, str]]  # members with a mailbox (a capacity field), sorted
     raw: list[Any]
@@ -204,7 +204,7 @@ class TableWriter:
         ref = queue_ref(q.qid)
         topic, lmq = ref.topic, ref.lmq
         _, _, co, dl, rd, dly, counts, _depths, oldest, entries, journal = q.raw
-        f = q.meta.fields
+        f = q.state.fields
         seq, first = _int(f.get(meta.SEQ), 0), _int(f.get(meta.FIRST), 1)
 
         deadlines = {_s(tag): _int(score) for tag, score in _pairs(dl)}
@@ -226,11 +226,11 @@ class TableWriter:
 
         oldest_by_group = {_s(oldest[i]): (_int(oldest[i + 1]), _int(oldest[i + 2])) for i in range(0, len(oldest), 3)}
         for g in q.group_order:
-            gfields = q.meta.groups[g]
+            gfields = q.state.groups[g]
             cursor = max(_int(gfields.get(meta.CURSOR), first), first)
             unread = max(0, seq - cursor + 1)
-            mem = q.meta.member_names(g)
-            n_members = len(set(mem) | {m for (gg, m) in q.meta.members if gg == g})
+            mem = q.state.member_names(g)
+            n_members = len(set(mem) | {m for (gg, m) in q.state.members if gg == g})
             ready = per_group_rd[g]
             old_id, old_ms = oldest_by_group.get(g, (None, None))
             t["groups"].add((q.qid, topic, lmq, g, gfields.get(meta.MODE), gfields.get(meta.POLICY),
@@ -238,8 +238,8 @@ class TableWriter:
                              gfields.get(meta.OWNER) or None, n_members, unread, ready, per_group_dly[g],
                              per_group_co[g], unread + ready, old_id, old_ms, q.now))
             positions = {m: i for i, m in enumerate(mem)}
-            for m in mem + sorted(m for (gg, m) in q.meta.members if gg == g and m not in positions):
-                mf = q.meta.members.get((g, m), {})
+            for m in mem + sorted(m for (gg, m) in q.state.members if gg == g and m not in positions):
+                mf = q.state.members.get((g, m), {})
                 depth = None
                 if meta.CAPACITY in mf and mailboxes is not None:
                     depth = mailboxes.get((g, m))
