@@ -1,4 +1,4 @@
-"""FenceMQ analytics: a PySpark job over a snapshot written by broker/snapshot.py.
+"""FenceMQ analytics: a PySpark job over a snapshot written by broker/ops/snapshot.py.
 
     python -m spark SNAPSHOT_DIR [--out DIR] [--master local[*]]
     spark-submit spark/analytics.py SNAPSHOT_DIR --out DIR

@@ -1,7 +1,8 @@
 """Operator reads: list queues, and the helpers every operator read shares.
 
-The Redis side of the operator CLI (``cli/ops.py`` only presents what these
-return); one queue, group, member or session in depth is broker/inspection.py. Every function is async, takes a ``redis.asyncio.Redis`` or
+The Redis side of the operator CLI (the commands cli/ops.py registers only
+present what these return); one queue, group, member or session in depth is
+broker/ops/inspection.py. Every function is async, takes a ``redis.asyncio.Redis`` or
 ``redis.asyncio.RedisCluster`` (bytes replies: no ``decode_responses``) and
 a :class:`~fencemq.model.keys.Keyspace`, prints nothing and returns plain data
 (dicts and lists of JSON-able values).
@@ -9,7 +10,7 @@ a :class:`~fencemq.model.keys.Keyspace`, prints nothing and returns plain data
 Reads are pipelined, not atomic (like ``fencemq status``): on a busy broker
 two figures of one queue may be a few milliseconds apart. The writes (evict,
 sweep, seek, purge, dead letters) and the live figures of ``top`` are in
-broker/maintenance.py. Times are on Redis's clock (``TIME``), like leases.
+broker/ops/maintenance.py. Times are on Redis's clock (``TIME``), like leases.
 
 Listing is SCAN-based (``MATCH`` on the queues' meta hashes, ``TYPE hash``),
 one master after another on a Cluster; a page stops at ``limit`` queues and

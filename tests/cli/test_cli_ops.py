@@ -1,4 +1,4 @@
-"""The operator commands of cli/ops.py (queues, lmqs, inspect, evict, sweep, seek, purge,
+"""The operator commands cli/ops.py registers (queues, lmqs, inspect, evict, sweep, seek, purge,
 dlq, top, bench) through typer's runner, against a real worker and Redis: human tables,
 --json, and the exit codes of the errors an operator meets."""
 
@@ -417,16 +417,16 @@ def test_purge_empties_the_backlog_and_leaves_checkouts(broker: dict) -> None:
 
 
 def test_purge_asks_on_a_terminal(broker: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fencemq.cli.ops as cli_ops
+    import fencemq.cli.write_cmd as write_cmd
 
-    monkeypatch.setattr(cli_ops, "_interactive", lambda: True)
-    monkeypatch.setattr(cli_ops.typer, "confirm", lambda *a, **k: False)
+    monkeypatch.setattr(write_cmd, "_interactive", lambda: True)
+    monkeypatch.setattr(write_cmd.typer, "confirm", lambda *a, **k: False)
     result = invoke("purge", "orders", "--redis-url", broker["url"])
     assert result.exit_code == 1
     assert "billing" in result.stderr and "audit" in result.stderr  # what would go, shown before asking
     assert result.stderr.strip().splitlines()[-1] == "fencemq purge: not purged"
     assert ok_json("inspect", "queue", "orders", "--redis-url", broker["url"])["backlog"] == 10
-    monkeypatch.setattr(cli_ops.typer, "confirm", lambda *a, **k: True)
+    monkeypatch.setattr(write_cmd.typer, "confirm", lambda *a, **k: True)
     ok("purge", "orders", "--redis-url", broker["url"])
     assert ok_json("inspect", "queue", "orders", "--redis-url", broker["url"])["backlog"] == 0
 
