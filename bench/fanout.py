@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.resp import RespConn
-from bench.run import HOST, ROOT, WorkerProcess, machine_info
+from bench.harness import HOST, ROOT, WorkerProcess, machine_info
 from bench.stats import (
     RedisMeter,
     machine_busy_s,

@@ -15,7 +15,7 @@ Redis (``fencemq.server.embedded.EmbeddedRedis``, never 127.0.0.1:6379) gets:
    called by EVALSHA, pipelined over a raw RESP connection (bench/resp.py), so
    the run takes seconds per million instead of minutes through redis-py.
 2. **after one message acked** — then, per lmq, the publish, pull and ack
-   fences of one message (what ``Core.publish/pull/ack`` send; the global
+   fences of one message (what ``Core.publishing.publish, leases.pull and leases.ack`` send; the global
    lease schedule entry a PULL adds is left out: the sweeper removes it once
    the lease deadline has passed, so an idle system holds none). Three more
    fences per lmq take minutes per million on a 2-CPU machine, so by default
@@ -32,20 +32,17 @@ session index entry) on a sample. Writes ``<out>/lmq_memory.json``.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import hashlib
 import json
 import platform
-import subprocess
 import time
-from collections import deque
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
 import redis.asyncio
 
+from bench.bulk_fences import Bulk, Templates
+from bench.harness import ROOT, git_commit
 from bench.resp import RespConn
 from bench.stats import run_and_write
 from fencemq.fences import session_index
@@ -53,16 +50,12 @@ from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.fences.core import Core
-from fencemq.fences.registry import sources
 
-ROOT = Path(__file__).resolve().parent.parent
 GOAL_BYTES = 200
 JOURNAL_ON = 10_000  # the lite journal turned on, for comparison
 TOPIC = "lt"
 GROUP = "default"  # a lite SUB without GROUP
-CHUNK = 2000  # commands per write
 MAIN_DICT_BYTES_PER_KEY = 48  # MEMORY STATS overhead.hashtable.main per key: dictEntry + robj + one bucket
-IN_FLIGHT = 8  # writes outstanding
 
 
 def lmq_name(i: int) -> str:
@@ -71,97 +64,6 @@ def lmq_name(i: int) -> str:
 
 def client_name(i: int, per_client: int) -> str:
     return f"c{i // per_client:05d}"
-
-
-class Bulk:
-    """Pipelined commands over one raw RESP connection, a bounded number of writes in flight."""
-
-    def __init__(self, conn: RespConn) -> None:
-        self.conn = conn
-        self.pending: deque[list[asyncio.Future]] = deque()
-
-    async def run(self, commands: Iterable[Sequence[Any]], collect: bool = False) -> list[Any]:
-        out: list[Any] = []
-        batch: list[Sequence[Any]] = []
-        for cmd in commands:
-            batch.append(cmd)
-            if len(batch) >= CHUNK:
-                await self._send(batch, out, collect)
-                batch = []
-        if batch:
-            await self._send(batch, out, collect)
-        while self.pending:
-            await self._settle(out, collect)
-        return out
-
-    async def _send(self, batch: list[Sequence[Any]], out: list[Any], collect: bool) -> None:
-        self.pending.append(self.conn.send(batch))
-        if len(self.pending) >= IN_FLIGHT:
-            await self._settle(out, collect)
-
-    async def _settle(self, out: list[Any], collect: bool) -> None:
-        for reply in await asyncio.gather(*self.pending.popleft()):
-            if isinstance(reply, Exception):
-                raise reply
-            if collect:
-                out.append(reply)
-
-
-TEMPLATE_LMQ, TEMPLATE_CLIENT = "LMQTPL", "CLITPL"  # placeholders: no byte of them is ever escaped
-
-
-class Templates:
-    """The fence calls fencemq.fences.core.Core makes, recorded from real calls and replayed with other names.
-
-    ``await Templates.record(url, config, topic)`` runs Core.subscribe, publish, pull and ack once on a
-    template lmq, capturing each fence's name, keys and arguments; ``call(name, lmq, client, ...)`` gives
-    the EVALSHA of the same call for another lmq and client. So the benches follow the fences' key
-    layout whatever it becomes, and send exactly what the broker sends.
-    """
-
-    def __init__(self, shas: dict[str, str], calls: dict[str, tuple[list[str], list[Any]]], topic: str) -> None:
-        self.shas, self.calls, self.topic = shas, calls, topic
-
-    @classmethod
-    async def record(cls, url: str, config: Config, r: redis.Redis, topic: str = TOPIC) -> Templates:
-        shas = load_scripts(r)
-        conn = redis.asyncio.Redis.from_url(url)
-        calls: dict[str, tuple[list[str], list[Any]]] = {}
-        try:
-            queues = Core(conn, config)
-            real = queues.fences.call
-
-            async def recording(name: str, keys: list[str], args: list[Any]) -> Any:
-                calls.setdefault(name, (list(keys), list(args)))
-                return await real(name, keys, args)
-
-            queues.fences.call = recording  # type: ignore[method-assign]
-            sub = await queues.subscriptions.subscribe(TEMPLATE_CLIENT, topic, lmq=TEMPLATE_LMQ)
-            await queues.publishing.publish(topic, [b"x" * 16], lmq=TEMPLATE_LMQ, producer="producer")
-            handle = Handle.decode(sub.handle)
-            pulled = await queues.leases.pull(handle, 1)
-            await queues.leases.ack(handle, [pulled.deliveries[0].tag])
-            keys = Keyspace(config.prefix)
-            await conn.delete(*keys.queue(QueueRef(topic, TEMPLATE_LMQ)).all_keys(),
-                              keys.session_handles(TEMPLATE_CLIENT), keys.session_lite_counts(TEMPLATE_CLIENT),
-                              *session_index.bucket_keys(keys, TEMPLATE_CLIENT))
-            await conn.zrem(keys.schedule, QueueRef(topic, TEMPLATE_LMQ).qid)
-        finally:
-            await conn.aclose()
-        return cls(shas, calls, topic)
-
-    def call(self, name: str, lmq: str, client: str, tag: str | None = None) -> list[Any]:
-        keys, args = self.calls[name]
-        keys = [k.replace(TEMPLATE_LMQ, lmq) for k in keys]
-        out: list[Any] = []
-        for a in args:
-            if a == TEMPLATE_CLIENT:
-                a = client
-            out.append(a)
-        if name == "ack":
-            assert tag is not None
-            out[-1] = tag  # the one tag acked
-        return ["EVALSHA", self.shas[name], len(keys), *keys, *out]
 
 
 class Layout:
@@ -191,6 +93,7 @@ class Layout:
         return self.t.call("ack", lmq_name(i), client_name(i, self.per_client), tag)
 
 
+
 def main_dict_overhead(r: redis.Redis) -> int:
     """Bytes of db0's main dict (bucket arrays and entries), from MEMORY STATS."""
     db = r.memory_stats().get("db.0", {})
@@ -199,14 +102,6 @@ def main_dict_overhead(r: redis.Redis) -> int:
 
 def used_memory(r: redis.Redis) -> int:
     return int(r.info("memory")["used_memory"])
-
-
-def load_scripts(r: redis.Redis) -> dict[str, str]:
-    shas = {}
-    for name, src in sources().items():
-        shas[name] = r.script_load(src)
-        assert shas[name] == hashlib.sha1(src.encode()).hexdigest()
-    return shas
 
 
 def sample_breakdown(r: redis.Redis, config: Config, i: int, per_client: int) -> dict[str, Any]:
@@ -273,7 +168,7 @@ def session_shape(r: redis.Redis, keys: Keyspace, client: str, lmq: str) -> list
 
 
 async def check_layout(url: str, config: Config, r: redis.Redis, per_client: int) -> dict[str, Any]:
-    """The bulk path must build what Core.subscribe builds: compare on one lmq of each."""
+    """The bulk path must build what Subscriptions.subscribe builds: compare on one lmq of each."""
     async_redis = redis.asyncio.Redis.from_url(url)
     try:
         queues = Core(async_redis, config)
@@ -297,7 +192,7 @@ async def check_layout(url: str, config: Config, r: redis.Redis, per_client: int
 
 async def fill(url: str, config: Config, lmqs: int, per_client: int, message_lmqs: int, r: redis.Redis
                ) -> dict[str, Any]:
-    layout = Layout(await Templates.record(url, config, r), config, per_client)
+    layout = Layout(await Templates.record(url, config, r, TOPIC), config, per_client)
     conn = await RespConn.open("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0]))
     bulk = Bulk(conn)
     result: dict[str, Any] = {"lite_journal_cap": config.lite_journal_cap}
@@ -367,13 +262,6 @@ async def fill(url: str, config: Config, lmqs: int, per_client: int, message_lmq
     finally:
         await conn.close()
     return result
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], check=False, cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,7 +10,7 @@ At Redis (no worker) — the subscribe fence (``lua/subscribe.lua``, with the
 keys and arguments ``fencemq.fences.subscribe.Subscriptions.subscribe`` passes) by EVALSHA,
 pipelined over a raw RESP connection (bench/resp.py), 8 writes of 2,000 in
 flight (keys and arguments recorded from a real ``Core`` call:
-``bench.lmq_memory.Templates``):
+``bench.bulk_fences.Templates``):
 
 * ``fence``: the fence alone, lite journal off (the default ``lite_journal_cap``) and on;
 * ``fence_with_checkout``: the owner holds one checked-out message when it is
@@ -43,16 +43,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.lmq_memory import Bulk, Templates, git_commit
+from bench.bulk_fences import Bulk, Templates
+from bench.harness import ROOT, git_commit
 from bench.resp import RespConn
-from bench.run import WorkerProcess
+from bench.harness import WorkerProcess
 from bench.stats import RedisMeter, machine_busy_s, proc_cpu_s, run_and_write
 from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 
-ROOT = Path(__file__).resolve().parent.parent
 GOAL_PER_S = 20_000
 JOURNAL_ON = 10_000  # the lite journal turned on, for comparison
 TOPIC, GROUP = "pt", "default"

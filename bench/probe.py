@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 
 from bench.fence_costs import fence_costs
 from bench.resp import RespConn
-from bench.run import HOST, ROOT, WorkerProcess
+from bench.harness import HOST, ROOT, WorkerProcess
 from bench.stats import RedisMeter, percentiles_ms
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis

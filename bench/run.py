@@ -23,15 +23,13 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.e2e_report import goals, plot, print_table
 from bench.fence_costs import fence_costs
+from bench.harness import HOST, ROOT, WorkerProcess, machine_info
 from bench.peers import run_peers
 from bench.sdk import sdk_styles
 from bench.stats import RedisMeter, machine_busy_s, percentiles_ms, proc_cpu_s, self_cpu_s
@@ -39,76 +37,6 @@ from bench.workloads import FenceMQ, RawStreams, Run, e2e
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.server.runner import WorkerThread
-
-ROOT = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
-
-GOAL_MSGS_PER_S = 50_000
-GOAL_RATIO = 0.5
-GOAL_P99_LOW_MS = 2.0
-GOAL_REDIS_US_PER_MSG = 12.0
-
-
-class WorkerProcess:
-    """bench.serve_worker in a subprocess; SIGTERM drains it."""
-
-    def __init__(self, redis_url: str, profile: str | None = None, trace: str | None = None) -> None:
-        cmd = [sys.executable, "-m", "bench.serve_worker", "--redis-url", redis_url]
-        if profile:
-            cmd += ["--profile", profile]
-        if trace:
-            cmd += ["--trace", trace]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("PORT "):
-            self.stop()
-            raise RuntimeError(f"worker process did not start (said {line!r})")
-        self.port = int(line.split()[1])
-        self.pid = self.proc.pid
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def machine_info(server: EmbeddedRedis, admin: Any) -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = admin.info("server")
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    dirty = git("status", "--porcelain", "--", "broker", "lua")
-    return {
-        "git_commit": git("rev-parse", "--short", "HEAD"),
-        "broker_or_lua_uncommitted": bool(dirty),
-        "loadavg_at_start": os.getloadavg(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "cpu_model": cpu_model,
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "redis_binary": server.binary,
-        "redis_version": info.get("redis_version"),
-        "valkey_version": info.get("valkey_version"),
-    }
-
 
 def measure(meter: RedisMeter, redis_pid: int, worker_pid: int | None, make: Callable[[], Any]) -> tuple[Run, dict[str, Any]]:
     """Run one phase (a coroutine factory), with Redis and process CPU around it."""
@@ -188,155 +116,6 @@ def run_variant(name: str, port: int, meter: RedisMeter, redis_pid: int, worker_
     low["runs_others_cpu_cores"] = [r[1]["others_cpu_cores"] for r in runs]
     lat["low_load"] = list(run.latencies_ns)
     return {"throughput": thr, "low_load": low}, lat
-
-
-def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
-    head, raw = res["variants"]["fencemq_process"], res["variants"]["raw"]
-    thr = head["throughput"]["msgs_per_s"]
-    ratio = thr / raw["throughput"]["msgs_per_s"]
-    p99 = head["low_load"]["latency_ms"]["p99"]
-    cpu = head["throughput"]["redis"]["cpu_us_per_msg"]
-    return [
-        {"goal": "throughput", "target": f">= {GOAL_MSGS_PER_S} msg/s", "value": round(thr), "pass": thr >= GOAL_MSGS_PER_S},
-        {"goal": "ratio to raw Streams", "target": f">= {GOAL_RATIO}x", "value": round(ratio, 3), "pass": ratio >= GOAL_RATIO},
-        {"goal": "p99 publish->deliver at low load", "target": f"<= {GOAL_P99_LOW_MS} ms", "value": round(p99, 3),
-         "pass": p99 <= GOAL_P99_LOW_MS},
-        {"goal": "Redis CPU per message (INFO cpu)", "target": f"<= {GOAL_REDIS_US_PER_MSG} us", "value": round(cpu, 2),
-         "pass": cpu <= GOAL_REDIS_US_PER_MSG},
-    ]
-
-
-LABELS = {"raw": "raw Streams (Lua)", "fencemq_process": "FenceMQ (worker process)",
-          "fencemq_thread": "FenceMQ (worker thread)"}
-COLORS = {"raw": "#888888", "fencemq_process": "#1f77b4", "fencemq_thread": "#9ecae1"}
-PEER_LABELS = {"nats_jetstream": "NATS JetStream (file)", "rabbitmq_quorum": "RabbitMQ (quorum queue)"}
-
-
-def plot(res: dict[str, Any], lat: dict[str, dict[str, list[int]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(res["variants"])
-    fig, ax = plt.subplots(2, 2, figsize=(13, 9))
-    others = max(v["throughput"]["others_cpu_cores"] for v in res["variants"].values())
-    fig.suptitle(f"FenceMQ e2e, QoS1, {res['args']['messages']} x {res['args']['size']} B  "
-                 f"(Redis {res['machine']['redis_version']}, {res['machine']['cpus']} CPUs, "
-                 f"commit {res['machine']['git_commit']}; unrelated processes used up to {others:.1f} CPUs meanwhile)")
-
-    a = ax[0][0]
-    peers = {n: p for n, p in res.get("peers", {}).items() if "msgs_per_s" in p}
-    vals = [res["variants"][n]["throughput"]["msgs_per_s"] for n in names] + [p["msgs_per_s"] for p in peers.values()]
-    bars = a.bar([LABELS[n] for n in names] + [PEER_LABELS[n] for n in peers], vals,
-                 color=[COLORS[n] for n in names] + ["#9e9ac8"] * len(peers))
-    a.bar_label(bars, labels=[f"{v / 1000:.1f}k" for v in vals])
-    a.axhline(GOAL_MSGS_PER_S, color="red", ls="--", lw=1, label=f"goal {GOAL_MSGS_PER_S // 1000}k msg/s")
-    a.axhline(GOAL_RATIO * res["variants"]["raw"]["throughput"]["msgs_per_s"], color="orange", ls=":", lw=1,
-              label=f"goal {GOAL_RATIO}x raw")
-    a.set_ylabel("msg/s, first publish to last ack")
-    a.set_title("end-to-end throughput (peers: bench.peers, same run)")
-    a.legend(fontsize=8)
-    a.tick_params(axis="x", labelsize=8)
-    plt.setp(a.get_xticklabels(), rotation=20, ha="right")
-
-    a = ax[0][1]
-    for n in names:
-        data = sorted(v / 1e6 for v in lat[n]["low_load"])
-        if data:
-            a.plot(data, [(i + 1) / len(data) for i in range(len(data))], color=COLORS[n], label=LABELS[n])
-    a.axvline(GOAL_P99_LOW_MS, color="red", ls="--", lw=1, label=f"goal p99 {GOAL_P99_LOW_MS} ms")
-    a.axhline(0.99, color="black", ls=":", lw=0.8)
-    a.set_xscale("log")
-    a.set_xlabel("publish -> deliver latency (ms, log)")
-    a.set_ylabel("CDF")
-    a.set_title(f"low load: {res['args']['low_messages']} PUBs at {res['args']['low_rate']:.0f} msg/s")
-    a.legend(fontsize=8)
-
-    a = ax[1][0]
-    width = 0.2
-    xs = range(len(names))
-    for k, (key, label) in enumerate([("p50", "flat-out p50"), ("p99", "flat-out p99")]):
-        v = [res["variants"][n]["throughput"]["latency_ms"][key] for n in names]
-        bars = a.bar([x + (k - 1.5) * width for x in xs], v, width, label=label, color=["#fdae6b", "#e6550d"][k])
-        a.bar_label(bars, labels=[f"{x:.0f}" if x >= 10 else f"{x:.2g}" for x in v], fontsize=7)
-    for k, (key, label) in enumerate([("p50", "low-load p50"), ("p99", "low-load p99")]):
-        v = [res["variants"][n]["low_load"]["latency_ms"][key] for n in names]
-        bars = a.bar([x + (k + 0.5) * width for x in xs], v, width, label=label, color=["#a1d99b", "#31a354"][k])
-        a.bar_label(bars, labels=[f"{x:.0f}" if x >= 10 else f"{x:.2g}" for x in v], fontsize=7)
-    a.axhline(GOAL_P99_LOW_MS, color="red", ls="--", lw=1)
-    a.set_yscale("log")
-    a.set_xticks(list(xs), [LABELS[n] for n in names], fontsize=8)
-    a.set_ylabel("ms (log)")
-    a.set_title("publish -> deliver latency")
-    a.legend(fontsize=8)
-
-    a = ax[1][1]
-    width = 0.38
-    series = [("cpu_us_per_msg", "Redis process CPU (INFO cpu)", "#3182bd"),
-              ("evalsha_us_per_msg", "EVALSHA time (INFO commandstats)", "#9ecae1")]
-    for k, (key, label, color) in enumerate(series):
-        v = [res["variants"][n]["throughput"]["redis"][key] for n in names]
-        bars = a.bar([x + (k - 0.5) * width for x in xs], v, width, label=label, color=color)
-        a.bar_label(bars, labels=[f"{x:.1f}" for x in v], fontsize=7)
-    a.axhline(GOAL_REDIS_US_PER_MSG, color="red", ls="--", lw=1, label=f"goal {GOAL_REDIS_US_PER_MSG:g} us")
-    a.set_xticks(list(xs), [LABELS[n] for n in names], fontsize=8)
-    a.set_ylabel("Redis us per message (flat-out run)")
-    a.set_title("Redis cost per message")
-    a.legend(fontsize=8)
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def print_table(res: dict[str, Any]) -> None:
-    head = (f"{'variant':<26}{'msg/s':>9}{'x raw':>7}{'p50 ms':>9}{'p99 ms':>9}{'low p50':>9}{'low p99':>9}"
-            f"{'redis us/msg':>13}{'lua us/msg':>11}{'client us':>10}{'worker us':>10}{'others':>8}")
-    print()
-    print(head)
-    print("-" * len(head))
-    raw = res["variants"]["raw"]["throughput"]["msgs_per_s"]
-    for name, v in res["variants"].items():
-        t, low = v["throughput"], v["low_load"]
-        w = t["worker_cpu_us_per_msg"]
-        print(f"{LABELS[name]:<26}{t['msgs_per_s']:>9.0f}{t['msgs_per_s'] / raw:>7.2f}"
-              f"{t['latency_ms']['p50']:>9.2f}{t['latency_ms']['p99']:>9.2f}"
-              f"{low['latency_ms']['p50']:>9.3f}{low['latency_ms']['p99']:>9.3f}"
-              f"{t['redis']['cpu_us_per_msg']:>13.2f}{t['redis']['evalsha_us_per_msg']:>11.2f}"
-              f"{t['client_cpu_us_per_msg']:>10.1f}{'' if w is None else f'{w:.1f}':>10}{t['others_cpu_cores']:>8.2f}")
-    print("\nruns (median reported): " + "; ".join(
-        f"{LABELS[n]}: {', '.join(f'{x / 1000:.1f}k' for x in v['throughput']['runs_msgs_per_s'])} msg/s, "
-        f"low p99 {', '.join(f'{x:.2f}' for x in v['low_load']['runs_p99_ms'])} ms"
-        for n, v in res["variants"].items()))
-    print("client/worker us = CPU of the bench process / worker process per message; others = CPU cores used "
-          "meanwhile by unrelated processes on this machine")
-    fc = res.get("fence_costs")
-    if fc:
-        print(f"\nfences alone ({fc['batch']} msgs per call, {fc['calls']} calls):")
-        for f in ("publish", "pull", "ack"):
-            c = fc[f]
-            inner = sorted(((v["usec"], k, v["calls"]) for k, v in c["commands"].items() if k != "evalsha"), reverse=True)[:4]
-            top = ", ".join(f"{k} {u / fc['calls']:.0f}us/{calls // fc['calls']}x" for u, k, calls in inner)
-            print(f"  {f:<8} EVALSHA {c['evalsha_us_per_call']:7.1f} us/call = {c['evalsha_us_per_msg']:5.2f} us/msg;"
-                  f" Python wall {c['python_wall_us_per_call']:7.1f} us/call; inside: {top}")
-    sdk = res.get("sdk", {})
-    if sdk:
-        print("\nthe Python SDK through a worker process (bench.sdk): " + ", ".join(
-            f"{style} {r['msgs_per_s']:,.0f} msg/s" for style, r in sdk.items()))
-    peers = res.get("peers", {})
-    if peers:
-        ours = res["variants"]["fencemq_process"]["throughput"]["msgs_per_s"]
-        print("\npeers, same run, at-least-once (bench.peers):")
-        for name, p in peers.items():
-            if "msgs_per_s" in p:
-                print(f"  {PEER_LABELS[name]:<26} {p['msgs_per_s']:>9,.0f} msg/s  flat-out p99 {p['p99_ms']:8.1f} ms  "
-                      f"FenceMQ is {ours / p['msgs_per_s']:.1f}x")
-            else:
-                print(f"  {PEER_LABELS[name]:<26} skipped: {p['skipped']}")
-    print("\ngoals (headline = FenceMQ worker process):")
-    for g in res["goals"]:
-        print(f"  {'PASS' if g['pass'] else 'FAIL'}  {g['goal']:<36} {g['value']!s:>10}  (target {g['target']})")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,8 +25,10 @@ import threading
 import time
 from typing import Any
 
+from bench.harness import WorkerProcess
 from bench.workloads import in_flight
 from fencemq import Client, SyncClient
+from fencemq.server.embedded import EmbeddedRedis
 
 BATCH, WINDOW = 100, 10
 
@@ -86,9 +88,6 @@ def sdk_styles(worker_port: int, total: int, size: int) -> dict[str, dict[str, A
 
 
 def main() -> None:
-    from bench.run import WorkerProcess
-    from fencemq.server.embedded import EmbeddedRedis
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--size", type=int, default=128)

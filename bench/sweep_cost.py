@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 
-from bench.run import machine_info
+from bench.harness import machine_info
 from bench.stats import RedisMeter
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis

@@ -32,9 +32,11 @@ from rich.table import Table
 from rich.text import Text
 
 from fencemq.fences import session_index
+from fencemq.model import meta
 from fencemq.model.keys import Keyspace
 from fencemq.ops.operations import parse_meta
 from fencemq.model.keys import queue_ref
+from fencemq.model.records import lex_range
 from fencemq.cli.common import safe_url, text
 
 PIPELINE_CHUNK = 200
@@ -134,54 +136,52 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
 
     parsed = []
     for i, qid in enumerate(qids):
-        meta, checkouts, oldest, ready, delayed, dead = replies[6 * i : 6 * i + 6]
-        if not meta:
+        raw_meta, checkouts, oldest, ready, delayed, dead = replies[6 * i : 6 * i + 6]
+        if not raw_meta:
             continue  # reclaimed between SCAN and now
-        parsed.append((qid, parse_meta(meta), checkouts, oldest, ready, delayed, dead))
+        parsed.append((qid, parse_meta(raw_meta), checkouts, oldest, ready, delayed, dead))
 
     # Per-group returned/checked-out counts and per-member pending: lex counts, O(log n) each.
     with client.pipeline(transaction=False) as pipe:
         for qid, (fields, groups), *_ in parsed:
             k = keys.queue_by_id(qid)
             for g in sorted(groups):  # the same order as the loop that reads the counts below
-                group = groups[g]
-                gb = g.encode()
-                pipe.zlexcount(k.ready, b"[" + gb + b"\x00", b"(" + gb + b"\x01")
-                pipe.zlexcount(k.owned, b"[" + gb + b"\x00", b"(" + gb + b"\x01")
-                for m in group["members"]:
-                    mb = gb + b"\x00" + m.encode()
-                    pipe.zlexcount(k.owned, b"[" + mb + b"\x00", b"(" + mb + b"\x01")
+                pipe.zlexcount(k.ready, *lex_range(g))
+                pipe.zlexcount(k.owned, *lex_range(g))
+                for m in groups[g]["members"]:
+                    pipe.zlexcount(k.owned, *lex_range(g, m))
         counts = iter(pipe.execute())
 
     for qid, (fields, groups), checkouts, oldest, ready, delayed, dead in parsed:
         ref = queue_ref(qid)
-        seq = _int(fields.get("seq"))
-        first = _int(fields.get("first"), 1)
+        seq = _int(fields.get(meta.SEQ))
+        first = _int(fields.get(meta.FIRST), 1)
         out_groups = []
         for g in sorted(groups):
             group = groups[g]
             returned, held = next(counts), next(counts)
-            cursor = max(_int(group.get("cur"), first), first)
+            cursor = max(_int(group.get(meta.CURSOR), first), first)
             unread = max(0, seq - cursor + 1)
             members = []
             for m, mfields in group["members"].items():
                 pending = next(counts)
                 members.append({
                     "id": m,
-                    "delivered": _int(mfields.get("n")),
+                    "delivered": _int(mfields.get(meta.DELIVERED)),
                     "pending": pending,
-                    "suspected": "sus" in mfields,
-                    "suspected_since_ms": _int(mfields.get("sus")) if "sus" in mfields else None,
-                    "evicted_by": mfields.get("mk"),
-                    "lock_ms": _int(mfields.get("lock")) if "lock" in mfields else None,
+                    "suspected": meta.SUSPECTED_SINCE in mfields,
+                    "suspected_since_ms": (_int(mfields.get(meta.SUSPECTED_SINCE))
+                                           if meta.SUSPECTED_SINCE in mfields else None),
+                    "evicted_by": mfields.get(meta.MARKER),
+                    "lock_ms": _int(mfields.get(meta.LOCK)) if meta.LOCK in mfields else None,
                 })
             out_groups.append({
                 "name": g,
-                "mode": group.get("mode"),
-                "policy": group.get("pol"),
-                "epoch": _int(group.get("ep")),
+                "mode": group.get(meta.MODE),
+                "policy": group.get(meta.POLICY),
+                "epoch": _int(group.get(meta.EPOCH)),
                 "cursor": cursor,
-                "owner": group.get("own"),
+                "owner": group.get(meta.OWNER),
                 "unread": unread,
                 "returned": returned,
                 "backlog": unread + returned,

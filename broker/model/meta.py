@@ -1,37 +1,137 @@
-"""The compact form of a queue's meta hash, read from Python.
+"""A queue's meta hash, read from Python: its field names, and its compact form.
+
+Queue-level fields have plain names; a group's are ``g|<group>|<field>``, a
+member's ``m|<group>|<member>|<field>`` (group and member names never hold
+``|``: keys.check_name). The names below are what the Lua fences write
+(lua/_common.lua ``gf``/``mf``; docs/data-model.md): Python code says
+``MARKER``, never the two letters it is stored under.
 
 An lmq at rest (one group, whose only member is its owner) keeps only the
 meta fields that differ from their defaults; ``z`` = ``<group>|<owner>``
 stands for the group, its member list and its owner, and the few fields left
 take one-letter names, times in seconds (lua/_compact_meta.lua, ``compact_meta``;
 docs/data-model.md, "Lmqs at rest"). The fences read through it; code that
-reads meta hashes directly (the operator views) calls :func:`expand` to see
-every field spelled out. The names and defaults here must match
-``compact_names`` / ``compact_defaults`` / ``SHORT_NAMES`` in lua/_compact_meta.lua:
-tests/test_lmq_at_rest.py holds the two to each other.
+reads meta hashes directly (the operator views) calls :func:`expand` (or
+:func:`decode`) to see every field spelled out. The names and defaults here
+must match ``compact_names`` / ``compact_defaults`` / ``SHORT_NAMES`` in
+lua/_compact_meta.lua: tests/fences/test_lmq_at_rest.py holds the two to each other.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
+from fencemq.model.records import decode_names
 from fencemq.model.values import text
+
+# -- queue-level fields
+SEQ = "seq"  # the last message id
+FIRST = "first"  # the first retained message id
+TAG = "tag"  # the last delivery tag
+CREATED = "ct"  # ms
+LAST_WRITE = "wt"  # ms
+GROUPS = "groups"  # the group names, in creation order (records.encode_names)
+JOURNAL_CAP = "jcap"
+PUSH = "push"  # the push members (records.encode_push_members)
+MAX_FAILURES = "maxdel"
+
+# -- group fields: group_field(group, name)
+MODE = "mode"  # exclusive | shared | single-active
+CURSOR = "cur"  # the next id the group reads
+EPOCH = "ep"
+OWNER = "own"  # the exclusive owner, or the active member of a single-active group
+POLICY = "pol"  # preempt | reject
+ON_PREEMPT = "onpre"
+MEMBERS = "mem"  # member names in arrival order (records.encode_names)
+STRATEGY = "strat"  # a shared group's: round-robin | sticky | hash
+SKIP_OFFLINE = "skip"
+ROUND_ROBIN = "rr"  # the round-robin pointer
+STICKY = "stk"  # the sticky member
+
+# -- member fields: member_field(group, member, name)
+DELIVERED = "n"
+MAX = "max"  # MAX n: end of stream after n deliveries in all
+LOCK = "lock"  # lease length, ms
+SUSPECTED_SINCE = "sus"  # ms; absent: not suspected
+MARKER = "mk"  # the eviction marker: who preempted (or evicted) this member
+MARKER_JOURNALED = "fj"  # the fenced pull of this marker is in the journal
+CAPACITY = "cap"  # a push member's mailbox capacity; absent: a pull member
+QOS = "qos"
+ENDED = "end"  # the end-of-stream sentinel is seated
+ONLINE = "on"  # "0": its session has no connection
+
+
+def group_field(group: str, name: str) -> str:
+    return f"g|{group}|{name}"
+
+
+def member_field(group: str, member: str, name: str) -> str:
+    return f"m|{group}|{member}|{name}"
+
+
+@dataclass(slots=True)
+class Meta:
+    """A meta hash spelled out and sorted by what each field belongs to.
+
+    Dicts keep the order in which a group or member first appears among the
+    hash's fields; ``group_names`` is the creation order the hash records.
+    """
+
+    fields: dict[str, str] = field(default_factory=dict)  # queue-level
+    groups: dict[str, dict[str, str]] = field(default_factory=dict)
+    members: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def group_names(self) -> list[str]:
+        return decode_names(self.fields.get(GROUPS))
+
+    def member_names(self, group: str) -> list[str]:
+        """A group's members in arrival order (single-active succession order)."""
+        return decode_names(self.groups.get(group, {}).get(MEMBERS))
+
+
+def decode(raw: dict[bytes, bytes] | dict[str, str] | list[Any]) -> Meta:
+    """A meta hash (HGETALL's dict, or a flat field/value list), compact or not."""
+    if isinstance(raw, list):
+        raw = dict(zip(raw[0::2], raw[1::2], strict=True))
+    meta = Meta()
+    for name, value in expand(raw).items():
+        parts = name.split("|")
+        if len(parts) == 3 and parts[0] == "g":
+            meta.groups.setdefault(parts[1], {})[parts[2]] = value
+        elif len(parts) == 4 and parts[0] == "m":
+            meta.members.setdefault((parts[1], parts[2]), {})[parts[3]] = value
+        else:
+            meta.fields[name] = value
+    return meta
+
+
+# -- the compact form ----------------------------------------------------------------------------
 
 COMPACT_MARK = "z"
 TIMES = ("C", "W")  # kept in seconds
 
 
-AT_REST = {"seq": "S", "tag": "T"}  # queue-level counters: their names in a compact hash
+AT_REST = {SEQ: "S", TAG: "T"}  # queue-level counters: their names in a compact hash
 
 
 def _short_names(group: str, owner: str) -> dict[str, str]:
-    return {AT_REST["seq"]: "seq", AT_REST["tag"]: "tag", "N": f"m|{group}|{owner}|n", "C": "ct", "W": "wt"}
+    return {AT_REST[SEQ]: SEQ, AT_REST[TAG]: TAG, "N": member_field(group, owner, DELIVERED), "C": CREATED,
+            "W": LAST_WRITE}
 
 
 def _defaults(group: str, owner: str, seq: int) -> dict[str, str]:
-    g, m = f"g|{group}|", f"m|{group}|{owner}|"
+    def g(name: str) -> str:
+        return group_field(group, name)
+
+    def m(name: str) -> str:
+        return member_field(group, owner, name)
+
     return {
-        "first": str(seq + 1), "seq": "0", g + "mode": "exclusive", g + "pol": "preempt", g + "ep": "0",
-        g + "onpre": "keep", "groups": group, g + "mem": owner, m + "n": "0", m + "qos": "1", m + "on": "1",
-        "jcap": "0", g + "cur": str(seq + 1),
+        FIRST: str(seq + 1), SEQ: "0", g(MODE): "exclusive", g(POLICY): "preempt", g(EPOCH): "0",
+        g(ON_PREEMPT): "keep", GROUPS: group, g(MEMBERS): owner, m(DELIVERED): "0", m(QOS): "1", m(ONLINE): "1",
+        JOURNAL_CAP: "0", g(CURSOR): str(seq + 1),
     }
 
 
@@ -42,11 +142,11 @@ def expand(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:
     if mark is None:
         return fields
     group, owner = mark.split("|", 1)
-    fields[f"g|{group}|own"] = owner
+    fields[group_field(group, OWNER)] = owner
     for short, name in _short_names(group, owner).items():
         if short in fields:
             value = fields.pop(short)
             fields[name] = str(int(value) * 1000) if short in TIMES else value
-    for name, value in _defaults(group, owner, int(fields.get("seq", "0"))).items():
+    for name, value in _defaults(group, owner, int(fields.get(SEQ, "0"))).items():
         fields.setdefault(name, value)
     return fields

@@ -13,20 +13,19 @@ from typing import Any
 
 import msgpack
 
-from fencemq.model import meta as compact_meta
+from fencemq.model import meta
 from fencemq.fences import session_index
 from fencemq.errors import NotFound
 from fencemq.model.keys import Handle, Keyspace, QueueKeys, QueueRef
 from fencemq.ops.operations import (
-    SEP,
     _in_s,
-    _lex_range,
     _meta_or_fail,
     display_name,
     now_ms,
     parse_meta,
     queue_info,
 )
+from fencemq.model.records import Checkout, OwnedEntry, ReadyEntry, decode_push_members, lex_range
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 
@@ -59,13 +58,13 @@ async def _checkouts(redis: Any, k: QueueKeys, now: int, limit: int, group: str 
                 if int(scan_cursor) == 0:
                     break
     else:
-        lo, hi = _lex_range(group, member) if member is not None else _lex_range(group)
+        lo, hi = lex_range(group, member) if member is not None else lex_range(group)
         async with redis.pipeline(transaction=False) as pipe:
             pipe.zlexcount(k.owned, lo, hi)
             pipe.zrangebylex(k.owned, lo, hi, 0, limit)
             total, owned = await pipe.execute()
         total = int(total)
-        tags = [o.rsplit(SEP, 1)[1] for o in owned] if limit > 0 else []
+        tags = [OwnedEntry.decode(o).tag for o in owned] if limit > 0 else []
     if not tags:
         return [], total
     async with redis.pipeline(transaction=False) as pipe:
@@ -76,50 +75,50 @@ async def _checkouts(redis: Any, k: QueueKeys, now: int, limit: int, group: str 
     for tag, rec, deadline in zip(tags, records, deadlines, strict=True):
         if rec is None:
             continue  # settled between the two reads
-        g, m, msg_id, epoch, acq, fail = _s(rec).split("\x00")
+        c = Checkout.decode(rec)
         dl = int(deadline) if deadline is not None else None
         row = {
-            "tag": _s(tag), "group": g, "member": m, "id": int(msg_id), "epoch": int(epoch),
-            "acquisitions": int(acq), "failures": int(fail), "deadline_ms": dl, "expires_in_s": _in_s(dl, now),
+            "tag": _s(tag), "group": c.group, "member": c.member, "id": c.id, "epoch": c.epoch,
+            "acquisitions": c.acquisitions, "failures": c.failures, "deadline_ms": dl, "expires_in_s": _in_s(dl, now),
         }
         if epochs is not None:
-            row["stale"] = int(epoch) < epochs.get(g, 0)
+            row["stale"] = c.epoch < epochs.get(c.group, 0)
         out.append(row)
     out.sort(key=lambda r: (r["deadline_ms"] is None, r["deadline_ms"] or 0, r["group"], r["member"]))
     return out, total
 
 
 def _member_row(group: str, m: str, f: dict[str, str], owner: str | None, now: int) -> dict[str, Any]:
-    sus = _int(f.get("sus"), None)
+    sus = _int(f.get(meta.SUSPECTED_SINCE), None)
     return {
         "member": m,
         "owner": m == owner,
-        "delivered": _int(f.get("n")),
-        "max": _int(f.get("max"), None),
-        "lock_ms": _int(f.get("lock"), None),
+        "delivered": _int(f.get(meta.DELIVERED)),
+        "max": _int(f.get(meta.MAX), None),
+        "lock_ms": _int(f.get(meta.LOCK), None),
         "suspected": sus is not None,
         "suspected_since_ms": sus,
         "suspected_for_s": _in_s(now, sus) if sus is not None else None,
-        "marker": f.get("mk"),
-        "capacity": _int(f.get("cap"), None),
-        "push": "cap" in f,
-        "qos": _int(f.get("qos"), 1),
-        "ended": "end" in f,
-        "online": f.get("on", "1") != "0",
+        "marker": f.get(meta.MARKER),
+        "capacity": _int(f.get(meta.CAPACITY), None),
+        "push": meta.CAPACITY in f,
+        "qos": _int(f.get(meta.QOS), 1),
+        "ended": meta.ENDED in f,
+        "online": f.get(meta.ONLINE, "1") != "0",
     }
 
 
 def _group_row(name: str, group: dict[str, Any], seq: int, first: int) -> dict[str, Any]:
-    cursor = max(_int(group.get("cur"), first), first)
+    cursor = max(_int(group.get(meta.CURSOR), first), first)
     return {
         "group": name,
-        "mode": group.get("mode"),
-        "policy": group.get("pol"),
-        "on_preempt": group.get("onpre"),
-        "strategy": group.get("strat"),
-        "epoch": _int(group.get("ep")),
+        "mode": group.get(meta.MODE),
+        "policy": group.get(meta.POLICY),
+        "on_preempt": group.get(meta.ON_PREEMPT),
+        "strategy": group.get(meta.STRATEGY),
+        "epoch": _int(group.get(meta.EPOCH)),
         "cursor": cursor,
-        "owner": group.get("own"),
+        "owner": group.get(meta.OWNER),
         "unread": max(0, seq - cursor + 1),
     }
 
@@ -130,7 +129,7 @@ async def _delayed_by_group(redis: Any, k: QueueKeys, cap: int = 10_000) -> dict
         return None
     out: dict[str, int] = {}
     for member in await redis.zrange(k.delayed, 0, -1):
-        g = _s(member.split(SEP, 1)[0])
+        g = ReadyEntry.group_of(member)
         out[g] = out.get(g, 0) + 1
     return out
 
@@ -139,10 +138,10 @@ async def _group_counts(redis: Any, k: QueueKeys, groups: dict[str, dict[str, An
     """Per group: returned, checkouts; per member: checkouts held and mailbox depth."""
     async with redis.pipeline(transaction=False) as pipe:
         for g, group in groups.items():
-            pipe.zlexcount(k.ready, *_lex_range(g))
-            pipe.zlexcount(k.owned, *_lex_range(g))
+            pipe.zlexcount(k.ready, *lex_range(g))
+            pipe.zlexcount(k.owned, *lex_range(g))
             for m, f in group["members"].items():
-                pipe.zlexcount(k.owned, *_lex_range(g, m))
+                pipe.zlexcount(k.owned, *lex_range(g, m))
                 pipe.llen(k.mailbox(g, m))
         replies = iter(await pipe.execute()) if groups else iter(())
     out: dict[str, Any] = {}
@@ -150,7 +149,7 @@ async def _group_counts(redis: Any, k: QueueKeys, groups: dict[str, dict[str, An
         entry = {"returned": int(next(replies)), "checkouts": int(next(replies)), "members": {}}
         for m, f in group["members"].items():
             held, depth = int(next(replies)), int(next(replies))
-            entry["members"][m] = {"checkouts": held, "mailbox_depth": depth if "cap" in f else None}
+            entry["members"][m] = {"checkouts": held, "mailbox_depth": depth if meta.CAPACITY in f else None}
         out[g] = entry
     return out
 
@@ -170,10 +169,10 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         pipe.zcard(k.deadlines)
         pipe.pttl(k.meta)
         log_len, ready, delayed, dead, journal, leased, ttl = await pipe.execute()
-    seq, first = _int(fields.get("seq")), _int(fields.get("first"), 1)
+    seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
     counts = await _group_counts(redis, k, groups)
     delayed_by = await _delayed_by_group(redis, k)
-    epochs = {g: _int(group.get("ep")) for g, group in groups.items()}
+    epochs = {g: _int(group.get(meta.EPOCH)) for g, group in groups.items()}
     checkouts, total = await _checkouts(redis, k, now, limit, epochs=epochs)
     out_groups = []
     for g, group in groups.items():
@@ -185,23 +184,23 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
             "backlog": row["unread"] + c["returned"],
             "checkouts": c["checkouts"],
             "members": [
-                {**_member_row(g, m, f, group.get("own"), now), **c["members"][m]}
+                {**_member_row(g, m, f, group.get(meta.OWNER), now), **c["members"][m]}
                 for m, f in group["members"].items()
             ],
         })
         out_groups.append(row)
-    ct, wt = _int(fields.get("ct"), None), _int(fields.get("wt"), None)
+    ct, wt = _int(fields.get(meta.CREATED), None), _int(fields.get(meta.LAST_WRITE), None)
     return {
         **queue_info(ref.qid),
         "now_ms": now,
         "seq": seq,
         "first": first,
         "retained": int(log_len),
-        "last_tag": _int(fields.get("tag")),
+        "last_tag": _int(fields.get(meta.TAG)),
         "created_ms": ct,
         "last_write_ms": wt,
         "expires_in_s": round(int(ttl) / 1000, 3) if int(ttl) >= 0 else None,
-        "journal_cap": _int(fields.get("jcap"), None),
+        "journal_cap": _int(fields.get(meta.JOURNAL_CAP), None),
         "journal_length": int(journal),
         "backlog": max((g["backlog"] for g in out_groups), default=None),
         "checkouts_total": total,
@@ -209,7 +208,7 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         "ready": int(ready),
         "delayed": int(delayed),
         "dead_letters": int(dead),
-        "push_members": [line.replace("\t", "/") for line in fields.get("push", "").split("\n") if line],
+        "push_members": [f"{g}/{m}" for g, m in decode_push_members(fields.get(meta.PUSH))],
         "groups": out_groups,
         "checkouts": checkouts,
         "checkouts_shown": len(checkouts),
@@ -222,14 +221,14 @@ async def inspect_group(redis: Any, keys: Keyspace, ref: QueueRef, group: str, *
     k = keys.queue(ref)
     now = await now_ms(redis)
     fields, groups = parse_meta(raw)
-    if group not in groups or "mode" not in groups[group]:
+    if group not in groups or meta.MODE not in groups[group]:
         known = ", ".join(groups) or "none"
         raise NotFound(f"queue {display_name(ref)} has no group {group!r} (groups: {known})")
     g = groups[group]
-    seq, first = _int(fields.get("seq")), _int(fields.get("first"), 1)
+    seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
     counts = (await _group_counts(redis, k, {group: g}))[group]
     delayed_by = await _delayed_by_group(redis, k)
-    checkouts, total = await _checkouts(redis, k, now, limit, group=group, epochs={group: _int(g.get("ep"))})
+    checkouts, total = await _checkouts(redis, k, now, limit, group=group, epochs={group: _int(g.get(meta.EPOCH))})
     row = _group_row(group, g, seq, first)
     row.update({
         **queue_info(ref.qid),
@@ -237,13 +236,13 @@ async def inspect_group(redis: Any, keys: Keyspace, ref: QueueRef, group: str, *
         "now_ms": now,
         "seq": seq,
         "first": first,
-        "skip_offline": g.get("skip") == "1",
+        "skip_offline": g.get(meta.SKIP_OFFLINE) == "1",
         "returned": counts["returned"],
         "delayed": delayed_by.get(group, 0) if delayed_by is not None else None,
         "backlog": row["unread"] + counts["returned"],
         "checkouts_total": total,
         "members": [
-            {**_member_row(group, m, f, g.get("own"), now), **counts["members"][m]}
+            {**_member_row(group, m, f, g.get(meta.OWNER), now), **counts["members"][m]}
             for m, f in g["members"].items()
         ],
         "checkouts": checkouts,
@@ -286,26 +285,26 @@ async def inspect_member(redis: Any, keys: Keyspace, ref: QueueRef, group: str, 
     k = keys.queue(ref)
     now = await now_ms(redis)
     _fields, groups = parse_meta(raw)
-    if group not in groups or "mode" not in groups[group]:
+    if group not in groups or meta.MODE not in groups[group]:
         raise NotFound(f"queue {display_name(ref)} has no group {group!r} (groups: {', '.join(groups) or 'none'})")
     g = groups[group]
-    if member not in g["members"] or "n" not in g["members"][member]:
+    if member not in g["members"] or meta.DELIVERED not in g["members"][member]:
         known = ", ".join(g["members"]) or "none"
         raise NotFound(f"{member!r} is not a member of group {group!r} of {display_name(ref)} (members: {known})")
     f = g["members"][member]
-    epoch = _int(g.get("ep"))
+    epoch = _int(g.get(meta.EPOCH))
     checkouts, total = await _checkouts(redis, k, now, limit, group=group, member=member, epochs={group: epoch})
-    depth = await redis.llen(k.mailbox(group, member)) if "cap" in f else None
+    depth = await redis.llen(k.mailbox(group, member)) if meta.CAPACITY in f else None
     return {
         **queue_info(ref.qid),
         "queue": display_name(ref),
         "group": group,
-        "mode": g.get("mode"),
+        "mode": g.get(meta.MODE),
         "epoch": epoch,
-        "group_owner": g.get("own"),
+        "group_owner": g.get(meta.OWNER),
         "position": list(g["members"]).index(member) + 1,
         "now_ms": now,
-        **_member_row(group, member, f, g.get("own"), now),
+        **_member_row(group, member, f, g.get(meta.OWNER), now),
         "handle": Handle(ref, group, member).encode(),
         "mailbox_depth": int(depth) if depth is not None else None,
         "checkouts_total": total,
@@ -331,8 +330,8 @@ async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int
     decoded = [h for h in shown if isinstance(h, Handle)]
     async with redis.pipeline(transaction=False) as pipe:
         for h in decoded:
-            pipe.hgetall(keys.queue(h.queue).meta)  # whole: an lmq at rest is compact (broker/compact_meta.py)
-            pipe.zlexcount(keys.queue(h.queue).owned, *_lex_range(h.group, h.member))
+            pipe.hgetall(keys.queue(h.queue).meta)  # whole: an lmq at rest is compact (fencemq.model.meta)
+            pipe.zlexcount(keys.queue(h.queue).owned, *lex_range(h.group, h.member))
         pipe.hgetall(keys.session_lite_counts(client))
         pipe.lrange(keys.session_notices(client), 0, max(limit - 1, 0))
         replies = await pipe.execute()
@@ -343,16 +342,15 @@ async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int
         if not isinstance(h, Handle):
             subs.append({"handle": h, "error": "not a handle"})
             continue
-        fields = compact_meta.expand(next(states))
-        g, m = f"g|{h.group}|", f"m|{h.group}|{h.member}|"
-        n, mx, sus, mk, cap = (fields.get(m + f) for f in ("n", "max", "sus", "mk", "cap"))
-        own, mode, ep = (fields.get(g + f) for f in ("own", "mode", "ep"))
+        state = meta.decode(next(states))
+        g, f = state.groups.get(h.group, {}), state.members.get((h.group, h.member), {})
+        n, mk, own = f.get(meta.DELIVERED), f.get(meta.MARKER), g.get(meta.OWNER)
         held = int(next(states))
         subs.append({
             "handle": h.encode(), **queue_info(h.queue.qid), "queue": display_name(h.queue), "group": h.group,
-            "mode": _s(mode) if mode is not None else None, "epoch": _int(ep), "member": n is not None,
-            "owner": own is not None and _s(own) == client, "delivered": _int(n), "max": _int(mx, None),
-            "suspected": sus is not None, "marker": _s(mk) if mk is not None else None, "push": cap is not None,
+            "mode": g.get(meta.MODE), "epoch": _int(g.get(meta.EPOCH)), "member": n is not None,
+            "owner": own == client, "delivered": _int(n), "max": _int(f.get(meta.MAX), None),
+            "suspected": meta.SUSPECTED_SINCE in f, "marker": mk, "push": meta.CAPACITY in f,
             "checkouts": held,
         })
     decoded_notices = []

@@ -11,11 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from fencemq.config import Config
 from fencemq.errors import BadArgument, NotFound
-from fencemq.model import meta as compact_meta
+from fencemq.model import meta
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.model.messages import unpack_delivery
 from fencemq.ops.operations import (
@@ -36,6 +34,7 @@ from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.operator import PURGE, REPLAY_DEAD
 from fencemq.fences.registry import Fences
 from fencemq.model.keys import queue_ref
+from fencemq.model.records import DeadLetter, JournalLine
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 
@@ -145,11 +144,11 @@ async def seek(redis: Any, keys: Keyspace, ref: QueueRef, group: str, kind: str,
         raise BadArgument("seek takes id, time, earliest or latest")
     raw = await _meta_or_fail(redis, keys, ref)
     _fields, groups = parse_meta(raw)
-    if group not in groups or "mode" not in groups[group]:
+    if group not in groups or meta.MODE not in groups[group]:
         raise NotFound(f"queue {display_name(ref)} has no group {group!r} (groups: {', '.join(groups) or 'none'})")
     g = groups[group]
-    before = {"epoch": _int(g.get("ep")), "cursor": _int(g.get("cur"), None)}
-    member = g.get("own") or next(iter(g["members"]), None) or "operator"
+    before = {"epoch": _int(g.get(meta.EPOCH)), "cursor": _int(g.get(meta.CURSOR), None)}
+    member = g.get(meta.OWNER) or next(iter(g["members"]), None) or "operator"
     q = _queues(redis, keys)
     epoch, cursor, clamped = await q.seek.move(Handle(ref, group, member), kind, arg)
     return {**queue_info(ref.qid), "queue": display_name(ref), "group": group, "target": kind, "arg": arg,
@@ -193,20 +192,17 @@ def _preview(payload: bytes, size: int = PREVIEW_BYTES) -> str:
 
 
 def decode_dead_letter(ref: QueueRef, raw: bytes) -> dict[str, Any]:
-    """A dead letter: id, group, member, acquisitions, failures, ms, stored body.
-
-    nack.lua writes one msgpack array (docs/data-model.md).
-    """
+    """A dead letter (records.DeadLetter) as a row: id, group, member, acquisitions, failures, ms, the message."""
     try:
-        msg_id, group, member, acq, failures, ms, stored = msgpack.unpackb(raw, raw=True)
+        letter = DeadLetter.decode(raw)
     except Exception as exc:  # noqa: BLE001 - one bad entry must not hide the others
         return {"error": f"undecodable dead letter ({type(exc).__name__})", "raw_size": len(raw)}
-    row: dict[str, Any] = {"id": int(msg_id), "group": _s(group), "member": _s(member), "acquisitions": int(acq),
-                           "failures": int(failures), "dead_ms": int(ms)}
+    row: dict[str, Any] = {"id": letter.id, "group": letter.group, "member": letter.member,
+                           "acquisitions": letter.acquisitions, "failures": letter.failures, "dead_ms": letter.ms}
     try:
-        d = unpack_delivery(ref.topic, ref.lmq, 0, b"", int(msg_id), int(acq), stored)
+        d = unpack_delivery(ref.topic, ref.lmq, 0, b"", letter.id, letter.acquisitions, letter.body)
     except Exception as exc:  # noqa: BLE001 - one bad entry must not hide the others
-        row.update({"error": f"undecodable body ({type(exc).__name__})", "size": len(stored)})
+        row.update({"error": f"undecodable body ({type(exc).__name__})", "size": len(letter.body)})
         return row
     row.update({
         "published_ms": d.published_ms, "size": len(d.payload), "qos": d.qos, "producer": d.producer,
@@ -297,8 +293,8 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         async with redis.pipeline(transaction=False) as pipe:
             for qid in chunk:
                 # seq and tag, or the names an lmq at rest keeps them under
-                pipe.hmget(keys.queue_by_id(qid).meta, "seq", "tag", compact_meta.AT_REST["seq"],
-                           compact_meta.AT_REST["tag"])
+                pipe.hmget(keys.queue_by_id(qid).meta, meta.SEQ, meta.TAG, meta.AT_REST[meta.SEQ],
+                           meta.AT_REST[meta.TAG])
             for qid, (seq, tag, rest_seq, rest_tag) in zip(chunk, await pipe.execute(), strict=True):
                 seq, tag = seq if seq is not None else rest_seq, tag if tag is not None else rest_tag
                 if seq is not None or tag is not None:
@@ -326,22 +322,17 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
     for i, qid in enumerate(chosen):
         if qid not in rows:
             continue
-        tail, meta = replies[2 * i], replies[2 * i + 1]
+        tail, raw_meta = replies[2 * i], replies[2 * i + 1]
         row = rows[qid]
         since = state.journal_marks.get(qid)
         events: dict[str, int] = dict.fromkeys(RATE_EVENTS, 0)
         newest = since
-        oldest_ms = _int(tail[0].split(b"\t", 1)[0], None) if tail else None
-        for entry in tail:
-            parts = entry.split(b"\t", 2)
-            ms = _int(parts[0], None) if parts else None
-            if ms is None:
-                continue
-            newest = ms if newest is None or ms > newest else newest
-            if since is not None and ms > since and len(parts) > 1:
-                ev = _s(parts[1])
-                if ev in events:
-                    events[ev] += 1
+        lines = [JournalLine.decode(entry) for entry in tail]
+        oldest_ms = lines[0].ms if lines else None
+        for line in lines:
+            newest = line.ms if newest is None or line.ms > newest else newest
+            if since is not None and line.ms > since and line.event in events:
+                events[line.event] += 1
         if newest is not None:
             state.journal_marks[qid] = newest
         window = (now - since) / 1000 if since is not None else None
@@ -355,15 +346,16 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         row["journal_rates_partial"] = bool(since is not None and len(tail) >= JOURNAL_TAIL and oldest_ms is not None
                                             and oldest_ms > since)
         row["journal_window_s"] = round(window, 3) if window is not None else None
-        _fields, groups = parse_meta(meta)
+        _fields, groups = parse_meta(raw_meta)
         consumers = []
         for g, group in groups.items():
             for m, f in group["members"].items():
                 consumers.append(m)
-                if "sus" in f or "mk" in f:
+                since = _int(f.get(meta.SUSPECTED_SINCE), None) if meta.SUSPECTED_SINCE in f else None
+                if meta.SUSPECTED_SINCE in f or meta.MARKER in f:
                     suspects.append({"queue": row["name"], "qid": qid, "group": g, "member": m,
-                                     "suspected_for_s": _in_s(now, _int(f.get("sus"), None)) if "sus" in f else None,
-                                     "marker": f.get("mk")})
+                                     "suspected_for_s": _in_s(now, since) if since is not None else None,
+                                     "marker": f.get(meta.MARKER)})
         row["consumers"] = sorted(set(consumers))
         out_rows.append(row)
     async with redis.pipeline(transaction=False) as pipe:

@@ -1,7 +1,8 @@
 """Operator reads: list queues, and the helpers every operator read shares.
 
-The Redis side of the operator CLI (``cli/ops.py`` only presents what these
-return); one queue, group, member or session in depth is broker/inspection.py. Every function is async, takes a ``redis.asyncio.Redis`` or
+The Redis side of the operator CLI (the commands cli/ops.py registers only
+present what these return); one queue, group, member or session in depth is
+broker/ops/inspection.py. Every function is async, takes a ``redis.asyncio.Redis`` or
 ``redis.asyncio.RedisCluster`` (bytes replies: no ``decode_responses``) and
 a :class:`~fencemq.model.keys.Keyspace`, prints nothing and returns plain data
 (dicts and lists of JSON-able values).
@@ -9,7 +10,7 @@ a :class:`~fencemq.model.keys.Keyspace`, prints nothing and returns plain data
 Reads are pipelined, not atomic (like ``fencemq status``): on a busy broker
 two figures of one queue may be a few milliseconds apart. The writes (evict,
 sweep, seek, purge, dead letters) and the live figures of ``top`` are in
-broker/maintenance.py. Times are on Redis's clock (``TIME``), like leases.
+broker/ops/maintenance.py. Times are on Redis's clock (``TIME``), like leases.
 
 Listing is SCAN-based (``MATCH`` on the queues' meta hashes, ``TYPE hash``),
 one master after another on a Cluster; a page stops at ``limit`` queues and
@@ -29,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-from fencemq.model import meta as compact_meta
+from fencemq.model import meta
 from fencemq.errors import BadArgument, NotFound
 from fencemq.model.keys import Keyspace, QueueRef, escape
 from fencemq.model.keys import queue_ref
+from fencemq.model.records import lex_range
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 
@@ -40,7 +42,6 @@ Progress = Callable[[int, "int | None"], None]
 
 KINDS = {"plain": "t", "lite": "l", "filter": "f"}
 KIND_NAMES = {"t": "plain", "l": "lite", "f": "filter"}
-SEP = b"\x00"
 PIPELINE_CHUNK = 200
 SCAN_COUNT = 1000
 
@@ -92,38 +93,20 @@ def display_name(ref: QueueRef) -> str:
 def parse_meta(raw: dict[bytes, bytes]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """Queue fields, and groups in creation order: {group: {field: value, "members": {member: {field: value}}}}.
 
-    Members keep arrival order (the group's ``mem`` list, single-active
+    Members keep arrival order (the group's member list, single-active
     succession order); a member with fields but not in the list (it is
     leaving) comes last.
     """
-    fields: dict[str, str] = {}
-    groups: dict[str, dict[str, Any]] = {}
-    member_fields: list[tuple[str, str, str, str]] = []
-    group_fields: list[tuple[str, str, str]] = []
-    for key, value in compact_meta.expand(raw).items():
-        parts = key.split("|")
-        if len(parts) == 3 and parts[0] == "g":
-            group_fields.append((parts[1], parts[2], value))
-        elif len(parts) == 4 and parts[0] == "m":
-            member_fields.append((parts[1], parts[2], parts[3], value))
-        else:
-            fields[key] = value
-    for g in filter(None, fields.get("groups", "").split("\n")):
-        groups.setdefault(g, {"members": {}})
-    for g, f, value in group_fields:
-        groups.setdefault(g, {"members": {}})[f] = value
+    decoded = meta.decode(raw)
+    groups: dict[str, dict[str, Any]] = {g: {"members": {}} for g in decoded.group_names}
+    for g, fields in decoded.groups.items():
+        groups.setdefault(g, {"members": {}}).update(fields)
     for g, group in groups.items():
-        for m in filter(None, group.get("mem", "").split("\n")):
+        for m in decoded.member_names(g):
             group["members"][m] = {}
-    for g, m, f, value in member_fields:
-        groups.setdefault(g, {"members": {}})["members"].setdefault(m, {})[f] = value
-    return fields, groups
-
-
-def _lex_range(*parts: str) -> tuple[bytes, bytes]:
-    """ZRANGEBYLEX bounds of every member starting with parts joined by NUL, then NUL."""
-    prefix = SEP.join(p.encode() for p in parts)
-    return b"[" + prefix + SEP, b"(" + prefix + b"\x01"
+    for (g, m), fields in decoded.members.items():
+        groups.setdefault(g, {"members": {}})["members"].setdefault(m, {}).update(fields)
+    return decoded.fields, groups
 
 
 # -- listing -----------------------------------------------------------------------------
@@ -327,28 +310,28 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
             replies = await pipe.execute()
         parsed = []
         for i, qid in enumerate(chunk):
-            meta, leased, held, ready, delayed, dead = replies[6 * i : 6 * i + 6]
-            if meta:
-                parsed.append((qid, *parse_meta(meta), leased, held, ready, delayed, dead))
+            raw_meta, leased, held, ready, delayed, dead = replies[6 * i : 6 * i + 6]
+            if raw_meta:
+                parsed.append((qid, *parse_meta(raw_meta), leased, held, ready, delayed, dead))
         async with redis.pipeline(transaction=False) as pipe:
             for qid, _fields, groups, *_ in parsed:
                 k = keys.queue_by_id(qid)
                 for g in groups:
-                    pipe.zlexcount(k.ready, *_lex_range(g))
+                    pipe.zlexcount(k.ready, *lex_range(g))
             counts = iter(await pipe.execute()) if parsed else iter(())
         for qid, fields, groups, leased, held, ready, delayed, dead in parsed:
-            seq, first = _int(fields.get("seq")), _int(fields.get("first"), 1)
+            seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
             backlogs, owners, members, suspected, marked = [], [], 0, 0, 0
             for g, group in groups.items():
                 returned = next(counts)
-                cursor = max(_int(group.get("cur"), first), first)
+                cursor = max(_int(group.get(meta.CURSOR), first), first)
                 backlogs.append(max(0, seq - cursor + 1) + int(returned))
-                if group.get("own"):
-                    owners.append(group["own"])
+                if group.get(meta.OWNER):
+                    owners.append(group[meta.OWNER])
                 members += len(group["members"])
-                suspected += sum(1 for m in group["members"].values() if "sus" in m)
-                marked += sum(1 for m in group["members"].values() if "mk" in m)
-            wt = _int(fields.get("wt"), None)
+                suspected += sum(1 for m in group["members"].values() if meta.SUSPECTED_SINCE in m)
+                marked += sum(1 for m in group["members"].values() if meta.MARKER in m)
+            wt = _int(fields.get(meta.LAST_WRITE), None)
             rows.append({
                 **queue_info(qid),
                 "seq": seq,

@@ -14,18 +14,23 @@ batch. That covers replies that were in flight while a seek committed: after
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Protocol
 
 from fencemq.sdk.replies import ConnectionLost, EndOfStream, _delivery, _str, _tag
 from fencemq.errors import FenceMQError
 from fencemq.model.messages import Delivery
 
-if TYPE_CHECKING:
-    from fencemq.sdk.client import Client
-
 ITER_COUNT = 64
 ITER_BLOCK_MS = 5000
+
+
+class Caller(Protocol):
+    """What a subscription needs of its client (fencemq.sdk.client.Client), which imports this module."""
+
+    _closed: bool
+
+    async def _call(self, args: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> Any: ...
 
 
 class _Epoch:
@@ -44,7 +49,7 @@ class Subscription:
     """A subscription handle plus the SDK's epoch fence for it."""
 
     def __init__(
-        self, client: Client, handle: str, epoch: _Epoch, *, mode: str, owner: str | None, qos: int,
+        self, client: Caller, handle: str, epoch: _Epoch, *, mode: str, owner: str | None, qos: int,
         topic: str, lmq: str | None, group: str | None, push: bool,
     ) -> None:
         self.client = client

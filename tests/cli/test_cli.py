@@ -21,6 +21,7 @@ import redis
 from typer.testing import CliRunner
 
 from fencemq.config import Config
+from fencemq.model import meta
 from fencemq.server.embedded import free_port
 from fencemq.server.runner import WorkerThread
 from fencemq.cli.main import app
@@ -70,7 +71,7 @@ def broker_state(redis_url: str, worker: WorkerThread) -> Iterator[dict]:
 
     direct = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + 5
-    while not direct.hexists("fmq:{t:orders}", "m|audit|c3|sus"):  # the sweeper's doing
+    while not direct.hexists("fmq:{t:orders}", meta.member_field("audit", "c3", meta.SUSPECTED_SINCE)):  # the sweeper's doing
         assert time.monotonic() < deadline, "c3's 100 ms leases were not swept within 5 s"
         time.sleep(0.05)
     try:
@@ -191,7 +192,7 @@ def test_demo_runs_to_completion(redis_url: str) -> None:
     direct = redis.Redis.from_url(redis_url)
     try:
         assert direct.zcard("fmq:sessions") == 0
-        assert direct.hget("fmq:{l:chat:session-42}", "g|default|own") is None
+        assert direct.hget("fmq:{l:chat:session-42}", meta.group_field("default", meta.OWNER)) is None
     finally:
         direct.close()
 

@@ -1,4 +1,4 @@
-"""The operator commands of cli/ops.py (queues, lmqs, inspect, evict, sweep, seek, purge,
+"""The operator commands cli/ops.py registers (queues, lmqs, inspect, evict, sweep, seek, purge,
 dlq, top, bench) through typer's runner, against a real worker and Redis: human tables,
 --json, and the exit codes of the errors an operator meets."""
 
@@ -16,6 +16,8 @@ import typer
 from typer.testing import CliRunner
 
 from fencemq.config import Config
+from fencemq.model import meta
+from fencemq.model.records import JournalLine
 from fencemq.server.embedded import EmbeddedRedis, free_port
 from fencemq.model.keys import Handle
 from fencemq.fences.core import Core
@@ -104,7 +106,7 @@ def broker(redis_url: str) -> Iterator[dict[str, Any]]:
 
         direct = redis.Redis.from_url(redis_url)
         deadline = time.monotonic() + 5
-        while not direct.hexists("fmq:{t:orders}", "m|audit|c3|sus"):  # the worker's sweeper
+        while not direct.hexists("fmq:{t:orders}", meta.member_field("audit", "c3", meta.SUSPECTED_SINCE)):  # the worker's sweeper
             assert time.monotonic() < deadline, "c3's 100 ms leases were not swept within 5 s"
             time.sleep(0.05)
         try:
@@ -367,7 +369,7 @@ def test_sweep_returns_expired_leases_and_notifies(redis_url: str) -> None:
     assert [(t["group"], t["member"], len(t["tags"])) for t in q["timeouts"]] == [("g", "w1", 2)]
     direct = redis.Redis.from_url(redis_url)
     try:
-        assert direct.hexists("sw:{t:jobs}", "m|g|w1|sus")
+        assert direct.hexists("sw:{t:jobs}", meta.member_field("g", "w1", meta.SUSPECTED_SINCE))
         (notice,) = direct.lrange("sw:sess:{w1}:notices", 0, -1)
         assert b"message_timeout" in notice
         assert direct.zscore("sw:schedule", "t:jobs") is None
@@ -401,7 +403,7 @@ def test_purge_empties_the_backlog_and_leaves_checkouts(broker: dict) -> None:
     assert q["backlog"] == 0 and q["ready"] == 0 and q["checkouts_total"] == 3
     assert all(g["epoch"] == 0 for g in q["groups"])  # no tag went stale
     journal = broker["direct"].lrange("fmq:{t:orders}:jr", -2, -1)
-    assert [e.split(b"\t")[1:3] for e in journal] == [[b"purge", b"billing"], [b"purge", b"audit"]]
+    assert [(e.event, e.group) for e in map(JournalLine.decode, journal)] == [("purge", "billing"), ("purge", "audit")]
     assert c["c2"].execute_command("PULL", broker["handles"]["c2"], "COUNT", 5) == []
     assert c["c1"].execute_command("ACK", broker["handles"]["c1"], "1", "2", "3") == 3  # checkouts still settle
 
@@ -415,16 +417,16 @@ def test_purge_empties_the_backlog_and_leaves_checkouts(broker: dict) -> None:
 
 
 def test_purge_asks_on_a_terminal(broker: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fencemq.cli.ops as cli_ops
+    import fencemq.cli.write_cmd as write_cmd
 
-    monkeypatch.setattr(cli_ops, "_interactive", lambda: True)
-    monkeypatch.setattr(cli_ops.typer, "confirm", lambda *a, **k: False)
+    monkeypatch.setattr(write_cmd, "_interactive", lambda: True)
+    monkeypatch.setattr(write_cmd.typer, "confirm", lambda *a, **k: False)
     result = invoke("purge", "orders", "--redis-url", broker["url"])
     assert result.exit_code == 1
     assert "billing" in result.stderr and "audit" in result.stderr  # what would go, shown before asking
     assert result.stderr.strip().splitlines()[-1] == "fencemq purge: not purged"
     assert ok_json("inspect", "queue", "orders", "--redis-url", broker["url"])["backlog"] == 10
-    monkeypatch.setattr(cli_ops.typer, "confirm", lambda *a, **k: True)
+    monkeypatch.setattr(write_cmd.typer, "confirm", lambda *a, **k: True)
     ok("purge", "orders", "--redis-url", broker["url"])
     assert ok_json("inspect", "queue", "orders", "--redis-url", broker["url"])["backlog"] == 0
 
@@ -464,8 +466,8 @@ def test_dlq_replay_makes_the_message_pullable_again(broker: dict) -> None:
     assert broker["direct"].llen("fmq:{t:jobs}:dlq") == 1
     out = ok("dlq", "replay", "jobs", "--count", "5", "--redis-url", url).stdout
     assert "1 replayed, 0 kept, 0 dead letter(s) left." in out
-    journal = [e.split(b"\t")[1] for e in broker["direct"].lrange("fmq:{t:jobs}:jr", 0, -1)]
-    assert journal.count(b"replay") == 2
+    journal = [JournalLine.decode(e).event for e in broker["direct"].lrange("fmq:{t:jobs}:jr", 0, -1)]
+    assert journal.count("replay") == 2
     line = one_line_error(invoke("dlq", "replay", "jobs", "--redis-url", url), 1)  # nothing left
     assert "nothing replayed" in line
     assert json.loads(invoke("dlq", "replay", "jobs", "--redis-url", url, "--json").stdout)["replayed"] == []

@@ -20,6 +20,7 @@ import redis
 from redis.asyncio import Redis
 
 from fencemq.model import meta as compact_meta
+from fencemq.model.records import Checkout, JournalLine, ReadyEntry, decode_names
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle, Keyspace
@@ -27,7 +28,10 @@ from fencemq.fences.core import Core
 from fencemq.ops.snapshot import SCHEMAS, Manifest, take_snapshot
 from fencemq.model.keys import queue_ref
 
-SEP = "\x00"
+GROUP_FIELDS = (compact_meta.CURSOR, compact_meta.MEMBERS, compact_meta.MODE, compact_meta.POLICY,
+                compact_meta.ON_PREEMPT, compact_meta.EPOCH, compact_meta.OWNER)
+MEMBER_FIELDS = (compact_meta.DELIVERED, compact_meta.MAX, compact_meta.LOCK, compact_meta.SUSPECTED_SINCE,
+                 compact_meta.MARKER, compact_meta.CAPACITY, compact_meta.QOS, compact_meta.ENDED)
 
 
 def run(coro: Any, timeout: float = 60) -> Any:
@@ -204,69 +208,69 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
     for qid in qids:
         k = ks.queue_by_id(qid)
         meta = compact_meta.expand(r.hgetall(k.meta))
-        co = {s(a): s(b).split(SEP) for a, b in r.hgetall(k.checkouts).items()}
+        co = {s(a): Checkout.decode(b) for a, b in r.hgetall(k.checkouts).items()}
         dl = {s(a): int(b) for a, b in r.zrange(k.deadlines, 0, -1, withscores=True)}
-        rd = [s(m).split(SEP) for m in r.zrange(k.ready, 0, -1)]
-        dly = [(s(m).split(SEP), int(sc)) for m, sc in r.zrange(k.delayed, 0, -1, withscores=True)]
-        seq, first = int(meta.get("seq", 0)), int(meta.get("first", 1))
+        rd = [ReadyEntry.decode(m) for m in r.zrange(k.ready, 0, -1)]
+        dly = [(ReadyEntry.decode(m), int(sc)) for m, sc in r.zrange(k.delayed, 0, -1, withscores=True)]
+        seq, first = int(meta.get(compact_meta.SEQ, 0)), int(meta.get(compact_meta.FIRST, 1))
         row = queues[qid]
         ref = queue_ref(qid)
         assert (row["topic"], row["lmq"], row["kind"]) == (ref.topic, ref.lmq, "lmq" if ref.lmq else "topic")
-        assert (row["seq"], row["first"], row["tag"]) == (seq, first, int(meta.get("tag", 0)))
-        assert (row["created_ms"], row["last_write_ms"]) == (_int(meta.get("ct")), _int(meta.get("wt")))
+        assert (row["seq"], row["first"], row["tag"]) == (seq, first, int(meta.get(compact_meta.TAG, 0)))
+        assert (row["created_ms"], row["last_write_ms"]) == (_int(meta.get(compact_meta.CREATED)), _int(meta.get(compact_meta.LAST_WRITE)))
         assert row["retained"] == r.hlen(k.log)
         assert (row["checkouts"], row["ready"], row["delayed"]) == (len(co), len(rd), len(dly))
         assert (row["dead_letters"], row["owned"]) == (r.llen(k.dead), r.zcard(k.owned))
         assert row["journal_length"] == row["journal_rows"] == r.llen(k.journal)
-        assert row["journal_cap"] == int(meta["jcap"])
+        assert row["journal_cap"] == int(meta[compact_meta.JOURNAL_CAP])
         assert abs(row["snapshot_ms"] - int(r.time()[0]) * 1000) < 60_000
 
-        group_names = [g for g in meta.get("groups", "").split("\n") if g]
+        group_names = decode_names(meta.get(compact_meta.GROUPS))
         assert row["groups"] == len(group_names)
         for g in group_names:
-            cursor = max(int(meta.get(f"g|{g}|cur", first)), first)
-            pending = [int(c[2]) for c in co.values() if c[0] == g] + [int(m[1]) for m in rd if m[0] == g] + \
-                      [int(m[1]) for m, _ in dly if m[0] == g] + ([cursor] if cursor <= seq else [])
+            gf = {name: meta.get(compact_meta.group_field(g, name)) for name in GROUP_FIELDS}
+            cursor = max(int(gf[compact_meta.CURSOR] or first), first)
+            pending = [c.id for c in co.values() if c.group == g] + [m.id for m in rd if m.group == g] + \
+                      [m.id for m, _ in dly if m.group == g] + ([cursor] if cursor <= seq else [])
             pending = [i for i in pending if first <= i <= seq]
             oldest = min(pending) if pending else None
             oldest_ms = int(r.hget(k.log, oldest).split(b":", 1)[0]) if oldest else None
             unread = max(0, seq - cursor + 1)
-            n_ready = sum(1 for m in rd if m[0] == g)
-            mem = [m for m in meta.get(f"g|{g}|mem", "").split("\n") if m]
+            n_ready = sum(1 for m in rd if m.group == g)
+            mem = decode_names(gf[compact_meta.MEMBERS])
             exp_groups[(qid, g)] = dict(
-                queue=qid, topic=ref.topic, lmq=ref.lmq, group=g, mode=meta[f"g|{g}|mode"],
-                policy=meta[f"g|{g}|pol"], on_preempt=meta[f"g|{g}|onpre"], cursor=cursor,
-                epoch=int(meta[f"g|{g}|ep"]), owner=meta.get(f"g|{g}|own"), members=len(mem), unread=unread,
-                ready=n_ready, delayed=sum(1 for m, _ in dly if m[0] == g),
-                checkouts=sum(1 for c in co.values() if c[0] == g), backlog=unread + n_ready,
+                queue=qid, topic=ref.topic, lmq=ref.lmq, group=g, mode=gf[compact_meta.MODE],
+                policy=gf[compact_meta.POLICY], on_preempt=gf[compact_meta.ON_PREEMPT], cursor=cursor,
+                epoch=int(gf[compact_meta.EPOCH]), owner=gf[compact_meta.OWNER], members=len(mem), unread=unread,
+                ready=n_ready, delayed=sum(1 for m, _ in dly if m.group == g),
+                checkouts=sum(1 for c in co.values() if c.group == g), backlog=unread + n_ready,
                 oldest_pending_id=oldest, oldest_pending_ms=oldest_ms, snapshot_ms=row["snapshot_ms"])
             for pos, m in enumerate(mem):
-                fields = {name: meta.get(f"m|{g}|{m}|{name}") for name in
-                          ("n", "max", "lock", "sus", "mk", "cap", "qos", "end")}
-                f = fields.get
+                f = {name: meta.get(compact_meta.member_field(g, m, name)) for name in MEMBER_FIELDS}.get
                 exp_members[(qid, g, m)] = dict(
                     queue=qid, topic=ref.topic, lmq=ref.lmq, group=g, member=m, position=pos,
-                    delivered=int(f("n")), max=_int(f("max")), lock_ms=_int(f("lock")), suspected=f("sus") is not None,
-                    suspected_since_ms=_int(f("sus")), marker=f("mk"), capacity=_int(f("cap")), qos=_int(f("qos")),
-                    ended=f("end") is not None,
-                    mailbox_depth=r.llen(k.mailbox(g, m)) if f("cap") is not None else None,
-                    checkouts=sum(1 for c in co.values() if c[0] == g and c[1] == m))
+                    delivered=int(f(compact_meta.DELIVERED)), max=_int(f(compact_meta.MAX)),
+                    lock_ms=_int(f(compact_meta.LOCK)), suspected=f(compact_meta.SUSPECTED_SINCE) is not None,
+                    suspected_since_ms=_int(f(compact_meta.SUSPECTED_SINCE)), marker=f(compact_meta.MARKER),
+                    capacity=_int(f(compact_meta.CAPACITY)), qos=_int(f(compact_meta.QOS)),
+                    ended=f(compact_meta.ENDED) is not None,
+                    mailbox_depth=r.llen(k.mailbox(g, m)) if f(compact_meta.CAPACITY) is not None else None,
+                    checkouts=sum(1 for c in co.values() if c.group == g and c.member == m))
         for tag, c in co.items():
-            exp_checkouts[(qid, tag)] = dict(queue=qid, tag=tag, group=c[0], member=c[1], id=int(c[2]),
-                                             epoch=int(c[3]), acquisitions=int(c[4]), failures=int(c[5]),
+            exp_checkouts[(qid, tag)] = dict(queue=qid, tag=tag, group=c.group, member=c.member, id=c.id,
+                                             epoch=c.epoch, acquisitions=c.acquisitions, failures=c.failures,
                                              deadline_ms=dl.get(tag))
-        exp_ready += [(qid, m[0], int(m[1]), int(m[2]), int(m[3]), None) for m in rd]
-        exp_ready += [(qid, m[0], int(m[1]), int(m[2]), int(m[3]), sc) for m, sc in dly]
+        exp_ready += [(qid, m.group, m.id, m.acquisitions, m.failures, None) for m in rd]
+        exp_ready += [(qid, m.group, m.id, m.acquisitions, m.failures, sc) for m, sc in dly]
         for i in range(first, min(seq, first + 4) + 1):
             body = r.hget(k.log, i)
             ms, rest = body.split(b":", 1)
             exp_messages.append((qid, i, int(ms), len(rest)))
 
-        entries = [s(e).split("\t") for e in r.lrange(k.journal, 0, -1)]
+        entries = [JournalLine.decode(e) for e in r.lrange(k.journal, 0, -1)]
         assert [(j["seq"], j["ms"], j["event"], j["group"], j["member"], j["id"], j["tag"], j["epoch"], j["extra"])
                 for j in journal[qid]] == [
-            (pos, int(e[0]), e[1], e[2] or None, e[3] or None, _int(e[4] or None), e[5] or None,
-             _int(e[6] or None), e[7] or None) for pos, e in enumerate(entries)]
+            (pos, e.ms, e.event, e.group, e.member, e.id, e.tag, e.epoch, e.extra) for pos, e in enumerate(entries)]
 
     assert groups == exp_groups
     assert members == exp_members
@@ -308,7 +312,7 @@ def test_snapshot_limits_and_empty(redis_url: str, tmp_path: Path) -> None:
         per_queue[row["queue"]].append(row)
     r = redis.Redis.from_url(redis_url)
     for qid, got in per_queue.items():
-        newest = [s(e).split("\t")[1] for e in r.lrange(Keyspace().queue_by_id(qid).journal, -3, -1)]
+        newest = [JournalLine.decode(e).event for e in r.lrange(Keyspace().queue_by_id(qid).journal, -3, -1)]
         assert [j["event"] for j in got] == newest and [j["seq"] for j in got] == [0, 1, 2]
     queues = {row["queue"]: row for row in read(tmp_path / "lim", "queues")}
     assert queues["t:orders"]["journal_rows"] == 3 < queues["t:orders"]["journal_length"]

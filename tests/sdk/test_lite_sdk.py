@@ -17,6 +17,7 @@ import redis
 
 from fencemq.sdk.client import Client
 from fencemq.config import Config
+from fencemq.model import meta
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.sdk.lite import LiteSubscriptions
 from fencemq.server.runner import WorkerThread
@@ -49,9 +50,7 @@ def r(served: tuple[str, str]) -> Iterator[redis.Redis]:
 
 
 def member_fields(r: redis.Redis, topic: str, lmq: str, client: str, group: str) -> dict[str, str]:
-    prefix = f"m|{group}|{client}|"
-    m = r.hgetall(KEYS.queue(QueueRef(topic, lmq)).meta)
-    return {k[len(prefix):]: v for k, v in m.items() if k.startswith(prefix)}
+    return meta.decode(r.hgetall(KEYS.queue(QueueRef(topic, lmq)).meta)).members.get((group, client), {})
 
 
 def held(r: redis.Redis, client: str) -> set[str]:
@@ -168,7 +167,7 @@ def test_a_stale_notice_about_an_lmq_held_again_does_not_drop_it(url, r):
             await p.publish("sdk-stale", b"still mine", lmq="x")
             assert [d.payload for d in await lite.pull()] == [b"still mine"]
             assert lite.lmqs == ["x"] and events == []
-            assert "mk" not in member_fields(r, "sdk-stale", "x", "sdk-stale", "default")
+            assert meta.MARKER not in member_fields(r, "sdk-stale", "x", "sdk-stale", "default")
 
     run(main())
 
@@ -186,7 +185,7 @@ def test_adding_an_evicted_lmq_again_preempts_back(url, r):
             await b.publish("sdk-back", b"back", lmq="x")
             assert [d.payload for d in await lite.pull()] == [b"back"]
             assert await sb.pull() == []  # b is fenced now
-            assert member_fields(r, "sdk-back", "x", "sdk-back-b", "default")["mk"] == "sdk-back-a"
+            assert member_fields(r, "sdk-back", "x", "sdk-back-b", "default")[meta.MARKER] == "sdk-back-a"
 
     run(main())
 

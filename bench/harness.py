@@ -1,0 +1,83 @@
+"""What the benchmarks share: where the checkout is, a worker in its own process, the machine they ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fencemq.server.embedded import EmbeddedRedis
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+
+
+class WorkerProcess:
+    """bench.serve_worker in a subprocess; SIGTERM drains it."""
+
+    def __init__(self, redis_url: str, profile: str | None = None, trace: str | None = None) -> None:
+        cmd = [sys.executable, "-m", "bench.serve_worker", "--redis-url", redis_url]
+        if profile:
+            cmd += ["--profile", profile]
+        if trace:
+            cmd += ["--trace", trace]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"worker process did not start (said {line!r})")
+        self.port = int(line.split()[1])
+        self.pid = self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def machine_info(server: EmbeddedRedis, admin: Any) -> dict[str, Any]:
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = admin.info("server")
+
+    dirty = _git("status", "--porcelain", "--", "broker", "lua")
+    return {
+        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        "broker_or_lua_uncommitted": bool(dirty),
+        "loadavg_at_start": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "redis_binary": server.binary,
+        "redis_version": info.get("redis_version"),
+        "valkey_version": info.get("valkey_version"),
+    }
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def git_commit() -> str:
+    return _git("rev-parse", "HEAD")

@@ -1,0 +1,234 @@
+"""Every record the fences store, each with its one codec: ``encode`` and ``decode``.
+
+The Lua fences write these (lua/_common.lua, lua/_mailbox.lua, lua/nack.lua;
+docs/data-model.md); Python reads them here and nowhere else: the operator
+views, the snapshot, the CLI and the benchmarks. Pure: no I/O. ``decode``
+takes bytes or str (redis-py gives either), ``encode`` gives bytes byte for
+byte what the Lua side writes, so ``encode(decode(raw)) == raw``.
+
+Lex-ordered records (checkouts held, returned messages) start with the group
+(and member) joined by NUL: :func:`lex_range` gives the ZRANGEBYLEX bounds of
+one group's, or one member's, entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from fencemq.model.values import text
+
+SEP = "\x00"  # between the fields of checkout, ready, owned and mailbox records
+ID_DIGITS = 16  # a ready entry's id, zero-padded: lex order is id order
+JOURNAL_FIELDS = 8
+END_OF_STREAM = b"EOS"  # the mailbox entry a push member ends at
+
+
+def _fields(raw: bytes | str, count: int, what: str) -> list[str]:
+    parts = text(raw).split(SEP)
+    if len(parts) != count:
+        raise ValueError(f"a {what} has {count} NUL-separated fields, not {len(parts)}: {text(raw)[:80]!r}")
+    return parts
+
+
+def _number(value: str) -> int:
+    """An integer Lua wrote (``tostring`` of a large number may be in exponent form)."""
+    try:
+        return int(value)
+    except ValueError:
+        return int(float(value))
+
+
+def _join(*parts: Any) -> bytes:
+    return SEP.join(str(p) for p in parts).encode()
+
+
+def lex_range(*parts: str) -> tuple[bytes, bytes]:
+    """ZRANGEBYLEX bounds of every entry starting with ``parts`` joined by NUL, then NUL."""
+    prefix = SEP.join(parts).encode()
+    return b"[" + prefix + SEP.encode(), b"(" + prefix + b"\x01"
+
+
+@dataclass(frozen=True, slots=True)
+class Checkout:
+    """A checkout record (``co`` hash, by delivery tag): ``group NUL member NUL id NUL epoch NUL acquisitions NUL failures``."""
+
+    group: str
+    member: str
+    id: int
+    epoch: int
+    acquisitions: int
+    failures: int
+
+    def encode(self) -> bytes:
+        return _join(self.group, self.member, self.id, self.epoch, self.acquisitions, self.failures)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Checkout:
+        g, m, msg_id, epoch, acq, fail = _fields(raw, 6, "checkout record")
+        return cls(g, m, _number(msg_id), _number(epoch), _number(acq), _number(fail))
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyEntry:
+    """A returned (``rd``) or delayed (``dly``) message: ``group NUL id(16 digits) NUL acquisitions NUL failures``."""
+
+    group: str
+    id: int
+    acquisitions: int
+    failures: int
+
+    def encode(self) -> bytes:
+        return _join(self.group, f"{self.id:0{ID_DIGITS}d}", self.acquisitions, self.failures)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> ReadyEntry:
+        g, msg_id, acq, fail = _fields(raw, 4, "ready entry")
+        return cls(g, _number(msg_id), _number(acq), _number(fail))
+
+    @staticmethod
+    def group_of(raw: bytes | str) -> str:
+        """Only the group (counting per group needs no more)."""
+        return text(raw).split(SEP, 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedEntry:
+    """A checkout a member holds (``own`` zset): ``group NUL member NUL tag``."""
+
+    group: str
+    member: str
+    tag: str
+
+    def encode(self) -> bytes:
+        return _join(self.group, self.member, self.tag)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> OwnedEntry:
+        return cls(*_fields(raw, 3, "owned entry"))
+
+
+@dataclass(frozen=True, slots=True)
+class JournalLine:
+    """A journal event (``jr`` list): ``ms TAB event TAB group TAB member TAB id TAB tag TAB epoch TAB extra``.
+
+    The fences write an absent field as an empty one; here it is None. The
+    extra field is last, so it may hold tabs. A QoS 0 delivery's tag starts with 'q'.
+    """
+
+    ms: int
+    event: str
+    group: str | None = None
+    member: str | None = None
+    id: int | None = None
+    tag: str | None = None
+    epoch: int | None = None
+    extra: str | None = None
+
+    def encode(self) -> bytes:
+        parts = (self.ms, self.event, self.group, self.member, self.id, self.tag, self.epoch, self.extra)
+        return "\t".join("" if p is None else str(p) for p in parts).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> JournalLine:
+        p = text(raw).split("\t", JOURNAL_FIELDS - 1)
+        p += [""] * (JOURNAL_FIELDS - len(p))
+        ms, event, group, member, msg_id, tag, epoch, extra = p
+        return cls(_number(ms), event, group or None, member or None, _number(msg_id) if msg_id else None,
+                   tag or None, _number(epoch) if epoch else None, extra or None)
+
+
+def _msgpack_str(raw: bytes) -> bytes:
+    """A string as Lua's cmsgpack packs it: always the str type (even binary), str8 from 32 bytes."""
+    n = len(raw)
+    if n < 32:
+        head = bytes([0xA0 | n])
+    elif n < 1 << 8:
+        head = b"\xd9" + n.to_bytes(1, "big")
+    elif n < 1 << 16:
+        head = b"\xda" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdb" + n.to_bytes(4, "big")
+    return head + raw
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A dead letter (``dlq`` list): the msgpack array ``[id, group, member, acquisitions, failures, ms, body]``.
+
+    ``body`` is the message as the log stored it (messages.unpack_delivery reads it);
+    ``ms`` is when it was dead-lettered.
+    """
+
+    id: int
+    group: str
+    member: str
+    acquisitions: int
+    failures: int
+    ms: int
+    body: bytes
+
+    def encode(self) -> bytes:
+        out = [b"\x97", msgpack.packb(self.id), _msgpack_str(self.group.encode()), _msgpack_str(self.member.encode())]
+        out += [msgpack.packb(n) for n in (self.acquisitions, self.failures, self.ms)]
+        return b"".join([*out, _msgpack_str(self.body)])
+
+    @classmethod
+    def decode(cls, raw: bytes) -> DeadLetter:
+        msg_id, group, member, acq, fail, ms, body = msgpack.unpackb(raw, raw=True)
+        return cls(int(msg_id), text(group), text(member), int(acq), int(fail), int(ms), bytes(body))
+
+
+@dataclass(frozen=True, slots=True)
+class MailboxEntry:
+    """A message in a push member's mailbox: ``tag NUL id NUL acquisitions NUL epoch NUL body``.
+
+    The mailbox ends with the entry :data:`END_OF_STREAM` (see :func:`is_end_of_stream`).
+    The body (last) is the stored message and may hold NUL bytes.
+    """
+
+    tag: str
+    id: int
+    acquisitions: int
+    epoch: int
+    body: bytes
+
+    def encode(self) -> bytes:
+        return _join(self.tag, self.id, self.acquisitions, self.epoch) + SEP.encode() + self.body
+
+    @classmethod
+    def decode(cls, raw: bytes) -> MailboxEntry:
+        if is_end_of_stream(raw):
+            raise ValueError("the end-of-stream sentinel is not a message")
+        parts = bytes(raw).split(SEP.encode(), 4)
+        if len(parts) != 5:
+            raise ValueError(f"a mailbox entry has 5 NUL-separated fields, not {len(parts)}")
+        tag, msg_id, acq, epoch, body = parts
+        return cls(text(tag), _number(text(msg_id)), _number(text(acq)), _number(text(epoch)), body)
+
+
+def is_end_of_stream(raw: bytes | str) -> bool:
+    return (raw.encode() if isinstance(raw, str) else bytes(raw)) == END_OF_STREAM
+
+
+# -- lists kept in one meta field ----------------------------------------------------------------
+
+
+def decode_names(value: bytes | str | None) -> list[str]:
+    """A meta field listing names one per line (a group's members, the queue's groups)."""
+    return [name for name in text(value).split("\n") if name] if value else []
+
+
+def encode_names(names: list[str]) -> str:
+    return "\n".join(names)
+
+
+def decode_push_members(value: bytes | str | None) -> list[tuple[str, str]]:
+    """The queue's push members (meta ``push``): ``group TAB member`` lines."""
+    return [(g, m) for g, _, m in (line.partition("\t") for line in decode_names(value))]
+
+
+def encode_push_members(members: list[tuple[str, str]]) -> str:
+    return "\n".join(f"{g}\t{m}" for g, m in members)

@@ -1,0 +1,264 @@
+"""The snapshot's Parquet tables: their schemas, the manifest, and the rows of one queue.
+
+broker/ops/snapshot.py walks the queues and calls the snapshot fence; this
+module turns one fence reply into rows (every record read through
+fencemq.model.records, the meta through fencemq.model.meta) and writes them.
+
+Tables (one row per ...):
+
+* ``queues``      queue: id, kind (topic | lmq | filter), topic (a filter
+  subscription's filter), lmq, owner (filter subscriptions), log bounds
+  (seq = last id, first = first retained id), retained, last tag,
+  created/last-write ms, snapshot ms (Redis clock, inside the fence), counts
+  (groups, checkouts, ready, delayed, dead letters, owned entries, push
+  members, journal cap / length kept in Redis / rows exported).
+* ``groups``      subscription (queue, group): mode, policy, on_preempt,
+  cursor (clamped to first), epoch, owner, members, unread = max(0, seq -
+  cursor + 1), ready (returned, waiting for redelivery), delayed, checkouts,
+  backlog = unread + ready (as ``fencemq status``), the oldest pending
+  retained message (id, publish ms).
+* ``members``     member: position (arrival order), delivered, max, lock,
+  suspected (since ms), marker (who evicted it), capacity, qos, ended,
+  mailbox depth (LLEN, the EOS sentinel included; null without a mailbox),
+  checkouts held.
+* ``checkouts``   delivery tag (a string, as clients see it): group, member,
+  id, epoch, acquisitions, failures, deadline ms (null: waiting in a push
+  mailbox, lease not started).
+* ``ready``       returned or delayed message: group, id, acquisitions,
+  failures, due ms (null = ready now).
+* ``messages``    log entry (only the first ``log_entries`` of each queue):
+  id, publish ms, stored size — never the payload.
+* ``journal``     journal event: seq (its position in the queue's journal as
+  exported, 0 = oldest: the order events committed in), ms, event, group,
+  member, id, tag (string: a QoS 0 delivery's starts with 'q'), epoch, extra
+  (format: records.JournalLine; empty fields are null).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fencemq.model import meta
+from fencemq.model.keys import queue_ref
+from fencemq.model.records import Checkout, JournalLine, ReadyEntry
+from fencemq.model.values import integer
+from fencemq.model.values import text as _s
+
+SCHEMA_VERSION = 1
+
+S, I64, I32, B = pa.string(), pa.int64(), pa.int32(), pa.bool_()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "queues": pa.schema([
+        ("queue", S), ("kind", S), ("topic", S), ("lmq", S), ("owner", S), ("seq", I64), ("first", I64),
+        ("retained", I64),
+        ("tag", I64), ("created_ms", I64), ("last_write_ms", I64), ("snapshot_ms", I64), ("groups", I32),
+        ("checkouts", I64), ("ready", I64), ("delayed", I64), ("dead_letters", I64), ("owned", I64),
+        ("push_members", I32), ("journal_cap", I64), ("journal_length", I64), ("journal_rows", I64),
+    ]),
+    "groups": pa.schema([
+        ("queue", S), ("topic", S), ("lmq", S), ("group", S), ("mode", S), ("policy", S), ("on_preempt", S),
+        ("cursor", I64), ("epoch", I64), ("owner", S), ("members", I32), ("unread", I64), ("ready", I64),
+        ("delayed", I64), ("checkouts", I64), ("backlog", I64), ("oldest_pending_id", I64),
+        ("oldest_pending_ms", I64), ("snapshot_ms", I64),
+    ]),
+    "members": pa.schema([
+        ("queue", S), ("topic", S), ("lmq", S), ("group", S), ("member", S), ("position", I32),
+        ("delivered", I64), ("max", I64), ("lock_ms", I64), ("suspected", B), ("suspected_since_ms", I64),
+        ("marker", S), ("capacity", I64), ("qos", I32), ("ended", B), ("mailbox_depth", I64), ("checkouts", I64),
+    ]),
+    "checkouts": pa.schema([
+        ("queue", S), ("tag", S), ("group", S), ("member", S), ("id", I64), ("epoch", I64),
+        ("acquisitions", I64), ("failures", I64), ("deadline_ms", I64),
+    ]),
+    "ready": pa.schema([
+        ("queue", S), ("group", S), ("id", I64), ("acquisitions", I64), ("failures", I64), ("due_ms", I64),
+    ]),
+    "messages": pa.schema([("queue", S), ("id", I64), ("publish_ms", I64), ("size", I64)]),
+    "journal": pa.schema([
+        ("queue", S), ("seq", I64), ("ms", I64), ("event", S), ("group", S), ("member", S), ("id", I64),
+        ("tag", S), ("epoch", I64), ("extra", S),
+    ]),
+}
+
+
+def _int(value: Any, default: int | None = None) -> int | None:
+    return integer(value, default)
+
+
+@dataclass
+class Manifest:
+    """What ``manifest.json`` holds; ``counts`` = rows per table."""
+
+    schema_version: int
+    created: str  # ISO 8601, UTC, when the snapshot started (local clock)
+    source: str  # where from: a URL without its password
+    prefix: str
+    nodes: int  # masters visited
+    queues: int
+    counts: dict[str, int]
+    tables: dict[str, str]  # table -> file name
+    first_snapshot_ms: int | None  # Redis clock, the earliest queue's fence call
+    last_snapshot_ms: int | None
+    duration_s: float
+    queues_per_s: float
+    log_entries: int
+    journal_entries: int
+    vanished: int = 0  # found by SCAN, gone before their fence call (a reclaimed lmq)
+    mailbox_unsettled: int = 0  # queues whose push members kept changing: mailbox depths null
+    errors: list[str] = field(default_factory=list)
+    error_count: int = 0
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(asdict(self), indent=indent, sort_keys=False)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Manifest:
+        data = json.loads((Path(directory) / "manifest.json").read_text())
+        return cls(**data)
+
+
+class _Table:
+    """Rows buffered as tuples and flushed as Parquet row groups, so memory stays bounded."""
+
+    def __init__(self, path: Path, schema: pa.Schema, flush_rows: int = 65536) -> None:
+        self.path, self.schema, self.flush_rows = path, schema, flush_rows
+        self.types = [f.type for f in schema]
+        self.buffer: list[tuple] = []
+        self.rows = 0
+        self.writer = pq.ParquetWriter(path, schema)
+
+    def add(self, row: tuple) -> None:
+        self.buffer.append(row)
+        if len(self.buffer) >= self.flush_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        columns = zip(*self.buffer, strict=True)
+        arrays = [pa.array(col, type=typ) for col, typ in zip(columns, self.types, strict=True)]
+        self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+        self.rows += len(self.buffer)
+        self.buffer = []
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
+    return list(zip(flat[0::2], flat[1::2]))
+
+
+@dataclass
+class QueueReply:
+    """One queue's snapshot fence reply, its meta decoded; rows for every table."""
+
+    qid: str
+    now: int
+    state: meta.Meta
+    group_order: list[str]
+    push: list[tuple[str, str]]  # members with a mailbox (a capacity field), sorted
+    raw: list[Any]
+
+
+def decode_reply(qid: str, raw: list[Any]) -> QueueReply | None:
+    """None when the queue vanished before its fence call (an empty meta)."""
+    now, raw_meta = int(raw[0]), raw[1]
+    if not raw_meta:
+        return None
+    state = meta.decode(raw_meta)
+    order = state.group_names
+    order += sorted(g for g in state.groups if g not in order)
+    for g in order:
+        state.groups.setdefault(g, {})
+    for g, _m in state.members:
+        if g not in state.groups:
+            state.groups[g] = {}
+            order.append(g)
+    push = sorted(gm for gm, f in state.members.items() if meta.CAPACITY in f)
+    return QueueReply(qid, now, state, order, push, raw)
+
+
+class TableWriter:
+    """One Parquet file per table under ``out``; ``add`` a queue's rows to all of them."""
+
+    def __init__(self, out: Path) -> None:
+        self.tables = {name: _Table(out / f"{name}.parquet", schema) for name, schema in SCHEMAS.items()}
+
+    def close(self) -> dict[str, int]:
+        for t in self.tables.values():
+            t.close()
+        return {name: t.rows for name, t in self.tables.items()}
+
+    def add(self, q: QueueReply, mailboxes: dict[tuple[str, str], int] | None) -> None:
+        t = self.tables
+        ref = queue_ref(q.qid)
+        topic, lmq = ref.topic, ref.lmq
+        _, _, co, dl, rd, dly, counts, _depths, oldest, entries, journal = q.raw
+        f = q.state.fields
+        seq, first = _int(f.get(meta.SEQ), 0), _int(f.get(meta.FIRST), 1)
+
+        deadlines = {_s(tag): _int(score) for tag, score in _pairs(dl)}
+        per_group_co: Counter[str] = Counter()
+        per_member_co: Counter[tuple[str, str]] = Counter()
+        for tag, rec in _pairs(co):
+            tag_s, c = _s(tag), Checkout.decode(rec)
+            per_group_co[c.group] += 1
+            per_member_co[(c.group, c.member)] += 1
+            t["checkouts"].add((q.qid, tag_s, c.group, c.member, c.id, c.epoch, c.acquisitions, c.failures,
+                                deadlines.get(tag_s)))
+        per_group_rd: Counter[str] = Counter()
+        per_group_dly: Counter[str] = Counter()
+        for entry, due, per_group in [(e, None, per_group_rd) for e in rd] + [
+                (e, _int(score), per_group_dly) for e, score in _pairs(dly)]:
+            r = ReadyEntry.decode(entry)
+            per_group[r.group] += 1
+            t["ready"].add((q.qid, r.group, r.id, r.acquisitions, r.failures, due))
+
+        oldest_by_group = {_s(oldest[i]): (_int(oldest[i + 1]), _int(oldest[i + 2])) for i in range(0, len(oldest), 3)}
+        for g in q.group_order:
+            gfields = q.state.groups[g]
+            cursor = max(_int(gfields.get(meta.CURSOR), first), first)
+            unread = max(0, seq - cursor + 1)
+            mem = q.state.member_names(g)
+            n_members = len(set(mem) | {m for (gg, m) in q.state.members if gg == g})
+            ready = per_group_rd[g]
+            old_id, old_ms = oldest_by_group.get(g, (None, None))
+            t["groups"].add((q.qid, topic, lmq, g, gfields.get(meta.MODE), gfields.get(meta.POLICY),
+                             gfields.get(meta.ON_PREEMPT), cursor, _int(gfields.get(meta.EPOCH), 0),
+                             gfields.get(meta.OWNER) or None, n_members, unread, ready, per_group_dly[g],
+                             per_group_co[g], unread + ready, old_id, old_ms, q.now))
+            positions = {m: i for i, m in enumerate(mem)}
+            for m in mem + sorted(m for (gg, m) in q.state.members if gg == g and m not in positions):
+                mf = q.state.members.get((g, m), {})
+                depth = None
+                if meta.CAPACITY in mf and mailboxes is not None:
+                    depth = mailboxes.get((g, m))
+                t["members"].add((q.qid, topic, lmq, g, m, positions.get(m), _int(mf.get(meta.DELIVERED), 0),
+                                  _int(mf.get(meta.MAX)), _int(mf.get(meta.LOCK)), meta.SUSPECTED_SINCE in mf,
+                                  _int(mf.get(meta.SUSPECTED_SINCE)), mf.get(meta.MARKER),
+                                  _int(mf.get(meta.CAPACITY)), _int(mf.get(meta.QOS)), meta.ENDED in mf, depth,
+                                  per_member_co[(g, m)]))
+
+        for i in range(0, len(entries), 3):
+            t["messages"].add((q.qid, _int(entries[i]), _int(entries[i + 1]), _int(entries[i + 2])))
+
+        for pos, raw in enumerate(journal):
+            e = JournalLine.decode(raw)
+            t["journal"].add((q.qid, pos, e.ms, e.event, e.group, e.member, e.id, e.tag, e.epoch, e.extra))
+
+        retained, owned, dead, jlen = (int(x) for x in counts)
+        kind = "filter" if ref.owner is not None else "lmq" if lmq is not None else "topic"
+        t["queues"].add((q.qid, kind, topic, lmq, ref.owner, seq, first, retained, _int(f.get(meta.TAG), 0),
+                         _int(f.get(meta.CREATED)), _int(f.get(meta.LAST_WRITE)), q.now, len(q.group_order),
+                         len(co) // 2, len(rd), len(dly) // 2, dead, owned, len(q.push),
+                         _int(f.get(meta.JOURNAL_CAP)), jlen, len(journal)))
