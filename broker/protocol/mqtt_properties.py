@@ -85,7 +85,7 @@ BY_NAME = {p.name: p for p in PROPERTIES}
 REPEATABLE = {"user_properties": None, "subscription_identifiers": frozenset({"PUBLISH"})}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Properties:
     """The properties of one packet; None (or empty) where absent."""
 
@@ -123,6 +123,9 @@ class Properties:
 
     def __bool__(self) -> bool:
         return bool(self.present())
+
+    def __repr__(self) -> str:
+        return "Properties(" + ", ".join(f"{k}={v!r}" for k, v in self.present().items()) + ")"
 
 
 NO_PROPERTIES = Properties()
