@@ -30,6 +30,9 @@ class Kind(Enum):
 # value checks beyond the type
 BOOLEAN = "0 or 1"
 NONZERO = "not 0"
+# Topic Alias 0 may not be sent (MQTT-3.3.2-8), but a receiver answers it with
+# DISCONNECT 0x94, not 0x82: the session checks it, the decoder lets it through
+NONZERO_WHEN_SENT = "not 0 when sent"
 QOS_0_OR_1 = "0 or 1 (a Maximum QoS)"
 
 WILL = "WILL"  # the Will Properties of a CONNECT payload carry properties of their own
@@ -70,7 +73,7 @@ PROPERTIES: tuple[PropertySpec, ...] = (
     _spec(0x1F, "reason_string", Kind.UTF8, ("CONNACK", *_ACKS, "SUBACK", "UNSUBACK", "DISCONNECT", "AUTH")),
     _spec(0x21, "receive_maximum", Kind.TWO_BYTE, ("CONNECT", "CONNACK"), NONZERO),
     _spec(0x22, "topic_alias_maximum", Kind.TWO_BYTE, ("CONNECT", "CONNACK")),
-    _spec(0x23, "topic_alias", Kind.TWO_BYTE, ("PUBLISH",)),
+    _spec(0x23, "topic_alias", Kind.TWO_BYTE, ("PUBLISH",), NONZERO_WHEN_SENT),
     _spec(0x24, "maximum_qos", Kind.BYTE, ("CONNACK",), QOS_0_OR_1),
     _spec(0x25, "retain_available", Kind.BYTE, ("CONNACK",), BOOLEAN),
     _spec(0x26, "user_properties", Kind.UTF8_PAIR, _EVERY_PACKET),
@@ -133,10 +136,10 @@ NO_PROPERTIES = Properties()
 _LIMITS = {Kind.BYTE: 0xFF, Kind.TWO_BYTE: 0xFFFF, Kind.FOUR_BYTE: 0xFFFF_FFFF, Kind.VARINT: MAX_VARINT}
 
 
-def _check_value(spec: PropertySpec, value: int) -> bool:
+def _check_value(spec: PropertySpec, value: int, sending: bool = False) -> bool:
     if spec.check == BOOLEAN or spec.check == QOS_0_OR_1:
         return value in (0, 1)
-    if spec.check == NONZERO:
+    if spec.check == NONZERO or (sending and spec.check == NONZERO_WHEN_SENT):
         return value != 0
     return True
 
@@ -144,7 +147,7 @@ def _check_value(spec: PropertySpec, value: int) -> bool:
 def _encode_value(spec: PropertySpec, value: Any) -> bytes:
     kind = spec.kind
     if kind in _LIMITS:
-        if not isinstance(value, int) or not 0 <= value <= _LIMITS[kind] or not _check_value(spec, value):
+        if not isinstance(value, int) or not 0 <= value <= _LIMITS[kind] or not _check_value(spec, value, True):
             raise ValueError(f"property {spec.name}={value!r} is not a valid {kind.value} ({spec.check or 'in range'})")
         if kind is Kind.VARINT:
             return varint(value)

@@ -33,7 +33,7 @@ from fencemq.protocol.mqtt_packets import (
     Unsubscribe,
     Will,
 )
-from fencemq.protocol.mqtt_properties import BOOLEAN, NONZERO, PROPERTIES, QOS_0_OR_1, Kind, Properties
+from fencemq.protocol.mqtt_properties import BOOLEAN, NONZERO, NONZERO_WHEN_SENT, PROPERTIES, QOS_0_OR_1, Kind, Properties
 from fencemq.protocol.mqtt_reasons import CONNACK_RETURN_CODES_V311, REASONS_V5, SUBACK_RETURN_CODES_V311
 from fencemq.protocol.mqtt_wire import MAX_VARINT
 
@@ -49,7 +49,7 @@ def _value(spec) -> st.SearchStrategy:
     if spec.check in (BOOLEAN, QOS_0_OR_1):
         return st.integers(0, 1)
     if spec.kind in _INT_RANGES:
-        return st.integers(1 if spec.check == NONZERO else 0, _INT_RANGES[spec.kind])
+        return st.integers(1 if spec.check in (NONZERO, NONZERO_WHEN_SENT) else 0, _INT_RANGES[spec.kind])
     if spec.kind is Kind.UTF8:
         return text
     if spec.kind is Kind.BINARY:
