@@ -275,11 +275,11 @@ def _decode_connect_rest(reader: Reader, level: int) -> Connect:
     will_qos = flags >> 3 & 0x03
     has_will = bool(flags & _WILL)
     if will_qos == 3:
-        raise MalformedPacket("will QoS 3")
+        raise MalformedPacket("will QoS 3 (MQTT-3.1.2-14)")
     if not has_will and (will_qos or flags & _WILL_RETAIN):
-        raise MalformedPacket("will QoS or will retain set without the will flag")
+        raise MalformedPacket("will QoS or will retain set without the will flag (MQTT-3.1.2-13, -15)")
     if not v5 and flags & _PASSWORD and not flags & _USERNAME:
-        raise MalformedPacket("an MQTT 3.1.1 password flag without the user name flag (MQTT-3.1.2-22)")
+        raise MalformedPacket("an MQTT 3.1.1 password flag without the user name flag (3.1.1: MQTT-3.1.2-22)")
     keep_alive = reader.u16("keep alive")
     props = decode_properties(reader, "CONNECT") if v5 else NO_PROPERTIES
     client_id = reader.utf8("client identifier")

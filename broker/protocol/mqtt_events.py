@@ -162,7 +162,7 @@ class ConnectionClosed:
 @dataclass(frozen=True, slots=True)
 class DeliveryResult:
     """What ``deliver`` did: sent with ``packet_id`` (None at QoS 0), or discarded because the
-    packet is larger than the client's Maximum Packet Size (MQTT-3.1.2-25): settle it as delivered."""
+    packet is larger than the client's Maximum Packet Size (MQTT-3.1.2-28): settle it as delivered."""
 
     sent: bool
     packet_id: int | None = None

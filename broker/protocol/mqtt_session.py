@@ -103,7 +103,7 @@ class MqttServerSession:
     def tick(self, now: float) -> list[MqttEvent]:
         deadline = self.next_deadline()
         if deadline is not None and now >= deadline:
-            if self.state is SessionState.CONNECTED:  # MQTT-3.1.2-22 (5.0), MQTT-3.1.2-24 (3.1.1)
+            if self.state is SessionState.CONNECTED:  # MQTT-3.1.2-24
                 self._end_by_server(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
             else:
                 self._close(ConnectionClosed(ReasonCode.MAXIMUM_CONNECT_TIME, "server"))
@@ -209,7 +209,7 @@ class MqttServerSession:
         except ValueError:
             self._undo_delivery(topic if new_alias else None, packet_id)
             raise
-        if len(data) > self._client_maximum_packet_size:  # MQTT-3.1.2-25: discarded, as if delivered
+        if len(data) > self._client_maximum_packet_size:  # MQTT-3.1.2-27/-28: discarded, as if delivered
             self._undo_delivery(topic if new_alias else None, packet_id)
             return DeliveryResult(False)
         self._out += data
@@ -326,7 +326,7 @@ class MqttServerSession:
             assert self.request is not None
             if (self.request.properties.session_expiry_interval or 0) == 0 and asked != 0:
                 raise ProtocolViolation("DISCONNECT sets a Session Expiry Interval the CONNECT had as 0 "
-                                        "(MQTT-3.14.2-2)")
+                                        "(§3.14.2.2.2)")
             self.session_expiry_interval = cap_session_expiry(asked, self.limits)
         # only a normal disconnection deletes the will (MQTT-3.1.2-10, MQTT-3.14.4-3)
         will = None if packet.reason_code == ReasonCode.NORMAL_DISCONNECTION else self.will
@@ -380,7 +380,7 @@ class MqttServerSession:
     def _send(self, packet: Packet) -> None:
         """Encode for the client, dropping the Reason String and User Properties if the client did
         not ask for problem information or the packet would exceed its Maximum Packet Size
-        (MQTT-3.1.2-29, MQTT-3.2.2-19/-20 and their like for every packet)."""
+        (MQTT-3.1.2-32, MQTT-3.2.2-19/-20 and their like for every packet)."""
         assert self.protocol_level is not None
         props = getattr(packet, "properties", NO_PROPERTIES)
         if props and not self._problem_information and not isinstance(packet, (Connack, Disconnect)):

@@ -41,7 +41,7 @@ def validate_connect(connect: Connect, limits: MqttServerLimits) -> ConnectReque
     client_id, assigned = connect.client_id, False
     if not client_id:
         if not v5 and not connect.clean_start:
-            raise ConnectRefused("an empty client identifier needs Clean Session 1 in MQTT 3.1.1 (MQTT-3.1.3-8)",
+            raise ConnectRefused("an empty client identifier needs Clean Session 1 in MQTT 3.1.1 (3.1.1: MQTT-3.1.3-8)",
                                  ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
         client_id, assigned = limits.assign_client_id(), True
     elif len(client_id.encode()) > limits.maximum_client_id_bytes:

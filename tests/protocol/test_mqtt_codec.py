@@ -211,17 +211,17 @@ def test_MQTT_3_1_2_3_the_reserved_connect_flag_is_malformed_and_the_level_is_kn
 
 
 @pytest.mark.parametrize("flags", [0x08, 0x10, 0x20], ids=["will qos 1", "will qos 2", "will retain"])
-def test_MQTT_3_1_2_11_and_13_will_qos_and_retain_need_the_will_flag(flags):
+def test_MQTT_3_1_2_13_and_15_will_qos_and_retain_need_the_will_flag(flags):
     with pytest.raises(MalformedPacket):
         decode_body(0x10, connect_bytes(0x02 | flags), None)
 
 
-def test_MQTT_3_1_2_12_will_qos_3_is_malformed():
+def test_MQTT_3_1_2_14_will_qos_3_is_malformed():
     with pytest.raises(MalformedPacket):
         decode_body(0x10, connect_bytes(0x02 | 0x04 | 0x18), None)
 
 
-def test_MQTT_3_1_2_22_v311_a_password_needs_a_user_name_but_not_in_v5():
+def test_v311_MQTT_3_1_2_22_a_password_needs_a_user_name_but_not_in_v5():
     rest = b"\x00\x00\x00\x01c\x00\x02pw"
     with pytest.raises(MalformedPacket):
         decode_body(0x10, connect_bytes(0x42, 4, rest), None)
