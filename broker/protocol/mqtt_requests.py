@@ -13,7 +13,7 @@ from typing import Sequence
 
 from fencemq.protocol.mqtt_events import MqttServerLimits, SubscribeRequested, UnsubscribeRequested
 from fencemq.protocol.mqtt_packets import MQTT_311, Suback, Subscribe, Unsuback, Unsubscribe
-from fencemq.protocol.mqtt_reasons import REASONS_V5, MqttError, ReasonCode
+from fencemq.protocol.mqtt_reasons import REASONS_V5, MqttError, ProtocolViolation, ReasonCode
 from fencemq.protocol.mqtt_validation import subscription_request
 
 
@@ -24,14 +24,15 @@ class PendingRequests:
         self.subscribing: dict[int, SubscribeRequested] = {}
         self.unsubscribing: dict[int, UnsubscribeRequested] = {}
 
-    def on_subscribe(self, packet: Subscribe) -> SubscribeRequested:
+    def on_subscribe(self, packet: Subscribe) -> SubscribeRequested | Suback:
+        """The request to hand up, or (5.0) the SUBACK 0x91 for an identifier still awaiting its SUBACK."""
         ids = packet.properties.subscription_identifiers
         if ids and not self.limits.subscription_identifier_available:
             raise MqttError("a subscription identifier, and this server announced none",
                             ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED)
         if packet.packet_id in self.subscribing:
-            raise MqttError(f"SUBSCRIBE {packet.packet_id} reuses an identifier awaiting its SUBACK",
-                            ReasonCode.PACKET_IDENTIFIER_IN_USE)
+            self._identifier_in_use("SUBSCRIBE", packet.packet_id)
+            return Suback(packet.packet_id, (ReasonCode.PACKET_IDENTIFIER_IN_USE,) * len(packet.subscriptions))
         requests = tuple(subscription_request(topic_filter, options, self.limits, self.protocol_level)
                          for topic_filter, options in packet.subscriptions)
         event = SubscribeRequested(packet.packet_id, requests, ids[0] if ids else None,
@@ -39,13 +40,18 @@ class PendingRequests:
         self.subscribing[packet.packet_id] = event
         return event
 
-    def on_unsubscribe(self, packet: Unsubscribe) -> UnsubscribeRequested:
+    def on_unsubscribe(self, packet: Unsubscribe) -> UnsubscribeRequested | Unsuback:
         if packet.packet_id in self.unsubscribing:
-            raise MqttError(f"UNSUBSCRIBE {packet.packet_id} reuses an identifier awaiting its UNSUBACK",
-                            ReasonCode.PACKET_IDENTIFIER_IN_USE)
+            self._identifier_in_use("UNSUBSCRIBE", packet.packet_id)
+            return Unsuback(packet.packet_id, (ReasonCode.PACKET_IDENTIFIER_IN_USE,) * len(packet.filters))
         event = UnsubscribeRequested(packet.packet_id, packet.filters, packet.properties.user_properties)
         self.unsubscribing[packet.packet_id] = event
         return event
+
+    def _identifier_in_use(self, kind: str, packet_id: int) -> None:
+        if self.protocol_level == MQTT_311:  # no reason code to say it with: a protocol violation
+            raise ProtocolViolation(f"{kind} {packet_id} reuses an identifier awaiting its acknowledgement "
+                                    "(MQTT-2.2.1-3)")
 
     def suback(self, packet_id: int, reason_codes: Sequence[int] | None) -> Suback:
         try:

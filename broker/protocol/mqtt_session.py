@@ -28,7 +28,7 @@ from fencemq.protocol.mqtt_events import (
 from fencemq.protocol.mqtt_inflight import InboundAliases, InboundFlows, OutboundAliases, OutboundFlows
 from fencemq.protocol.mqtt_packets import (
     CLIENT_TO_SERVER, MQTT_5, MQTT_311, Auth, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp, Puback,
-    Pubcomp, Publish, Pubrec, Pubrel, Subscribe, Unsubscribe, Will,
+    Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback, Unsubscribe, Will,
 )
 from fencemq.protocol.mqtt_properties import NO_PROPERTIES, Properties
 from fencemq.protocol.mqtt_reasons import (
@@ -263,10 +263,13 @@ class MqttServerSession:
             self._send(Pubcomp(packet.packet_id, 0 if known else self._v5_code(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)))
             if known:
                 self._events.append(PublishReleased(packet.packet_id))
-        elif isinstance(packet, Subscribe):
-            self._events.append(self._requests.on_subscribe(packet))
-        elif isinstance(packet, Unsubscribe):
-            self._events.append(self._requests.on_unsubscribe(packet))
+        elif isinstance(packet, (Subscribe, Unsubscribe)):
+            outcome = (self._requests.on_subscribe(packet) if isinstance(packet, Subscribe)
+                       else self._requests.on_unsubscribe(packet))
+            if isinstance(outcome, (Suback, Unsuback)):
+                self._send(outcome)
+            else:
+                self._events.append(outcome)
         elif isinstance(packet, Pingreq):
             self._send(Pingresp())  # MQTT-3.12.4-1
         elif isinstance(packet, Disconnect):
