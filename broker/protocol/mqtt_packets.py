@@ -95,35 +95,33 @@ class Publish:
 
 
 @dataclass(frozen=True, slots=True)
-class Puback:
+class _PublishResponse:
+    """PUBACK, PUBREC, PUBREL and PUBCOMP share one layout (§3.4 … §3.7); they differ by type."""
+
+    packet_type: ClassVar[PacketType]
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = NO_PROPERTIES
+
+
+@dataclass(frozen=True, slots=True)
+class Puback(_PublishResponse):
     packet_type: ClassVar[PacketType] = PacketType.PUBACK
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = NO_PROPERTIES
 
 
 @dataclass(frozen=True, slots=True)
-class Pubrec:
+class Pubrec(_PublishResponse):
     packet_type: ClassVar[PacketType] = PacketType.PUBREC
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = NO_PROPERTIES
 
 
 @dataclass(frozen=True, slots=True)
-class Pubrel:
+class Pubrel(_PublishResponse):
     packet_type: ClassVar[PacketType] = PacketType.PUBREL
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = NO_PROPERTIES
 
 
 @dataclass(frozen=True, slots=True)
-class Pubcomp:
+class Pubcomp(_PublishResponse):
     packet_type: ClassVar[PacketType] = PacketType.PUBCOMP
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = NO_PROPERTIES
 
 
 @dataclass(frozen=True, slots=True)
