@@ -136,8 +136,10 @@ class MqttServerSession:
 
     def take_over(self) -> list[MqttEvent]:
         """Another connection took this client id: DISCONNECT 0x8E, close (MQTT-3.1.4-3)."""
-        if not self.closed:
+        if self.state is SessionState.CONNECTED:
             self._end_by_server(ReasonCode.SESSION_TAKEN_OVER, None, taken_over=True)
+        elif not self.closed:  # no DISCONNECT before a CONNACK (MQTT-3.14.0-1)
+            self._close(ConnectionClosed(ReasonCode.SESSION_TAKEN_OVER, "server", taken_over=True))
         return self._take_events()
 
     def disconnect(self, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN,

@@ -335,10 +335,11 @@ def test_a_server_disconnect_names_its_reason():
     assert closed.initiated_by == "server"
 
 
-def test_MQTT_3_14_0_1_no_disconnect_is_sent_before_the_connack():
+@pytest.mark.parametrize("end", ["disconnect", "take_over"])
+def test_MQTT_3_14_0_1_no_disconnect_is_sent_before_the_connack(end):
     peer = Peer(MQTT_5)
     peer.send(Connect("c1"))
-    closed_event(peer.session.disconnect(ReasonCode.SERVER_SHUTTING_DOWN))
+    closed_event(getattr(peer.session, end)())
     assert peer.received() == []
 
 
