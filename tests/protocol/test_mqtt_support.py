@@ -33,7 +33,9 @@ from fencemq.protocol.mqtt_packets import (
     Unsubscribe,
     Will,
 )
-from fencemq.protocol.mqtt_properties import BOOLEAN, NONZERO, NONZERO_WHEN_SENT, PROPERTIES, QOS_0_OR_1, Kind, Properties
+from fencemq.protocol.mqtt_properties import (
+    BOOLEAN, NONZERO, NONZERO_WHEN_SENT, PROPERTIES, QOS_0_OR_1, Kind, Properties,
+)
 from fencemq.protocol.mqtt_reasons import CONNACK_RETURN_CODES_V311, REASONS_V5, SUBACK_RETURN_CODES_V311
 from fencemq.protocol.mqtt_wire import MAX_VARINT
 
