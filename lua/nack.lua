@@ -22,13 +22,12 @@
 --   become ready (-1 when none were delayed).
 -- A NACK counts a failure; at the limit the message goes to the dead-letter
 -- list instead of back to the queue. DISCARD drops it (no redelivery).
--- Errors: BADARG on a negative DELAY.
+-- Errors: BADARG when DELAY is not an integer of 0 or more.
 -- Cost: O(tags).
-expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, m = A.group, A.member
 local delay = int_arg(A.delay_ms, 'DELAY')
-if delay < 0 then raise('BADARG', 'DELAY must be 0 or more milliseconds') end
 local discard = A.discard == '1'
+expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
 local maxfail = tonumber(redis.call('HGET', K.meta, 'maxdel') or A.max_failures)
 local now = now_ms()
 local epoch = group_epoch(K.meta, g)
@@ -36,7 +35,7 @@ local returned, dead, woke = 0, 0, false
 for _, tag in ipairs(A.tags) do
   local rec = redis.call('HGET', K.checkouts, tag)
   local c = rec and parse_checkout(tag, rec)
-  if c and c.group == g and c.member == m and c.epoch >= epoch then
+  if settles(c, g, m, epoch, rec and redis.call('ZSCORE', K.deadlines, tag), now) then
     take_checkout(K, tag)
     returned = returned + 1
     journal(now, discard and 'discard' or 'nack', g, m, c.id, c.tag, c.epoch, c.fail + 1)
@@ -56,7 +55,8 @@ for _, tag in ipairs(A.tags) do
     end
   end
 end
-clear_suspicion(K.meta, g, m)  -- alive, even if every tag had expired
+-- alive, even if every tag had expired: a long poll it has waiting may receive again
+if clear_suspicion(K.meta, g, m) then woke = true end
 flush_journal(K)
 if woke then redis.call('SPUBLISH', K.wake, 'nack') end
 return {returned, dead, (delay > 0 and not discard and returned > dead) and now + delay or -1}

@@ -39,7 +39,7 @@ if window > 0 then
 end
 
 local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
-local stamp = now .. ':'
+local stamp = int_str(now) .. ':'
 local ids, pairs_ = {}, {}
 for i = 1, n do
   local body, dedup = A.messages[2 * i - 1], A.messages[2 * i]
@@ -55,7 +55,7 @@ for i = 1, n do
       redis.call('ZADD', K.dedup, now, dedup)
       redis.call('HSET', K.dedup_ids, dedup, seq)
     end
-    ids[i] = tostring(seq)
+    ids[i] = int_str(seq)
     journal(now, 'pub', nil, nil, seq)
   end
 end

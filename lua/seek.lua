@@ -1,5 +1,6 @@
 -- seek.lua: move a subscription's cursor and raise its epoch.
 --@include lib/seek.lua
+--@include lib/members.lua
 --
 -- KEYS[1] meta
 -- KEYS[2] log
@@ -11,8 +12,10 @@
 -- KEYS[8] wake
 -- KEYS[9] journal
 -- ARGV[1] group
--- ARGV[2] kind            id | time | earliest | latest
--- ARGV[3] target          id or ms ('' for earliest/latest)
+-- ARGV[2] member          who seeks: it must be the group's active member
+-- ARGV[3] operator        1: an operator's seek, which needs no membership
+-- ARGV[4] kind            id | time | earliest | latest
+-- ARGV[5] target          id or ms ('' for earliest/latest)
 -- Returns: {new epoch, new cursor, 1 if the target was below retention and
 --   was clamped to the oldest retained message else 0}
 -- Every checkout of the group taken under the old epoch is released (its tag
@@ -20,19 +23,21 @@
 -- message of the group is dropped: after the seek the group reads from the
 -- new cursor only. The epoch is raised inside this one atomic call, so it
 -- only ever grows, across workers and concurrent seeks.
--- Errors: NOTFOUND (no such subscription), BADARG (bad target).
+-- Errors: NOTFOUND (no such subscription, or the caller is not a member),
+--   STALE (the caller was evicted, or its subscription has ended), NOPERM (a
+--   standby of an exclusive or single-active group), BADARG (bad target).
+--   Nothing is changed then.
 -- Cost: O(the group's checkouts + delayed messages of the queue + log2 n).
-expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, kind, arg = A.group, A.kind, A.target
-local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, EPOCH), 'seq', 'first')
+local f = read_meta(K.meta, {gf(g, MODE), 'seq', 'first'})
 if not f[1] then raise('NOTFOUND', 'no subscription ' .. g .. ' on this queue; SUB first') end
-local seq, first = tonumber(f[3] or '0'), tonumber(f[4] or '1')
+if A.operator ~= '1' then require_active_member(K.meta, g, A.member, 'SEEK') end
+local seq, first = tonumber(f[2] or '0'), tonumber(f[3] or '1')
 local cur, clamped
 if kind == 'earliest' then cur = first
 elseif kind == 'latest' then cur = seq + 1
 elseif kind == 'id' then
-  cur = int_arg(arg, 'SEEK ID')
-  if cur < 1 then raise('BADARG', 'SEEK ID must be a message id (1 or more)') end
+  cur = int_arg(arg, 'SEEK ID', 1)
   if cur > seq + 1 then cur = seq + 1 end
 elseif kind == 'time' then
   local ms = int_arg(arg, 'SEEK TIME')
@@ -47,6 +52,8 @@ else
 end
 if clamped == nil then clamped = cur < first end
 if cur < first then cur = first end
+
+expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
 
 local epoch = move_cursor(K, g, cur)
 journal(now_ms(), 'seek', g, nil, cur, nil, epoch, kind)

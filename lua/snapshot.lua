@@ -42,7 +42,7 @@
 -- Cost: O(state of the queue + log entries + journal entries listed); one
 --   HGET of the log per group (the oldest pending message).
 local max_log = int_arg(A.max_log, 'max log entries')
-local max_journal = int_arg(A.max_journal, 'max journal entries')
+local max_journal = int_arg(A.max_journal, 'max journal entries', -1)
 local now = now_ms()
 
 -- meta as if expanded: a snapshot never shows the compact form of an lmq at rest

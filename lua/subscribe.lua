@@ -42,10 +42,11 @@
 -- Errors: BADARG (mode/policy/strategy conflict with the group, a number that
 --   is not an integer), BUSY (reject policy).
 -- Cost: O(checkouts of a preempted owner).
-expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, m = A.group, A.member
-local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, POLICY), gf(g, OWNER), gf(g, EPOCH), gf(g, CURSOR),
-  'seq', 'first', mf(g, m, DELIVERED))
+-- Everything is validated before the first write: Redis does not roll back a
+-- script that fails half-way.
+local f = read_meta(K.meta, {gf(g, MODE), gf(g, POLICY), gf(g, OWNER), gf(g, EPOCH), gf(g, CURSOR),
+  'seq', 'first', mf(g, m, DELIVERED), gf(g, STRATEGY)})
 local existing_mode, existing_policy, owner = f[1], f[2], f[3]
 local mode = A.mode ~= '' and A.mode or existing_mode or A.default_mode
 local policy = A.policy ~= '' and A.policy or existing_policy or 'preempt'
@@ -55,23 +56,31 @@ end
 if existing_policy and policy ~= existing_policy then
   raise('BADARG', 'group ' .. g .. ' has POLICY ' .. existing_policy .. '; subscribe with that POLICY or use another GROUP')
 end
-local strategy = redis.call('HGET', K.meta, gf(g, STRATEGY))
+local strategy = f[9]
 if existing_mode and A.strategy ~= '' and A.strategy ~= (strategy or 'round-robin') then
   raise('BADARG', 'group ' .. g .. ' uses STRATEGY ' .. (strategy or 'round-robin') .. ', chosen when it was created; use that or another group')
 end
 if mode == 'exclusive' and owner and owner ~= m and policy == 'reject' then
   raise('BUSY', 'group ' .. g .. ' is held by client ' .. owner .. ' (POLICY reject); wait for it to unsubscribe or use POLICY preempt')
 end
+local known_epoch = A.epoch ~= '' and int_arg(A.epoch, 'EPOCH') or nil
+local settings = {}
+for field, arg in pairs({[LOCK] = {A.lock_ms, 'LOCK', 1}, [MAX] = {A.max, 'MAX', 0},
+                         [CAPACITY] = {A.capacity, 'CAPACITY', 1}, [QOS] = {A.qos, 'QOS', 0, 1}}) do
+  settings[field] = arg[1] ~= '' and int_str(int_arg(arg[1], arg[2], arg[3], arg[4])) or false
+end
+local from_arg = (A.from_kind == 'id' or A.from_kind == 'time') and int_arg(A.from_arg, 'FROM ' .. A.from_kind) or nil
+expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
 
 local now = now_ms()
 local seq, first = tonumber(f[6] or '0'), tonumber(f[7] or '1')
 local epoch = tonumber(f[4] or '0')
 local cur = tonumber(f[5] or '0')
 if not existing_mode then
-  local kind, arg = A.from_kind, A.from_arg
+  local kind = A.from_kind
   if kind == 'latest' then cur = seq + 1
-  elseif kind == 'id' then cur = math.min(math.max(int_arg(arg, 'FROM ID'), first), seq + 1)
-  elseif kind == 'time' then cur = first_at_or_after(K.log, first, seq, int_arg(arg, 'FROM TIME'))
+  elseif kind == 'id' then cur = math.min(math.max(from_arg, first), seq + 1)
+  elseif kind == 'time' then cur = first_at_or_after(K.log, first, seq, from_arg)
   else cur = first end
   redis.call('HSETNX', K.meta, 'first', 1)
   redis.call('HSETNX', K.meta, 'seq', 0)
@@ -95,9 +104,8 @@ if not f[8] then
 end
 clear_marker(K.meta, g, m)
 clear_suspicion(K.meta, g, m)
-local settings = {[LOCK] = A.lock_ms, [MAX] = A.max, [CAPACITY] = A.capacity, [QOS] = A.qos}
 for field, value in pairs(settings) do
-  if value ~= '' then redis.call('HSET', K.meta, mf(g, m, field), value)
+  if value then redis.call('HSET', K.meta, mf(g, m, field), value)
   else redis.call('HDEL', K.meta, mf(g, m, field)) end
 end
 redis.call('HDEL', K.meta, mf(g, m, ENDED))
@@ -105,11 +113,11 @@ redis.call('HSET', K.meta, mf(g, m, ONLINE), 1)
 if A.capacity ~= '' then push_list_add(K.meta, g, m) else push_list_remove(K.meta, g, m) end
 
 local returned = 0
-if A.epoch ~= '' and int_arg(A.epoch, 'EPOCH') > epoch then
+if known_epoch and known_epoch > epoch then
   -- The client saw a seek this server does not know (say, restored from an
   -- older copy): adopt its epoch; checkouts under the old one go stale and
   -- their messages back to the group, to be delivered under the new one.
-  epoch = tonumber(A.epoch)
+  epoch = known_epoch
   redis.call('HSET', K.meta, gf(g, EPOCH), epoch)
   returned = release_group_checkouts(K, g, true)
 end

@@ -36,7 +36,8 @@ if not f[3] then return {0, owner or '', 0} end
 
 local returned = #return_member_checkouts(K, g, m)
 redis.call('DEL', mb)
-if A.how == 'cancel' and f[4] then
+-- (a push member already at its end of stream just leaves)
+if A.how == 'cancel' and f[4] and not f[5] then
   seat_sentinel(K, mb, g, m, tonumber(f[4]))
   flush_journal(K)
   redis.call('SPUBLISH', K.wake, 'cancel')
@@ -44,7 +45,8 @@ if A.how == 'cancel' and f[4] then
 end
 push_list_remove(K.meta, g, m)
 owner = remove_member(K, g, m)
-if returned > 0 then redis.call('SPUBLISH', K.wake, 'leave') end
+-- (always: a standby's long poll may be the new owner's now)
+redis.call('SPUBLISH', K.wake, 'leave')
 journal(now_ms(), 'leave', g, m, nil, nil, nil, A.how)
 flush_journal(K)
 reclaim_if_idle(K, tonumber(A.idle_ttl_ms))

@@ -32,9 +32,9 @@ class Core:
         self.ctx = ctx = FenceContext(redis, config)
         self.redis, self.config, self.keys, self.fences = redis, config, ctx.keys, ctx.fences
         self.lite = Lite(ctx)
-        self.leases = Leases(ctx)
-        self.seek = Seek(ctx)
         self.mailboxes = Mailboxes(ctx)
+        self.leases = Leases(ctx, self.mailboxes)
+        self.seek = Seek(ctx)
         self.subscriptions = Subscriptions(ctx, self.mailboxes, self.lite)
         self.publishing = Publishing(ctx, self.mailboxes)
         self.shared = Shared(ctx, self.publishing, self.subscriptions)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from fencemq.errors import BadArgument
 from fencemq.fences.context import FenceContext
+from fencemq.fences.mailbox import Mailboxes
 from fencemq.fences.registry import fence
 from fencemq.model.keys import Handle
 from fencemq.model.messages import Delivery, unpack_delivery
@@ -22,12 +23,12 @@ from fencemq.model.values import text
 
 _LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
 
-PULL = fence("pull", f"{_LEASE_KEYS} journal", "group member count default_lock_ms")
-ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal",
+PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox", "group member count default_lock_ms")
+ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal wake",
             "group member idle_ttl_ms", argv_rest="tags")
 NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal", "group member delay_ms discard max_failures",
              argv_rest="tags")
-RENEW = fence("renew", "meta checkouts deadlines", "group member lock_ms default_lock_ms", argv_rest="tags")
+RENEW = fence("renew", "meta checkouts deadlines wake", "group member lock_ms default_lock_ms", argv_rest="tags")
 SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
 
 
@@ -47,24 +48,28 @@ class SweepResult:
 
 
 class Leases:
-    def __init__(self, ctx: FenceContext) -> None:
+    def __init__(self, ctx: FenceContext, mailboxes: Mailboxes) -> None:
         self.ctx = ctx
+        self.mailboxes = mailboxes
 
     async def pull(self, handle: Handle, count: int = 1) -> PullResult:
         config = self.ctx.config
         if not 0 < count <= config.max_batch:
             raise BadArgument(f"COUNT must be between 1 and {config.max_batch}")
         k = self.ctx.keys.queue(handle.queue)
-        res = await self.ctx.fences.run(PULL, k, group=handle.group, member=handle.member, count=count,
+        res = await self.ctx.fences.run(PULL, k, extra_keys={"mailbox": k.mailbox(handle.group, handle.member)},
+                                        group=handle.group, member=handle.member, count=count,
                                         default_lock_ms=config.default_lock_ms)
-        epoch, deadline, status = int(res[0]), int(res[1]), text(res[2])
+        epoch, deadline, status, refill = int(res[0]), int(res[1]), text(res[2]), int(res[3])
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [
             unpack_delivery(topic, lmq, epoch, res[i], int(res[i + 1]), int(res[i + 2]), res[i + 3])
-            for i in range(3, len(res), 4)
+            for i in range(4, len(res), 4)
         ]
         if deadline >= 0:
             await self.ctx.schedule_soon(handle.queue.qid, deadline)
+        if refill and deliveries:
+            await self.mailboxes.dispatch_all(handle.queue)  # a shared group's strategy refills its members
         return PullResult(epoch, status, deliveries)
 
     async def ack(self, handle: Handle, tags: list[str]) -> int:

@@ -14,7 +14,7 @@ from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
 from fencemq.model.keys import Handle
 
-SEEK = fence("seek", "meta log checkouts deadlines owned ready delayed wake journal", "group kind target")
+SEEK = fence("seek", "meta log checkouts deadlines owned ready delayed wake journal", "group member operator kind target")
 TARGETS = ("earliest", "latest", "id", "time")
 
 
@@ -22,10 +22,16 @@ class Seek:
     def __init__(self, ctx: FenceContext) -> None:
         self.ctx = ctx
 
-    async def move(self, handle: Handle, kind: str, arg: int | None = None) -> tuple[int, int, bool]:
-        """Move the group's cursor; returns (new epoch, cursor, clamped to retention)."""
+    async def move(self, handle: Handle, kind: str, arg: int | None = None, *,
+                   operator: bool = False) -> tuple[int, int, bool]:
+        """Move the group's cursor; returns (new epoch, cursor, clamped to retention).
+
+        The handle's member must be the group's active member (not evicted,
+        ended or a standby), unless an ``operator`` seeks.
+        """
         if kind not in TARGETS:
             raise BadArgument("SEEK takes ID id, TIME ms, EARLIEST or LATEST")
         k = self.ctx.keys.queue(handle.queue)
-        res = await self.ctx.fences.run(SEEK, k, group=handle.group, kind=kind, target="" if arg is None else arg)
+        res = await self.ctx.fences.run(SEEK, k, group=handle.group, member=handle.member, operator=int(operator), kind=kind,
+                                        target="" if arg is None else arg)
         return int(res[0]), int(res[1]), bool(int(res[2]))

@@ -185,5 +185,7 @@ class Shared:
         if refs:
             async with anyio.create_task_group() as tg:
                 for ref in refs:
-                    tg.start_soon(self.publishing.append, ref, bodies)
+                    # the producer's dedup ids go with every copy: a repeated publish adds
+                    # nothing anywhere, and completes a fan-out a crash cut short
+                    tg.start_soon(self.publishing.append, ref, bodies, dedup_ids)
         return ids

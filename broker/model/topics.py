@@ -58,6 +58,7 @@ class FilterTarget:
 
 
 def parse_target(target: str) -> FilterTarget:
+    check_share_syntax(target)
     if target.startswith(SHARE_PREFIX):
         share, sep, filt = target[len(SHARE_PREFIX):].partition("/")
         if not share:
@@ -68,6 +69,14 @@ def parse_target(target: str) -> FilterTarget:
             raise BadArgument(f"ShareName {share!r} may not contain '/', '+' or '#'")
         return FilterTarget(check_filter(filt), share)
     return FilterTarget(check_filter(target))
+
+
+def check_share_syntax(target: str) -> None:
+    """``$share:g:filter`` (the colon form of the MQTT-234 discussion) is not a topic: say what to write."""
+    if target.startswith("$share:"):
+        group, _, filt = target[len("$share:"):].partition(":")
+        raise BadArgument(f"shared subscriptions are written $share/<group>/<filter>, e.g. $share/{group or 'g'}/"
+                          f"{filt or '<filter>'}; '$share:' is not a topic")
 
 
 def matches(filt: str, topic: str) -> bool:

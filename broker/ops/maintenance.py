@@ -150,7 +150,7 @@ async def seek(redis: Any, keys: Keyspace, ref: QueueRef, group: str, kind: str,
     before = {"epoch": _int(g.get(meta.EPOCH)), "cursor": _int(g.get(meta.CURSOR), None)}
     member = g.get(meta.OWNER) or next(iter(g["members"]), None) or "operator"
     q = _queues(redis, keys)
-    epoch, cursor, clamped = await q.seek.move(Handle(ref, group, member), kind, arg)
+    epoch, cursor, clamped = await q.seek.move(Handle(ref, group, member), kind, arg, operator=True)
     return {**queue_info(ref.qid), "queue": display_name(ref), "group": group, "target": kind, "arg": arg,
             "epoch": epoch, "cursor": cursor, "clamped": clamped, "before": before}
 

@@ -8,10 +8,12 @@ public contract in docs/protocol.md.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fencemq.errors import BadArgument, FenceMQError, UnknownCommand
+from fencemq.model.topics import check_share_syntax
 
 
 @dataclass(slots=True)
@@ -34,15 +36,26 @@ def _text(b: bytes, what: str) -> str:
         raise BadArgument(f"{what} must be UTF-8") from None
 
 
-def _int(b: bytes, what: str, low: int | None = 0, high: int | None = None) -> int:
-    try:
-        n = int(b)
-    except ValueError:
-        raise BadArgument(f"{what} must be an integer, got {b[:32]!r}") from None
-    if low is not None and n < low:
-        raise BadArgument(f"{what} must be at least {low}")
-    if high is not None and n > high:
-        raise BadArgument(f"{what} must be at most {high}")
+# The largest integer every layer holds exactly (Lua numbers are doubles):
+# the upper bound of every integer on the wire (docs/protocol.md, "Numbers").
+MAX_INT = 2**53 - 1
+_DECIMAL = re.compile(rb"-?[0-9]{1,20}")
+
+
+def shown(b: bytes, limit: int = 32) -> str:
+    """A client's argument quoted in an error: bounded, printable, no Python repr."""
+    text = b[:limit].decode("utf-8", "replace")
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return f"'{text}'" + ("…" if len(b) > limit else "")
+
+
+def _int(b: bytes, what: str, low: int = 0, high: int = MAX_INT) -> int:
+    """A decimal integer in [low, high] (no sign but '-', no spaces, no '_'), else BADARG."""
+    if not _DECIMAL.fullmatch(b):
+        raise BadArgument(f"{what} must be an integer from {low} to {high}, got {shown(b)}")
+    n = int(b)
+    if not low <= n <= high:
+        raise BadArgument(f"{what} must be an integer from {low} to {high}")
     return n
 
 
@@ -69,7 +82,7 @@ class _Options:
         return self.args[self.i - 1]
 
     def unknown(self, word: str, allowed: str) -> BadArgument:
-        return BadArgument(f"{self.verb} does not take {word!r}; options are {allowed}")
+        return BadArgument(f"{self.verb} does not take {shown(word.encode())}; options are {allowed}")
 
 
 def _need(verb: str, args: list[bytes], n: int, usage: str) -> None:
@@ -147,6 +160,7 @@ def parse_mpub(args: list[bytes]) -> Request:
 def parse_sub(args: list[bytes]) -> Request:
     _need("SUB", args, 2, "SUB topic [LMQ name] [GROUP g] [MODE m] [POLICY p] [FROM ...] [QOS q] [LOCK ms] [PUSH [CAPACITY n]] [MAX n] [EPOCH e]")
     out: dict[str, Any] = {"topic": _text(args[1], "topic")}
+    check_share_syntax(out["topic"])
     opts = _Options("SUB", args, 2)
     for word in opts:
         if word in ("LMQ", "GROUP", "MODE", "POLICY"):

@@ -179,9 +179,11 @@ class Verbs:
         h = session.own(handle)
         leases = self.services.core.leases
         result = await leases.pull(h, count)
-        if not result.deliveries and result.status == "ok" and block_ms is not None:
-            result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count), lambda r: bool(
-                r.deliveries or r.status != "ok"))
+        if not result.deliveries and block_ms is not None:
+            # A fenced member (evicted, suspected, standby, ended) waits like any long
+            # poll: woken when it may receive again, not answered at once to spin.
+            result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
+                                           lambda r: bool(r.deliveries))
         metrics.DELIVERED.inc(len(result.deliveries))
         return Prebuilt(encode_deliveries(result.deliveries, session.proto))
 

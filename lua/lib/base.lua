@@ -31,9 +31,20 @@ local function split(s, sep)
   end
 end
 
-local function int_arg(v, name)
-  local n = tonumber(v)
-  if not n or n ~= math.floor(n) then raise('BADARG', name .. ' must be an integer, got ' .. tostring(v)) end
+-- Integers are doubles here: exact up to 2^53 - 1, which bounds every integer
+-- on the wire (docs/protocol.md, "Numbers"). tostring() and `..` write 10^14
+-- as 1e+14, so every integer that goes into a stored string goes through
+-- int_str (redis.call's own number arguments are exact).
+local MAX_INT = 9007199254740991
+local function int_str(n) return string.format('%d', n) end
+
+-- A decimal integer argument within [lo, hi] (default 0 .. MAX_INT), else BADARG.
+local function int_arg(v, name, lo, hi)
+  lo, hi = lo or 0, hi or MAX_INT
+  local n = type(v) == 'string' and string.match(v, '^%-?%d+$') and tonumber(v)
+  if not n or n < lo or n > hi then
+    raise('BADARG', name .. ' must be an integer from ' .. int_str(lo) .. ' to ' .. int_str(hi))
+  end
   return n
 end
 

@@ -7,10 +7,17 @@
 --
 -- Entry: ms TAB event TAB group TAB member TAB id TAB tag TAB epoch TAB extra
 local JOURNAL, JOURNAL_N = {}, 0
+-- A field as text: integers written whole (never 1e+14), absent ones empty.
+local function journal_field(v)
+  if v == nil then return '' end
+  if type(v) == 'number' then return int_str(v) end
+  return v
+end
+
 local function journal(ms, ev, g, m, id, tag, ep, extra)
   JOURNAL_N = JOURNAL_N + 1
-  JOURNAL[JOURNAL_N] = ms .. '\t' .. ev .. '\t' .. (g or '') .. '\t' .. (m or '') .. '\t' .. (id or '') .. '\t'
-    .. (tag or '') .. '\t' .. (ep or '') .. '\t' .. (extra or '')
+  JOURNAL[JOURNAL_N] = int_str(ms) .. '\t' .. ev .. '\t' .. (g or '') .. '\t' .. (m or '') .. '\t'
+    .. journal_field(id) .. '\t' .. journal_field(tag) .. '\t' .. journal_field(ep) .. '\t' .. journal_field(extra)
 end
 
 local function flush_journal(K)

@@ -11,10 +11,22 @@
 --   ready member     group NUL id(16 digits) NUL acquisitions NUL failures
 --   owned member     group NUL member NUL tag
 
+-- A checkout record, or nil when it does not parse (then nothing may be
+-- done with it: no fence deletes what it cannot read).
 local function parse_checkout(tag, rec)
   local g, m, id, ep, acq, fail = string.match(rec, '^([^%z]*)%z([^%z]*)%z(%d+)%z(%d+)%z(%d+)%z(%d+)$')
+  if not fail then return nil end
   return {tag = tag, group = g, member = m, id = tonumber(id), epoch = tonumber(ep),
           acq = tonumber(acq), fail = tonumber(fail)}
+end
+
+-- Is this checkout member m's to settle now? Not if it is another's, was
+-- taken under an epoch older than the group's (a SEEK since), or is past its
+-- deadline — a late ACK, NACK or RENEW settles nothing, even before the
+-- sweep returns it. `due` is its deadline (false while it waits unleased in
+-- a push mailbox).
+local function settles(c, g, m, epoch, due, now)
+  return c and c.group == g and c.member == m and c.epoch >= epoch and not (due and tonumber(due) <= now)
 end
 
 -- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
@@ -23,6 +35,7 @@ local function take_checkout(K, tag)
   local rec = redis.call('HGET', K.checkouts, tag)
   if not rec then return nil end
   local c = parse_checkout(tag, rec)
+  if not c then return nil end
   redis.call('HDEL', K.checkouts, tag)
   redis.call('ZREM', K.deadlines, tag)
   redis.call('ZREM', K.owned, c.group .. SEP .. c.member .. SEP .. tag)
@@ -30,7 +43,7 @@ local function take_checkout(K, tag)
 end
 
 local function ready_member(g, id, acq, fail)
-  return g .. SEP .. pad(id) .. SEP .. acq .. SEP .. fail
+  return g .. SEP .. pad(id) .. SEP .. int_str(acq) .. SEP .. int_str(fail)
 end
 
 -- Put a returned message back where it was in id order, ahead of newer ones.
@@ -90,8 +103,26 @@ end
 -- A consumer that settles or renews is no longer suspected. In single-active
 -- mode it takes over when the active member is gone or suspected itself, so a
 -- group whose members all timed out never deadlocks.
+-- Returns true when the member was suspected: a long poll it has waiting
+-- may receive again (the caller wakes the queue's channel).
 local function clear_suspicion(meta, g, m)
-  redis.call('HDEL', meta, mf(g, m, SUSPECTED))
+  return redis.call('HDEL', meta, mf(g, m, SUSPECTED)) == 1
+end
+
+-- Reserve n delivery tags; returns the last. A tag is never handed out twice
+-- under one handle, even when its queue is dropped and created again (a
+-- filter queue whose last member left, a reclaimed lmq): the counter never
+-- falls behind Redis's clock in microseconds, and a queue hands out far fewer
+-- than a million tags a second, so a new incarnation starts above every tag
+-- of the old one. (2^53 microseconds since 1970 is in the year 2255.)
+local function next_tags(meta, n)
+  local t = redis.call('TIME')
+  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local top = tonumber(redis.call('HGET', meta, 'tag') or '0')
+  if top < clock then top = clock end
+  top = top + n
+  redis.call('HSET', meta, 'tag', int_str(top))
+  return top
 end
 
 -- Check out up to `count` messages for member m: returned ones first, in id
@@ -133,20 +164,20 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   end
   if #taken == 0 then return taken end
 
-  local top = redis.call('HINCRBY', K.meta, 'tag', #taken)
+  local top = next_tags(K.meta, #taken)
   redis.call('HINCRBY', K.meta, mf(g, m, DELIVERED), #taken)
   local records, deadlines, owned, n = {}, {}, {}, 0
   local gm = g .. SEP .. m .. SEP
   local base = top - #taken
   for i, t in ipairs(taken) do
-    local tag = tostring(base + i)
+    local tag = int_str(base + i)
     t[1] = tag
     if member_qos == 0 or string.byte(t[4], string.find(t[4], ':', 1, true) + 1) == 48 then  -- '0': QoS 0
       t[1] = 'q' .. tag
     else
       n = n + 2
       records[n - 1] = tag
-      records[n] = gm .. t[2] .. SEP .. ep .. SEP .. t[3] .. SEP .. t[5]
+      records[n] = gm .. int_str(t[2]) .. SEP .. int_str(ep) .. SEP .. int_str(t[3]) .. SEP .. int_str(t[5])
       deadlines[n - 1] = deadline
       deadlines[n] = tag
       owned[n - 1] = 0

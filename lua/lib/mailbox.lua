@@ -9,6 +9,11 @@
 
 local EOS = 'EOS'
 
+-- A mailbox entry: tag NUL id NUL acquisitions NUL epoch NUL body.
+local function mailbox_entry(t, ep)
+  return t[1] .. SEP .. int_str(t[2]) .. SEP .. int_str(t[3]) .. SEP .. int_str(ep) .. SEP .. t[4]
+end
+
 local function push_list_remove(meta, g, m)
   local list = redis.call('HGET', meta, 'push')
   if not list then return end
@@ -63,10 +68,81 @@ local function fill_mailbox(K, mb, g, m, now)
   if count > 0 then taken = check_out(K, g, m, count, ep, now, nil, member.qos) end
   if #taken > 0 then
     local entries = {}
-    for i, t in ipairs(taken) do entries[i] = table.concat({t[1], t[2], t[3], ep, t[4]}, SEP) end
+    for i, t in ipairs(taken) do entries[i] = mailbox_entry(t, ep) end
     redis.call('RPUSH', mb, unpack(entries))
   end
   if member.max and member.delivered + #taken >= tonumber(member.max) then seat_sentinel(K, mb, g, m, cap) end
   return #taken
 end
 
+
+-- Take up to `count` deliveries from member m's mailbox. What the member may
+-- not receive it does not get, whatever the QoS: a member fenced off by a
+-- marker gets nothing (what it held goes back, its mailbox is emptied: QoS 0
+-- entries are at most once), a suspected one nothing until it settles or
+-- renews, and entries read under an epoch older than the group's (a SEEK
+-- since) or whose checkout was released are dropped. Each QoS 1 delivery's
+-- lease starts now. Returns the deliveries {tag, id, acquisitions, body},
+-- the group's epoch, the leases' deadline (-1 when none) and a status: 'ok',
+-- 'evicted', 'suspected', or 'eos' when the end-of-stream sentinel was
+-- reached (the member stays, ended, so what it took can still be settled).
+-- Cost: O(entries popped + messages topped up).
+local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
+  local f = read_meta(K.meta, {mf(g, m, DELIVERED), mf(g, m, CAPACITY), mf(g, m, LOCK), gf(g, EPOCH),
+    mf(g, m, MARKER), mf(g, m, SUSPECTED), mf(g, m, ENDED), 'lock'})
+  if not f[1] then raise('NOTFOUND', 'not subscribed to this queue any more; SUB again for a new handle') end
+  if not f[2] then raise('BADARG', 'this is not a PUSH subscription; PULL instead of TAKE') end
+  expand_meta(K.meta)  -- the writes below must not leave a field to a default
+  local ep = tonumber(f[4] or '0')
+  if f[5] then
+    fenced_off(K, g, m, ep, f[5])
+    redis.call('DEL', mb)
+    return {}, ep, -1, 'evicted'
+  end
+  if f[6] then return {}, ep, -1, 'suspected' end
+  local ended = f[7] ~= nil
+  if not ended then fill_mailbox(K, mb, g, m, now) end
+  local lock = tonumber(f[3] or f[8] or default_lock)
+  local out, deadline, status = {}, -1, 'ok'
+  local skipped, topped_up = false, false
+  while #out < count do
+    local entry = redis.call('LPOP', mb)
+    if not entry and skipped and not topped_up and not ended then
+      -- Everything left was released (a seek, a preemption): what is ready
+      -- now may take the room it made.
+      topped_up = true
+      fill_mailbox(K, mb, g, m, now)
+      entry = redis.call('LPOP', mb)
+    end
+    if not entry then
+      if redis.call('HEXISTS', K.meta, mf(g, m, ENDED)) == 1 then status = 'eos' end
+      break
+    end
+    if entry == EOS then
+      -- A sentinel from before the member subscribed again is not its end.
+      if redis.call('HEXISTS', K.meta, mf(g, m, ENDED)) == 1 then
+        redis.call('DEL', mb)
+        journal(now, 'eos', g, m)
+        status = 'eos'
+        break
+      end
+    else
+      local p = split(string.sub(entry, 1, 200), SEP)
+      local tag, entry_ep = p[1], tonumber(p[4])
+      local qos0 = string.sub(tag, 1, 1) == 'q'  -- at most once: no lease to start
+      local current = entry_ep >= ep and (qos0 or redis.call('HEXISTS', K.checkouts, tag) == 1)
+      if current then
+        if not qos0 then
+          deadline = now + lock
+          redis.call('ZADD', K.deadlines, deadline, tag)
+        end
+        local header = #p[1] + #p[2] + #p[3] + #p[4] + 4
+        out[#out + 1] = {tag, tonumber(p[2]), tonumber(p[3]), string.sub(entry, header + 1)}
+      else
+        skipped = true
+      end
+    end
+  end
+  if #out > 0 and status == 'ok' then fill_mailbox(K, mb, g, m, now) end
+  return out, ep, deadline, status
+end

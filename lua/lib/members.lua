@@ -72,3 +72,26 @@ local function delivery_gate(K, g, m, count)
   end
   return 'ok', ep, member, count
 end
+
+-- An act on the whole subscription (SEEK, UNSUB … MAX) is a member's, and
+-- only an active one's: a client that is not a member (a handle it built
+-- itself), one fenced off by a marker, one whose subscription has ended and
+-- a standby of an exclusive or single-active group are refused, with the
+-- code that says why. Reads only.
+local function require_active_member(meta, g, m, verb)
+  local f = read_meta(meta, {gf(g, MODE), gf(g, OWNER), mf(g, m, DELIVERED), mf(g, m, MARKER), mf(g, m, ENDED),
+    mf(g, m, MAX)})
+  local mode, owner = f[1], f[2]
+  if not mode or not f[3] then
+    raise('NOTFOUND', 'not a member of this subscription; ' .. verb .. ' is for its members (SUB first)')
+  end
+  if f[4] then
+    raise('STALE', 'evicted from this subscription by ' .. f[4] .. '; SUB again to take it back before ' .. verb)
+  end
+  if f[5] or (f[6] and tonumber(f[3]) >= tonumber(f[6])) then
+    raise('STALE', 'this subscription has ended (its MAX was reached); SUB again for a new one')
+  end
+  if (mode == 'exclusive' or mode == 'single-active') and owner ~= m then
+    raise('NOPERM', 'only the active member of group ' .. g .. ' may ' .. verb .. '; this one is a standby')
+  end
+end

@@ -19,7 +19,7 @@ end
 
 -- (`first` = seq + 1 is both a new queue's and one whose log is all consumed.)
 local function compact_defaults(g, m, seq)
-  local next_id = tostring(seq + 1)
+  local next_id = int_str(seq + 1)
   return {next_id, '0', 'exclusive', 'preempt', '0', 'keep', g, m, '0', '1', '1', '0', next_id}
 end
 

@@ -79,7 +79,7 @@ local function dispatch_group(K, g, boxes, now)
     -- the pointer moves only past a member that was actually served
     if next_rr then rr = next_rr end
     local t = taken[1]
-    redis.call('RPUSH', boxes[pick], table.concat({t[1], t[2], t[3], s.ep, t[4]}, SEP))
+    redis.call('RPUSH', boxes[pick], mailbox_entry(t, s.ep))
     s.room = s.room - 1
     sent = sent + 1
     s.member.delivered = s.member.delivered + 1

@@ -159,8 +159,8 @@ def test_a_spec_without_a_fence_and_a_fence_without_a_spec_are_found() -> None:
 
 
 def test_a_code_missing_from_the_table_is_found() -> None:
-    files = _broken("pull.lua", "raise('BADARG', 'COUNT", "raise('OOPS', 'COUNT")
-    assert raise_problems(files) == ["lua/pull.lua: raise('OOPS', …) is not in fencemq.errors.TABLE"]
+    files = _broken("subscribe.lua", "raise('BUSY', ", "raise('OOPS', ")
+    assert raise_problems(files) == ["lua/subscribe.lua: raise('OOPS', …) is not in fencemq.errors.TABLE"]
 
 
 def test_a_missing_include_is_found() -> None:
@@ -169,10 +169,10 @@ def test_a_missing_include_is_found() -> None:
 
 
 def test_the_loader_refuses_a_repeated_missing_or_circular_include_with_its_line() -> None:
-    files = _broken("pull.lua", "--@include lib/members.lua\n", "--@include lib/members.lua\n--@include lib/members.lua\n")
-    with pytest.raises(LoadError, match=r"lua/pull.lua:3 includes lib/members.lua again \(first at line 2\)"):
+    files = _broken("pull.lua", "--@include lib/mailbox.lua\n", "--@include lib/mailbox.lua\n--@include lib/mailbox.lua\n")
+    with pytest.raises(LoadError, match=r"lua/pull.lua:3 includes lib/mailbox.lua again \(first at line 2\)"):
         assemble("pull", files)
-    files = _broken("pull.lua", "--@include lib/members.lua\n", "--@include lib/nothing.lua\n")
+    files = _broken("pull.lua", "--@include lib/mailbox.lua\n", "--@include lib/nothing.lua\n")
     with pytest.raises(LoadError, match=r"lua/pull.lua:2 includes lib/nothing.lua, which is not a file"):
         assemble("pull", files)
     files = _broken("lib/base.lua", "local SEP = '\\0'\n", "--@include lib/meta.lua\nlocal SEP = '\\0'\n")
