@@ -114,6 +114,9 @@ def from_reply(text: str) -> FenceMQError:
 def translate(exc: BaseException) -> FenceMQError | None:
     """Map a redis-py ResponseError raised by a fence to a FenceMQError, else None."""
     text = str(exc)
+    if isinstance(exc, redis.exceptions.NoPermissionError) and "@user_script" in text:
+        # redis-py strips a NOPERM prefix it knows; from a fence (not Redis's ACL) it is ours
+        return from_reply("NOPERM " + text)
     for code in BY_CODE:
         if code != "ERR" and (text.startswith(code + " ") or text == code):
             return from_reply(text)

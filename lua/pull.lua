@@ -44,7 +44,7 @@ end
 if read_meta(K.meta, {mf(g, m, CAPACITY)})[1] then
   local taken, ep, deadline, status = take_from_mailbox(K, K.mailbox, g, m, count, now, A.default_lock_ms)
   local refill = redis.call('HGET', K.meta, gf(g, MODE)) == 'shared' and 1 or 0
-  if status == 'eos' then status = 'ended' end
+  if status == 'eos' or status == 'gone' then status = 'ended' end
   return reply(ep, deadline, #taken > 0 and 'ok' or status, refill, taken)
 end
 

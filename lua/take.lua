@@ -16,10 +16,11 @@
 -- ARGV[3] default_lock_ms
 -- Returns: {'msg', epoch, deadline, tag, id, acquisitions, body, refill},
 --   {'none', refill} when there is nothing the member may take (empty, or the
---   member is fenced off or suspected), or {'eos'} at the end of stream —
---   and at every TAKE after it. The member stays, ended: its handle still
---   settles (ACK, NACK, RENEW) what it took; those come back to the group
---   only by lease expiry or the session's end. refill = 1: a shared group's
+--   member is fenced off or suspected), or {'eos', gone} at the end of stream.
+--   After a MAX the member stays, ended (gone = 0, and every TAKE after it
+--   answers the same): its handle still settles (ACK, NACK, RENEW) what it
+--   took; those come back to the group only by lease expiry or the session's
+--   end. After an UNSUB the member is removed (gone = 1). refill = 1: a shared group's
 --   member, to be refilled by dispatch.lua with the group's strategy.
 -- The taken message's lease starts now; the mailbox is topped up in the same
 -- call. See take_from_mailbox (lib/mailbox.lua) for what is dropped.
@@ -32,7 +33,7 @@ local taken, ep, deadline, status = take_from_mailbox(K, K.mailbox, g, m, 1, now
 -- never by their own TAKE: that would hand them other members' share.
 local refill = redis.call('HGET', K.meta, gf(g, MODE)) == 'shared' and 1 or 0
 flush_journal(K)
-if status == 'eos' and #taken == 0 then return {'eos'} end
+if (status == 'eos' or status == 'gone') and #taken == 0 then return {'eos', status == 'gone' and 1 or 0} end
 local t = taken[1]
 if not t then return {'none', refill} end
 return {'msg', ep, deadline, t[1], t[2], t[3], t[4], refill}

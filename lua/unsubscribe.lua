@@ -38,7 +38,7 @@ local returned = #return_member_checkouts(K, g, m)
 redis.call('DEL', mb)
 -- (a push member already at its end of stream just leaves)
 if A.how == 'cancel' and f[4] and not f[5] then
-  seat_sentinel(K, mb, g, m, tonumber(f[4]))
+  seat_sentinel(K, mb, g, m, tonumber(f[4]), 'unsub')
   flush_journal(K)
   redis.call('SPUBLISH', K.wake, 'cancel')
   return {returned, owner or '', 0}

@@ -56,6 +56,14 @@ class Busy(ModelError):
     code = "BUSY"
 
 
+class Stale(ModelError):
+    code = "STALE"
+
+
+class NoPerm(ModelError):
+    code = "NOPERM"
+
+
 @dataclass
 class Checkout:
     tag: int
@@ -347,6 +355,8 @@ class QueueModel:
             return None
         if c.epoch < self.groups[group].epoch:  # taken under an older epoch: stale
             return None
+        if c.expired:  # past its deadline: a late ACK, NACK or RENEW settles nothing, swept or not
+            return None
         return c
 
     def ack(self, group: str, member: str, tags: list[str]) -> int:
@@ -400,7 +410,6 @@ class QueueModel:
         for t in tags:
             c = self._own(group, member, t)
             if c:
-                c.expired = False
                 c.lock_ms = lock_ms
                 c.window = (now[0] + lock_ms, now[1] + lock_ms) if now else None
                 renewed += 1  # a tag given twice is renewed (and counted) twice
@@ -420,7 +429,7 @@ class QueueModel:
     def sweep(self) -> SweepReply:
         self._promote_due()
         # ZRANGEBYSCORE dl -inf now: every expired score is 0, so ties go in lex order of the tag
-        expired = sorted((t for t, c in self.checkouts.items() if c.expired), key=str)
+        expired = sorted(t for t, c in self.checkouts.items() if c.expired)  # tags of one width: lex = numeric
         by_member: dict[tuple[str, str], list[str]] = {}
         for t in expired:
             c = self.checkouts.pop(t)
@@ -443,10 +452,21 @@ class QueueModel:
             notices.append((gname, m, tags, successor))
         return SweepReply(len(expired), notices)
 
-    def seek(self, group: str, kind: str, arg: int | None = None) -> SeekReply:
+    def seek(self, group: str, kind: str, arg: int | None = None, member: str | None = None) -> SeekReply:
+        """SEEK is the act of the group's active member (``member`` None: an operator's)."""
         g = self.groups.get(group)
         if g is None:
             raise NotFound(f"no subscription {group}")
+        if member is not None:
+            me = g.members.get(member)
+            if me is None:
+                raise NotFound("not a member")
+            if me.marker:
+                raise Stale("evicted")
+            if me.max is not None and me.delivered >= me.max:
+                raise Stale("ended")
+            if g.mode in ("exclusive", "single-active") and g.owner != member:
+                raise NoPerm("standby")
         if kind == "earliest":
             cur = self.first
         elif kind == "latest":

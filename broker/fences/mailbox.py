@@ -9,6 +9,8 @@ Lua side: lua/lib/mailbox.lua. Protocol: docs/protocol.md, "Push subscriptions".
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
 from fencemq.model.keys import Handle, QueueRef
@@ -27,6 +29,8 @@ EOS = "EOS"
 class Mailboxes:
     def __init__(self, ctx: FenceContext) -> None:
         self.ctx = ctx
+        # Set by the subscriptions: a member that cancelled left at its end-of-stream sentinel.
+        self.on_member_gone: Callable[[Handle], Awaitable[None]] | None = None
 
     async def push_members(self, ref: QueueRef) -> list[tuple[str, str]]:
         raw = await self.ctx.redis.hget(self.ctx.keys.queue(ref).meta, "push")
@@ -59,6 +63,8 @@ class Mailboxes:
                                         default_lock_ms=self.ctx.config.default_lock_ms)
         kind = text(res[0])
         if kind == "eos":
+            if int(res[1]) and self.on_member_gone is not None:
+                await self.on_member_gone(handle)
             return EOS
         if int(res[-1]):
             # A shared group's member took one: the group's strategy refills.

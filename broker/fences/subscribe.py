@@ -66,6 +66,7 @@ class Subscriptions:
         self.lite = lite
         # Set by the shared subscriptions: a filter queue was deleted with its last member.
         self.on_queue_dropped: Callable[[QueueRef], Awaitable[None]] | None = None
+        mailboxes.on_member_gone = self.forget
 
     async def subscribe(
         self,
@@ -169,6 +170,14 @@ class Subscriptions:
         if removed and handle.queue.is_filter:
             await self.drop_if_empty(handle.queue)
         return int(res[0])
+
+    async def forget(self, handle: Handle) -> None:
+        """A member the fence removed (it cancelled and took its sentinel): the session forgets it too."""
+        await session_index.remove(self.ctx.redis, self.ctx.keys, handle)
+        if handle.queue.lite:
+            await self.lite.count(handle, -1)
+        if handle.queue.is_filter:
+            await self.drop_if_empty(handle.queue)
 
     async def drop_if_empty(self, ref: QueueRef) -> bool:
         """Delete a filter subscription's queue once no member is left (MQTT groups)."""

@@ -35,7 +35,9 @@ end
 -- Seat the end-of-stream sentinel by evict-offer: append if there is room,
 -- else evict the oldest entry (its message goes back to the queue, not lost
 -- to the subscription) and append. Never waits for the consumer.
-local function seat_sentinel(K, mb, g, m, cap)
+-- why: 'max' (its MAX was reached: it stays to settle what it took) or
+-- 'unsub' (it cancelled: everything went back, it leaves at the sentinel).
+local function seat_sentinel(K, mb, g, m, cap, why)
   if redis.call('LLEN', mb) >= cap then
     local oldest = redis.call('LPOP', mb)
     if oldest and oldest ~= EOS then
@@ -44,7 +46,7 @@ local function seat_sentinel(K, mb, g, m, cap)
     end
   end
   redis.call('RPUSH', mb, EOS)
-  redis.call('HSET', K.meta, mf(g, m, ENDED), 1)
+  redis.call('HSET', K.meta, mf(g, m, ENDED), why or 'max')
   journal(now_ms(), 'end', g, m)
   push_list_remove(K.meta, g, m)
 end
@@ -84,8 +86,9 @@ end
 -- since) or whose checkout was released are dropped. Each QoS 1 delivery's
 -- lease starts now. Returns the deliveries {tag, id, acquisitions, body},
 -- the group's epoch, the leases' deadline (-1 when none) and a status: 'ok',
--- 'evicted', 'suspected', or 'eos' when the end-of-stream sentinel was
--- reached (the member stays, ended, so what it took can still be settled).
+-- 'evicted', 'suspected', 'eos' when the end-of-stream sentinel of a MAX was
+-- reached (the member stays, ended, so what it took can still be settled) or
+-- 'gone' at the sentinel of an UNSUB (the member is removed).
 -- Cost: O(entries popped + messages topped up).
 local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
   local f = read_meta(K.meta, {mf(g, m, DELIVERED), mf(g, m, CAPACITY), mf(g, m, LOCK), gf(g, EPOCH),
@@ -100,7 +103,7 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
     return {}, ep, -1, 'evicted'
   end
   if f[6] then return {}, ep, -1, 'suspected' end
-  local ended = f[7] ~= nil
+  local ended = f[7] and true or false  -- (a missing field is false, not nil)
   if not ended then fill_mailbox(K, mb, g, m, now) end
   local lock = tonumber(f[3] or f[8] or default_lock)
   local out, deadline, status = {}, -1, 'ok'
@@ -120,10 +123,18 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
     end
     if entry == EOS then
       -- A sentinel from before the member subscribed again is not its end.
-      if redis.call('HEXISTS', K.meta, mf(g, m, ENDED)) == 1 then
+      local why = redis.call('HGET', K.meta, mf(g, m, ENDED))
+      if why then
         redis.call('DEL', mb)
         journal(now, 'eos', g, m)
         status = 'eos'
+        if why == 'unsub' then
+          -- a member that cancelled has nothing left to settle: it goes now
+          remove_member(K, g, m)
+          status = 'gone'
+        else
+          release_ownership(K, g, m)
+        end
         break
       end
     else

@@ -13,6 +13,25 @@ end
 -- Remove a member from its group: fields and arrival-order slot. An
 -- exclusive group loses its owner; a single-active one hands over to the next
 -- member in arrival order that is not suspected. Returns the owner after.
+-- A member that stops receiving (it left, or its stream ended) gives up the
+-- ownership of an exclusive or single-active group: the next member in
+-- arrival order that is not suspected takes a single-active group over.
+-- Returns the owner after.
+local function release_ownership(K, g, m)
+  local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER))
+  local owner = f[2]
+  if owner == m then
+    owner = nil
+    if f[1] == 'single-active' then
+      for _, other in ipairs(members_of(K.meta, g)) do
+        if other ~= m and can_take_over(K.meta, g, other) then owner = other; break end
+      end
+    end
+    if owner then redis.call('HSET', K.meta, gf(g, OWNER), owner) else redis.call('HDEL', K.meta, gf(g, OWNER)) end
+  end
+  return owner
+end
+
 local function remove_member(K, g, m)
   for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
   local rest = {}
@@ -20,18 +39,7 @@ local function remove_member(K, g, m)
     if other ~= m then rest[#rest + 1] = other end
   end
   set_members(K.meta, g, rest)
-  local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER))
-  local owner = f[2]
-  if owner == m then
-    owner = nil
-    if f[1] == 'single-active' then
-      for _, other in ipairs(rest) do
-        if can_take_over(K.meta, g, other) then owner = other; break end
-      end
-    end
-    if owner then redis.call('HSET', K.meta, gf(g, OWNER), owner) else redis.call('HDEL', K.meta, gf(g, OWNER)) end
-  end
-  return owner
+  return release_ownership(K, g, m)
 end
 
 -- May member m of group g receive messages now, and how many at most?

@@ -23,6 +23,8 @@ from fencemq.config import Config
 from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.fences.core import Core
+from fencemq.fences.leases import PullResult, SweepResult
+from fencemq.model.messages import Delivery
 from fencemq.fences.operator import SNAPSHOT
 from fencemq.fences.registry import sources
 
@@ -51,7 +53,28 @@ class TwoBrokers:
         self.compact = Core(self.redis, Config(prefix="c", lmq_idle_ttl_ms=3_600_000))
         self.plain = without_compaction(Core(self.redis, Config(prefix="p", lmq_idle_ttl_ms=3_600_000)))
         self.on_preempt = on_preempt
-        self.tags: dict[tuple[str, str], list[str]] = {m: [] for m in MEMBERS}
+        self.tags: dict[tuple[str, str], list[str]] = {m: [] for m in MEMBERS}  # as ordinals ("1", "2", …)
+        # Tags come from Redis's clock (lua/lib/leases.lua, next_tags), so the two brokers hand out
+        # different ones: each broker's are compared by the order they were handed out in.
+        self._ordinal: dict[str, dict[str, str]] = {"c": {}, "p": {}}
+        self._real: dict[str, dict[str, str]] = {"c": {}, "p": {}}
+
+    def _prefix(self, q: Core) -> str:
+        return q.config.prefix
+
+    def ordinal(self, prefix: str, tag: str) -> str:
+        """The n-th tag a broker hands out is "n" ("qn" at QoS 0); each is larger than the one before."""
+        q0 = tag.startswith("q")
+        number = tag[1:] if q0 else tag
+        known = self._ordinal[prefix]
+        if number not in known:
+            assert all(int(number) > int(t) for t in known), f"tag {number} is not above every earlier one"
+            known[number] = str(len(known) + 1)
+            self._real[prefix][known[number]] = number
+        return ("q" if q0 else "") + known[number]
+
+    def reals(self, q: Core, tags: list[str]) -> list[str]:
+        return [self._real[self._prefix(q)].get(t, t) for t in tags]
 
     @staticmethod
     async def _connect(url: str) -> Redis:
@@ -60,10 +83,21 @@ class TwoBrokers:
     def both(self, op: Any) -> tuple[Any, Any]:
         async def one(q: Core) -> Any:
             try:
-                return await op(q)
+                return self.normal(self._prefix(q), await op(q))
             except FenceMQError as exc:
                 return type(exc).__name__
         return self.loop.run_until_complete(one(self.compact)), self.loop.run_until_complete(one(self.plain))
+
+    def normal(self, prefix: str, result: Any) -> Any:
+        """A reply with its tags as ordinals."""
+        if isinstance(result, PullResult):
+            for d in result.deliveries:
+                d.tag = self.ordinal(prefix, d.tag)
+        elif isinstance(result, Delivery):  # from TAKE
+            result.tag = self.ordinal(prefix, result.tag)
+        elif isinstance(result, SweepResult):
+            result.timeouts = [(g, m, [self.ordinal(prefix, t) for t in tags], s) for g, m, tags, s in result.timeouts]
+        return result
 
     def state(self, prefix: str) -> dict[str, Any]:
         k = Keyspace(prefix).queue(REF)
@@ -80,7 +114,15 @@ class TwoBrokers:
         meta, co, own, rd, ttl = self.loop.run_until_complete(read())
         expanded = {f: ("<since>" if f.endswith("|sus") else v)  # suspected since: a clock reading too
                     for f, v in compact_meta.expand(meta).items() if f not in TIMESTAMPS}
-        return {"meta": expanded, "co": co, "own": own, "rd": rd, "reclaim_set": ttl > 0}
+        seen = [t.decode().lstrip("q") for t in co] + [o.split(b"\0")[2].decode().lstrip("q") for o in own]
+        for t in sorted(set(seen), key=int):  # first seen here (a mailbox filled by SUB): in the order handed out
+            self.ordinal(prefix, t)
+        if "tag" in expanded:
+            expanded["tag"] = self.ordinal(prefix, expanded["tag"])
+        co = {self.ordinal(prefix, t.decode()): r for t, r in co.items()}
+        own = [b"\0".join((*o.split(b"\0")[:2], self.ordinal(prefix, o.split(b"\0")[2].decode()).encode()))
+               for o in own]
+        return {"meta": expanded, "co": co, "own": sorted(own), "rd": rd, "reclaim_set": ttl > 0}
 
     def close(self) -> None:
         self.loop.run_until_complete(self.redis.aclose())
@@ -160,7 +202,8 @@ def step(b: TwoBrokers, op: tuple[Any, ...]) -> None:
         tags, b.tags[c] = b.tags[c][:2], b.tags[c][2:]
         if not tags:
             return
-        settle = (lambda q: q.leases.ack(handle(c), tags)) if kind == "ack" else (lambda q: q.leases.nack(handle(c), tags))
+        settle = ((lambda q: q.leases.ack(handle(c), b.reals(q, tags))) if kind == "ack"
+                  else (lambda q: q.leases.nack(handle(c), b.reals(q, tags))))
         got = b.both(settle)
     elif kind == "unsub":
         got = b.both(lambda q: q.subscriptions.unsubscribe(handle(args[0]), session_over=True))
@@ -186,7 +229,7 @@ def step(b: TwoBrokers, op: tuple[Any, ...]) -> None:
         (c,) = args
         if not b.tags[c]:
             return
-        got = b.both(lambda q: q.leases.renew(handle(c), b.tags[c][:2]))
+        got = b.both(lambda q: q.leases.renew(handle(c), b.reals(q, b.tags[c][:2])))
     else:
         got = expire_every_lease(b)
     assert got[0] == got[1], f"{op}: {got[0]!r} with compaction, {got[1]!r} without"
@@ -232,10 +275,11 @@ def test_an_lmq_comes_back_to_rest_compact_after_its_last_ack(lite) -> None:
     lite.both(lambda q: q.publishing.publish(TOPIC, [b"x"], lmq=LMQ))
     pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 5))
     assert "z" not in raw_meta(lite), "a checkout spells the hash out"
-    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
     meta = raw_meta(lite)
     assert meta["z"] == "default|A"
-    assert {f: meta[f] for f in ("S", "T", "N")} == {"S": "1", "T": "1", "N": "1"}, "seq, last tag, delivered"
+    assert {f: meta[f] for f in ("S", "N")} == {"S": "1", "N": "1"}, "seq, delivered"
+    assert lite.ordinal("c", meta["T"]) == pulled.deliveries[0].tag, "the last tag handed out"
 
 
 def test_an_empty_poll_of_an_lmq_at_rest_writes_nothing(lite) -> None:
@@ -268,7 +312,7 @@ def test_python_and_lua_expand_a_compact_hash_alike(lite) -> None:
     lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
     lite.both(lambda q: q.publishing.publish(TOPIC, [b"x", b"y"], lmq=LMQ))
     pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 5))
-    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
     assert "z" in raw_meta(lite)
     k = Keyspace("c").queue(REF)
     lua_view = lite.loop.run_until_complete(
@@ -292,10 +336,10 @@ def test_an_lmq_with_nothing_checked_out_forgets_what_its_owner_consumed(lite) -
     lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
     lite.both(lambda q: q.publishing.publish(TOPIC, [b"1", b"2", b"3"], lmq=LMQ))
     pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
-    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
     assert log_ids(lite) == [3], "the third is still to be read"
     pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
-    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
     assert log_ids(lite) == []
     assert set(raw_meta(lite)) == {"C", "W", "S", "T", "N", "z"}
     # a seek back finds nothing left to re-read: SEEK ID 1 is clamped to the next id
@@ -311,12 +355,12 @@ def test_a_nacked_message_keeps_the_log_until_it_is_settled(lite) -> None:
     lite.both(lambda q: q.publishing.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
     pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
     first, second = pulled.deliveries
-    lite.both(lambda q: q.leases.nack(handle("A"), [first.tag]))
-    lite.both(lambda q: q.leases.ack(handle("A"), [second.tag]))
+    lite.both(lambda q: q.leases.nack(handle("A"), lite.reals(q, [first.tag])))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [second.tag])))
     assert log_ids(lite) == [1, 2], "1 is back in line to be redelivered"
     redelivered, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
     assert [d.id for d in redelivered.deliveries] == ["1"]
-    lite.both(lambda q: q.leases.ack(handle("A"), [redelivered.deliveries[0].tag]))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [redelivered.deliveries[0].tag])))
     assert log_ids(lite) == []
 
 
@@ -324,7 +368,7 @@ def test_an_lmq_nobody_subscribed_to_keeps_its_messages_for_the_first_subscriber
     lite.both(lambda q: q.publishing.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
     lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
     pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 1))
-    lite.both(lambda q: q.leases.ack(handle("A"), [pulled.deliveries[0].tag]))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [pulled.deliveries[0].tag])))
     assert log_ids(lite) == [2], "2 is still to be read"
 
 
@@ -332,7 +376,7 @@ def test_an_lmq_whose_group_rewinds_on_preemption_keeps_what_was_consumed(lite) 
     lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ, on_preempt="earliest"))
     lite.both(lambda q: q.publishing.publish(TOPIC, [b"1", b"2"], lmq=LMQ))
     pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 2))
-    lite.both(lambda q: q.leases.ack(handle("A"), [d.tag for d in pulled.deliveries]))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
     assert log_ids(lite) == [1, 2]
     lite.both(lambda q: q.subscriptions.subscribe("B", TOPIC, lmq=LMQ))
     again, _ = lite.both(lambda q: q.leases.pull(handle("B"), 5))

@@ -143,6 +143,7 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
         "c", TOPIC, group="g", mode=sc["mode"], capacity=cap, max_messages=mx)).handle)
     seen: list[int] = []
     unsettled: set[int] = set()
+    tags: dict[int, str] = {}
     ended = False
 
     def take(ack: bool) -> bool:
@@ -160,6 +161,7 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
             assert direct.run(q.leases.ack(h, [got.tag])) == 1
         else:
             unsettled.add(int(got.id))
+            tags[int(got.id)] = got.tag
         return True
 
     def bounded_mailbox() -> None:
@@ -188,8 +190,10 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
         # The stream cannot end before MAX is reached; then everything was delivered.
         assert len(ids) < mx, f"{len(ids)} published, MAX {mx}, yet no end of stream"
         assert seen == ids
-        direct.run(q.subscriptions.unsubscribe(h))  # abrupt: seats EOS
+        direct.run(q.subscriptions.unsubscribe(h))  # abrupt: everything back, EOS seated
         assert direct.run(q.mailboxes.take(h)) == "EOS"
+        with pytest.raises(NotFound):
+            direct.run(q.mailboxes.take(h))  # the handle is closed after the EOS of an UNSUB
     elif cap > mx:
         assert seen == ids[:mx], f"capacity {cap} > MAX {mx}: expected exactly the first {mx}"
     else:
@@ -197,8 +201,15 @@ def test_a_push_consumer_sees_exactly_max_in_order_when_capacity_exceeds_max_els
         first = ids[:mx]
         assert set(seen) <= set(first), "beyond MAX"
         assert len(first) - len(seen) <= 1, f"evict-offer gives up one entry at most, {first} vs {seen}"
-    with pytest.raises(NotFound):
-        direct.run(q.mailboxes.take(h))  # the handle is closed after EOS
+    if ended:
+        # The handle outlives the end of a MAX: it settles what it took (every TAKE answers EOS).
+        assert direct.run(q.mailboxes.take(h)) == "EOS"
+        if unsettled:
+            last = max(unsettled)
+            assert direct.run(q.leases.ack(h, [tags[last]])) == 1, "a message taken before EOS settles after it"
+            unsettled.discard(last)
+        # What it took and never settled goes back to the group when its session ends.
+        direct.run(q.subscriptions.unsubscribe(h, session_over=True))
 
     # Nothing lost to the subscription: the rest goes to the next member of the group.
     p = Handle.decode(direct.run(q.subscriptions.subscribe("p", TOPIC, group="g", mode=sc["mode"])).handle)
@@ -229,9 +240,12 @@ def test_the_sentinel_evicts_the_oldest_entry_of_a_full_mailbox_and_that_message
     direct.run(q.publishing.publish(TOPIC, payloads(0, 10)))
     assert direct.mailbox_len("g", "c") == 3  # 1 2 3, delivered 3
     assert direct.run(q.mailboxes.end_after(h, 3)) is True  # MAX = delivered: ends at once, the mailbox is full
-    assert [d if d == "EOS" else d.id for d in (direct.run(q.mailboxes.take(h)) for _ in range(3))] == ["2", "3", "EOS"]
+    took = [direct.run(q.mailboxes.take(h)) for _ in range(3)]
+    assert [d if d == "EOS" else d.id for d in took] == ["2", "3", "EOS"]
     p = Handle.decode(direct.run(q.subscriptions.subscribe("p", TOPIC, group="g", mode="shared")).handle)
-    assert [d.id for d in direct.run(q.leases.pull(p, 100)).deliveries] == [str(i) for i in range(1, 11)]
+    # 1 gave way to the sentinel; 2 and 3 stay the ended member's, to settle
+    assert [d.id for d in direct.run(q.leases.pull(p, 100)).deliveries] == ["1"] + [str(i) for i in range(4, 11)]
+    assert direct.run(q.leases.ack(h, [d.tag for d in took[:2]])) == 2
 
 
 def test_with_capacity_at_most_max_nothing_gives_way_when_max_is_reached_with_room_in_the_mailbox(
@@ -312,7 +326,8 @@ def test_unsub_max_at_or_below_what_was_delivered_ends_the_stream_at_once_and_st
         assert [g if g == "EOS" else g["id"] for g in got] == ["3", "4", "EOS"]  # 2 gave way to the sentinel
         hp = sub(p, "t", "GROUP", "g")
         rest = deliveries(p.execute_command("PULL", hp, "COUNT", 100))
-        assert [d["id"] for d in rest] == ["2", "3", "4"] + [str(i) for i in range(5, 16)]  # 3, 4 unsettled
+        assert [d["id"] for d in rest] == ["2"] + [str(i) for i in range(5, 16)]  # 3, 4: still c's to settle
+        assert c.execute_command("ACK", h, got[0]["tag"], got[1]["tag"]) == 2
 
 
 def test_unsub_max_equal_to_what_was_taken_ends_an_empty_mailbox_at_once(redis_url) -> None:

@@ -124,6 +124,23 @@ class Harness:
         self.received: dict[tuple[str, str], list[str]] = defaultdict(list)  # every tag ever delivered
         self.published = 0
         self.auto_check = False  # example tests: compare the whole state after every operation
+        # Real tags are opaque and only grow (lua/lib/leases.lua, next_tags); the model numbers them 1, 2, …
+        self._model_tag: dict[str, int] = {}
+        self._real_tag: dict[int, str] = {}
+
+    def model_tag(self, real: str) -> int:
+        """The model's number for a real tag: the n-th tag ever handed out is n; each is larger than the last."""
+        if real not in self._model_tag:
+            if self._real_tag:
+                last = self._real_tag[len(self._real_tag)]
+                assert (len(real), real) > (len(last), last), f"tag {real} handed out after {last}"
+            n = len(self._model_tag) + 1
+            self._model_tag[real], self._real_tag[n] = n, real
+        return self._model_tag[real]
+
+    def real_tags(self, tags: list[str]) -> list[str]:
+        """Model tags as the broker knows them; one never handed out stays one (it settles nothing)."""
+        return [self._real_tag.get(int(t), f"9{t}") if t.isdigit() else t for t in tags]
 
     def _after(self, result: Any) -> Any:
         if self.auto_check:
@@ -188,20 +205,22 @@ class Harness:
             for dv in res.deliveries:
                 assert dv.epoch == res.epoch
                 assert dv.payload == self.model.payloads[int(dv.id)], "payload does not match its id"
-            res = PullReply(res.epoch, res.status, [(int(dv.tag), int(dv.id), dv.deliveries) for dv in res.deliveries])
+            res = PullReply(res.epoch, res.status,
+                            [(self.model_tag(dv.tag), int(dv.id), dv.deliveries) for dv in res.deliveries])
             self.received[(group, member)].extend(str(t) for t, _, _ in res.deliveries)
         assert res == expected
         return self._after(expected)
 
     def ack(self, group: str, member: str, tags: list[str]) -> int:
-        real = self.d.run(self.q.leases.ack(self.handle(group, member), tags))
+        real = self.d.run(self.q.leases.ack(self.handle(group, member), self.real_tags(tags)))
         expected = self.model.ack(group, member, tags)
         assert real == expected
         return self._after(expected)
 
     def nack(self, group: str, member: str, tags: list[str], *, delay_ms: int = 0, discard: bool = False) -> int:
         t0 = self.d.now_ms()
-        real = self.d.run(self.q.leases.nack(self.handle(group, member), tags, delay_ms=delay_ms, discard=discard))
+        real = self.d.run(self.q.leases.nack(self.handle(group, member), self.real_tags(tags), delay_ms=delay_ms,
+                                             discard=discard))
         t1 = self.d.now_ms()
         expected = self.model.nack(group, member, tags, delay_ms=delay_ms, discard=discard, now=(t0, t1))
         assert real == expected
@@ -209,7 +228,7 @@ class Harness:
 
     def renew(self, group: str, member: str, tags: list[str], *, lock_ms: int | None = None) -> int:
         t0 = self.d.now_ms()
-        real = self.d.run(self.q.leases.renew(self.handle(group, member), tags, lock_ms=lock_ms))
+        real = self.d.run(self.q.leases.renew(self.handle(group, member), self.real_tags(tags), lock_ms=lock_ms))
         t1 = self.d.now_ms()
         expected = self.model.renew(group, member, tags, lock_ms=lock_ms, now=(t0, t1))
         assert real == expected
@@ -218,7 +237,7 @@ class Harness:
     def expire(self, tags: list[int]) -> None:
         """Time passes for these leases: their deadlines move into the past."""
         if tags:
-            self.d.run(self.d.redis.zadd(self.keys.deadlines, {str(t): 0 for t in tags}, xx=True))
+            self.d.run(self.d.redis.zadd(self.keys.deadlines, {self._real_tag[t]: 0 for t in tags}, xx=True))
         self.model.expire(tags)
         self._after(None)
 
@@ -235,7 +254,8 @@ class Harness:
     def sweep(self) -> SweepReply:
         res = self.d.run(self.q.leases.sweep(QREF.qid))
         expected = self.model.sweep()
-        assert SweepReply(res.returned, [(g, m, list(t), s) for g, m, t, s in res.timeouts]) == expected
+        notices = [(g, m, [str(self.model_tag(x)) for x in t], s) for g, m, t, s in res.timeouts]
+        assert SweepReply(res.returned, notices) == expected
         # right after a sweep the queue is scheduled exactly at its earliest deadline or due time (or not at all)
         k = self.keys
 
@@ -255,7 +275,7 @@ class Harness:
         real = self._real(self.q.seek.move(self.handle(group, member), kind, arg))
         if not isinstance(real, Err):
             real = SeekReply(*real)
-        expected = self._predict(self.model.seek, group, kind, arg)
+        expected = self._predict(self.model.seek, group, kind, arg, member)
         assert real == expected
         return self._after(expected)
 
@@ -284,11 +304,15 @@ class Harness:
                 return await p.execute()
 
         meta, co, dl, own, rd, dly, dead, sched, loglen = self.d.run(read())
+        tag = self.model_tag
+        meta = {_s(f): _s(v) for f, v in meta.items()}
+        if "tag" in meta:
+            meta["tag"] = str(tag(meta["tag"]))
         return {
-            "meta": {_s(f): _s(v) for f, v in meta.items()},
-            "co": {_s(t): _s(r) for t, r in co.items()},
-            "dl": {_s(t): int(s) for t, s in dl},
-            "own": {_s(x) for x in own},
+            "meta": meta,
+            "co": {str(tag(_s(t))): _s(r) for t, r in co.items()},
+            "dl": {str(tag(_s(t))): int(s) for t, s in dl},
+            "own": {SEP.join((*_s(x).split(SEP)[:2], str(tag(_s(x).split(SEP)[2])))) for x in own},
             "rd": {_s(x) for x in rd},
             "dly": {_s(x): int(s) for x, s in dly},
             "dead": dead,

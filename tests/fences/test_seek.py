@@ -22,6 +22,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from fencemq.sdk.client import Client, Subscription
 from fencemq.config import Config
+from fencemq.errors import NoPermission
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.model.messages import Delivery
 from fencemq.fences.core import Core
@@ -413,7 +414,7 @@ def test_a_client_that_knows_a_higher_epoch_than_a_restored_server_is_not_filter
 # -- group kinds ------------------------------------------------------------------------------------------
 
 
-def test_seek_on_a_single_active_group_rewinds_it_from_any_member_and_releases_the_active_ones_checkouts(w):
+def test_seek_on_a_single_active_group_is_the_active_members_and_releases_its_checkouts(w):
     async def main() -> None:
         async with members(url(w), url(w), ("active", "standby"), 10, group="sa", mode="single-active") as (_, sa, sb):
             held = await sa.pull(5)
@@ -421,11 +422,13 @@ def test_seek_on_a_single_active_group_rewinds_it_from_any_member_and_releases_t
             epoch = await sa.seek(id=2)
             assert await sa.ack(*held) == 0
             assert ids_of(await sa.pull(3)) == [2, 3, 4] and await sb.pull(5) == []
-            # the standby member rewinds the whole group too; the active one reads from there
+            # a standby may not move the group's cursor under the active member
             held = await sa.pull(2)
-            later = await sb.seek("earliest")
+            with pytest.raises(NoPermission):
+                await sb.seek("earliest")
+            assert await sa.ack(*held) == 2
+            later = await sa.seek("earliest")
             assert later == epoch + 1
-            assert await sa.ack(*held) == 0
             got = await sa.pull(10)
             assert ids_of(got) == list(range(1, 11)) and {d.epoch for d in got} == {later}
             assert await sb.pull(5) == [] and sa.dropped == 0
