@@ -11,19 +11,23 @@
 -- KEYS[8] wake
 -- KEYS[9] journal
 -- KEYS[10..] mailboxes    one per member named in ARGV, in the same order
--- ARGV[1..] members       pairs: group, member
--- Returns: array of messages dispatched, one count per member (for a shared
---   group with a strategy, the group's total is reported on its first member).
+-- ARGV[1] default_lock_ms  the lease of a shared group's mailbox entries (lib/shared.lua)
+-- ARGV[2..] members       pairs: group, member
+-- Returns: {counts, deadline}: messages dispatched, one count per member (for a
+--   shared group the group's total is reported on its first member), and the
+--   earliest lease deadline made (-1 when none), for the sweep's schedule.
 -- Never beyond a mailbox's capacity (a full mailbox is back-pressure, not
 -- loss) nor beyond the member's MAX; at MAX the sentinel is seated. Members
 -- of a shared group are served by the group's strategy (see lib/shared.lua),
 -- each message to exactly one of them.
 -- Errors: BADARG when the mailboxes do not match the members.
 -- Cost: O(messages dispatched · members of their group).
-expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local boxes, who = K.mailboxes, A.members
 if #who ~= 2 * #boxes then raise('BADARG', 'dispatch needs one mailbox key per (group, member)') end
+local default_lock = int_arg(A.default_lock_ms, 'default lock', 1)
+expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
 local now = now_ms()
+local deadline = -1
 local counts, any = {}, false
 local groups, order = {}, {}
 for i = 1, #boxes do
@@ -38,9 +42,10 @@ end
 for _, g in ipairs(order) do
   local mode = redis.call('HGET', K.meta, gf(g, MODE))
   if mode == 'shared' then
-    local n = dispatch_group(K, g, groups[g].boxes, now)
+    local n, first = dispatch_group(K, g, groups[g].boxes, now, default_lock)
     counts[groups[g].first] = n
     if n > 0 then any = true end
+    if first >= 0 and (deadline < 0 or first < deadline) then deadline = first end
   elseif mode then
     for i = 1, #boxes do
       if who[2 * i - 1] == g then
@@ -54,4 +59,4 @@ for _, g in ipairs(order) do
 end
 flush_journal(K)
 if any then redis.call('SPUBLISH', K.wake, 'dispatch') end
-return counts
+return {counts, deadline}

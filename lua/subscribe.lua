@@ -29,7 +29,8 @@
 -- ARGV[13] on_preempt     offset policy on preemption for a new group: keep | earliest | latest
 -- ARGV[14] journal_cap    (0 = off)
 -- ARGV[15] strategy       of a shared group ('' = the group's, round-robin for a new one)
--- ARGV[16] skip_offline   1/0/''
+-- ARGV[16] offline        a shared group's offline members: 'queue' (QUEUE-OFFLINE), 'skip'
+--   (SKIP-OFFLINE, the default) or '' (the group's)
 -- ARGV[17] lite           1 for an lmq: its meta hash is left compact (lib/meta.lua)
 -- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor,
 --   1 if the caller became a new member else 0}
@@ -57,6 +58,12 @@ if existing_policy and policy ~= existing_policy then
   raise('BADARG', 'group ' .. g .. ' has POLICY ' .. existing_policy .. '; subscribe with that POLICY or use another GROUP')
 end
 local strategy = f[9]
+if existing_mode == 'shared' and A.offline ~= '' then
+  local queues_offline = redis.call('HGET', K.meta, gf(g, QUEUE_OFFLINE)) == '1'
+  if queues_offline ~= (A.offline == 'queue') then
+    raise('BADARG', 'group ' .. g .. (queues_offline and ' queues for' or ' skips') .. ' offline members, chosen when it was created; use that or another group')
+  end
+end
 if existing_mode and A.strategy ~= '' and A.strategy ~= (strategy or 'round-robin') then
   raise('BADARG', 'group ' .. g .. ' uses STRATEGY ' .. (strategy or 'round-robin') .. ', chosen when it was created; use that or another group')
 end
@@ -89,7 +96,7 @@ if not existing_mode then
     gf(g, ON_PREEMPT), A.on_preempt ~= '' and A.on_preempt or 'keep')
   if mode == 'shared' then
     redis.call('HSET', K.meta, gf(g, STRATEGY), A.strategy ~= '' and A.strategy or 'round-robin')
-    if A.skip_offline == '1' then redis.call('HSET', K.meta, gf(g, SKIP_OFFLINE), 1) end
+    if A.offline == 'queue' then redis.call('HSET', K.meta, gf(g, QUEUE_OFFLINE), 1) end
   end
   local groups = redis.call('HGET', K.meta, 'groups')
   redis.call('HSET', K.meta, 'groups', groups and (groups .. '\n' .. g) or g)

@@ -20,7 +20,8 @@ from fencemq.model.values import text
 _LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
 
 TAKE = fence("take", f"{_LEASE_KEYS} wake journal mailbox", "group member default_lock_ms")
-DISPATCH = fence("dispatch", f"{_LEASE_KEYS} wake journal", "", keys_rest="mailboxes", argv_rest="members")
+DISPATCH = fence("dispatch", f"{_LEASE_KEYS} wake journal", "default_lock_ms", keys_rest="mailboxes",
+                 argv_rest="members")
 END_AFTER = fence("end_after", f"{_LEASE_KEYS} wake journal mailbox", "group member max")
 
 EOS = "EOS"
@@ -39,8 +40,12 @@ class Mailboxes:
     async def dispatch(self, ref: QueueRef, members: list[tuple[str, str]]) -> list[int]:
         """Fill these members' push mailboxes; returns how many each got."""
         k = self.ctx.keys.queue(ref)
-        return await self.ctx.fences.run(DISPATCH, k, keys_rest=[k.mailbox(g, m) for g, m in members],
-                                         args_rest=[x for pair in members for x in pair])
+        counts, deadline = await self.ctx.fences.run(
+            DISPATCH, k, keys_rest=[k.mailbox(g, m) for g, m in members], args_rest=[x for pair in members for x in pair],
+            default_lock_ms=self.ctx.config.default_lock_ms)
+        if int(deadline) >= 0:  # a shared group's mailbox entries are leased
+            await self.ctx.schedule_soon(ref.qid, int(deadline))
+        return counts
 
     async def dispatch_all(self, ref: QueueRef) -> None:
         """Fill every push member's mailbox: a shared group's strategy sees its whole group."""

@@ -124,12 +124,12 @@ class Shared:
         max_messages: int | None = None,
         lock_ms: int | None = None,
         strategy: str | None = None,
-        skip_offline: bool = False,
+        offline: str | None = None,
         epoch: int | None = None,
     ) -> Subscription:
         parsed = parse_target(target)
-        if parsed.share is None and (strategy is not None or skip_offline):
-            raise BadArgument("STRATEGY and SKIP-OFFLINE apply to shared subscriptions ($share/<group>/<filter>)")
+        if parsed.share is None and (strategy is not None or offline is not None):
+            raise BadArgument("STRATEGY, QUEUE-OFFLINE and SKIP-OFFLINE apply to shared subscriptions ($share/<group>/<filter>)")
         if parsed.share is not None:
             ref, group, mode = QueueRef(parsed.filter, None, SHARE_PREFIX + parsed.share), parsed.share, "shared"
         else:
@@ -137,7 +137,7 @@ class Shared:
         sub = await self.subscriptions.subscribe(
             client, parsed.filter, group=group, mode=mode, start=("latest", None), qos=qos,
             capacity=capacity or self.config.mailbox_capacity, max_messages=max_messages, lock_ms=lock_ms,
-            strategy=strategy, skip_offline=skip_offline, queue=ref, epoch=epoch,
+            strategy=strategy, offline=offline, queue=ref, epoch=epoch,
         )
         await self.registry.register(ref, parsed.share, None if parsed.share else client)
         if parsed.share is None and sub.new_member:

@@ -26,7 +26,7 @@ from fencemq.model.values import text
 SUBSCRIBE = fence(
     "subscribe", "meta log checkouts deadlines owned ready wake delayed dedup dedup_ids dead journal",
     "group member mode default_mode policy from_kind from_arg lock_ms epoch max capacity qos on_preempt journal_cap"
-    " strategy skip_offline lite",
+    " strategy offline lite",
 )
 UNSUBSCRIBE = fence("unsubscribe",
                     "meta log checkouts deadlines owned ready delayed wake dedup dedup_ids dead journal mailbox",
@@ -85,7 +85,7 @@ class Subscriptions:
         qos: int = 1,
         on_preempt: str | None = None,
         strategy: str | None = None,
-        skip_offline: bool = False,
+        offline: str | None = None,
         queue: QueueRef | None = None,
     ) -> Subscription:
         """Join a subscription. ``queue`` names a filter subscription's own queue."""
@@ -114,6 +114,8 @@ class Subscriptions:
             raise BadArgument("QOS must be 0 or 1")
         if on_preempt is not None and on_preempt not in ("keep", "earliest", "latest"):
             raise BadArgument("ON-PREEMPT must be keep, earliest or latest")
+        if offline is not None and offline not in ("queue", "skip"):
+            raise BadArgument("a shared group's offline members are queued for (QUEUE-OFFLINE) or skipped (SKIP-OFFLINE)")
         if strategy is not None and strategy not in STRATEGIES:
             raise BadArgument(f"STRATEGY must be one of {', '.join(STRATEGIES)}")
         if queue is None:
@@ -133,7 +135,7 @@ class Subscriptions:
                 policy=opt(policy), from_kind=start[0], from_arg=opt(start[1]), lock_ms=opt(lock_ms),
                 epoch=opt(epoch), max=opt(max_messages), capacity=opt(capacity), qos=qos,
                 on_preempt=opt(on_preempt), journal_cap=self.ctx.journal_cap(ref), strategy=opt(strategy),
-                skip_offline=int(skip_offline), lite=int(ref.lite),
+                offline=opt(offline), lite=int(ref.lite),
             )
         except FenceMQError:
             if added:  # refused (BADARG, BUSY): nothing to leave

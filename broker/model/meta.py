@@ -45,7 +45,7 @@ POLICY = "pol"  # preempt | reject
 ON_PREEMPT = "onpre"
 MEMBERS = "mem"  # member names in arrival order (records.encode_names)
 STRATEGY = "strat"  # a shared group's: round-robin | sticky | hash
-SKIP_OFFLINE = "skip"
+QUEUE_OFFLINE = "qoff"
 ROUND_ROBIN = "rr"  # the round-robin pointer
 STICKY = "stk"  # the sticky member
 

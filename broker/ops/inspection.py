@@ -236,7 +236,7 @@ async def inspect_group(redis: Any, keys: Keyspace, ref: QueueRef, group: str, *
         "now_ms": now,
         "seq": seq,
         "first": first,
-        "skip_offline": g.get(meta.SKIP_OFFLINE) == "1",
+        "queue_offline": g.get(meta.QUEUE_OFFLINE) == "1",
         "returned": counts["returned"],
         "delayed": delayed_by.get(group, 0) if delayed_by is not None else None,
         "backlog": row["unread"] + counts["returned"],

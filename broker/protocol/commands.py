@@ -191,10 +191,12 @@ def parse_sub(args: list[bytes]) -> Request:
         elif word == "STRATEGY":
             out["strategy"] = _text(opts.value(word), "STRATEGY").lower()
         elif word == "SKIP-OFFLINE":
-            out["skip_offline"] = True
+            out["offline"] = "skip"
+        elif word == "QUEUE-OFFLINE":
+            out["offline"] = "queue"
         else:
             raise opts.unknown(
-                word, "LMQ, GROUP, MODE, POLICY, FROM, QOS, LOCK, PUSH, CAPACITY, MAX, EPOCH, ON-PREEMPT, STRATEGY, SKIP-OFFLINE"
+                word, "LMQ, GROUP, MODE, POLICY, FROM, QOS, LOCK, PUSH, CAPACITY, MAX, EPOCH, ON-PREEMPT, STRATEGY, QUEUE-OFFLINE, SKIP-OFFLINE"
             )
     if "capacity" in out and not out.get("push"):
         raise BadArgument("CAPACITY goes with PUSH")

@@ -163,7 +163,7 @@ class Verbs:
         if is_filter_target(topic):
             if options.get("lmq") is not None or options.get("group") is not None or options.get("mode"):
                 raise BadArgument("a topic filter takes no LMQ, GROUP or MODE; share it as $share/<group>/<filter>")
-            allowed = {"qos", "capacity", "max_messages", "lock_ms", "strategy", "skip_offline", "epoch"}
+            allowed = {"qos", "capacity", "max_messages", "lock_ms", "strategy", "offline", "epoch"}
             extra = set(options) - allowed
             if extra:
                 raise BadArgument(f"a topic filter subscription does not take {', '.join(sorted(extra)).upper()}")

@@ -58,7 +58,7 @@ local function mf(g, m, f) return 'm|' .. g .. '|' .. m .. '|' .. f end
 
 -- group fields
 local MODE, POLICY, OWNER, EPOCH, CURSOR, MEMBERS = 'mode', 'pol', 'own', 'ep', 'cur', 'mem'
-local ON_PREEMPT, STRATEGY, SKIP_OFFLINE, RR_POINTER, STICKY = 'onpre', 'strat', 'skip', 'rr', 'stk'
+local ON_PREEMPT, STRATEGY, QUEUE_OFFLINE, RR_POINTER, STICKY = 'onpre', 'strat', 'qoff', 'rr', 'stk'
 -- member fields
 local DELIVERED, MAX, LOCK, SUSPECTED, MARKER, FENCE_LOGGED = 'n', 'max', 'lock', 'sus', 'mk', 'fj'
 local CAPACITY, QOS, ENDED, ONLINE = 'cap', 'qos', 'end', 'on'

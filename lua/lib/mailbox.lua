@@ -142,6 +142,11 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
       local tag, entry_ep = p[1], tonumber(p[4])
       local qos0 = string.sub(tag, 1, 1) == 'q'  -- at most once: no lease to start
       local current = entry_ep >= ep and (qos0 or redis.call('HEXISTS', K.checkouts, tag) == 1)
+      if current and not qos0 then
+        -- a leased entry past its deadline is the sweep's to take back, not the member's
+        local due = redis.call('ZSCORE', K.deadlines, tag)
+        current = not (due and tonumber(due) <= now)
+      end
       if current then
         if not qos0 then
           deadline = now + lock

@@ -27,13 +27,23 @@ end
 --                mailbox is full the group waits (back-pressure)
 --   hash         members[hash bucket mod n]: a producer's (or topic's)
 --                messages always go to one member, in order
--- Offline members keep their share queued in their mailbox, unless the group
--- skips offline members. boxes: member -> mailbox key. Returns messages sent.
-local function dispatch_group(K, g, boxes, now)
-  local f = redis.call('HMGET', K.meta, gf(g, STRATEGY), gf(g, SKIP_OFFLINE), gf(g, RR_POINTER), gf(g, STICKY))
-  local strategy, skip_offline, rr, sticky = f[1] or 'round-robin', f[2] == '1', tonumber(f[3] or '0'), f[4]
+-- A member whose session is offline gets no new share, unless the group was
+-- created to queue for offline (durable) members (QUEUE-OFFLINE).
+-- In a group with other members, what sits in a member's mailbox is leased
+-- like any checkout, from the moment it is dispatched: a member that neither
+-- TAKEs nor RENEWs it within its LOCK has it taken back by the sweep (and is
+-- suspected and told), so a hung member cannot hold its share. A member
+-- alone keeps its mailbox unleased until it TAKEs (exactly-N still holds
+-- with nobody consuming). boxes: member -> mailbox key. Returns messages
+-- sent and the earliest lease deadline made (-1 when none).
+local function dispatch_group(K, g, boxes, now, default_lock)
+  local f = redis.call('HMGET', K.meta, gf(g, STRATEGY), gf(g, QUEUE_OFFLINE), gf(g, RR_POINTER), gf(g, STICKY))
+  local strategy, skip_offline, rr, sticky = f[1] or 'round-robin', f[2] ~= '1', tonumber(f[3] or '0'), f[4]
+  local everyone = members_of(K.meta, g)
+  local leased = #everyone > 1
+  local first_deadline = -1
   local members, state = {}, {}
-  for _, m in ipairs(members_of(K.meta, g)) do
+  for _, m in ipairs(everyone) do
     if boxes[m] then
       local status, ep, member, count = delivery_gate(K, g, m, 1000000)
       local room = 0
@@ -74,7 +84,11 @@ local function dispatch_group(K, g, boxes, now)
     end
     if not pick then break end
     local s = state[pick]
-    local taken = check_out(K, g, pick, 1, s.ep, now, nil, s.member.qos)
+    local deadline = leased and now + lock_of(K, s.member, default_lock) or nil
+    local taken = check_out(K, g, pick, 1, s.ep, now, deadline, s.member.qos)
+    if deadline and taken[1] and string.sub(taken[1][1], 1, 1) ~= 'q' and (first_deadline < 0 or deadline < first_deadline) then
+      first_deadline = deadline
+    end
     if #taken == 0 then break end
     -- the pointer moves only past a member that was actually served
     if next_rr then rr = next_rr end
@@ -89,5 +103,5 @@ local function dispatch_group(K, g, boxes, now)
     end
   end
   if strategy == 'round-robin' then redis.call('HSET', K.meta, gf(g, RR_POINTER), rr) end
-  return sent
+  return sent, first_deadline
 end

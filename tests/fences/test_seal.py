@@ -298,3 +298,48 @@ def test_hole_13_the_colon_form_of_share_is_badarg_naming_the_slash_form(w, r) -
     message = refused("BADARG", c, "SUB", "$share:g:sensors/#")
     assert "$share/g/sensors/#" in message
     assert dump(r) == before
+
+
+# -- 5. a hung member's share ------------------------------------------------------------------------
+
+
+def test_hole_5_a_member_that_never_takes_loses_its_share_to_the_group_and_is_suspected_and_told(redis_url) -> None:
+    with worker(redis_url, sweep_interval_ms=50) as w:
+        hung, busy, p = client(w.port, 2, "hung"), client(w.port, 2, "busy"), client(w.port, 2, "p")
+        hh = sub(hung, "$share/g/work/+", "LOCK", 200)
+        hb = sub(busy, "$share/g/work/+", "LOCK", 60_000)
+        p.execute_command("MPUB", "work/x", 6, *[f"w{i}" for i in range(6)])
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 5
+        while len(got) < 6 and time.monotonic() < deadline:
+            d = take(busy, hb, "BLOCK", 300)
+            if d:
+                got.append(d)
+                busy.execute_command("ACK", hb, d["tag"])
+        assert sorted(d["payload"] for d in got) == [f"w{i}" for i in range(6)], "the hung member's share came back"
+        notices = [text(n) for n in hung.execute_command("HEARTBEAT")]
+        assert any(n[1] == "message_timeout" for n in notices), notices  # flat map: type first
+        assert take(hung, hh) is None, "suspected: nothing new until it settles or renews"
+
+
+def test_hole_5_a_member_alone_keeps_its_unread_mailbox_past_its_lock(redis_url) -> None:
+    with worker(redis_url, sweep_interval_ms=50) as w:
+        c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
+        h = sub(c, "$share/solo/t/+", "LOCK", 100, "PUSH", "CAPACITY", 8, "MAX", 3)
+        p.execute_command("MPUB", "t/x", 5, *[f"m{i}" for i in range(5)])
+        time.sleep(0.5)  # five LOCKs: nobody else could take its share, so nothing is leased yet
+        assert [take(c, h)["payload"] for _ in range(3)] == ["m0", "m1", "m2"] and take(c, h) == "EOS"
+
+
+def test_hole_5_a_disconnected_member_gets_no_new_share_by_default(w, r) -> None:
+    a, b, p = client(w.port, 2, "off-a"), client(w.port, 2, "off-b"), client(w.port, 2, "p")
+    sub(a, "$share/d/o/+")
+    hb = sub(b, "$share/d/o/+")
+    meta = KEYS.queue(QueueRef("o/+", None, "$share/d")).meta
+    a.close()
+    deadline = time.monotonic() + 5
+    while r.hget(meta, "m|d|off-a|on") != b"0":
+        assert time.monotonic() < deadline, "off-a was not marked offline"
+        time.sleep(0.02)
+    p.execute_command("MPUB", "o/x", 4, *[f"m{i}" for i in range(4)])
+    assert [take(b, hb, "BLOCK", 500)["payload"] for _ in range(4)] == [f"m{i}" for i in range(4)]

@@ -327,10 +327,10 @@ def test_the_last_member_leaving_deletes_the_groups_queue_and_its_registry_entry
     assert take_all(c, hc) == []
 
 
-def test_an_offline_durable_member_keeps_its_share_queued_in_its_mailbox(w, r):
+def test_a_group_created_to_queue_for_offline_members_keeps_their_share_in_their_mailbox(w, r):
     a, b = RespConn(w.port), client(w.port, 2, "dur-b")
     a.hello(2, "dur-a")
-    ha = as_map(a.call("SUB", "$share/d/o/#"))["handle"]
+    ha = as_map(a.call("SUB", "$share/d/o/#", "QUEUE-OFFLINE"))["handle"]
     hb = sub(b, "$share/d/o/#")
     meta, box = KEYS.queue(share_ref("d", "o/#")).meta, KEYS.queue(share_ref("d", "o/#")).mailbox("d", "dur-a")
     a.close()
@@ -347,10 +347,11 @@ def test_an_offline_durable_member_keeps_its_share_queued_in_its_mailbox(w, r):
     assert [int(x) for x in payloads_of(mine)] == sorted(int(x) for x in payloads_of(mine))
 
 
-def test_a_group_created_with_skip_offline_gives_an_offline_members_share_to_online_members(w, r):
+@pytest.mark.parametrize("option", [[], ["SKIP-OFFLINE"]])
+def test_by_default_a_group_gives_an_offline_members_share_to_online_members(w, r, option):
     a, b = RespConn(w.port), client(w.port, 2, "skip-b")
     a.hello(2, "skip-a")
-    ha = as_map(a.call("SUB", "$share/s/o/#", "SKIP-OFFLINE"))["handle"]
+    ha = as_map(a.call("SUB", "$share/s/o/#", *option))["handle"]
     hb = sub(b, "$share/s/o/#")
     meta, box = KEYS.queue(share_ref("s", "o/#")).meta, KEYS.queue(share_ref("s", "o/#")).mailbox("s", "skip-a")
     a.close()
