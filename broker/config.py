@@ -38,6 +38,10 @@ class Config:
     session_lease_ms: int = 10_000  # a detached or orphaned session ends after this
     sweep_interval_ms: int = 100  # leases come back within this (+ script time) of their deadline
     sweep_batch: int = 1000
+    # A fence that makes leases runs at most this long after the lease intent
+    # that lists its queue in the schedule (else STALE, and the worker writes a
+    # fresh one): what keeps a worker's death between the two from losing a lease.
+    lease_intent_ms: int = 1000
 
     max_payload: int = 1024 * 1024
     max_batch: int = 1000  # messages per MPUB, tags per ACK, COUNT per PULL

@@ -12,7 +12,9 @@
 -- KEYS[9] journal
 -- KEYS[10..] mailboxes    one per member named in ARGV, in the same order
 -- ARGV[1] default_lock_ms  the lease of a shared group's mailbox entries (lib/shared.lua)
--- ARGV[2..] members       pairs: group, member
+-- ARGV[2] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
+-- ARGV[3] intent_ms       how old that intent may be
+-- ARGV[4..] members       pairs: group, member
 -- Returns: {counts, deadline}: messages dispatched, one count per member (for a
 --   shared group the group's total is reported on its first member), and the
 --   earliest lease deadline made (-1 when none), for the sweep's schedule.
@@ -20,11 +22,13 @@
 -- loss) nor beyond the member's MAX; at MAX the sentinel is seated. Members
 -- of a shared group are served by the group's strategy (see lib/shared.lua),
 -- each message to exactly one of them.
--- Errors: BADARG when the mailboxes do not match the members.
+-- Errors: BADARG when the mailboxes do not match the members; STALE when the
+--   lease intent is too old (nothing done).
 -- Cost: O(messages dispatched · members of their group).
 local boxes, who = K.mailboxes, A.members
 if #who ~= 2 * #boxes then raise('BADARG', 'dispatch needs one mailbox key per (group, member)') end
 local default_lock = int_arg(A.default_lock_ms, 'default lock', 1)
+check_intent(A.intent_at, A.intent_ms)
 expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
 local now = now_ms()
 local deadline = -1

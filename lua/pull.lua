@@ -14,6 +14,8 @@
 -- ARGV[2] member
 -- ARGV[3] count
 -- ARGV[4] default_lock_ms
+-- ARGV[5] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
+-- ARGV[6] intent_ms       how old that intent may be
 -- Returns: {epoch, deadline, status, refill, tag1, id1, acquisitions1, body1, ...}
 --   status 'ok' with 0..count deliveries, or a fence that yields none:
 --   'evicted' (preempted; its old checkouts go back to the queue),
@@ -22,11 +24,13 @@
 --   stream). deadline is the new leases' deadline, -1 when none were made.
 --   A push member takes up to COUNT from its mailbox, as TAKE does one at a
 --   time; refill = 1 when it is a shared group's member, for dispatch.lua.
--- Errors: NOTFOUND when the member is not subscribed; BADARG on a bad count.
+-- Errors: NOTFOUND when the member is not subscribed; BADARG on a bad count;
+--   STALE when the lease intent is too old (nothing done).
 -- Cost: O(count + due delayed) — returned messages first, in id order, then
 --   new ones from the cursor.
 local g, m = A.group, A.member
 local count = int_arg(A.count, 'COUNT', 1)
+check_intent(A.intent_at, A.intent_ms)
 local now = now_ms()
 
 local function reply(ep, deadline, status, refill, taken)

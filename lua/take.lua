@@ -14,6 +14,8 @@
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] default_lock_ms
+-- ARGV[4] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
+-- ARGV[5] intent_ms       how old that intent may be
 -- Returns: {'msg', epoch, deadline, tag, id, acquisitions, body, refill},
 --   {'none', refill} when there is nothing the member may take (empty, or the
 --   member is fenced off or suspected), or {'eos', gone} at the end of stream.
@@ -24,9 +26,11 @@
 --   member, to be refilled by dispatch.lua with the group's strategy.
 -- The taken message's lease starts now; the mailbox is topped up in the same
 -- call. See take_from_mailbox (lib/mailbox.lua) for what is dropped.
--- Errors: NOTFOUND (not subscribed), BADARG (not a push subscription).
+-- Errors: NOTFOUND (not subscribed), BADARG (not a push subscription), STALE
+--   (the lease intent is too old: nothing done).
 -- Cost: O(skipped + messages topped up).
 local g, m = A.group, A.member
+check_intent(A.intent_at, A.intent_ms)
 local now = now_ms()
 local taken, ep, deadline, status = take_from_mailbox(K, K.mailbox, g, m, 1, now, A.default_lock_ms)
 -- Members of a shared group are refilled by the group's strategy (dispatch),

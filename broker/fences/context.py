@@ -8,19 +8,22 @@ wires them together. None of them imports another's module but to call it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from fencemq.config import Config
-from fencemq.errors import BadArgument, LimitExceeded
-from fencemq.fences.registry import Fences
+from fencemq.errors import BadArgument, LimitExceeded, Stale
+from fencemq.fences.registry import Fences, fence
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.values import text
 
 log = logging.getLogger(__name__)
+
+LEASE_INTENT = fence("lease_intent", "schedule intents", "qid lock_ms")
 
 
 @dataclass
@@ -33,6 +36,7 @@ class FenceContext:
     # global lease schedule) instead of before it.
     spawn: Callable[..., None] | None = None
     _topic_kinds: dict[str, str] = field(init=False, default_factory=dict)
+    _intents: dict[str, tuple[int, float]] = field(init=False, default_factory=dict)  # qid -> (Redis ms, monotonic)
 
     def __post_init__(self) -> None:
         self.keys = Keyspace(self.config.prefix)
@@ -72,6 +76,42 @@ class FenceContext:
         if len(tags) > self.config.max_batch:
             raise LimitExceeded(f"{len(tags)} tags exceed {self.config.max_batch}; settle in smaller batches")
         return tags
+
+    async def lease_intent(self, qid: str, fresh: bool = False) -> int:
+        """The lease intent a lease-making fence on ``qid`` runs under (lua/lease_intent.lua).
+
+        One is written per queue at most every half ``lease_intent_ms``: the
+        fence holds it to ``lease_intent_ms`` by Redis's clock.
+        """
+        now = time.monotonic()
+        known = self._intents.get(qid)
+        if known is not None and not fresh and (now - known[1]) * 1000 < self.config.lease_intent_ms / 2:
+            return known[0]
+        at = int(await self.fences.run(LEASE_INTENT, None, extra_keys={
+            "schedule": self.keys.schedule, "intents": self.keys.schedule_intents},
+            qid=qid, lock_ms=self.intent_quiet_ms))
+        if len(self._intents) > 65_536:
+            self._intents.clear()
+        self._intents[qid] = (at, now)
+        return at
+
+    @property
+    def intent_quiet_ms(self) -> int:
+        """How long after its last lease intent a queue stays listed: longer than a fence may run under one.
+
+        An intent lists the queue this far ahead too: if the worker dies after
+        the fence, the sweep finds the lease then, and sets the real deadline.
+        """
+        return 2 * self.config.lease_intent_ms + 1000
+
+    async def under_intent(self, qid: str, call: Callable[[dict[str, int]], Awaitable[Any]]) -> Any:
+        """Run a lease-making fence call under a lease intent (``call(intent_args)``); once more on STALE."""
+        args = {"intent_at": await self.lease_intent(qid), "intent_ms": self.config.lease_intent_ms}
+        try:
+            return await call(args)
+        except Stale:
+            args["intent_at"] = await self.lease_intent(qid, fresh=True)
+            return await call(args)
 
     async def schedule(self, qid: str, due_ms: int) -> None:
         """The global lease schedule: the queue is swept at ``due_ms`` at the latest."""

@@ -23,13 +23,14 @@ from fencemq.model.values import text
 
 _LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
 
-PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox", "group member count default_lock_ms")
+PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox", "group member count default_lock_ms intent_at intent_ms")
 ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal wake",
             "group member idle_ttl_ms", argv_rest="tags")
 NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal", "group member delay_ms discard max_failures",
              argv_rest="tags")
 RENEW = fence("renew", "meta checkouts deadlines wake", "group member lock_ms default_lock_ms", argv_rest="tags")
 SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
+UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 
 @dataclass(slots=True)
@@ -57,9 +58,9 @@ class Leases:
         if not 0 < count <= config.max_batch:
             raise BadArgument(f"COUNT must be between 1 and {config.max_batch}")
         k = self.ctx.keys.queue(handle.queue)
-        res = await self.ctx.fences.run(PULL, k, extra_keys={"mailbox": k.mailbox(handle.group, handle.member)},
-                                        group=handle.group, member=handle.member, count=count,
-                                        default_lock_ms=config.default_lock_ms)
+        res = await self.ctx.under_intent(handle.queue.qid, lambda intent: self.ctx.fences.run(
+            PULL, k, extra_keys={"mailbox": k.mailbox(handle.group, handle.member)}, group=handle.group,
+            member=handle.member, count=count, default_lock_ms=config.default_lock_ms, **intent))
         epoch, deadline, status, refill = int(res[0]), int(res[1]), text(res[2]), int(res[3])
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [
@@ -109,7 +110,10 @@ class Leases:
         res = await self.ctx.fences.run(SWEEP, k, limit=self.ctx.config.sweep_batch)
         next_due = int(res[0])
         if next_due < 0:
-            await redis.zrem(keys.schedule, qid)
+            # unlisted only once no lease intent is recent enough for a fence to still run under it
+            await self.ctx.fences.run(UNSCHEDULE, None, extra_keys={"schedule": keys.schedule,
+                                      "intents": keys.schedule_intents},
+                                      qid=qid, quiet_ms=self.ctx.intent_quiet_ms)
         else:
             await redis.zadd(keys.schedule, {qid: next_due})
         # A checkout made between the sweep and the line above was scheduled

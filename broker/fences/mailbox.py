@@ -19,8 +19,8 @@ from fencemq.model.values import text
 
 _LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
 
-TAKE = fence("take", f"{_LEASE_KEYS} wake journal mailbox", "group member default_lock_ms")
-DISPATCH = fence("dispatch", f"{_LEASE_KEYS} wake journal", "default_lock_ms", keys_rest="mailboxes",
+TAKE = fence("take", f"{_LEASE_KEYS} wake journal mailbox", "group member default_lock_ms intent_at intent_ms")
+DISPATCH = fence("dispatch", f"{_LEASE_KEYS} wake journal", "default_lock_ms intent_at intent_ms", keys_rest="mailboxes",
                  argv_rest="members")
 END_AFTER = fence("end_after", f"{_LEASE_KEYS} wake journal mailbox", "group member max")
 
@@ -40,9 +40,9 @@ class Mailboxes:
     async def dispatch(self, ref: QueueRef, members: list[tuple[str, str]]) -> list[int]:
         """Fill these members' push mailboxes; returns how many each got."""
         k = self.ctx.keys.queue(ref)
-        counts, deadline = await self.ctx.fences.run(
+        counts, deadline = await self.ctx.under_intent(ref.qid, lambda intent: self.ctx.fences.run(
             DISPATCH, k, keys_rest=[k.mailbox(g, m) for g, m in members], args_rest=[x for pair in members for x in pair],
-            default_lock_ms=self.ctx.config.default_lock_ms)
+            default_lock_ms=self.ctx.config.default_lock_ms, **intent))
         if int(deadline) >= 0:  # a shared group's mailbox entries are leased
             await self.ctx.schedule_soon(ref.qid, int(deadline))
         return counts
@@ -63,9 +63,9 @@ class Mailboxes:
     async def take(self, handle: Handle) -> Delivery | None | str:
         """Next delivery from the member's push mailbox, None when empty, "EOS" at the end."""
         k = self.ctx.keys.queue(handle.queue)
-        res = await self.ctx.fences.run(TAKE, k, extra_keys={"mailbox": k.mailbox(handle.group, handle.member)},
-                                        group=handle.group, member=handle.member,
-                                        default_lock_ms=self.ctx.config.default_lock_ms)
+        res = await self.ctx.under_intent(handle.queue.qid, lambda intent: self.ctx.fences.run(
+            TAKE, k, extra_keys={"mailbox": k.mailbox(handle.group, handle.member)}, group=handle.group,
+            member=handle.member, default_lock_ms=self.ctx.config.default_lock_ms, **intent))
         kind = text(res[0])
         if kind == "eos":
             if int(res[1]) and self.on_member_gone is not None:

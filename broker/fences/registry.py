@@ -33,7 +33,7 @@ from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from fencemq.errors import FenceMQError, translate
 
@@ -216,6 +216,29 @@ class Fences:
                   keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
         return await self.call(spec.name, spec.key_list(keys, extra_keys or {}, keys_rest),
                                spec.arg_list(args, args_rest))
+
+    async def run_many(self, spec: FenceSpec, calls: Sequence[tuple[Any, Mapping[str, str], Sequence[str],
+                                                                    Mapping[str, Any]]]) -> list[Any]:
+        """Many calls of one fence in one pipeline (keys, extra keys, variadic keys, arguments each).
+
+        Replies in order; a call's coded error comes back as its FenceMQError,
+        not raised. NOSCRIPT (a restart, a failover) loads the fence and
+        runs the pipeline again (fences are written to be run again safely).
+        """
+        script = self.scripts[spec.name]
+        for attempt in range(3):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, extra, rest, args in calls:
+                key_list = spec.key_list(keys, extra, rest)
+                # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
+                pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, ()))
+            results = await pipe.execute(raise_on_error=False)
+            if attempt < 2 and any(isinstance(r, NoScriptError) or (isinstance(r, ResponseError) and "NOSCRIPT" in str(r))
+                                   for r in results):
+                await self.redis.script_load(script.script)
+                continue
+            return [(translate(r) or r) if isinstance(r, ResponseError) else r for r in results]
+        return []  # not reached
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         try:

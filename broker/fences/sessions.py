@@ -1,31 +1,59 @@
 """Client sessions: one client id, one live connection, a lease in Redis.
 
-``HELLO … SETNAME id`` binds a session to a connection; the same id binding
-again takes the session over and the older connection is told to close.
-Connected sessions are kept alive by their worker; a dropped connection stops
-the refresh, so the session ends when its lease runs out — found by any
+``HELLO … SETNAME id`` binds a session to a connection (lua/session_bind.lua);
+the same id binding again takes the session over and the older connection is
+told to close. A connected session is kept alive by its worker
+(lua/session_alive.lua) and is never without a lease; a dropped connection
+stops the refresh, so the session ends when its lease runs out — found by any
 worker's sweeper, which makes a dead worker's sessions someone else's job. A
 session that ends leaves every subscription it held: all its checkouts go
 back to their queues and its markers are removed.
+
+Ending is atomic against a reconnect: the cleaner holds the session's
+``ending`` lock (lua/session_lock.lua, which also re-checks that the lease
+really ran out) from the first unsubscribe to the deletion of the session's
+keys (lua/session_finish.lua); a bind meanwhile waits for the end and gets a
+fresh session, and a keep-alive meanwhile learns that its session is gone.
+A session whose worker still holds its own lease is that worker's to end:
+another worker's sweeper leaves it alone until the worker has been silent for
+a whole session lease more (a Redis outage shorter than that ends no
+connected session).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
+
+import anyio
 
 import msgpack
 from redis.asyncio import Redis
 
+from fencemq.errors import Busy
 from fencemq.fences import session_index
 from fencemq.fences.context import FenceContext
+from fencemq.fences.registry import fence
 from fencemq.fences.lite import Lite, unsubscribe_notice
 from fencemq.fences.redis_client import pipeline_then_publish
 from fencemq.fences.subscribe import Subscriptions
 from fencemq.model.keys import Handle
 
 MAX_QUEUED_NOTICES = 1000
-CLEANUP_RETRY_MS = 5_000
+LOCK_TTL_MS = 10_000  # a cleaner renews its lock while it works; one that died is followed after this
+BIND_WAIT_S = LOCK_TTL_MS / 1000 + 1
+
+SESSION_BIND = fence("session_bind", "session ending", "conn worker lease_ms")
+SESSION_ALIVE = fence("session_alive", "session ending", "lease_ms")
+SESSION_LOCK = fence("session_lock", "session ending", "token ttl_ms force")
+SESSION_FINISH = fence("session_finish", "session ending", "token", keys_rest="state")
+SESSION_UNLOCK = fence("session_unlock", "ending", "token")
+SESSION_UNLIST = fence("session_unlist", "sessions", "client upto")
+
+
+class SessionEnding(Busy):
+    """The session is being ended right now; bind again once it is over."""
 
 
 class RedisClock:
@@ -50,36 +78,75 @@ class Sessions:
                  lease_ms: int) -> None:
         self.redis = ctx.redis
         self.keys = ctx.keys
+        self.fences = ctx.fences
         self.subscriptions = subscriptions
         self.lite = lite
         self.clock = clock
         self.lease_ms = lease_ms
 
+    def _session_keys(self, client: str) -> dict[str, str]:
+        return {"session": self.keys.session(client), "ending": self.keys.session_ending(client)}
+
     async def bind(self, client: str, connection: str, worker: str) -> None:
-        now = await self.clock.now_ms()
+        """Bind the session to this connection; waits out a session's end in progress, then binds fresh."""
+        with anyio.move_on_after(BIND_WAIT_S):
+            while True:
+                res = await self.fences.run(SESSION_BIND, None, extra_keys=self._session_keys(client), conn=connection,
+                                            worker=worker, lease_ms=self.lease_ms)
+                if res[0] in (b"bound", "bound"):
+                    break
+                await anyio.sleep(0.05)
+        if res[0] not in (b"bound", "bound"):
+            raise SessionEnding(f"the session of {client} is being ended; connect again in a moment")
+        deadline = int(res[2])
 
         def writes(pipe: Any) -> None:
-            pipe.hset(self.keys.session(client), mapping={"conn": connection, "worker": worker, "since": now})
-            pipe.zadd(self.keys.sessions, {client: now + self.lease_ms})
+            pipe.zadd(self.keys.sessions, {client: deadline}, gt=True)
 
         takeover = msgpack.packb({"type": "takeover", "conn": connection})
         await pipeline_then_publish(self.redis, writes, self.keys.session_channel(client), takeover)
 
-    async def keep_alive(self, clients: list[str]) -> None:
-        if clients:
-            deadline = await self.clock.now_ms() + self.lease_ms
-            await self.redis.zadd(self.keys.sessions, {c: deadline for c in clients}, xx=True)
+    async def keep_alive(self, clients: list[str]) -> list[str]:
+        """Move the leases of connected sessions on; returns those that are gone (their connections must close)."""
+        if not clients:
+            return []
+        replies = await self.fences.run_many(
+            SESSION_ALIVE, [(None, self._session_keys(c), (), {"lease_ms": self.lease_ms}) for c in clients])
+        alive = {c: int(r) for c, r in zip(clients, replies) if isinstance(r, (int, bytes)) and int(r) > 0}
+        if alive:
+            # GT, not XX: a connected session is never without an entry (after an outage removed one)
+            await self.redis.zadd(self.keys.sessions, alive, gt=True)
+        return [c for c, r in zip(clients, replies) if not isinstance(r, Exception) and int(r) == 0]
 
-    async def end(self, client: str) -> int:
-        """End a session now: leave every subscription. Returns checkouts returned."""
+    async def end(self, client: str, *, force: bool = False) -> int | None:
+        """End a session: leave every subscription, then delete it. Returns checkouts returned.
+
+        Only once its lease has really run out, unless ``force`` (QUIT, an
+        anonymous session's disconnect). None when there was nothing to do
+        (alive after all, or another cleaner is at it).
+        """
+        token = uuid.uuid4().hex
+        keys = self._session_keys(client)
+        state = await self.fences.run(SESSION_LOCK, None, extra_keys=keys, token=token, ttl_ms=LOCK_TTL_MS,
+                                      force=int(force))
+        if state[0] not in (b"locked", "locked"):
+            return None
         returned = 0
-        for h in await session_index.handles(self.redis, self.keys, client):
-            returned += await self.subscriptions.unsubscribe(h, session_over=True)
-        await self.redis.delete(
-            self.keys.session(client), self.keys.session_handles(client), self.keys.session_notices(client),
-            self.keys.session_lite_counts(client), *session_index.bucket_keys(self.keys, client),
-        )
-        await self.redis.zrem(self.keys.sessions, client)
+        try:
+            for n, h in enumerate(await session_index.handles(self.redis, self.keys, client)):
+                returned += await self.subscriptions.unsubscribe(h, session_over=True)
+                if n % 100 == 99:
+                    await self.redis.pexpire(keys["ending"], LOCK_TTL_MS)
+        except BaseException:
+            # what is left is the next sweep's (leaving is idempotent): let go of the session now
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await self.fences.run(SESSION_UNLOCK, None, extra_keys=keys, token=token)
+            raise
+        rest = [self.keys.session_handles(client), self.keys.session_notices(client),
+                self.keys.session_lite_counts(client), *session_index.bucket_keys(self.keys, client)]
+        if await self.fences.run(SESSION_FINISH, None, extra_keys=keys, keys_rest=rest, token=token):
+            await self.fences.run(SESSION_UNLIST, None, extra_keys={"sessions": self.keys.sessions}, client=client,
+                                  upto=int(state[1]))
         return returned
 
     async def resync(self, client: str, topic: str, group: str, lmqs: list[str]) -> None:
@@ -111,21 +178,34 @@ class Sessions:
         """
         await self.subscriptions.set_presence(await session_index.non_lite_handles(self.redis, self.keys, client), online)
 
-    async def claim_expired(self, limit: int = 100) -> list[str]:
-        """Sessions whose lease ran out, claimed for cleaning.
+    async def claim_expired(self, worker_id: str = "", attached: set[str] | frozenset[str] = frozenset(),
+                            limit: int = 100) -> list[str]:
+        """Sessions whose lease ran out and that no live worker answers for: for end() to clean.
 
-        A claim moves the lease forward by CLEANUP_RETRY_MS instead of
-        removing it: end() removes it once everything is left, so a cleaner
-        that dies half-way is followed by another. Two cleaners at once are
-        harmless — leaving a subscription is idempotent.
+        A session bound through a worker that still holds its own lease is
+        that worker's (``worker_id`` ends its own sessions that none of its
+        connections holds, ``attached``); another worker
+        takes it only once that worker has been silent for a whole session
+        lease more — so a Redis outage shorter than that ends no live session.
+        end() itself re-checks the lease under the session's lock.
         """
         now = await self.clock.now_ms()
-        expired = await self.redis.zrangebyscore(self.keys.sessions, "-inf", now, 0, limit)
-        claimed = []
-        for raw in expired:
-            if await self.redis.zadd(self.keys.sessions, {raw: now + CLEANUP_RETRY_MS}, xx=True, gt=True, ch=True):
-                claimed.append(raw.decode())
-        return claimed
+        expired = [c.decode() if isinstance(c, bytes) else c
+                   for c in await self.redis.zrangebyscore(self.keys.sessions, "-inf", now, 0, limit)]
+        if not expired:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for client in expired:
+                pipe.hget(self.keys.session(client), "worker")
+            workers = await pipe.execute()
+        named = {w for w in workers if w}
+        leases: dict[Any, float] = {}
+        if named:
+            scores = await self.redis.zmscore(self.keys.workers, list(named))
+            leases = dict(zip(named, scores))
+        mine = worker_id.encode()
+        return [c for c, w in zip(expired, workers)
+                if c not in attached and (not w or w == mine or (leases.get(w) or 0) < now - self.lease_ms)]
 
     async def notify(self, client: str, notice: dict[str, Any]) -> None:
         """Queue a notice for the client's next HEARTBEAT and push it if connected."""

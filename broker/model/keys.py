@@ -136,7 +136,9 @@ class Keyspace:
         if not prefix or _UNSAFE.search(prefix):
             raise BadArgument("key prefix must be non-empty without '{', '}', ':', '%' or spaces")
         self.prefix = prefix
-        self.schedule = f"{prefix}:schedule"  # zset: queue id -> earliest due time
+        # The global lease schedule and the lease intents beside it, in one slot (fences/leases.py)
+        self.schedule = f"{prefix}:{{schedule}}"  # zset: queue id -> earliest due time
+        self.schedule_intents = f"{prefix}:{{schedule}}:intents"  # zset: queue id -> last lease intent (ms)
         self.sessions = f"{prefix}:sessions"  # zset: client id -> session lease deadline
         self.workers = f"{prefix}:workers"  # zset: worker id -> worker lease deadline
         self._queue_keys = lru_cache(maxsize=65536)(self._build_queue_keys)
@@ -170,6 +172,10 @@ class Keyspace:
 
     def session(self, client: str) -> str:
         return f"{self.prefix}:sess:{{{escape(client)}}}"
+
+    def session_ending(self, client: str) -> str:
+        """String: the lock a cleaner holds while it ends the session (broker/fences/sessions.py)."""
+        return self.session(client) + ":ending"
 
     def session_handles(self, client: str) -> str:
         """Set: the client's non-lite handles (lite ones are in session_lmqs; broker/session_index.py)."""

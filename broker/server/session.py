@@ -98,7 +98,7 @@ class Session:
         # A named session outlives its connection until its lease runs out (the
         # worker stops refreshing it now); an anonymous one ends.
         if self.bound and (self.anonymous or self.quit):
-            await services.sessions.end(self.client_id)
+            await services.sessions.end(self.client_id, force=True)
         elif self.bound:
             await services.sessions.set_presence(self.client_id, online=False)
 

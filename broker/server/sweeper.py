@@ -10,20 +10,27 @@ from __future__ import annotations
 
 import logging
 
+from collections.abc import Callable
+
 import anyio
+from redis.exceptions import RedisError
 
 from fencemq.server import metrics
 from fencemq.model.keys import Handle, queue_ref
+from fencemq.errors import FenceMQError
 from fencemq.fences.core import Core
 
 log = logging.getLogger(__name__)
 
 
 class Sweeper:
-    def __init__(self, core: Core, interval_ms: int) -> None:
+    def __init__(self, core: Core, interval_ms: int, worker_id: str = "",
+                 attached: Callable[[], set[str]] = set) -> None:
         self.core = core
         self.sessions = core.sessions
         self.interval = interval_ms / 1000
+        self.worker_id = worker_id
+        self.attached = attached  # the sessions this worker's connections hold
 
     async def run(self) -> None:
         while True:
@@ -40,26 +47,35 @@ class Sweeper:
         returned = 0
         now = await self.sessions.clock.now_ms()
         for qid in await self.core.leases.due_queues(now):
-            result = await self.core.leases.sweep(qid)
-            returned += result.returned
-            ref = queue_ref(qid)
-            if result.returned:
-                await self.core.mailboxes.dispatch_all(ref)
-            metrics.SUSPICIONS.inc(len(result.newly_suspected))
-            for group, member, tags, successor in result.timeouts:
-                metrics.LEASE_TIMEOUTS.inc(len(tags))
-                notice = {
-                    "type": "message_timeout",
-                    "handle": Handle(ref, group, member).encode(),
-                    "topic": ref.topic,
-                    "tags": tags,
-                }
-                if ref.lmq is not None:
-                    notice["lmq"] = ref.lmq
-                if successor:
-                    notice["replaced_by"] = successor
-                await self.sessions.notify(member, notice)
-        for client in await self.sessions.claim_expired():
-            await self.sessions.end(client)
-            metrics.SESSIONS_EXPIRED.inc()
+            try:
+                returned += await self._sweep(qid)
+            except (FenceMQError, RedisError) as exc:  # one queue's failure must not skip the others
+                log.warning("sweep of %s failed: %s", qid, exc)
+        for client in await self.sessions.claim_expired(self.worker_id, self.attached()):
+            try:
+                if await self.sessions.end(client) is not None:
+                    metrics.SESSIONS_EXPIRED.inc()
+            except (FenceMQError, RedisError) as exc:  # the next round finishes it
+                log.warning("ending the session of %s failed: %s", client, exc)
         return returned
+
+    async def _sweep(self, qid: str) -> int:
+        result = await self.core.leases.sweep(qid)
+        ref = queue_ref(qid)
+        if result.returned:
+            await self.core.mailboxes.dispatch_all(ref)
+        metrics.SUSPICIONS.inc(len(result.newly_suspected))
+        for group, member, tags, successor in result.timeouts:
+            metrics.LEASE_TIMEOUTS.inc(len(tags))
+            notice = {
+                "type": "message_timeout",
+                "handle": Handle(ref, group, member).encode(),
+                "topic": ref.topic,
+                "tags": tags,
+            }
+            if ref.lmq is not None:
+                notice["lmq"] = ref.lmq
+            if successor:
+                notice["replaced_by"] = successor
+            await self.sessions.notify(member, notice)
+        return result.returned

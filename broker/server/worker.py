@@ -70,7 +70,7 @@ class Worker:
         try:
             self.services = services = Services.over(redis, self.config, self.id)
             self.verbs = Verbs(services)
-            sweeper = Sweeper(services.core, self.config.sweep_interval_ms)
+            sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
             if self.tls is not None:
@@ -138,15 +138,31 @@ class Worker:
         """The worker's fences (tests reach in to inject Redis failures)."""
         return self.services.core
 
+    def attached_clients(self) -> set[str]:
+        """Client ids whose session a connection of this worker holds."""
+        return {c.session.client_id for c in self.connections.values() if c.session.client_id and c.session.bound}
+
     async def _keep_alive(self) -> None:
-        """Refresh the leases of sessions connected here, and this worker's own."""
+        """Refresh this worker's lease, then those of the sessions connected here.
+
+        The worker's own lease first: another worker's sweeper leaves a live
+        worker's sessions alone. After a failure (a Redis outage) it tries
+        again at once, not a third of a lease later.
+        """
         while True:
             services = self.services
-            clients = [c.session.client_id for c in self.connections.values() if c.session.client_id and c.session.bound]
+            pause = self.config.session_lease_ms / 3000
             try:
-                await services.sessions.keep_alive(clients)
                 now = await services.clock.now_ms()
                 await services.redis.zadd(services.keys.workers, {self.id: now + self.config.session_lease_ms})
+                gone = set(await services.sessions.keep_alive(sorted(self.attached_clients())))
+                for conn in list(self.connections.values()):
+                    if conn.session.client_id in gone and conn.session.bound:
+                        # its session was ended (say, after an outage longer than the lease): the
+                        # client reconnects to a fresh one rather than act for a session that is gone
+                        conn.session.bound = False
+                        conn.cut()
             except (OSError, RedisError) as exc:
                 log.warning("could not refresh session leases: %s", exc)
-            await anyio.sleep(self.config.session_lease_ms / 3000)
+                pause = 0.2
+            await anyio.sleep(pause)

@@ -109,6 +109,16 @@ local function clear_suspicion(meta, g, m)
   return redis.call('HDEL', meta, mf(g, m, SUSPECTED)) == 1
 end
 
+-- A fence that makes leases runs under a lease intent that listed its queue
+-- in the schedule (lua/lease_intent.lua) at most intent_ms before: else
+-- STALE, nothing done, and the worker writes a fresh intent. Checked first.
+local function check_intent(intent_at, intent_ms)
+  local at, limit = int_arg(intent_at, 'lease intent'), int_arg(intent_ms, 'lease intent ms')
+  if now_ms() - at > limit then
+    raise('STALE', 'the lease intent of this call is older than ' .. int_str(limit) .. ' ms; write a new one and retry')
+  end
+end
+
 -- Reserve n delivery tags; returns the last. A tag is never handed out twice
 -- under one handle, even when its queue is dropped and created again (a
 -- filter queue whose last member left, a reclaimed lmq): the counter never

@@ -343,3 +343,82 @@ def test_hole_5_a_disconnected_member_gets_no_new_share_by_default(w, r) -> None
         time.sleep(0.02)
     p.execute_command("MPUB", "o/x", 4, *[f"m{i}" for i in range(4)])
     assert [take(b, hb, "BLOCK", 500)["payload"] for _ in range(4)] == [f"m{i}" for i in range(4)]
+
+
+# -- 6. sessions and their leases ----------------------------------------------------------------------
+
+
+def test_hole_6_a_redis_pause_longer_than_the_lease_ends_no_connected_session(redis_url, r) -> None:
+    with worker(redis_url, session_lease_ms=800, sweep_interval_ms=50) as w:
+        a, p = client(w.port, 2, "a"), client(w.port, 2, "p")
+        h = sub(a, "chat", "LMQ", "s1")
+        r.execute_command("CLIENT", "PAUSE", 1300, "ALL")  # longer than the lease, shorter than two
+        time.sleep(1.6)
+        p.execute_command("PUB", "chat", "after", "LMQ", "s1")
+        assert [d["payload"] for d in pull(a, h, "BLOCK", 2000)] == ["after"], "the session and its lmq survived"
+        assert r.zscore(KEYS.sessions, "a") > time.time() * 1000 - 5_000
+
+
+def test_hole_6_a_connected_session_is_never_left_without_a_lease(redis_url, r) -> None:
+    with worker(redis_url, session_lease_ms=600) as w:
+        a = client(w.port, 2, "a")
+        sub(a, "chat", "LMQ", "s1")
+        r.zrem(KEYS.sessions, "a")  # as an outage or a cleaner's unlisting might leave it
+        deadline = time.monotonic() + 2
+        while r.zscore(KEYS.sessions, "a") is None:
+            assert time.monotonic() < deadline, "the keep-alive did not list the session again"
+            time.sleep(0.05)
+        a.close()  # and now, disconnected, it ends by its lease: nothing of it is left behind
+        deadline = time.monotonic() + 5
+        while r.exists(KEYS.session("a")) or r.zscore(KEYS.sessions, "a") is not None:
+            assert time.monotonic() < deadline, "the disconnected session did not end"
+            time.sleep(0.05)
+        left = [f for f in r.hgetall(KEYS.queue(QueueRef("chat", "s1")).meta) if b"|a" in f or f == b"z"]
+        assert left == [], f"the ended session left {left}"  # no membership, ownership or marker
+
+
+def test_hole_6_ending_is_atomic_against_a_reconnect(redis_url, r) -> None:
+    with worker(redis_url) as w:
+        a = client(w.port, 2, "a")
+        sub(a, "chat", "LMQ", "s1")
+        r.set(KEYS.session_ending("a"), "a-cleaner", px=5_000)  # a cleaner is ending the session right now
+        result: dict[str, Any] = {}
+
+        def reconnect() -> None:
+            c = client(w.port, 2)
+            started = time.monotonic()
+            c.execute_command("HELLO", 2, "SETNAME", "a")
+            result["took"] = time.monotonic() - started
+
+        t = threading.Thread(target=reconnect)
+        t.start()
+        time.sleep(0.4)
+        assert "took" not in result, "the reconnect did not wait for the end in progress"
+        r.delete(KEYS.session_ending("a"))  # the end is over
+        t.join(5)
+        assert 0.3 <= result["took"] < 3
+
+
+# -- 7. a worker dying between the fence and the schedule ------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["pull", "take"])
+def test_hole_7_a_lease_is_found_by_the_sweeper_when_its_worker_dies_right_after_the_fence(redis_url, mode) -> None:
+    with worker(redis_url, sweep_interval_ms=50) as w:
+        async def died(*_: Any) -> None:  # the write after the fence never happens: the worker is gone
+            return None
+
+        w.worker.core.ctx.schedule_soon = died
+        w.worker.core.ctx.schedule = died
+        a, b, p = client(w.port, 2, "a"), client(w.port, 2, "b"), client(w.port, 2, "p")
+        push = ["PUSH"] if mode == "take" else []
+        ha = sub(a, "orders", "GROUP", "g", "LOCK", 200, *push)
+        p.execute_command("PUB", "orders", "x")
+        got = take(a, ha, "BLOCK", 2000) if mode == "take" else pull(a, ha, "BLOCK", 2000)[0]
+        assert got["payload"] == "x"
+        hb = sub(b, "orders", "GROUP", "g", *push)
+        deadline = time.monotonic() + 5
+        again = None
+        while again is None and time.monotonic() < deadline:
+            again = take(b, hb, "BLOCK", 200) if mode == "take" else (pull(b, hb, "BLOCK", 200) or [None])[0]
+        assert again is not None and again["id"] == got["id"], "the lease was never swept"
