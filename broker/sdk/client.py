@@ -10,6 +10,7 @@ head-of-line blocking bites: docs/sdk.md.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fencemq.errors import FenceMQError
@@ -148,4 +149,26 @@ class Client(PipelinedConnection):
         if sync is not None:
             topic, group, lmqs = sync
             args += ["SYNC", topic, group, *lmqs]
-        return await self._call(args, lambda raw: [_notice(n) for n in raw or ()])
+        notices = await self._call(args, lambda raw: [_notice(n) for n in raw or ()])
+        for notice in notices:
+            self._notice_received(notice)
+        return notices
+
+    def _notice_received(self, notice: dict[str, Any]) -> None:
+        """A lease of ours timed out: show life at once, so the member is not left suspected.
+
+        The server suspects a member whose lease expired and gives it nothing
+        until it settles or renews; a client whose PULL reply was lost would
+        poll on, suspected, for ever. RENEW of the expired tags settles nothing
+        but clears the suspicion.
+        """
+        if notice.get("type") != "message_timeout" or self.closed:
+            return
+        handle, tags = notice.get("handle"), [str(t) for t in notice.get("tags") or ()]
+        if not handle or not tags:
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(self._call(["RENEW", handle, *tags[:1000]]))
+        except RuntimeError:  # no running loop (a notice decoded outside one): nothing to do
+            return
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # nothing to report either way

@@ -315,6 +315,7 @@ class PipelinedConnection:
         except Exception:  # noqa: BLE001 - a malformed push must not kill the reader
             log.warning("ignoring a malformed push frame: %r", frame)
             return
+        self._notice_received(notice)
         q = self._notices
         if q is not None:
             if q.qsize() >= MAX_QUEUED_NOTICES:
@@ -325,6 +326,9 @@ class PipelinedConnection:
                 self.on_notice(notice)
             except Exception:
                 log.exception("on_notice callback failed")
+
+    def _notice_received(self, notice: dict[str, Any]) -> None:
+        """Every notice, pushed or drained by HEARTBEAT, passes here first (the client acts on some)."""
 
     async def notices(self) -> AsyncIterator[dict[str, Any]]:
         """Pushed notices (RESP3), in arrival order, until the client closes. One consumer at a time."""

@@ -23,14 +23,18 @@ from fencemq.model.messages import Delivery
 
 ITER_COUNT = 64
 ITER_BLOCK_MS = 5000
+HEARTBEAT_EVERY_S = 5.0  # RESP2 iterators: how often an idle one looks for notices
 
 
 class Caller(Protocol):
     """What a subscription needs of its client (fencemq.sdk.client.Client), which imports this module."""
 
     _closed: bool
+    protocol: int
 
     async def _call(self, args: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> Any: ...
+
+    async def heartbeat(self) -> list[dict[str, Any]]: ...
 
 
 class _Epoch:
@@ -200,6 +204,7 @@ class Subscription:
         subscriptions loop ``TAKE BLOCK block_ms`` and end cleanly at EOS. No
         request is outstanding while the loop body runs.
         """
+        last_heartbeat = asyncio.get_running_loop().time()
         try:
             while not self.closed:
                 if self.push:
@@ -211,6 +216,13 @@ class Subscription:
                         yield d
                 else:
                     batch = await self.pull(count, block_ms)
+                    if not batch and self.client.protocol == 2:
+                        # RESP2 has no pushed notices: fetch them now and then, so a lease
+                        # timeout is seen and answered (the client renews to show life)
+                        now = asyncio.get_running_loop().time()
+                        if now - last_heartbeat >= HEARTBEAT_EVERY_S:
+                            last_heartbeat = now
+                            await self.client.heartbeat()
                     for i, d in enumerate(batch):
                         if d.epoch < self._epoch.value:
                             # A seek returned while this batch was being consumed:

@@ -422,3 +422,31 @@ def test_hole_7_a_lease_is_found_by_the_sweeper_when_its_worker_dies_right_after
         while again is None and time.monotonic() < deadline:
             again = take(b, hb, "BLOCK", 200) if mode == "take" else (pull(b, hb, "BLOCK", 200) or [None])[0]
         assert again is not None and again["id"] == got["id"], "the lease was never swept"
+
+
+@pytest.mark.parametrize("protocol", [3, 2])
+def test_hole_10_an_sdk_client_whose_pull_reply_was_lost_shows_life_by_itself(redis_url, protocol) -> None:
+    """A lost PULL reply leaves the member suspected: told of the timeout, the SDK renews to clear it."""
+    import asyncio
+
+    from fencemq import Client
+    from fencemq.sdk import subscription
+
+    with worker(redis_url, sweep_interval_ms=50) as w:
+        async def main() -> None:
+            async with await Client.connect(f"redis://127.0.0.1:{w.port}", client_id="lossy",
+                                            protocol=protocol) as c:
+                await c.publish("orders", b"x")
+                sub = await c.subscribe("orders", group="g", lock_ms=150)
+                await c.execute("PULL", sub.handle)  # the reply is "lost": nobody settles that checkout
+                got = []
+                async for d in sub.iter(count=1, block_ms=300):
+                    got.append(d)
+                    break
+                assert [d.payload for d in got] == [b"x"] and got[0].deliveries == 2
+
+        subscription.HEARTBEAT_EVERY_S, before = 0.2, subscription.HEARTBEAT_EVERY_S
+        try:
+            asyncio.run(asyncio.wait_for(main(), 15))
+        finally:
+            subscription.HEARTBEAT_EVERY_S = before
