@@ -21,7 +21,7 @@ from bench.resp import RespConn
 from fencemq.config import Config
 from fencemq.fences import session_index
 from fencemq.fences.core import Core
-from fencemq.fences.registry import sources
+from fencemq.fences.registry import SPECS, sources
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 
 CHUNK = 2000  # commands per write
@@ -116,6 +116,11 @@ class Templates:
         if name == "ack":
             assert tag is not None
             out[-1] = tag  # the one tag acked
+        spec = SPECS[name]
+        if "intent_at" in spec.argv:
+            # the recorded lease intent would be stale by replay time: the bench measures the fences
+            # alone, not the schedule (an intent "from the future" passes the fence's age check)
+            out[spec.argv.index("intent_at")] = 2**53 - 1
         return ["EVALSHA", self.shas[name], len(keys), *keys, *out]
 
 
