@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench serve lint clean venv
+.PHONY: demo test test-cluster test-stateful bench serve lint clean venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ lint: $(VENV)/.test
 
 test: lint
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot).
+test-cluster: $(VENV)/.test
+	$(PY) -m pytest tests/fences --redis-cluster -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.test
 	$(PY) -m bench.run $(BENCH_ARGS)

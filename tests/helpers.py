@@ -12,6 +12,7 @@ Two ways to talk to a worker:
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -28,6 +29,27 @@ from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.model.keys import Keyspace
 from fencemq.server.runner import WorkerThread
+
+
+def in_cluster_mode() -> bool:
+    """True under ``pytest --redis-cluster`` (``make test-cluster``)."""
+    return os.environ.get("FENCEMQ_TEST_CLUSTER") == "1"
+
+
+def direct(redis_url: str, **options: Any) -> redis.Redis:
+    """redis-py straight to the broker's Redis: a cluster client when the tests run on a Cluster."""
+    if in_cluster_mode():
+        return redis.RedisCluster.from_url(redis_url, **options)
+    return redis.Redis.from_url(redis_url, **options)
+
+
+def direct_async(redis_url: str, **options: Any) -> redis.asyncio.Redis:
+    """The asyncio twin of ``direct``."""
+    import redis.asyncio
+
+    if in_cluster_mode():
+        return redis.asyncio.RedisCluster.from_url(redis_url, **options)
+    return redis.asyncio.Redis.from_url(redis_url, **options)
 
 
 def worker(redis_url: str, **settings: Any) -> WorkerThread:

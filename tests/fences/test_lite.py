@@ -83,7 +83,7 @@ def lmq_keys(r: redis.Redis, topic: str, lmq: str) -> dict[str, int]:
     """Every existing key of the lmq -> its PTTL (-1: none)."""
     base = KEYS.queue(QueueRef(topic, lmq)).meta
     found = [base] if r.exists(base) else []
-    found += r.keys(base.replace("{", "[{]").replace("}", "[}]") + ":*")
+    found += list(r.scan_iter(match=base.replace("{", "[{]").replace("}", "[}]") + ":*"))
     return {k: r.pttl(k) for k in found}
 
 
@@ -125,7 +125,7 @@ def unsubscribe_notices(pushes: list[Any]) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def r(redis_url: str):
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = helpers.direct(redis_url, decode_responses=True)
     yield client
     client.close()
 
@@ -684,7 +684,7 @@ def test_the_offset_policy_decides_the_new_owners_first_pull(w, r, policy):
 
 def test_an_operator_force_evict_fences_the_client_until_it_subscribes_again(w, r, redis_url):
     async def evict(client: str, lmq: str) -> int:
-        conn = redis.asyncio.Redis.from_url(redis_url)
+        conn = helpers.direct_async(redis_url)
         try:
             return await Core(conn, Config(redis_url=redis_url)).lite.evict(Handle(QueueRef("chat", lmq), GROUP, client))
         finally:
@@ -777,7 +777,7 @@ def test_session_end_leaves_no_bucket_key_behind(w, r):
         assert len(bucket_fields(r, "A")) == session_index.BUCKETS
         a.call("QUIT")
     wait_for(lambda: not session_keys(r, "A"), what="A's session to end")
-    assert r.keys(KEYS.session("A").replace("{", "[{]").replace("}", "[}]") + "*") == []
+    assert list(r.scan_iter(match=KEYS.session("A").replace("{", "[{]").replace("}", "[}]") + "*")) == []
     assert all(member_fields(meta(r, "chat", f"e{i}"), "A") == {} for i in range(40))
 
 

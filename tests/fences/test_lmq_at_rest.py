@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tests.helpers import direct_async
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -78,7 +79,7 @@ class TwoBrokers:
 
     @staticmethod
     async def _connect(url: str) -> Redis:
-        return Redis.from_url(url)
+        return direct_async(url)
 
     def both(self, op: Any) -> tuple[Any, Any]:
         async def one(q: Core) -> Any:
