@@ -30,6 +30,10 @@ test: lint
 test-cluster: $(VENV)/.test
 	$(PY) -m pytest tests/fences --redis-cluster -q $(PYTEST_ARGS)
 
+# The model-based test of all five guarantees, 1,000 sequences (make test runs 30).
+test-stateful: $(VENV)/.test
+	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful -q $(PYTEST_ARGS)
+
 bench: $(VENV)/.test
 	$(PY) -m bench.run $(BENCH_ARGS)
 
