@@ -145,6 +145,7 @@ elseif (mode == 'exclusive' or mode == 'single-active') and not owner then
 end
 if owner then redis.call('HSET', K.meta, gf(g, OWNER), owner) end
 redis.call('HSET', K.meta, 'jcap', A.journal_cap)
+journal_on(K, A.journal_cap)
 journal(now, 'sub', g, m, cur, nil, epoch, mode)
 flush_journal(K)
 if A.lite == '1' then compact_meta(K.meta) end

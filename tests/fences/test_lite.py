@@ -28,6 +28,7 @@ from fencemq.model import meta as compact_meta
 from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.records import journal_events
 from fencemq.fences.core import Core
 from tests import helpers
 from tests.helpers import Err, RespConn, as_map, deliveries, held_handles, pipeline, wait_for
@@ -112,11 +113,9 @@ class Event:
 
 def journal(r: redis.Redis, topic: str, lmq: str) -> list[Event]:
     rows = r.lrange(KEYS.queue(QueueRef(topic, lmq)).journal, 0, -1)
-    out = []
-    for i, line in enumerate(rows):
-        ms, ev, g, m, id_, tag, ep, extra = line.split("\t")
-        out.append(Event(i, int(ms), ev, g, m, id_, tag, ep, extra))
-    return out
+    events = [e for row in rows for e in journal_events(row)]
+    return [Event(i, e.ms, e.event, e.group or "", e.member or "", "" if e.id is None else str(e.id), e.tag or "",
+                  "" if e.epoch is None else str(e.epoch), e.extra or "") for i, e in enumerate(events)]
 
 
 def unsubscribe_notices(pushes: list[Any]) -> list[dict[str, Any]]:
