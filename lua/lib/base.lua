@@ -48,12 +48,18 @@ local function int_strs(first, n)
     local v = first + i - 1
     local low = v % 1000
     local high = (v - low) / 1000
-    if high == 0 then
-      out[i] = int_str(v)
-    else
+    local units, tens = low % 10, low % 100
+    if high > 0 then
       if high ~= block then block, head = high, int_str(high) end
-      local units, tens = low % 10, low % 100
       out[i] = head .. DIGITS[(low - tens) / 100 + 1] .. DIGITS[(tens - units) / 10 + 1] .. DIGITS[units + 1]
+    elseif v >= 100 then
+      out[i] = DIGITS[(low - tens) / 100 + 1] .. DIGITS[(tens - units) / 10 + 1] .. DIGITS[units + 1]
+    elseif v >= 10 then
+      out[i] = DIGITS[(tens - units) / 10 + 1] .. DIGITS[units + 1]
+    elseif v >= 0 then
+      out[i] = DIGITS[units + 1]
+    else
+      out[i] = int_str(v)
     end
   end
   return out

@@ -30,6 +30,7 @@ local function journal_on(K, cap)
 end
 
 local function journal(ms, ev, g, m, id, tag, ep, extra)
+  if JOURNAL_CAP == 0 then return end  -- known to be off in this call
   JOURNAL_N = JOURNAL_N + 1
   JOURNAL[JOURNAL_N] = int_str(ms) .. '\t' .. ev .. '\t' .. (g or '') .. '\t' .. (m or '') .. '\t'
     .. journal_field(id) .. '\t' .. journal_field(tag) .. '\t' .. journal_field(ep) .. '\t' .. journal_field(extra)
