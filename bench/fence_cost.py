@@ -17,7 +17,8 @@ and schedule writes around them, which are other slots and other calls.
 
 Scenarios: a plain topic with its journal (the default), the same with the
 journal off, and an lmq (journal off by default; at rest between batches).
-Writes ``fence_cost.json``.
+Then the subscribe fence when it preempts (``preempt``): two clients take 50
+lmqs from each other, four times. Writes ``fence_cost.json``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from bench.bulk_fences import load_scripts
+from bench.bulk_fences import Templates, load_scripts
 from bench.harness import ROOT, git_commit, machine_info
 from bench.stats import RedisMeter
 from fencemq.config import Config
@@ -193,6 +194,37 @@ def count_instructions(scenario: dict[str, Any], rounds: int, batch: int, size: 
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def count_preemptions(lmqs: int, rounds: int) -> dict[str, Any]:
+    """Instructions of the subscribe fence when it preempts: clients A and B take ``lmqs`` lmqs from
+    each other ``rounds`` times (the fence as Core sends it, lite journal off: the default)."""
+    workdir = Path(tempfile.mkdtemp(prefix="fencemq-callgrind-"))
+    grind = Callgrind(workdir)
+    try:
+        config = Config(redis_url=grind.url)
+        r = redis.Redis.from_url(grind.url)
+        templates = asyncio.run(Templates.record(grind.url, config, r, "bench-preempt"))
+        names = [f"p{i:04d}" for i in range(lmqs)]
+        pipe = r.pipeline(transaction=False)
+        for lmq in names:
+            pipe.execute_command(*templates.call("subscribe", lmq, "A")[0:])
+        pipe.execute()
+        grind.zero()
+        total = 0
+        for n in range(rounds):
+            client, other = ("B", "A") if n % 2 == 0 else ("A", "B")
+            pipe = r.pipeline(transaction=False)
+            for lmq in names:
+                pipe.execute_command(*templates.call("subscribe", lmq, client))
+            replies = pipe.execute()
+            total += grind.dump()
+            assert all(rep[3] == other.encode() for rep in replies), "every timed SUB preempts"
+        r.close()
+        return {"preemptions": lmqs * rounds, "instructions_per_preemption": round(total / (lmqs * rounds))}
+    finally:
+        grind.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def time_evalsha(scenario: dict[str, Any], rounds: int, batch: int, size: int) -> dict[str, Any]:
     with EmbeddedRedis() as server:
         r = server.client()
@@ -224,6 +256,7 @@ def main() -> None:
     ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--no-callgrind", action="store_true", help="time only (valgrind not installed)")
+    ap.add_argument("--preempt-lmqs", type=int, default=50, help="lmqs taken back and forth, counted under callgrind")
     opts = ap.parse_args()
     results: dict[str, Any] = {"batch": opts.batch, "size": opts.size, "git": git_commit(), "scenarios": {}}
     machine = None
@@ -237,6 +270,9 @@ def main() -> None:
         results["scenarios"][name] = row
         print(name, json.dumps({k: v.get("instructions_per_msg", v.get("evalsha_us_per_msg"))
                                 for k, v in row.items()}), flush=True)
+    if not opts.no_callgrind and shutil.which("valgrind"):
+        results["preempt"] = count_preemptions(opts.preempt_lmqs, 4)
+        print("preempt", json.dumps(results["preempt"]), flush=True)
     results["machine"] = machine
     results["loadavg_at_end"] = os.getloadavg()
     out = Path(opts.out)

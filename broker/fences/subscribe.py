@@ -20,6 +20,7 @@ from fencemq.fences.context import FenceContext, opt
 from fencemq.fences.lite import Lite
 from fencemq.fences.mailbox import Mailboxes
 from fencemq.fences.registry import fence
+from fencemq.model import meta
 from fencemq.model.keys import Handle, QueueRef, check_name
 from fencemq.model.values import text
 
@@ -97,7 +98,7 @@ class Subscriptions:
         else:
             # Lite queues are held per group; without GROUP a plain topic
             # subscription is the client's own.
-            group = "default" if lmq is not None else "~" + client
+            group = meta.LITE_GROUP if lmq is not None else "~" + client
         if mode is not None and mode not in MODES:
             raise BadArgument(f"MODE must be one of {', '.join(MODES)}")
         if policy is not None and policy not in POLICIES:

@@ -185,6 +185,8 @@ def test_meta_decode_sorts_fields_by_owner_and_spells_out_a_compact_hash() -> No
     assert decoded.groups["default"][meta.CURSOR] == "5"
     assert decoded.members[("default", "alice")][meta.MARKER] == "bob"
     assert decoded.fields[meta.CREATED] == "1700000000000" and decoded.fields[meta.SEQ] == "4"
+    # the lite default group goes without saying: "alice" is "default|alice"
+    assert meta.decode({**raw, b"z": b"alice"}) == decoded
     flat = meta.decode([b"seq", b"3", b"groups", b"a\nb", b"g|a|mode", b"shared", b"g|x|y|z", b"1"])
     assert flat.group_names == ["a", "b"] and flat.groups == {"a": {"mode": "shared"}}
     assert flat.fields["g|x|y|z"] == "1"  # not a group field: kept as it is
