@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from fencemq.config import Config
 from fencemq.model import meta
-from fencemq.model.records import JournalLine
+from fencemq.model.records import journal_events
 from fencemq.server.embedded import EmbeddedRedis, free_port
 from fencemq.model.keys import Handle
 from fencemq.fences.core import Core
@@ -408,7 +408,7 @@ def test_purge_empties_the_backlog_and_leaves_checkouts(broker: dict) -> None:
     assert q["backlog"] == 0 and q["ready"] == 0 and q["checkouts_total"] == 3
     assert all(g["epoch"] == 0 for g in q["groups"])  # no tag went stale
     journal = broker["direct"].lrange("fmq:{t:orders}:jr", -2, -1)
-    assert [(e.event, e.group) for e in map(JournalLine.decode, journal)] == [("purge", "billing"), ("purge", "audit")]
+    assert [(e.event, e.group) for raw in journal for e in journal_events(raw)] == [("purge", "billing"), ("purge", "audit")]
     assert c["c2"].execute_command("PULL", broker["handles"]["c2"], "COUNT", 5) == []
     assert c["c1"].execute_command("ACK", broker["handles"]["c1"], *broker["c1_tags"]) == 3  # checkouts still settle
 
@@ -471,7 +471,7 @@ def test_dlq_replay_makes_the_message_pullable_again(broker: dict) -> None:
     assert broker["direct"].llen("fmq:{t:jobs}:dlq") == 1
     out = ok("dlq", "replay", "jobs", "--count", "5", "--redis-url", url).stdout
     assert "1 replayed, 0 kept, 0 dead letter(s) left." in out
-    journal = [JournalLine.decode(e).event for e in broker["direct"].lrange("fmq:{t:jobs}:jr", 0, -1)]
+    journal = [e.event for raw in broker["direct"].lrange("fmq:{t:jobs}:jr", 0, -1) for e in journal_events(raw)]
     assert journal.count("replay") == 2
     line = one_line_error(invoke("dlq", "replay", "jobs", "--redis-url", url), 1)  # nothing left
     assert "nothing replayed" in line
