@@ -1,17 +1,76 @@
 """A delivery as the worker writes it on the wire (docs/protocol.md, "Deliveries").
 
 Sans-I/O. Built directly as RESP bytes rather than through the generic
-encoder: PULL and TAKE replies are the hot path.
+encoder: PULL and TAKE replies are the hot path. A delivery the fence returned
+in the stored RESP form (fencemq.model.messages) is relayed: the per-checkout
+fields (id, tag, epoch, deliveries, ts, lmq) are written around the stored
+fragment (topic, headers, payload), which goes out as it is.
 """
 
 from __future__ import annotations
 
-from fencemq.model.messages import Delivery
+from fencemq.model.messages import HEADERS_FIELD, TOPIC_FIELD, Delivery, StoredDelivery, wire_form
 from fencemq.protocol.resp import encode
 
 
 def encode_delivery(d: Delivery, proto: int) -> bytes:
     """RESP bytes of ``d.as_reply()`` for a client speaking ``proto`` (2 or 3)."""
+    return b"".join(_parts(d, proto, {}))
+
+
+def encode_deliveries(batch: list[Delivery], proto: int) -> bytes:
+    """A PULL reply: an array of deliveries."""
+    out = [b"*%d\r\n" % len(batch)]
+    queue_fields: dict = {}  # what the deliveries of one queue share, worked out once per reply
+    for d in batch:
+        out += _parts(d, proto, queue_fields)
+    return b"".join(out)
+
+
+def _parts(d: Delivery, proto: int, queue_fields: dict) -> list:
+    if type(d) is StoredDelivery and d.stored is not None and (wire := wire_form(d.stored)) is not None:
+        return _relayed(d, wire, proto, queue_fields)
+    return _encoded(d, proto)
+
+
+def _relayed(d: StoredDelivery, wire: tuple[bytes, int, bytes], proto: int, queue_fields: dict) -> list:
+    stamp, headers, fragment = wire
+    key = (d.queue_topic, d.lmq)
+    shared = queue_fields.get(key)
+    if shared is None:
+        topic = d.queue_topic.encode()
+        lmq = d.lmq.encode() if d.lmq is not None else None
+        shared = queue_fields[key] = (
+            b"$5\r\ntopic\r\n$%d\r\n%s\r\n" % (len(topic), topic),
+            b"$3\r\nlmq\r\n$%d\r\n%s\r\n" % (len(lmq), lmq) if lmq is not None else b"",
+        )
+    topic_field, lmq_field = shared
+    fields = 7 + bool(lmq_field) + bool(headers)
+    tag = d.raw_tag if type(d.raw_tag) is bytes else str(d.raw_tag).encode()
+    msg_id = b"%d" % d.msg_id
+    head = b"%s$2\r\nid\r\n$%d\r\n%s\r\n$3\r\ntag\r\n$%d\r\n%s\r\n$5\r\nepoch\r\n:%d\r\n" \
+        b"$10\r\ndeliveries\r\n:%d\r\n$2\r\nts\r\n:%s\r\n" % (
+            b"%%%d\r\n" % fields if proto == 3 else b"*%d\r\n" % (2 * fields),
+            len(msg_id), msg_id, len(tag), tag, d.epoch, d.deliveries, stamp)
+    if headers and proto == 2:
+        fragment = _resp2_headers(fragment, headers)
+    if fragment.startswith(TOPIC_FIELD):
+        return [head, lmq_field, fragment]
+    return [head, lmq_field, topic_field, fragment]
+
+
+def _resp2_headers(fragment: bytes, headers: int) -> bytes:
+    """The fragment with its headers map (``%n``) written as RESP2's flat array (``*2n``)."""
+    start = 0  # the headers come first, or right after the topic
+    if fragment.startswith(TOPIC_FIELD):
+        eol = fragment.index(b"\r\n", len(TOPIC_FIELD))
+        start = eol + 4 + int(fragment[len(TOPIC_FIELD) + 1 : eol])
+    at = start + len(HEADERS_FIELD)
+    eol = fragment.index(b"\r\n", at)
+    return b"%s*%d%s" % (fragment[:at], 2 * headers, fragment[eol:])
+
+
+def _encoded(d: Delivery, proto: int) -> list:
     fields = 7 + (d.lmq is not None) + bool(d.headers)
     tag, msg_id, topic = d.tag.encode(), d.id.encode(), d.topic.encode()
     out = [
@@ -29,9 +88,4 @@ def encode_delivery(d: Delivery, proto: int) -> bytes:
     if d.headers:
         out.append(b"$7\r\nheaders\r\n")
         out.append(encode(d.headers, proto))
-    return b"".join(out)
-
-
-def encode_deliveries(batch: list[Delivery], proto: int) -> bytes:
-    """A PULL reply: an array of deliveries."""
-    return b"*%d\r\n" % len(batch) + b"".join(encode_delivery(d, proto) for d in batch)
+    return out
