@@ -13,50 +13,46 @@ from fencemq.model.messages import HEADERS_FIELD, TOPIC_FIELD, Delivery, StoredD
 from fencemq.protocol.resp import encode
 
 
+# What a checkout adds to the stored fragment: id, tag, epoch, deliveries, ts (the publish ms).
+_CHECKOUT = (b"$2\r\nid\r\n$%d\r\n%d\r\n$3\r\ntag\r\n$%d\r\n%b\r\n$5\r\nepoch\r\n:%d\r\n"
+             b"$10\r\ndeliveries\r\n:%d\r\n$2\r\nts\r\n:%b\r\n")
+
+
 def encode_delivery(d: Delivery, proto: int) -> bytes:
     """RESP bytes of ``d.as_reply()`` for a client speaking ``proto`` (2 or 3)."""
-    return b"".join(_parts(d, proto, {}))
+    return encode_deliveries([d], proto)[4:]  # without the array header, b"*1\r\n"
 
 
 def encode_deliveries(batch: list[Delivery], proto: int) -> bytes:
     """A PULL reply: an array of deliveries."""
     out = [b"*%d\r\n" % len(batch)]
-    queue_fields: dict = {}  # what the deliveries of one queue share, worked out once per reply
+    queue_fields: dict = {}  # (queue topic, lmq) -> their fields, worked out once per reply
     for d in batch:
-        out += _parts(d, proto, queue_fields)
+        if type(d) is StoredDelivery and d.stored is not None and (wire := wire_form(d.stored)) is not None:
+            stamp, headers, fragment = wire
+            shared = queue_fields.get((d.queue_topic, d.lmq)) or _queue_fields(d, queue_fields)
+            fields = shared[0] + (headers > 0)
+            if headers and proto == 2:
+                fragment = _resp2_headers(fragment, headers)
+            tag = d.raw_tag if type(d.raw_tag) is bytes else str(d.raw_tag).encode()
+            out += (b"%%%d\r\n" % fields if proto == 3 else b"*%d\r\n" % (2 * fields),
+                    _CHECKOUT % (len(str(d.msg_id)), d.msg_id, len(tag), tag, d.epoch, d.deliveries, stamp),
+                    shared[1], b"" if fragment.startswith(TOPIC_FIELD) else shared[2], fragment)
+        else:
+            out += _encoded(d, proto)
     return b"".join(out)
 
 
-def _parts(d: Delivery, proto: int, queue_fields: dict) -> list:
-    if type(d) is StoredDelivery and d.stored is not None and (wire := wire_form(d.stored)) is not None:
-        return _relayed(d, wire, proto, queue_fields)
-    return _encoded(d, proto)
-
-
-def _relayed(d: StoredDelivery, wire: tuple[bytes, int, bytes], proto: int, queue_fields: dict) -> list:
-    stamp, headers, fragment = wire
-    key = (d.queue_topic, d.lmq)
-    shared = queue_fields.get(key)
-    if shared is None:
-        topic = d.queue_topic.encode()
-        lmq = d.lmq.encode() if d.lmq is not None else None
-        shared = queue_fields[key] = (
-            b"$5\r\ntopic\r\n$%d\r\n%s\r\n" % (len(topic), topic),
-            b"$3\r\nlmq\r\n$%d\r\n%s\r\n" % (len(lmq), lmq) if lmq is not None else b"",
-        )
-    topic_field, lmq_field = shared
-    fields = 7 + bool(lmq_field) + bool(headers)
-    tag = d.raw_tag if type(d.raw_tag) is bytes else str(d.raw_tag).encode()
-    msg_id = b"%d" % d.msg_id
-    head = b"%s$2\r\nid\r\n$%d\r\n%s\r\n$3\r\ntag\r\n$%d\r\n%s\r\n$5\r\nepoch\r\n:%d\r\n" \
-        b"$10\r\ndeliveries\r\n:%d\r\n$2\r\nts\r\n:%s\r\n" % (
-            b"%%%d\r\n" % fields if proto == 3 else b"*%d\r\n" % (2 * fields),
-            len(msg_id), msg_id, len(tag), tag, d.epoch, d.deliveries, stamp)
-    if headers and proto == 2:
-        fragment = _resp2_headers(fragment, headers)
-    if fragment.startswith(TOPIC_FIELD):
-        return [head, lmq_field, fragment]
-    return [head, lmq_field, topic_field, fragment]
+def _queue_fields(d: StoredDelivery, known: dict) -> tuple[int, bytes, bytes]:
+    """The map size without headers, the ``lmq`` field and the ``topic`` field of ``d``'s queue."""
+    topic = d.queue_topic.encode()
+    lmq = d.lmq.encode() if d.lmq is not None else None
+    known[(d.queue_topic, d.lmq)] = shared = (
+        7 + (lmq is not None),
+        b"$3\r\nlmq\r\n$%d\r\n%s\r\n" % (len(lmq), lmq) if lmq is not None else b"",
+        b"$5\r\ntopic\r\n$%d\r\n%s\r\n" % (len(topic), topic),
+    )
+    return shared
 
 
 def _resp2_headers(fragment: bytes, headers: int) -> bytes:
