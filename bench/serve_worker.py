@@ -12,16 +12,16 @@ import argparse
 import json
 import sys
 
-import anyio
 
 from fencemq.config import Config
-from fencemq.server.runner import serve
+from fencemq.server.runner import run, serve
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--redis-url", required=True)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--loop", default="auto", help="event loop: auto (uvloop when installed), uvloop, asyncio")
     ap.add_argument("--profile", default=None, help="write a cProfile of the worker here on exit")
     ap.add_argument("--trace", default=None, help="time publish/pull/schedule/wake-ups; JSON here on exit")
     opts = ap.parse_args()
@@ -36,12 +36,12 @@ def main() -> None:
 
         prof = cProfile.Profile()
         try:
-            prof.runcall(anyio.run, serve, config, ready)
+            prof.runcall(run, serve, config, ready, loop=opts.loop)
         finally:
             prof.dump_stats(opts.profile)
     else:
         try:
-            anyio.run(serve, config, ready)
+            run(serve, config, ready, loop=opts.loop)
         finally:
             if trace is not None:
                 with open(opts.trace, "w") as f:

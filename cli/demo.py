@@ -199,8 +199,16 @@ class Demo:
                    bool(held) and held_ids <= {d["id"] for d in redelivered}
                    and all(int(d["deliveries"]) >= 2 for d in redelivered))
         after = self.pull(carol, 5)
-        notices = [as_map(n) for n in carol.cmd("HEARTBEAT")]
-        timeouts = [n for n in notices if n.get("type") == "message_timeout"]
+        # The sweeper queues the notice just after the fence that returned carol's
+        # checkouts, so bob may have them before carol's notice is there: look again a little.
+        notices: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 1.0
+        while True:
+            notices += [as_map(n) for n in carol.cmd("HEARTBEAT")]
+            timeouts = [n for n in notices if n.get("type") == "message_timeout"]
+            if timeouts or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         tags = sorted({t for n in timeouts for t in n.get("tags", [])}, key=int)
         self.say(carol, "HEARTBEAT", f"message_timeout notice for tag(s) {', '.join(tags) or '—'}"
                  if timeouts else "(no notice)", style="yellow")

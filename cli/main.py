@@ -114,6 +114,8 @@ def serve(
     tls_key: Annotated[Optional[str], typer.Option(
         "--tls-key", metavar="PEM", show_default=False,
         help="The key of --tls-cert (default: $FENCEMQ_TLS_KEY_FILE)")] = None,
+    loop: Annotated[str, typer.Option(
+        help="Event loop: auto (uvloop when installed: pip install 'fencemq[fast]'), uvloop or asyncio")] = "auto",
     tls_ca: Annotated[Optional[str], typer.Option(
         "--tls-ca", metavar="PEM", show_default=False,
         help="Require client certificates signed by this CA (default: $FENCEMQ_TLS_CA_FILE)")] = None,
@@ -127,7 +129,7 @@ def serve(
     from prometheus_client import start_http_server
 
     from fencemq.config import Config
-    from fencemq.server.runner import redis_for
+    from fencemq.server.runner import event_loop, redis_for
     from fencemq.server.runner import serve as run_worker
     from fencemq.server.worker import client_tls
 
@@ -143,6 +145,11 @@ def serve(
         raise typer.Exit(1) from None
     except (ValueError, BadArgument) as exc:  # a FENCEMQ_* variable that does not parse
         fail("serve", CliError(f"bad configuration: {exc}; fix the options or the FENCEMQ_* environment variables"))
+        raise typer.Exit(1) from None
+    try:
+        loop_name, loop_options = event_loop(loop)
+    except (ValueError, RuntimeError) as exc:
+        fail("serve", CliError(str(exc)))
         raise typer.Exit(1) from None
 
     embedded = not config.redis_url
@@ -163,10 +170,11 @@ def serve(
                 # Printed on the next loop turn: by then the SIGTERM/SIGINT handlers are in
                 # place, so whoever waits for this line may signal at once.
                 tls = ", TLS" if config.tls_cert_file else ""
-                line = f"fencemq worker {worker.id} listening on {config.host}:{bound_port}{tls} (redis: {shown_url})"
+                line = (f"fencemq worker {worker.id} listening on {config.host}:{bound_port}{tls} "
+                        f"(redis: {shown_url}), event loop: {loop_name}")
                 asyncio.get_running_loop().call_soon(lambda: print(line, flush=True))
 
-            anyio.run(run_worker, config, on_ready)
+            anyio.run(run_worker, config, on_ready, backend_options=loop_options)
     except CliError as exc:
         fail("serve", exc)
         raise typer.Exit(exc.code) from None

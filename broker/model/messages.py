@@ -1,28 +1,90 @@
 """What a message is once stored, and what a consumer receives.
 
-The log keeps ``<publish ms>:<qos>:<hash>:<msgpack [payload, headers, qos,
-producer, topic]>``: the fence stamps the time (Redis's clock, never the
-caller's); the qos digit and the hash bucket (of the producer, else the topic,
-for the ``hash`` strategy of shared groups) are readable by Lua with one
-pattern match; the msgpack body stays opaque to Lua.
+The log keeps ``<publish ms>:<qos>:<hash>:<body>``: the fence stamps the time
+(Redis's clock, never the caller's); the qos digit and the hash bucket (of the
+producer, else the topic, for the ``hash`` strategy of shared groups) are
+readable by Lua with one pattern match; the body stays opaque to Lua.
+
+The body is stored ready for the wire (the *RESP form*), so that a worker
+relays each delivery's bytes instead of decoding and re-encoding the message:
+
+    R<number of headers>:<producer length>:<producer><fragment>
+
+where the fragment is the part of the delivery map a message never changes,
+written as RESP3 field/value pairs: ``topic`` (only for a copy fanned out to a
+filter, which carries its source topic; otherwise the queue's topic is the
+topic), ``headers`` (when there are any: a map of bulk strings, ``%n``, which a
+RESP2 reply turns into ``*2n``), ``payload``. Messages stored before it keep their msgpack body
+``[payload, headers, qos, producer, source topic]`` and still deliver (its
+first byte, 0x95, is never ``R``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import zlib
+from dataclasses import dataclass, field
 
 import msgpack
 
+RESP_FORM = b"R"
+TOPIC_FIELD = b"$5\r\ntopic\r\n"  # a fragment starts so when it carries its own topic
+HEADERS_FIELD = b"$7\r\nheaders\r\n"
 
 
 def pack_body(
     payload: bytes, headers: dict[str, str] | None, qos: int, producer: str | None, topic: str | None = None
 ) -> bytes:
+    """The stored body of a message (without the publish time, which the fence puts in front)."""
     bucket = zlib.crc32((producer or topic or "").encode())
-    packed = msgpack.packb([payload, headers or None, qos, producer, topic], use_bin_type=True)
-    return b"%d:%d:%s" % (qos, bucket, packed)
+    who = producer.encode() if producer else b""
+    parts = [b"%d:%d:R%d:%d:" % (qos, bucket, len(headers) if headers else 0, len(who)), who]
+    if topic:
+        t = topic.encode()
+        parts += (TOPIC_FIELD, b"$%d\r\n" % len(t), t, b"\r\n")
+    if headers:
+        parts += (HEADERS_FIELD, b"%%%d\r\n" % len(headers))
+        for name, value in headers.items():
+            k, v = name.encode(), value.encode()
+            parts += (b"$%d\r\n" % len(k), k, b"\r\n$%d\r\n" % len(v), v, b"\r\n")
+    parts += (b"$7\r\npayload\r\n$%d\r\n" % len(payload), payload, b"\r\n")
+    return b"".join(parts)
+
+
+def wire_form(stored: bytes) -> tuple[bytes, int, bytes] | None:
+    """A log entry in the RESP form as (publish ms digits, number of headers, fragment);
+    None for the older msgpack form."""
+    parts = stored.split(b":", 5)
+    if len(parts) < 6 or parts[3][:1] != RESP_FORM:
+        return None
+    n = int(parts[4])
+    return parts[0], int(parts[3][1:]), parts[5][n:] if n else parts[5]
+
+
+def _fields(fragment: bytes) -> dict[bytes, object]:
+    """The fields of a RESP-form fragment: ``topic``, ``headers`` (a dict), ``payload``."""
+    bulks: list[bytes] = []
+    maps: dict[int, int] = {}  # index in bulks -> entries of the map that starts there
+    pos, end = 0, len(fragment)
+    while pos < end:
+        eol = fragment.index(b"\r\n", pos)
+        if fragment[pos] == 0x24:  # $len: a bulk string
+            size = int(fragment[pos + 1 : eol])
+            bulks.append(fragment[eol + 2 : eol + 2 + size])
+            pos = eol + 4 + size
+        else:  # %n: the headers map
+            maps[len(bulks)] = int(fragment[pos + 1 : eol])
+            pos = eol + 2
+    fields: dict[bytes, object] = {}
+    i = 0
+    while i < len(bulks):
+        if i + 1 in maps:
+            pairs = bulks[i + 1 : i + 1 + 2 * maps[i + 1]]
+            fields[bulks[i]] = {pairs[j].decode(): pairs[j + 1].decode() for j in range(0, len(pairs), 2)}
+            i += 1 + len(pairs)
+        else:
+            fields[bulks[i]] = bulks[i + 1]
+            i += 2
+    return fields
 
 
 @dataclass(slots=True)
@@ -58,20 +120,72 @@ class Delivery:
         return reply
 
 
-def unpack_delivery(topic: str, lmq: str | None, epoch: int, tag: bytes, msg_id: int, acq: int, stored: bytes) -> Delivery:
+def _decoded(name: str) -> property:
+    def read(self: StoredDelivery) -> object:
+        return getattr(self.as_delivery(), name)
+
+    def write(self: StoredDelivery, value: object) -> None:
+        setattr(self.as_delivery(), name, value)
+        self.stored = None  # changed: no longer the stored bytes, so encoded, not relayed
+
+    return property(read, write, doc=f"``{name}``, decoded on first use")
+
+
+class StoredDelivery(Delivery):
+    """A delivery as the fence returned it: the stored bytes, relayed to the wire as they
+    are (fencemq.protocol.deliveries), decoded into a plain Delivery only when a field
+    is read (the SDK's replies, operator tools, the MQTT bridge)."""
+
+    __slots__ = ("queue_topic", "msg_id", "raw_tag", "stored", "_plain")
+    stored: bytes | None  # None once a decoded field was changed
+
+    def __init__(self, queue_topic: str, lmq: str | None, epoch: int, tag: bytes | str, msg_id: int, acq: int,
+                 stored: bytes) -> None:
+        self.queue_topic, self.msg_id, self.raw_tag, self.stored, self._plain = queue_topic, msg_id, tag, stored, None
+        self.lmq, self.epoch, self.deliveries = lmq, epoch, acq
+
+    id = _decoded("id")
+    tag = _decoded("tag")
+    topic = _decoded("topic")
+    payload = _decoded("payload")
+    published_ms = _decoded("published_ms")
+    headers = _decoded("headers")
+    qos = _decoded("qos")
+    producer = _decoded("producer")
+
+    def as_delivery(self) -> Delivery:
+        plain = self._plain
+        if plain is None:
+            plain = self._plain = self._decode(self.stored)
+        plain.epoch, plain.deliveries, plain.lmq = self.epoch, self.deliveries, self.lmq  # never stale
+        return plain
+
+    def _decode(self, stored: bytes) -> Delivery:
+        tag = self.raw_tag.decode() if isinstance(self.raw_tag, bytes) else str(self.raw_tag)
+        common = dict(id=str(self.msg_id), tag=tag, epoch=self.epoch, deliveries=self.deliveries, lmq=self.lmq)
+        if wire_form(stored) is None:  # the msgpack form, written before the RESP form
+            stamp, _qos, _bucket, body = stored.split(b":", 3)
+            payload, headers, qos, producer, source = msgpack.unpackb(body, raw=False)
+            return Delivery(topic=source or self.queue_topic, payload=payload, published_ms=int(stamp),
+                            headers=headers or {}, qos=qos, producer=producer, **common)  # type: ignore[arg-type]
+        stamp, qos, _bucket, _form, who_len, rest = stored.split(b":", 5)
+        who, fragment = rest[: int(who_len)], rest[int(who_len) :]
+        fields = _fields(fragment)
+        topic = fields.get(b"topic")
+        return Delivery(topic=topic.decode() if isinstance(topic, bytes) else self.queue_topic,
+                        payload=fields[b"payload"], published_ms=int(stamp),  # type: ignore[arg-type]
+                        headers=fields.get(b"headers") or {}, qos=int(qos),  # type: ignore[arg-type]
+                        producer=who.decode() if who else None, **common)  # type: ignore[arg-type]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StoredDelivery):
+            other = other.as_delivery()
+        return self.as_delivery() == other
+
+    __hash__ = None  # type: ignore[assignment]  # like Delivery: mutable, compared by value
+
+
+def unpack_delivery(topic: str, lmq: str | None, epoch: int, tag: bytes | str, msg_id: int, acq: int,
+                    stored: bytes) -> StoredDelivery:
     """``topic`` is the queue's; a copy fanned out to a filter carries its source topic."""
-    stamp, _qos, _bucket, body = stored.split(b":", 3)
-    payload, headers, qos, producer, source = msgpack.unpackb(body, raw=False)
-    return Delivery(
-        id=str(msg_id),
-        tag=tag.decode() if isinstance(tag, bytes) else str(tag),
-        epoch=int(epoch),
-        topic=source or topic,
-        payload=payload,
-        deliveries=int(acq),
-        published_ms=int(stamp),
-        lmq=lmq,
-        headers=headers or {},
-        qos=qos,
-        producer=producer,
-    )
+    return StoredDelivery(topic, lmq, epoch, tag, msg_id, acq, stored)

@@ -6,8 +6,10 @@ case (a command split at any byte, a pipeline in one packet, a hostile length
 header) is testable with plain byte strings, and a benchmark or fuzzer can drive
 the same code. :class:`RequestParser` checks each ``*N``/``$len`` header itself,
 so limits fire before a payload is buffered, and streams the validated bytes
-into ``hiredis.Reader``. A :class:`RequestError` means: reply ``-`` +
-``exc.message``, then close the connection, as Redis does.
+into ``hiredis.Reader``: it is the exact reader, which the worker's
+fencemq.protocol.request_reader.RequestReader falls back on wherever its C fast
+path cannot prove a frame well formed. A :class:`RequestError` means: reply
+``-`` + ``exc.message``, then close the connection, as Redis does.
 """
 
 from __future__ import annotations
@@ -107,9 +109,29 @@ class RequestParser:
         self._need = 0  # bytes of the current bulk (payload + CRLF) still to come
         self._failed: RequestError | None = None
 
+    @staticmethod
+    def too_many_args(count: int, limit: int) -> str:
+        return (f"LIMIT request of {count} arguments exceeds the {limit}-argument limit;"
+                " send fewer arguments per command or raise max_args")
+
+    @staticmethod
+    def too_big_arg(size: int, limit: int) -> str:
+        return f"LIMIT argument of {size} bytes exceeds the {limit}-byte limit; split the payload or raise max_payload"
+
     def feed(self, data: bytes) -> None:
         """Queue received bytes; never raises (errors surface from ``gets()``)."""
         self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned (a payload being streamed sits in hiredis, not here)."""
+        return len(self._buf) - self._pos
+
+    def rest_at_boundary(self) -> bytes | None:
+        """At a request boundary, the bytes not yet read (the parser is then done with); else None."""
+        if self._failed is not None or self._state != _START:
+            return None
+        return bytes(self._buf[self._pos :])
 
     def gets(self) -> list[bytes] | None:
         """The next complete command as a list of bytes, or None if more data is needed."""
@@ -178,10 +200,7 @@ class RequestParser:
                 if value is None:
                     raise ProtocolError("invalid multibulk length")
                 if value > self.max_args:
-                    raise RequestTooLarge(
-                        f"LIMIT request of {value} arguments exceeds the {self.max_args}-argument"
-                        " limit; send fewer arguments per command or raise max_args"
-                    )
+                    raise RequestTooLarge(self.too_many_args(value, self.max_args))
                 if value > 0:  # like Redis, *0 and *-1 are silently skipped
                     self._state, self._args_left = _HEADER, value
             else:
@@ -189,10 +208,7 @@ class RequestParser:
                 if value is None or value < 0:
                     raise ProtocolError("invalid bulk length")
                 if value > self.max_bulk:
-                    raise RequestTooLarge(
-                        f"LIMIT argument of {value} bytes exceeds the {self.max_bulk}-byte"
-                        " limit; split the payload or raise max_payload"
-                    )
+                    raise RequestTooLarge(self.too_big_arg(value, self.max_bulk))
                 self._state, self._need = _BODY, value + 2
         # Out of data: hand hiredis the validated part of the current multibulk and
         # drop consumed bytes, so a large payload never accumulates in our buffer.

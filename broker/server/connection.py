@@ -1,6 +1,6 @@
 """One client connection: read requests, run them, write replies, push notices.
 
-The loop is thin: requests are parsed by fencemq.protocol.resp (no I/O), the
+The loop is thin: requests are read by fencemq.protocol.request_reader (no I/O), the
 verbs live in fencemq.server.verbs and act for the connection's session
 (fencemq.server.session), and the state lives in Redis. The connection alone
 reads and writes the socket: while a verb waits, it keeps reading on the
@@ -20,7 +20,8 @@ from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError, LimitExceeded
 from fencemq.protocol.commands import Request, parse
-from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestParser, encode_many
+from fencemq.protocol.request_reader import RequestReader
+from fencemq.protocol.resp import ErrorReply, Push, RequestError, encode_many
 from fencemq.server import metrics
 from fencemq.server.services import Services
 from fencemq.server.session import Session
@@ -29,6 +30,10 @@ from fencemq.server.verbs import ClientGone, Verbs
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 65536
+# What a client may send ahead while one of its commands waits (a long poll): past
+# this the connection stops reading until the command is done, so a client that
+# floods behind a BLOCK is held back by TCP instead of by the worker's memory.
+READ_AHEAD = 4 << 20
 STREAM_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
@@ -45,7 +50,7 @@ class ClientConnection:
         # The parser's limits only guard memory (the connection is closed past
         # them); payload and batch limits are checked per command, so a client
         # that sends one oversize payload gets LIMIT and keeps its connection.
-        self.parser = RequestParser(max_bulk=max(64 << 20, 2 * self.config.max_payload), max_args=1_000_000)
+        self.parser = RequestReader(max_bulk=max(64 << 20, 2 * self.config.max_payload), max_args=1_000_000)
 
     @property
     def token(self) -> str:
@@ -108,8 +113,8 @@ class ClientConnection:
             self.idle = True
 
     async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:
-        """While a verb waits, keep reading: buffer what comes, notice a hang-up."""
-        while True:
+        """While a verb waits, keep reading: buffer what comes (up to READ_AHEAD), notice a hang-up."""
+        while self.parser.buffered < READ_AHEAD:
             try:
                 data = await self.stream.receive(RECEIVE_SIZE)
             except STREAM_GONE:

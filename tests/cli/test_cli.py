@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from fencemq.config import Config
 from fencemq.model import meta
 from fencemq.server.embedded import free_port
-from fencemq.server.runner import WorkerThread
+from fencemq.server.runner import WorkerThread, event_loop
 from fencemq.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,6 +246,7 @@ def test_serve_listens_then_drains_on_sigterm(redis_url: str) -> None:
         out = _read_until(proc, "listening on", 30)
         line = next(ln for ln in out.splitlines() if "listening on" in ln)
         assert line.startswith("fencemq worker ") and f"(redis: {redis_url})" in line
+        assert line.endswith(f"event loop: {event_loop()[0]}")  # uvloop when installed
         port = int(line.split("listening on 127.0.0.1:")[1].split()[0])
         c = redis.Redis(port=port, protocol=3, socket_timeout=5)
         assert c.ping() is True

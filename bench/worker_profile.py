@@ -1,0 +1,84 @@
+"""Worker CPU per message on the e2e flat-out run, and where it goes (cProfile).
+
+    python -m bench.worker_profile [--messages 30000] [--label before] [--out bench/results]
+
+One private Redis, one worker process (bench.serve_worker) under cProfile, one
+warm-up then one flat-out e2e run (MPUB of 100, PULL COUNT 100 + ACK, as
+bench.run does). Reports the worker's CPU per message measured from /proc
+(profiler overhead included, so it reads high; the e2e bench measures it
+without a profiler) and the functions with the most own time, idle time in
+the event loop's selector left out. Writes <out>/worker_profile_<label>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pstats
+import re
+import tempfile
+from pathlib import Path
+
+from bench.harness import HOST, ROOT, WorkerProcess
+from bench.stats import proc_cpu_s
+from bench.workloads import FenceMQ, e2e
+from fencemq.server.embedded import EmbeddedRedis
+
+# the loop waiting for I/O (epoll.poll, select.select, ...): not work
+IDLE = re.compile(r"<(built-in )?method '(poll|select|control)' of 'select\.")
+
+
+def top_functions(profile: str, limit: int) -> tuple[float, list[dict[str, object]]]:
+    stats = pstats.Stats(profile)
+    rows = []
+    busy = 0.0
+    for (file, line, name), (_cc, calls, own, cum, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if IDLE.match(name):
+            continue
+        busy += own
+        rows.append({"function": f"{Path(file).name}:{line}({name})", "calls": calls, "own_s": own, "cum_s": cum})
+    rows.sort(key=lambda r: r["own_s"], reverse=True)
+    for r in rows:
+        r["own_share"] = round(r["own_s"] / busy, 4) if busy else 0.0
+    return busy, rows[:limit]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=30_000)
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--label", default="now")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    opts = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis() as server:
+        profile = str(Path(tmp) / "worker.prof")
+        worker = WorkerProcess(server.url, profile=profile)
+        try:
+            asyncio.run(e2e(HOST, worker.port, lambda i: FenceMQ("warm"), total=5000, size=opts.size))
+            c0 = proc_cpu_s(worker.pid)
+            run = asyncio.run(e2e(HOST, worker.port, lambda i: FenceMQ("flat"), total=opts.messages, size=opts.size))
+            cpu = proc_cpu_s(worker.pid) - c0
+        finally:
+            worker.stop()
+        busy, top = top_functions(profile, opts.top)
+    result = {
+        "label": opts.label,
+        "messages": run.messages,
+        "msgs_per_s": round(run.messages / run.seconds) if run.seconds else 0,
+        "worker_cpu_us_per_msg_profiled": round(cpu / max(1, run.messages) * 1e6, 2),
+        "profiled_busy_s_incl_warmup": round(busy, 3),
+        "top_own_time": top,
+    }
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"worker_profile_{opts.label}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{run.messages} messages, {result['msgs_per_s']:,} msg/s; worker CPU (under cProfile) "
+          f"{result['worker_cpu_us_per_msg_profiled']} us/msg")
+    for r in top:
+        print(f"  {r['own_share']:6.1%}  {r['calls']:>9}  {r['function']}")
+
+
+if __name__ == "__main__":
+    main()

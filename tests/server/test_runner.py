@@ -1,0 +1,54 @@
+"""Tests for fencemq.server.runner: the event loop a worker runs on."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import anyio
+import pytest
+
+from fencemq.config import Config
+from fencemq.server.runner import WorkerThread, event_loop, run
+from tests.helpers import as_map, client, deliveries
+
+HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
+LOOPS = ["asyncio"] + (["uvloop"] if HAVE_UVLOOP else [])
+
+
+def test_auto_is_uvloop_when_installed_else_asyncio():
+    assert event_loop("auto")[0] == ("uvloop" if HAVE_UVLOOP else "asyncio")
+    assert event_loop("asyncio") == ("asyncio", {})
+
+
+def test_an_unknown_loop_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="auto, uvloop, asyncio"):
+        event_loop("trio")
+
+
+@pytest.mark.skipif(HAVE_UVLOOP, reason="uvloop is installed here")
+def test_asking_for_uvloop_without_it_says_how_to_install_it():
+    with pytest.raises(RuntimeError, match=r"fencemq\[fast\]"):
+        event_loop("uvloop")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_run_runs_on_the_chosen_loop(loop):
+    async def loop_module() -> str:
+        import asyncio
+
+        await anyio.sleep(0)
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(loop_module, loop=loop).split(".")[0] == loop
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_worker_serves_publish_pull_and_ack_on_either_loop(redis_url, loop):
+    with WorkerThread(Config(redis_url=redis_url, port=0), loop=loop) as w:
+        c = client(w.port, 3, "c1")
+        h = as_map(c.execute_command("SUB", "orders", "GROUP", "g"))["handle"]
+        c.execute_command("MPUB", "orders", 3, "a", "b", "c")
+        got = deliveries(c.execute_command("PULL", h, "COUNT", 10))
+        assert [d["payload"] for d in got] == ["a", "b", "c"]
+        assert c.execute_command("ACK", h, *[d["tag"] for d in got]) == 3
+        c.close()
