@@ -540,6 +540,8 @@ def test_top_two_iterations(broker: dict) -> None:
     rows = {q["name"]: q for q in second["queues"]}
     assert second["queues"][0]["name"] == "orders"  # the busiest first
     assert rows["orders"]["rates"]["publish"] > 0
+    assert second["totals"]["publish"] >= rows["orders"]["rates"]["publish"] > 0, "the totals sum the rates"
+    assert second["totals"]["deliver"] is not None
     assert {(s["group"], s["member"]) for s in second["suspected"]} >= {("audit", "c3"), ("default", "X")}
 
 
