@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from rich.text import Text
 
 from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
+from fencemq.model.topics import SHARE_PREFIX, has_wildcard, parse_target
 from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
@@ -51,9 +53,10 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 Topic = Annotated[str, typer.Argument(metavar="TOPIC", help="The topic (the filter, with --owner).", show_default=False)]
 Lmq = Annotated[str | None, typer.Option("--lmq", metavar="L", show_default=False,
                                             help="The lite queue (lmq) of a lite topic.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a terminal).")]
 Owner = Annotated[str | None, typer.Option(
     "--owner", metavar="O", show_default=False,
-    help="A filter subscription's queue: its client, or $share/<group> (TOPIC is then the filter).")]
+    help="A filter subscription's queue: its client (TOPIC is then the filter; a shared group's is TOPIC '$share/<group>/<filter>').")]
 
 
 class Ctx:
@@ -128,8 +131,19 @@ class Ctx:
 
 
 def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> QueueRef:
+    """The queue an operator names: a topic [--lmq], a filter --owner client, or '$share/<group>/<filter>'."""
     try:
         check_topic(topic)
+        if topic.startswith(SHARE_PREFIX) or topic.startswith("$share:"):
+            target = parse_target(topic)  # says how a malformed one is written
+            if lmq is not None or owner is not None:
+                raise BadArgument(f"{topic} names a shared group's queue already; drop --lmq and --owner")
+            return QueueRef(target.filter, None, SHARE_PREFIX + str(target.share))
+        if has_wildcard(topic) and owner is None:
+            raise BadArgument(
+                f"{topic} is a topic filter: each subscriber to it has a queue of its own; give --owner "
+                f"<client id> for a client's, or name a shared group's as '$share/<group>/{topic}' "
+                "(`fencemq queues` lists them)")
         if lmq is not None and owner is not None:
             raise BadArgument("give --lmq (a lite queue) or --owner (a filter subscription), not both")
         if lmq is not None:
@@ -139,6 +153,16 @@ def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> Q
     except BadArgument as exc:
         ctx.fail(exc.message, EXIT_USAGE)
     return QueueRef(topic, lmq, owner)
+
+
+def _confirm(ctx: Ctx, yes: bool, question: str, refusal: str) -> None:
+    """Destructive commands ask first: on a terminal, a y/N question; without one, --yes is required (exit 2)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        ctx.fail(f"refusing to {refusal} without --yes: no terminal to confirm on", EXIT_USAGE)
+    if not typer.confirm(question, default=False, err=True):
+        ctx.fail("nothing done", EXIT_NOT_FOUND)
 
 
 def _name(ctx: Ctx, value: str, what: str) -> str:

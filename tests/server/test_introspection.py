@@ -7,21 +7,13 @@ and where the shape matters against a real Redis's own answer.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import select
 import shutil
-import struct
-import subprocess
-import termios
-import time
 
 import pytest
 import redis
 
 from fencemq.protocol.commands import COMMANDS
-from tests.helpers import RespConn, as_map, client, error_code, text, worker
+from tests.helpers import RespConn, Terminal, as_map, client, error_code, text, worker
 
 needs_redis_cli = pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not on PATH")
 
@@ -110,39 +102,6 @@ def test_command_docs_answer_in_redis_7_shape_with_the_arguments_of_each_verb(re
         redis_set = as_map(redis_docs["set"])
         assert set(pull) <= set(redis_set) | {"complexity"}
         assert _argument_keys(pull["arguments"]) <= _argument_keys(redis_set["arguments"]) | {"flags"}
-
-
-class Terminal:
-    """A program on a pseudo-terminal 120 columns wide, as a person would run it."""
-
-    def __init__(self, *argv: str) -> None:
-        self.fd, its_side = pty.openpty()
-        fcntl.ioctl(its_side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
-        self.proc = subprocess.Popen(argv, stdin=its_side, stdout=its_side, stderr=its_side,
-                                     env={**os.environ, "TERM": "xterm"}, start_new_session=True)
-        os.close(its_side)
-        self.seen = b""
-
-    def read_until(self, want: bytes, timeout: float = 5.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and want not in self.seen:
-            if select.select([self.fd], [], [], 0.1)[0]:
-                try:
-                    self.seen += os.read(self.fd, 4096)
-                except OSError:  # the program ended
-                    break
-        return want in self.seen
-
-    def type(self, keys: bytes) -> None:
-        os.write(self.fd, keys)
-
-    def __enter__(self) -> Terminal:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        os.close(self.fd)
 
 
 @needs_redis_cli
