@@ -61,7 +61,8 @@ def dlq_list(
         console.print(Text(f"No dead letters{' from here' if res['total'] else ''} ({res['total']} in all).",
                            style="dim"))
         return
-    t = _table(f"Dead letters of {res['queue']} ({len(res['dead_letters'])} of {res['total']})")
+    t = _table(f"Dead letters of {res['queue']} ({len(res['dead_letters'])} of {res['total']})",
+               drop=("size", "deliveries", "#", "member"))
     for col, kw in (("#", {"justify": "right"}), ("id", {"justify": "right"}), ("group", {"overflow": "fold"}),
                     ("member", {"overflow": "fold"}), ("failures", {"justify": "right"}),
                     ("deliveries", {"justify": "right"}), ("dead since", {}), ("size", {"justify": "right"}),

@@ -6,8 +6,10 @@ asked, without one where a script runs it — against a real worker and Redis.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -79,3 +81,40 @@ def test_a_shared_groups_queue_is_inspected_by_the_name_it_was_subscribed_with(r
         assert "--owner <client id>" in bare.stderr and "'$share/<group>/sensors/+'" in bare.stderr
         colon = _run("inspect", "queue", "$share:g:sensors/+", "--redis-url", redis_url)
         assert colon.returncode == 2 and "$share/g/sensors/+" in colon.stderr
+
+
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_top_fits_an_80_by_24_terminal_without_cutting_a_header(redis_url):
+    with worker(redis_url, default_lock_ms=100) as w:
+        c = client(w.port, 2, "busy")
+        for i in range(30):
+            c.execute_command("PUB", f"topic-{i:02d}", "x")
+        slow = client(w.port, 2, "slow")
+        h = as_map(slow.execute_command("SUB", "topic-00", "GROUP", "g", "LOCK", 100))["handle"]
+        slow.execute_command("PULL", h)  # and never settles: suspected once the lease runs out
+        time.sleep(0.5)
+        with Terminal(*FENCEMQ, "top", "--iterations", "1", "--redis-url", redis_url, columns=80, rows=24) as term:
+            assert term.exit_code(20) == 0, term.seen
+    frame = ANSI.sub(b"", term.seen).decode().replace("\r", "")
+    frame = frame[frame.rindex("FenceMQ top"):].rstrip("\n").splitlines()
+    assert len(frame) < 24, "\n".join(frame)
+    headers = "\n".join(frame[:6])
+    for header in ("queue", "backlog", "checked", "pub/s", "consumers"):
+        assert re.search(rf"\b{re.escape(header)}(\s|$)", headers), f"{header!r} cut in:\n{headers}"
+    assert "…" not in headers
+    assert "more queue(s)" in " ".join(frame[-2:]), "the queues that do not fit are counted, not scrolled away"
+
+
+def test_wide_terminals_show_every_column_of_the_queue_listing(orders):
+    with Terminal(*FENCEMQ, "queues", "--redis-url", orders["url"], columns=160) as term:
+        assert term.exit_code(20) == 0
+    listing = ANSI.sub(b"", term.seen).decode()
+    for header in ("kind", "last", "backlog", "checked", "ready", "delayed", "dead", "groups", "members", "owner",
+                   "suspects", "idle"):
+        assert header in listing, header
+    with Terminal(*FENCEMQ, "queues", "--redis-url", orders["url"], columns=80) as term:
+        assert term.exit_code(20) == 0
+    narrow = ANSI.sub(b"", term.seen).decode()
+    assert "backlog" in narrow and "…" not in narrow.split("────")[0], narrow
