@@ -363,6 +363,11 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         pipe.zcount(keys.sessions, now, "+inf")
         pipe.zcard(keys.sessions)
         workers, sessions_alive, sessions_total = await pipe.execute()
+    # the totals are rates against the previous refresh: taken before this one becomes the previous
+    totals = {
+        "publish": sum(r for q in counters if (r := rate(q, 0)) is not None) if elapsed else None,
+        "deliver": sum(r for q in counters if (r := rate(q, 1)) is not None) if elapsed else None,
+    }
     state.at_ms = now
     state.counters = counters
     return {
@@ -373,10 +378,7 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         "workers_alive": int(workers),
         "sessions_alive": int(sessions_alive),
         "sessions": int(sessions_total),
-        "totals": {
-            "publish": sum(r for q in counters if (r := rate(q, 0)) is not None) if elapsed else None,
-            "deliver": sum(r for q in counters if (r := rate(q, 1)) is not None) if elapsed else None,
-        },
+        "totals": totals,
         "queues": out_rows,
         "suspected": suspects,
     }
