@@ -40,8 +40,15 @@ test-cluster: $(VENV)/.test
 test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful -q $(PYTEST_ARGS)
 
+# Every speed goal of issue #14 in one run: bench/results/*.json, e2e.png and goals.json/goals.png (pass/fail).
+BENCH_LMQS ?= 1000000
 bench: $(VENV)/.test
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.fanout
+	$(PY) -m bench.preempt_rate
+	$(PY) -m bench.lmq_memory --lmqs $(BENCH_LMQS)
+	$(PY) -m bench.scale
+	$(PY) -m bench.goals
 
 serve: $(VENV)/.base
 	$(VENV)/bin/fencemq serve

@@ -47,6 +47,7 @@ from bench.stats import (
     proc_cpu_s,
     self_cpu_s,
 )
+from bench.mosquitto_peer import mosquitto_share
 from bench.workloads import _STAMP, make_payload
 from fencemq.server.embedded import EmbeddedRedis
 
@@ -90,44 +91,56 @@ async def subscribe(conn: RespConn, target: str) -> bytes:
     return fields[b"handle"]
 
 
-async def consume(m: Member, lat: array, block_ms: int) -> None:
-    """ACK the last round and TAKE the next in one write, until the subscription has all it wants."""
+def _settle_round(m: Member, deliveries: list[Any], lat: array, acks: list[bytes]) -> None:
+    now = time.time_ns()
+    unpack = _STAMP.unpack_from
+    for d in deliveries:
+        if d is None:
+            continue
+        if not isinstance(d, list):
+            raise TypeError(f"{m.name}: unexpected delivery {d!r}")
+        fields = dict(zip(d[::2], d[1::2]))  # a RESP2 map as a flat array
+        acks.append(fields[b"tag"])
+        lat.append(now - unpack(fields[b"payload"])[0])
+        if fields[b"deliveries"] != 1:
+            m.sink.redelivered += 1
+
+
+async def consume(m: Member, lat: array, block_ms: int, verb: str = "PULL") -> None:
+    """ACK the last round and fetch the next in one write, until the subscription has all it wants.
+
+    PULL: one ``PULL handle COUNT n`` a round from the push mailbox (batched consumption);
+    TAKE: a pipeline of n ``TAKE``s (one delivery each), as an MQTT-style one-at-a-time client would.
+    """
     conn, handle, sink = m.conn, m.handle, m.sink
     assert conn is not None
-    unpack = _STAMP.unpack_from
     acks: list[bytes] = []
-    takes = MIN_TAKES
+    want = MIN_TAKES
     idle = False
     while not sink.done.is_set():
         cmds: list[tuple] = []
         if acks:
             cmds.append(("ACK", handle, *acks))
-        if idle:
-            cmds.append(("TAKE", handle, "BLOCK", block_ms))
+        wait = ("BLOCK", block_ms) if idle else ()
+        if verb == "PULL":
+            cmds.append(("PULL", handle, "COUNT", MAX_TAKES, *wait))
+            m.takes_sent += 1
+        elif idle:
+            cmds.append(("TAKE", handle, *wait))
             m.takes_sent += 1
         else:
-            cmds.extend([("TAKE", handle)] * takes)
-            m.takes_sent += takes
+            cmds.extend([("TAKE", handle)] * want)
+            m.takes_sent += want
         replies = await asyncio.gather(*conn.send(cmds))
         if acks:
             sink.settle(replies[0])
             replies = replies[1:]
-        now = time.time_ns()
         acks = []
-        for d in replies:
-            if d is None:
-                continue
-            if not isinstance(d, list):
-                raise TypeError(f"{m.name}: unexpected TAKE reply {d!r}")
-            # RESP2 map as a flat array: id, tag, epoch, topic, payload, deliveries, ts
-            acks.append(d[3])
-            lat.append(now - unpack(d[9])[0])
-            if d[11] != 1:
-                sink.redelivered += 1
+        _settle_round(m, replies[0] if verb == "PULL" else replies, lat, acks)
         m.taken += len(acks)
         sink.delivered += len(acks)
         idle = not acks
-        takes = min(MAX_TAKES, max(MIN_TAKES, 2 * len(acks)))
+        want = min(MAX_TAKES, max(MIN_TAKES, 2 * len(acks)))
     if acks:
         sink.settle(await conn.call("ACK", handle, *acks))
 
@@ -153,7 +166,7 @@ async def publish(conn: RespConn, topic: str, total: int, size: int, batch: int,
 
 
 async def fanout_run(port: int, tag: str, total: int, size: int, batch: int, window: int,
-                     block_ms: int) -> dict[str, Any]:
+                     block_ms: int, verb: str = "PULL") -> dict[str, Any]:
     topic = f"fan{tag}/t"
     group = Sink("group", total)
     plus, hash_ = Sink(f"fan{tag}/+", total), Sink(f"fan{tag}/#", total)
@@ -166,7 +179,7 @@ async def fanout_run(port: int, tag: str, total: int, size: int, batch: int, win
         for m, target in zip(members, targets):
             m.conn = await RespConn.open(HOST, port)
             m.handle = await subscribe(m.conn, target)
-        tasks = [asyncio.create_task(consume(m, lat, block_ms)) for m in members]
+        tasks = [asyncio.create_task(consume(m, lat, block_ms, verb)) for m in members]
         t_first, t_last_pub = await publish(producer, topic, total, size, batch, window)
         sinks = (group, plus, hash_)
         await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in sinks)), timeout=600)
@@ -228,7 +241,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=100, help="messages per MPUB (1: one PUB each)")
     ap.add_argument("--window", type=int, default=10, help="publish commands in flight")
     ap.add_argument("--repeat", type=int, default=3, help="runs; the median (by deliveries/s) is reported")
-    ap.add_argument("--block-ms", type=int, default=200, help="TAKE BLOCK after an empty round")
+    ap.add_argument("--block-ms", type=int, default=200, help="BLOCK after an empty round")
+    ap.add_argument("--verb", choices=["PULL", "TAKE"], default="PULL",
+                    help="PULL COUNT 64 a round (batched) or pipelined TAKEs (one delivery each)")
+    ap.add_argument("--skip-peers", action="store_true", help="skip Mosquitto (bench.mosquitto_peer)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     opts = ap.parse_args(argv)
     if opts.size < 8:
@@ -239,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     t_start = time.perf_counter()
     res: dict[str, Any] = {"args": vars(opts), "shape": {
         "publishers": 1, "shared_group_members": MEMBERS, "non_shared_subscriptions": 2, "copies_per_message": COPIES,
-        "consumer_verbs": "TAKE (pipelined) + ACK", "worker": "separate process (bench.serve_worker)"}}
+        "consumer_verbs": f"{opts.verb} + ACK" + (" (COUNT 64 a round)" if opts.verb == "PULL" else " (pipelined)"), "worker": "separate process (bench.serve_worker)"}}
     with EmbeddedRedis() as server:
         admin = server.client()
         meter = RedisMeter(admin)
@@ -248,23 +264,27 @@ def main(argv: list[str] | None = None) -> None:
         worker = WorkerProcess(server.url)
         try:
             asyncio.run(fanout_run(worker.port, "warm", min(2000, opts.messages), opts.size, opts.batch, opts.window,
-                                   opts.block_ms))
+                                   opts.block_ms, opts.verb))
             runs = []
             for i in range(opts.repeat):
                 print(f"  fan-out run {i + 1}/{opts.repeat}: {opts.messages} messages x {COPIES} copies ...", flush=True)
                 run = measured(meter, server.pid, worker.pid, lambda i=i: fanout_run(
-                    worker.port, str(i), opts.messages, opts.size, opts.batch, opts.window, opts.block_ms))
+                    worker.port, str(i), opts.messages, opts.size, opts.batch, opts.window, opts.block_ms, opts.verb))
                 if run["deliveries"] != run["deliveries_expected"]:
                     raise SystemExit(f"delivered {run['deliveries']}, expected {run['deliveries_expected']}")
                 print(f"    published {run['published_msgs_per_s']:,.0f} msg/s; delivered "
                       f"{run['deliveries_per_s']:,.0f}/s ({run['e2e_msgs_per_s']:,.0f} msg/s end to end); "
-                      f"p50 {run['latency_ms']['p50']:.1f} ms; {run['takes_per_delivery']:.2f} TAKE/delivery; group {run['group_members_taken']}; "
+                      f"p50 {run['latency_ms']['p50']:.1f} ms; {run['takes_per_delivery']:.2f} {opts.verb}/delivery; group {run['group_members_taken']}; "
                       f"others {run['others_cpu_cores']:.2f} cores", flush=True)
                 runs.append(run)
         finally:
             worker.stop()
         admin.close()
 
+    if not opts.skip_peers:
+        print("peer: Mosquitto on this machine, $share group of 2 paho subscribers, QoS 1 ...", flush=True)
+        res["peers"] = {"mosquitto": mosquitto_share(opts.messages, opts.size)}
+        print(f"  {res['peers']['mosquitto']}", flush=True)
     ordered = sorted(runs, key=lambda r: r["deliveries_per_s"])
     head = ordered[(len(ordered) - 1) // 2]
     res["runs"] = runs
@@ -291,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  published      {s['published_msgs_per_s']:>9,} msg/s")
     print(f"  delivered      {s['deliveries_per_s']:>9,} deliveries/s  ({s['e2e_msgs_per_s']:,} msg/s end to end, "
           f"x{COPIES})")
-    print(f"  latency        p50 {s['latency_p50_ms']:.1f} ms, p99 {s['latency_p99_ms']:.1f} ms (publish -> TAKE, flat out)")
+    print(f"  latency        p50 {s['latency_p50_ms']:.1f} ms, p99 {s['latency_p99_ms']:.1f} ms (publish -> delivery, flat out)")
     print(f"  Redis CPU      {s['redis_cpu_us_per_msg']:.1f} us/msg; worker CPU {s['worker_cpu_us_per_msg']:.1f} us/msg")
     print(f"  group split    {s['group_members_taken']}")
     print(f"  others         {s['others_cpu_cores_mean']:.2f} CPU cores used by unrelated processes meanwhile")

@@ -10,14 +10,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 import redis
 
-from fencemq.server.embedded import EmbeddedRedis
+from fencemq.server.embedded import EmbeddedRedis, start_cluster
 
 # Spark's Python workers must run the venv's interpreter, not whatever `python3` is on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -79,7 +78,7 @@ def redis_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedRedis]:
     tests check the fences where every call must stay within one hash slot.
     """
     if request.config.getoption("--redis-cluster"):
-        servers = _start_cluster()
+        servers = start_cluster(3)
         try:
             yield _ClusterServer(url=servers[0].url, urls=[s.url for s in servers], port=servers[0].port,
                                  version=servers[0].version, binary=servers[0].binary)
@@ -139,40 +138,11 @@ def any_redis_url(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue(f"{request.param}_url")
 
 
-def _start_cluster() -> list[EmbeddedRedis]:
-    """Three private masters joined into a Redis Cluster, the slots split between them."""
-    servers = [EmbeddedRedis(extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                         "--cluster-node-timeout", "2000"]) for _ in range(3)]
-    try:
-        for srv in servers:
-            srv.start()
-        clients = [srv.client() for srv in servers]
-        per = 16384 // 3
-        for i, c in enumerate(clients):
-            lo, hi = i * per, (16383 if i == 2 else (i + 1) * per - 1)
-            c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-        for srv in servers[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", srv.port)
-        deadline = time.monotonic() + 20
-        while not all(c.cluster("info")["cluster_state"] == "ok" and int(c.cluster("info")["cluster_known_nodes"]) == 3
-                      for c in clients):
-            if time.monotonic() > deadline:
-                raise RuntimeError("could not form a 3-master cluster in 20 s")
-            time.sleep(0.1)
-        for c in clients:
-            c.close()
-        return servers
-    except BaseException:
-        for srv in servers:
-            srv.stop()
-        raise
-
-
 @pytest.fixture
 def cluster() -> Iterator[list[EmbeddedRedis]]:
     """Three private masters joined into a Redis Cluster, the slots split between them."""
     try:
-        servers = _start_cluster()
+        servers = start_cluster(3)
     except RuntimeError as e:
         pytest.skip(str(e))
     try:
