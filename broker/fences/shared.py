@@ -23,7 +23,6 @@ at most that delay. Protocol: docs/protocol.md, "Filters and shared subscription
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -38,31 +37,34 @@ from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.messages import pack_body
 from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, matches, parse_target
 
-RECHECK_S = 1.0
-
-
 def is_filter_target(target: str) -> bool:
     return target.startswith(SHARE_PREFIX) or has_wildcard(target)
 
 
 class FilterRegistry:
+    """Every worker's copy of the filter registry, checked against its version on every publish.
+
+    A filter SUB on one worker increments the version before it answers, so a publish
+    that reaches another worker after that answer reads the new version (one GET, run
+    beside the publish fence) and copies to the new filter: no message published after
+    a SUB returned misses it, whichever worker each goes through. The pub/sub
+    invalidation only spares the GET's round trip from mattering (it is cheap either way).
+    """
+
     def __init__(self, redis: Any, keys: Keyspace) -> None:
         self.redis = redis
         self.keys = keys
         self.index = FilterIndex()
         self.version: bytes | None = None
-        self.checked_at = 0.0
 
     def invalidate(self) -> None:
-        self.checked_at = 0.0
+        self.version = None
 
-    async def _refresh(self) -> None:
-        now = time.monotonic()
-        if now - self.checked_at < RECHECK_S:
-            return
-        self.checked_at = now
-        version = await self.redis.get(self.keys.filters_version)
-        if version == self.version:
+    async def current_version(self) -> bytes | None:
+        return await self.redis.get(self.keys.filters_version)
+
+    async def _refresh(self, version: bytes | None) -> None:
+        if version == self.version and version is not None:
             return
         index = FilterIndex()
         for qid, raw in (await self.redis.hgetall(self.keys.filters)).items():
@@ -70,8 +72,9 @@ class FilterRegistry:
             index.add(qid.decode(), filt)
         self.index, self.version = index, version
 
-    async def matching(self, topic: str) -> list[QueueRef]:
-        await self._refresh()
+    async def matching(self, topic: str, version: bytes | None | type[Ellipsis] = ...) -> list[QueueRef]:
+        """The filter queues ``topic`` reaches, by the registry at ``version`` (read now if not given)."""
+        await self._refresh(await self.current_version() if version is ... else version)
         return [queue_ref(qid) for qid in self.index.match(topic)]
 
     async def register(self, ref: QueueRef, share: str | None, client: str | None) -> None:
@@ -169,11 +172,24 @@ class Shared:
             check_topic_name(topic)
         elif retain:
             raise BadArgument("RETAIN applies to plain topics, not lite queues")
-        ids = await self.publishing.publish(
-            topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
-        )
         if lmq is not None:
-            return ids
+            return await self.publishing.publish(
+                topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
+            )
+        published: dict[str, Any] = {}
+
+        async def own_queue() -> None:
+            published["ids"] = await self.publishing.publish(
+                topic, payloads, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
+            )
+
+        async def registry_version() -> None:
+            published["version"] = await self.registry.current_version()
+
+        async with anyio.create_task_group() as tg:  # two round trips at once, not one after the other
+            tg.start_soon(own_queue)
+            tg.start_soon(registry_version)
+        ids = published["ids"]
         bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]
         if retain:
             # The last retained message per topic; an empty payload clears it.
@@ -181,7 +197,7 @@ class Shared:
                 await self.redis.hset(self.keys.retained, topic, bodies[-1])
             else:
                 await self.redis.hdel(self.keys.retained, topic)
-        refs = await self.registry.matching(topic)
+        refs = await self.registry.matching(topic, published["version"])
         if refs:
             async with anyio.create_task_group() as tg:
                 for ref in refs:
