@@ -2,12 +2,11 @@
 
     python -m bench.worker_profile [--messages 30000] [--label before] [--out bench/results]
 
-One private Redis, one worker process (bench.serve_worker) under cProfile, one
-warm-up then one flat-out e2e run (MPUB of 100, PULL COUNT 100 + ACK, as
-bench.run does). Reports the worker's CPU per message measured from /proc
-(profiler overhead included, so it reads high; the e2e bench measures it
-without a profiler) and the functions with the most own time, idle time in
-the event loop's selector left out. Writes <out>/worker_profile_<label>.json.
+One private Redis; a worker process (bench.serve_worker), one warm-up then one
+flat-out e2e run (MPUB of 100, PULL COUNT 100 + ACK, as bench.run does): the
+worker's CPU per message from /proc. Then the same under cProfile, for the
+functions with the most own time (idle time in the event loop's selector left
+out; the profiler's overhead inflates the small, frequent calls). Writes <out>/worker_profile_<label>.json.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import asyncio
 import json
 import pstats
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -51,31 +51,40 @@ def main() -> None:
     ap.add_argument("--label", default="now")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--keep", default=None, help="also keep the cProfile data in this file")
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis() as server:
         profile = str(Path(tmp) / "worker.prof")
-        worker = WorkerProcess(server.url, profile=profile)
-        try:
-            asyncio.run(e2e(HOST, worker.port, lambda i: FenceMQ("warm"), total=5000, size=opts.size))
-            c0 = proc_cpu_s(worker.pid)
-            run = asyncio.run(e2e(HOST, worker.port, lambda i: FenceMQ("flat"), total=opts.messages, size=opts.size))
-            cpu = proc_cpu_s(worker.pid) - c0
-        finally:
-            worker.stop()
+        measured = {}
+        for name, prof in (("plain", None), ("profiled", profile)):
+            worker = WorkerProcess(server.url, profile=prof)
+            try:
+                asyncio.run(e2e(HOST, worker.port, lambda i: FenceMQ(f"warm-{name}"), total=5000, size=opts.size))
+                c0 = proc_cpu_s(worker.pid)
+                run = asyncio.run(e2e(HOST, worker.port, lambda i: FenceMQ(f"flat-{name}"), total=opts.messages,
+                                      size=opts.size))
+                measured[name] = (run, proc_cpu_s(worker.pid) - c0)
+            finally:
+                worker.stop()
+            server.client().flushall()
         busy, top = top_functions(profile, opts.top)
+        if opts.keep:
+            shutil.copyfile(profile, opts.keep)
+    (run, cpu), (prun, pcpu) = measured["plain"], measured["profiled"]
     result = {
         "label": opts.label,
         "messages": run.messages,
         "msgs_per_s": round(run.messages / run.seconds) if run.seconds else 0,
-        "worker_cpu_us_per_msg_profiled": round(cpu / max(1, run.messages) * 1e6, 2),
+        "worker_cpu_us_per_msg": round(cpu / max(1, run.messages) * 1e6, 2),
+        "worker_cpu_us_per_msg_profiled": round(pcpu / max(1, prun.messages) * 1e6, 2),
         "profiled_busy_s_incl_warmup": round(busy, 3),
         "top_own_time": top,
     }
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"worker_profile_{opts.label}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{run.messages} messages, {result['msgs_per_s']:,} msg/s; worker CPU (under cProfile) "
-          f"{result['worker_cpu_us_per_msg_profiled']} us/msg")
+    print(f"{run.messages} messages, {result['msgs_per_s']:,} msg/s; worker CPU {result['worker_cpu_us_per_msg']} "
+          f"us/msg ({result['worker_cpu_us_per_msg_profiled']} under cProfile)")
     for r in top:
         print(f"  {r['own_share']:6.1%}  {r['calls']:>9}  {r['function']}")
 

@@ -28,27 +28,9 @@ from __future__ import annotations
 
 import hiredis
 
-from fencemq.protocol.resp import ProtocolError, RequestError, RequestParser, RequestTooLarge
+from fencemq.protocol.resp import ProtocolError, RequestError, RequestParser, RequestTooLarge, encode_bulk_array
 
 __all__ = ["RequestReader"]
-
-_CRLF = b"\r\n"
-_BULK_HEADERS = [b"$%d" % size for size in range(4096)]  # an argument's header, without its CRLF
-_bulk_header = _BULK_HEADERS.__getitem__
-
-
-def _frame(cmd: list[bytes], n: int) -> bytes:
-    """The canonical multibulk encoding of ``cmd``, built without a Python step per argument."""
-    parts = [_CRLF] * (2 * n + 2)
-    parts[0] = b"*%d" % n
-    try:
-        parts[1:-1:2] = map(_bulk_header, map(len, cmd))
-    except IndexError:  # an argument of 4 KiB or more: its bytes cost more than formatting its header
-        parts[1:-1:2] = map(b"$%d".__mod__, map(len, cmd))
-    parts[2:-1:2] = cmd
-    parts[-1] = b""
-    return _CRLF.join(parts)
-
 
 def _new_reader() -> hiredis.Reader:
     return hiredis.Reader(protocolError=ProtocolError, replyError=ProtocolError)
@@ -109,7 +91,7 @@ class RequestReader:
         if type(cmd) is list and cmd:
             buf, pos, n = self._buf, self._pos, len(cmd)
             try:
-                frame = _frame(cmd, n)
+                frame = encode_bulk_array(cmd)
             except TypeError:  # an element that is not a bulk string (a number, an array, an error...)
                 frame = None
             if frame is not None and buf.startswith(frame, pos):

@@ -23,7 +23,7 @@ from fencemq.fences.shared import is_filter_target
 from fencemq.model.keys import Handle
 from fencemq.protocol.commands import TABLE, Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
-from fencemq.protocol.resp import Prebuilt, SimpleString
+from fencemq.protocol.resp import Prebuilt, SimpleString, encode_bulk_array
 from fencemq.server import metrics
 from fencemq.server.services import Services
 from fencemq.server.session import Session
@@ -32,6 +32,11 @@ OK = SimpleString("OK")
 BEFORE_AUTH = frozenset({"HELLO", "AUTH", "PING", "QUIT"})
 
 Handler = Callable[..., Awaitable[Any]]
+
+
+def id_array(ids: list[str]) -> Prebuilt:
+    """An MPUB reply: message ids (decimal, so a space never occurs in one) encoded in one go."""
+    return Prebuilt(encode_bulk_array(" ".join(ids).encode().split()))
 
 
 class ClientGone(Exception):
@@ -134,7 +139,7 @@ class Verbs:
                    qos: int = 1) -> Any:
         ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, producer=session.client_id)
         metrics.PUBLISHED.inc(len(ids))
-        return ids
+        return id_array(ids)
 
     async def publish_batch(self, session: Session, requests: list[Request]) -> list[Any]:
         """Pipelined PUB/MPUB to one queue: one fence call, ids handed back per command."""
@@ -148,10 +153,11 @@ class Verbs:
             )
         metrics.PUBLISHED.inc(len(ids))
         replies: list[Any] = []
+        at = 0
         for r in requests:
             n = len(r.args["payloads"])
-            replies.append(ids[:n] if r.verb == "MPUB" else ids[0])
-            ids = ids[n:]
+            replies.append(id_array(ids[at : at + n]) if r.verb == "MPUB" else ids[at])
+            at += n
         return replies
 
     # -- subscribing and consuming ---------------------------------------------------
