@@ -17,6 +17,9 @@ import json
 import pstats
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -44,6 +47,35 @@ def top_functions(profile: str, limit: int) -> tuple[float, list[dict[str, objec
     return busy, rows[:limit]
 
 
+def callgrind_instructions(redis_url: str, messages: int, size: int, loop: str | None) -> dict[str, float]:
+    """Instructions the worker executes per message (valgrind callgrind): unlike CPU time, the same
+    on a busy machine. Instrumentation is switched on for the flat-out run only."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+               sys.executable, "-m", "bench.serve_worker", "--redis-url", redis_url]
+        if loop:
+            cmd += ["--loop", loop]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = proc.stdout.readline() if proc.stdout else ""
+            port = int(line.split()[1])
+            asyncio.run(e2e(HOST, port, lambda i: FenceMQ("cg-warm"), total=2000, size=size))
+            subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
+            run = asyncio.run(e2e(HOST, port, lambda i: FenceMQ("cg-flat"), total=messages, size=size))
+            subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+        total = 0
+        for dump in Path(tmp).glob("callgrind.out*"):
+            for text_line in dump.read_text(errors="replace").splitlines():
+                if text_line.startswith(("summary:", "totals:")):
+                    total = max(total, int(text_line.split()[1]))
+    return {"instructions_per_msg": round(total / max(1, run.messages)), "messages": run.messages,
+            "msgs_per_s_under_valgrind": round(run.messages / run.seconds) if run.seconds else 0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=30_000)
@@ -52,6 +84,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--keep", default=None, help="also keep the cProfile data in this file")
+    ap.add_argument("--callgrind", type=int, default=0, metavar="N",
+                    help="also count the worker's instructions per message over N messages under valgrind")
+    ap.add_argument("--loop", default=None, help="the worker's event loop for --callgrind (default: its own)")
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis() as server:
         profile = str(Path(tmp) / "worker.prof")
@@ -67,6 +102,9 @@ def main() -> None:
             finally:
                 worker.stop()
             server.client().flushall()
+        if opts.callgrind:
+            server.client().flushall()
+            measured["callgrind"] = callgrind_instructions(server.url, opts.callgrind, opts.size, opts.loop)
         busy, top = top_functions(profile, opts.top)
         if opts.keep:
             shutil.copyfile(profile, opts.keep)
@@ -78,6 +116,7 @@ def main() -> None:
         "worker_cpu_us_per_msg": round(cpu / max(1, run.messages) * 1e6, 2),
         "worker_cpu_us_per_msg_profiled": round(pcpu / max(1, prun.messages) * 1e6, 2),
         "profiled_busy_s_incl_warmup": round(busy, 3),
+        "callgrind": measured.get("callgrind"),
         "top_own_time": top,
     }
     out = Path(opts.out)
@@ -85,6 +124,8 @@ def main() -> None:
     (out / f"worker_profile_{opts.label}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"{run.messages} messages, {result['msgs_per_s']:,} msg/s; worker CPU {result['worker_cpu_us_per_msg']} "
           f"us/msg ({result['worker_cpu_us_per_msg_profiled']} under cProfile)")
+    if result["callgrind"]:
+        print(f"under valgrind: {result['callgrind']['instructions_per_msg']:,} worker instructions per message")
     for r in top:
         print(f"  {r['own_share']:6.1%}  {r['calls']:>9}  {r['function']}")
 

@@ -185,7 +185,6 @@ class StoredDelivery(Delivery):
     __hash__ = None  # type: ignore[assignment]  # like Delivery: mutable, compared by value
 
 
-def unpack_delivery(topic: str, lmq: str | None, epoch: int, tag: bytes | str, msg_id: int, acq: int,
-                    stored: bytes) -> StoredDelivery:
-    """``topic`` is the queue's; a copy fanned out to a filter carries its source topic."""
-    return StoredDelivery(topic, lmq, epoch, tag, msg_id, acq, stored)
+# unpack_delivery(queue topic, lmq, epoch, tag, id, acquisitions, stored body): one call per
+# delivery on the PULL path, so the class itself rather than a function around it.
+unpack_delivery = StoredDelivery
