@@ -3,28 +3,42 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench serve lint clean venv
+.PHONY: demo test test-cluster test-stateful bench serve lint clean venv
+
+# Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
+QUIETLY = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
 
 $(VENV)/bin/python:
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	@echo "creating $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --upgrade pip $(QUIETLY)
 
 $(VENV)/.base: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e .
-	touch $@
+	@echo "installing fencemq into $(VENV) (log: $(VENV)/install.log)"
+	@$(PY) -m pip install -e . $(QUIETLY)
+	@touch $@
 
 $(VENV)/.test: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[test,spark,bench]'
-	touch $@ $(VENV)/.base
+	@echo "installing fencemq with its test, spark and bench extras into $(VENV) (log: $(VENV)/install.log)"
+	@$(PY) -m pip install -e '.[test,spark,bench]' $(QUIETLY)
+	@touch $@ $(VENV)/.base
 
 demo: $(VENV)/.base
-	$(VENV)/bin/fencemq demo
+	@$(VENV)/bin/fencemq demo
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check broker cli spark bench tests
 
 test: lint
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot).
+test-cluster: $(VENV)/.test
+	$(PY) -m pytest tests/fences --redis-cluster -q $(PYTEST_ARGS)
+
+# The model-based test of all five guarantees, 1,000 sequences (make test runs 30).
+test-stateful: $(VENV)/.test
+	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.test
 	$(PY) -m bench.run $(BENCH_ARGS)

@@ -10,7 +10,7 @@ Redis (``fencemq.server.embedded.EmbeddedRedis``, never 127.0.0.1:6379) gets:
    subscribe fence (``lua/subscribe.lua``, exactly the keys and arguments
    ``fencemq.fences.subscribe.Subscriptions.subscribe`` passes) and the session writes that go
    with it (the handle's entry in the session index, ``fencemq.fences.session_index``,
-   and HINCRBY of the lite quota count); every
+   and the lite quota count: ``lua/lite_hold.lua``); every
    client also has its session hash and ``fmq:sessions`` entry. Fences are
    called by EVALSHA, pipelined over a raw RESP connection (bench/resp.py), so
    the run takes seconds per million instead of minutes through redis-py.
@@ -78,9 +78,10 @@ class Layout:
         lmq, client = lmq_name(i), client_name(i, self.per_client)
         handle = Handle(QueueRef(TOPIC, lmq), GROUP, client)
         return [
+            # lua/lite_hold.lua: the session index entry and the quota count, then the fence
+            ["EVALSHA", self.t.shas["lite_hold"], 2, session_index.bucket_key(self.keys, handle),
+             self.keys.session_lite_counts(client), session_index.field(handle), TOPIC, 1_000_000_000],
             self.t.call("subscribe", lmq, client),
-            session_index.add_command(self.keys, handle),
-            ["HINCRBY", self.keys.session_lite_counts(client), TOPIC, 1],
         ]
 
     def publish(self, i: int) -> list[Any]:
@@ -231,7 +232,7 @@ async def fill(url: str, config: Config, lmqs: int, per_client: int, message_lmq
             span = chosen[start:start + step]
             replies = await bulk.run((cmd for i in span for cmd in (layout.publish(i), layout.pull(i))),
                                      collect=True)
-            tags = [replies[2 * n + 1][3] for n in range(len(span))]
+            tags = [replies[2 * n + 1][4] for n in range(len(span))]  # pull: epoch, deadline, status, refill, tag1…
             await bulk.run(layout.ack(i, tag.decode()) for i, tag in zip(span, tags, strict=True))
         t1 = time.perf_counter()
         acked, dict_acked = used_memory(r), main_dict_overhead(r)

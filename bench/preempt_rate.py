@@ -17,9 +17,9 @@ flight (keys and arguments recorded from a real ``Core`` call:
   preempted (a publish and a pull per lmq between rounds, not timed), so each
   preemption also returns a checkout;
 * ``worker_writes``: everything a worker sends Redis for one SUB that
-  preempts: quota check (HGET, HEXISTS in the session index), the fence, the
-  handle's entry in the session index (HSETNX, ``fencemq.fences.session_index``), and
-  the notice to the evicted client (RPUSH, LTRIM, PUBLISH).
+  preempts: the quota check, the handle's entry in the session index and its
+  count (``lua/lite_hold.lua``, one call in the client's slot), the fence, and
+  the notice to the evicted client (RPUSH, LTRIM, PUBLISH: one pipeline).
 
 Through the worker — ``bench.serve_worker`` in its own process, two RESP2
 connections (``HELLO 2 SETNAME A|B``) sending ``SUB topic LMQ name``
@@ -77,10 +77,10 @@ class Commands:
         handle = Handle(ref, GROUP, client)
         notice = b"\x85" + b"x" * 120  # a msgpack map of the notice's size; its content does not matter here
         return [
-            ["HGET", self.keys.session_lite_counts(client), TOPIC],
-            session_index.contains_command(self.keys, handle),
+            # lua/lite_hold.lua: quota, session index and count in one call in the client's slot
+            ["EVALSHA", self.t.shas["lite_hold"], 2, session_index.bucket_key(self.keys, handle),
+             self.keys.session_lite_counts(client), session_index.field(handle), TOPIC, self.config.lite_quota],
             self.fence(i, client),
-            session_index.add_command(self.keys, handle),
             ["RPUSH", self.keys.session_notices(evicted), notice],
             ["LTRIM", self.keys.session_notices(evicted), -1000, -1],
             ["PUBLISH", self.keys.session_channel(evicted), notice],
@@ -112,7 +112,7 @@ async def at_redis(variant: str, lite_journal_cap: int, lmqs: int, rounds: int) 
                     await bulk.run(c for i in range(lmqs) for c in cmds.publish_and_pull(i, other))
                 if variant == "worker_writes":
                     batch = [c for i in range(lmqs) for c in cmds.worker_writes(i, client, other)]
-                    per_sub, fence_at = 7, 2
+                    per_sub, fence_at = 5, 1
                 else:
                     batch = [cmds.fence(i, client) for i in range(lmqs)]
                     per_sub, fence_at = 1, 0

@@ -63,6 +63,12 @@ class NotFound(FenceMQError):
     code = "NOTFOUND"
 
 
+class TransactionAborted(FenceMQError):
+    """EXEC of a transaction that had a command refused while it was queued: nothing ran."""
+
+    code = "EXECABORT"
+
+
 class UnknownCommand(FenceMQError):
     """A verb the worker does not speak: Redis's own word, ``ERR``."""
 
@@ -84,6 +90,7 @@ TABLE: tuple[ErrorCode, ...] = (
     ErrorCode("STALE", Stale, "the caller acted on an epoch or session that has since moved on"),
     ErrorCode("LIMIT", LimitExceeded, "a size, count or quota limit was reached; nothing was changed"),
     ErrorCode("NOTFOUND", NotFound, "no such subscription, queue or member (any more)"),
+    ErrorCode("EXECABORT", TransactionAborted, "EXEC found a command refused while queued; none of them ran"),
 )
 
 BY_CODE: dict[str, type[FenceMQError]] = {e.code: e.exception for e in TABLE}

@@ -11,6 +11,7 @@ import typer
 from rich.text import Text
 
 from fencemq.ops import maintenance
+from fencemq.ops import operations as ops
 from fencemq.cli.common import CliError, fail
 from fencemq.cli.opskit import (
     EXIT_NOT_FOUND,
@@ -22,6 +23,8 @@ from fencemq.cli.opskit import (
     Prefix,
     RedisUrl,
     Topic,
+    Yes,
+    _confirm,
     _emit_json,
     _opt,
     _out,
@@ -58,7 +61,8 @@ def dlq_list(
         console.print(Text(f"No dead letters{' from here' if res['total'] else ''} ({res['total']} in all).",
                            style="dim"))
         return
-    t = _table(f"Dead letters of {res['queue']} ({len(res['dead_letters'])} of {res['total']})")
+    t = _table(f"Dead letters of {res['queue']} ({len(res['dead_letters'])} of {res['total']})",
+               drop=("size", "deliveries", "#", "member"))
     for col, kw in (("#", {"justify": "right"}), ("id", {"justify": "right"}), ("group", {"overflow": "fold"}),
                     ("member", {"overflow": "fold"}), ("failures", {"justify": "right"}),
                     ("deliveries", {"justify": "right"}), ("dead since", {}), ("size", {"justify": "right"}),
@@ -81,6 +85,7 @@ def dlq_replay(
     owner: Owner = None,
     count: Annotated[int, typer.Option("--count", min=1, max=1_000_000,
                                        help="Replay at most this many, oldest first.")] = 1,
+    yes: Yes = False,
     redis_url: RedisUrl = None,
     prefix: Prefix = None,
     cluster: Cluster = False,
@@ -90,10 +95,14 @@ def dlq_replay(
 
     A dead letter whose message retention has trimmed from the log, or whose
     group is gone, stays where it is and is reported. Exit 1 when there was
-    nothing to replay.
+    nothing to replay. Asks first unless --yes.
     """
     ctx = Ctx("dlq", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
+    waiting = ctx.run(lambda r, k: maintenance.dead_letters(r, k, ref, limit=1))["total"]
+    if waiting:  # with none, nothing to ask: it says so and exits 1
+        _confirm(ctx, yes, f"Replay {min(count, waiting)} of the {waiting} dead letter(s) of "
+                 f"{ops.display_name(ref)} into their groups?", f"replay dead letters of {ops.display_name(ref)}")
     res = ctx.run(lambda r, k: maintenance.replay_dead(r, k, ref, count=count))
     if as_json:
         _emit_json(res)

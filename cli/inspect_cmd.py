@@ -66,7 +66,7 @@ def _queue_header(q: dict[str, Any]) -> Table:
 def _groups_table(groups: list[dict[str, Any]]) -> Table | Text:
     if not groups:
         return Text("No subscription groups.", style="dim")
-    t = _table("Groups")
+    t = _table("Groups", drop=("returned", "delayed", "cursor", "unread", "epoch", "mode"))
     for col, kw in (("group", {"overflow": "fold", "style": "bold"}), ("mode", {}), ("epoch", {"justify": "right"}),
                     ("cursor", {"justify": "right"}), ("owner", {"overflow": "fold"}),
                     ("unread", {"justify": "right"}), ("returned", {"justify": "right"}),
@@ -211,7 +211,8 @@ def inspect_session(
     console.print(_kv([("client", Text(s["client"], style="bold")), *_session_rows(s)]))
     if s["handles"]:
         t = _table(f"Subscriptions ({len(s['handles'])} of {s['handles_total']})"
-                   if s["handles_total"] > len(s["handles"]) else "Subscriptions")
+                   if s["handles_total"] > len(s["handles"]) else "Subscriptions",
+                   drop=("epoch", "delivered", "mode"))
         for col, kw in (("queue", {"overflow": "fold", "style": "bold"}), ("group", {"overflow": "fold"}),
                         ("mode", {}), ("epoch", {"justify": "right"}), ("state", {}),
                         ("delivered", {"justify": "right"}), ("checked\nout", {"justify": "right"})):

@@ -50,7 +50,8 @@ def _list(command: str, redis_url: str | None, prefix: str | None, cluster: bool
     console = _out()
     if page.rows:
         lite = command == "lmqs"
-        t = _table("Lite queues" if lite else "Queues")
+        t = _table("Lite queues" if lite else "Queues",
+                   drop=("ready", "delayed", "groups", "last\nid", "idle", "kind", "members", "suspects"))
         if lite:
             t.add_column("topic", overflow="fold")
             t.add_column("lmq", overflow="fold", style="bold")

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import ssl
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import redis
 import typer
@@ -182,16 +183,27 @@ def serve(
         print("fencemq serve: interrupted", file=sys.stderr)
         raise typer.Exit(130) from None
     except (OSError, RuntimeError) as exc:  # port in use, no Redis binary for the embedded server...
-        fail("serve", CliError(f"{type(exc).__name__}: {exc}"))
+        fail("serve", CliError(_why_serve_stopped(exc, config)))
         raise typer.Exit(1) from None
     except BaseExceptionGroup as group:
         errors = [e for e in _leaves(group) if not isinstance(e, KeyboardInterrupt)]
         if not errors:
             raise typer.Exit(130) from None
+        busy = next((e for e in errors if isinstance(e, OSError) and e.errno == errno.EADDRINUSE), None)
+        if busy is not None:
+            fail("serve", CliError(_why_serve_stopped(busy, config)))
+            raise typer.Exit(1) from None
         unique = dict.fromkeys(f"{type(e).__name__}: {e}" for e in errors)
         fail("serve", CliError("the worker stopped: " + "; ".join(unique)))
         raise typer.Exit(1) from None
     print("fencemq worker drained; bye", flush=True)
+
+
+def _why_serve_stopped(exc: BaseException, config: Any) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return (f"port {config.port} on {config.host} is already in use (another worker, or a Redis?); "
+                f"choose another with --port (0 picks a free one)")
+    return f"{type(exc).__name__}: {exc}"
 
 
 # -- demo --------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -15,12 +16,14 @@ from typing import Annotated, Any, TypeVar
 import redis
 import typer
 from rich import box
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
 from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
+from fencemq.model.topics import SHARE_PREFIX, has_wildcard, parse_target
 from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
@@ -51,9 +54,10 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 Topic = Annotated[str, typer.Argument(metavar="TOPIC", help="The topic (the filter, with --owner).", show_default=False)]
 Lmq = Annotated[str | None, typer.Option("--lmq", metavar="L", show_default=False,
                                             help="The lite queue (lmq) of a lite topic.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a terminal).")]
 Owner = Annotated[str | None, typer.Option(
     "--owner", metavar="O", show_default=False,
-    help="A filter subscription's queue: its client, or $share/<group> (TOPIC is then the filter).")]
+    help="A filter subscription's queue: its client (TOPIC is then the filter; a shared group's is TOPIC '$share/<group>/<filter>').")]
 
 
 class Ctx:
@@ -128,8 +132,19 @@ class Ctx:
 
 
 def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> QueueRef:
+    """The queue an operator names: a topic [--lmq], a filter --owner client, or '$share/<group>/<filter>'."""
     try:
         check_topic(topic)
+        if topic.startswith(SHARE_PREFIX) or topic.startswith("$share:"):
+            target = parse_target(topic)  # says how a malformed one is written
+            if lmq is not None or owner is not None:
+                raise BadArgument(f"{topic} names a shared group's queue already; drop --lmq and --owner")
+            return QueueRef(target.filter, None, SHARE_PREFIX + str(target.share))
+        if has_wildcard(topic) and owner is None:
+            raise BadArgument(
+                f"{topic} is a topic filter: each subscriber to it has a queue of its own; give --owner "
+                f"<client id> for a client's, or name a shared group's as '$share/<group>/{topic}' "
+                "(`fencemq queues` lists them)")
         if lmq is not None and owner is not None:
             raise BadArgument("give --lmq (a lite queue) or --owner (a filter subscription), not both")
         if lmq is not None:
@@ -139,6 +154,16 @@ def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> Q
     except BadArgument as exc:
         ctx.fail(exc.message, EXIT_USAGE)
     return QueueRef(topic, lmq, owner)
+
+
+def _confirm(ctx: Ctx, yes: bool, question: str, refusal: str) -> None:
+    """Destructive commands ask first: on a terminal, a y/N question; without one, --yes is required (exit 2)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        ctx.fail(f"refusing to {refusal} without --yes: no terminal to confirm on", EXIT_USAGE)
+    if not typer.confirm(question, default=False, err=True):
+        ctx.fail("nothing done", EXIT_NOT_FOUND)
 
 
 def _name(ctx: Ctx, value: str, what: str) -> str:
@@ -187,9 +212,52 @@ def _progress(label: str, enabled: bool = True) -> Iterator[Callable[[int, int |
 # -- formatting -----------------------------------------------------------------------------
 
 
-def _table(title: str | None = None) -> Table:
-    return Table(title=Text(title, style="bold") if title else None, title_justify="left", box=box.SIMPLE_HEAD,
-                 pad_edge=False, collapse_padding=True)
+NAME_WIDTH = 16  # a name column is at least this wide (or as its longest name) before it folds
+
+
+class FitTable(Table):
+    """A table that fits the width it is drawn in without cutting a header.
+
+    Every column is at least as wide as its header's longest line (a name
+    column, which folds, as wide as its longest name up to NAME_WIDTH); when
+    the table is still too wide the columns named in ``drop`` go, first named
+    first. A wider terminal shows them all: the fit is made at each drawing,
+    for the width of that drawing.
+    """
+
+    drop: tuple[str, ...] = ()
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        self._fit(console, options)
+        yield from super().__rich_console__(console, options)
+
+    def _fit(self, console: Console, options: ConsoleOptions) -> None:
+        for col in self.columns:
+            floor = max(cell_len(line) for line in str(col.header).split("\n"))
+            if col.overflow == "fold":
+                longest = max((cell_len(str(cell)) for cell in col._cells), default=0)
+                floor = max(floor, min(longest, NAME_WIDTH))
+            col.min_width = max(col.min_width or 0, floor)
+        for header in self.drop:
+            if not self._cramped(console, options):
+                return
+            self.columns = [c for c in self.columns if str(c.header) != header]
+            for i, c in enumerate(self.columns):
+                c._index = i
+
+    def _cramped(self, console: Console, options: ConsoleOptions) -> bool:
+        """Would rich, at this width, give a column less than its floor?"""
+        room = options.max_width - self._extra_width
+        widths = self._calculate_column_widths(console, options.update_width(room))
+        return sum(widths) > room or any(w - self._get_padding_width(c._index) < (c.min_width or 0) for w, c in zip(widths, self.columns))
+
+
+def _table(title: str | None = None, drop: tuple[str, ...] = ()) -> FitTable:
+    """A table of the CLI's look; ``drop``: the headers of the columns a narrow terminal does without, first first."""
+    table = FitTable(title=Text(title, style="bold") if title else None, title_justify="left", box=box.SIMPLE_HEAD,
+                     pad_edge=False, collapse_padding=True, min_width=cell_len(title) if title else None)
+    table.drop = drop
+    return table
 
 
 def _when(ms: int | None) -> str:
@@ -236,7 +304,7 @@ def _row(table: Table, *cells: Any) -> None:
 
 def _kv(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
     t = Table(title=Text(title, style="bold") if title else None, title_justify="left", box=None,
-              show_header=False, pad_edge=False)
+              show_header=False, pad_edge=False, min_width=cell_len(title) if title else None)
     t.add_column("field", style="dim")
     t.add_column("value", overflow="fold")
     for k, v in rows:
@@ -262,7 +330,8 @@ def _member_state(m: dict[str, Any]) -> Text:
 def _checkouts_table(rows: list[dict[str, Any]], total: int, title: str = "Checkouts") -> Table | Text:
     if not rows:
         return Text("No checkouts." if not total else f"{total} checkouts (none shown; raise --limit)", style="dim")
-    t = _table(f"{title} ({len(rows)} of {total}, soonest deadline first)" if total > len(rows) else title)
+    t = _table(f"{title} ({len(rows)} of {total}, soonest deadline first)" if total > len(rows) else title,
+               drop=("failures", "deliveries", "epoch", "group"))
     for col, kw in (("tag", {}), ("group", {"overflow": "fold"}), ("member", {"overflow": "fold"}),
                     ("id", {"justify": "right"}), ("epoch", {"justify": "right"}),
                     ("deliveries", {"justify": "right"}), ("failures", {"justify": "right"}),
@@ -280,7 +349,7 @@ def _checkouts_table(rows: list[dict[str, Any]], total: int, title: str = "Check
 def _members_table(members: list[dict[str, Any]], title: str = "Members") -> Table | Text:
     if not members:
         return Text("No members.", style="dim")
-    t = _table(title)
+    t = _table(title, drop=("lock ms", "max", "mailbox"))
     for col, kw in (("member", {"overflow": "fold"}), ("state", {}), ("delivered", {"justify": "right"}),
                     ("max", {"justify": "right"}), ("checked\nout", {"justify": "right"}),
                     ("mailbox", {"justify": "right"}), ("lock ms", {"justify": "right"}),

@@ -10,7 +10,7 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Group
+from rich.console import Console, Group
 from rich.text import Text
 
 from fencemq.ops import maintenance
@@ -32,14 +32,27 @@ from fencemq.cli.opskit import (
     _when,
 )
 
-def _top_view(sample: dict[str, Any], url: str, prefix: str) -> Group:
+def _fitted_view(console: Console, sample: dict[str, Any], url: str, prefix: str) -> Group:
+    """The view, in the terminal's height: rows that do not fit are counted in a last line, not scrolled."""
+    queues, suspects = list(sample["queues"]), list(sample["suspected"])
+    while True:
+        hidden = (len(sample["queues"]) - len(queues), len(sample["suspected"]) - len(suspects))
+        view = _top_view({**sample, "queues": queues, "suspected": suspects}, url, prefix, hidden)
+        if not console.is_terminal or not (queues or suspects):
+            return view
+        if len(console.render_lines(view, console.options, pad=False)) < console.height:
+            return view
+        (suspects if len(suspects) >= len(queues) else queues).pop()
+
+
+def _top_view(sample: dict[str, Any], url: str, prefix: str, hidden: tuple[int, int] = (0, 0)) -> Group:
     head = Text.assemble(
         ("FenceMQ top", "bold"), f"  {_when(sample['now_ms'])}  redis {safe_url(url)}  prefix {prefix}  ",
         f"workers {sample['workers_alive']}  sessions {sample['sessions_alive']}/{sample['sessions']}  ",
         f"queues {sample['queues_seen']}{'+' if sample['queues_truncated'] else ''}  ",
         f"publish/s {_rate(sample['totals']['publish'])}  deliver/s {_rate(sample['totals']['deliver'])}",
     )
-    t = _table()
+    t = _table(drop=("last\nid", "expired/s", "nack/s", "dead", "ack/s", "checked\nout"))
     t.add_column("queue", overflow="fold", style="bold", ratio=2)
     for col in ("last\nid", "backlog", "checked\nout", "pub/s", "out/s", "ack/s", "nack/s", "expired/s", "dead"):
         t.add_column(col, justify="right")
@@ -59,6 +72,9 @@ def _top_view(sample: dict[str, Any], url: str, prefix: str) -> Group:
                      else Text(f"suspected for {_secs(x['suspected_for_s'])}", style="yellow"))
             _row(s, x["queue"], x["group"], x["member"], state)
         parts.append(s)
+    if any(hidden):
+        parts.append(Text(f"… {hidden[0]} more queue(s), {hidden[1]} more suspect(s): a taller terminal shows them",
+                          style="dim"))
     return Group(*parts)
 
 
@@ -93,7 +109,7 @@ def top(
         n = 0
         console = _out()
         live = None if as_json else Live(console=console, auto_refresh=False, transient=False,
-                                         vertical_overflow="visible")
+                                         vertical_overflow="crop")
         try:
             if live is not None:
                 live.start()
@@ -103,7 +119,7 @@ def top(
                 if as_json:
                     typer.echo(json.dumps(sample, separators=(",", ":"), default=str))
                 else:
-                    live.update(_top_view(sample, ctx.url, ctx.prefix), refresh=True)
+                    live.update(_fitted_view(console, sample, ctx.url, ctx.prefix), refresh=True)
                 if iterations is not None and n >= iterations:
                     return
                 await asyncio.sleep(interval)

@@ -23,6 +23,7 @@ from fencemq.cli.opskit import (
     Lmq,
     Owner,
     Prefix,
+    Yes,
     RedisUrl,
     Topic,
     _deadline,
@@ -31,6 +32,7 @@ from fencemq.cli.opskit import (
     _name,
     _opt,
     _out,
+    _confirm,
     _progress,
     _queue,
     _row,
@@ -46,6 +48,7 @@ def evict(
     client: Annotated[str, typer.Argument(metavar="CLIENT", help="The member to evict.", show_default=False)],
     lmq: Lmq = None,
     owner: Owner = None,
+    yes: Yes = False,
     redis_url: RedisUrl = None,
     prefix: Prefix = None,
     cluster: Cluster = False,
@@ -54,12 +57,15 @@ def evict(
     """Fence a client off a subscription: eviction marker, ownership dropped, checkouts back to the queue.
 
     Its PULLs return empty until it subscribes again; it is told with an
-    `unsubscribe` notice (by=operator).
+    `unsubscribe` notice (by=operator). Asks first unless --yes.
     """
     ctx = Ctx("evict", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
     _name(ctx, group, "group")
     _name(ctx, client, "client")
+    ctx.run(lambda r, k: r.ping())  # an unreachable Redis is said before any question
+    _confirm(ctx, yes, f"Evict {client} from group {group} of {ops.display_name(ref)} (its checkouts go back)?",
+             f"evict {client} from {ops.display_name(ref)}")
     res = ctx.run(lambda r, k: maintenance.evict(r, k, ref, group, client))
     if as_json:
         _emit_json(res)
@@ -124,6 +130,7 @@ def seek(
     latest: Annotated[bool, typer.Option("--latest", help="Read only messages published from now on.")] = False,
     lmq: Lmq = None,
     owner: Owner = None,
+    yes: Yes = False,
     redis_url: RedisUrl = None,
     prefix: Prefix = None,
     cluster: Cluster = False,
@@ -134,7 +141,7 @@ def seek(
     Every checkout of the group is released (its tags go stale: ACK/RENEW
     settle nothing), its returned and delayed messages are dropped; the group
     then reads from the new cursor. Prints the new epoch and cursor, and
-    whether the target was below retention (clamped).
+    whether the target was below retention (clamped). Asks first unless --yes.
     """
     chosen = [k for k, v in (("id", to_id), ("time", to_time), ("earliest", earliest or None),
                              ("latest", latest or None)) if v is not None]
@@ -146,11 +153,14 @@ def seek(
     ctx = Ctx("seek", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq, owner)
     _name(ctx, group, "group")
+    ctx.run(lambda r, k: r.ping())  # an unreachable Redis is said before any question
+    target = kind if arg is None else f"{kind} {arg}"
+    _confirm(ctx, yes, f"Seek group {group} of {ops.display_name(ref)} to {target} (its checkouts go stale)?",
+             f"seek group {group} of {ops.display_name(ref)}")
     res = ctx.run(lambda r, k: maintenance.seek(r, k, ref, group, kind, arg))
     if as_json:
         _emit_json(res)
         return
-    target = kind if arg is None else f"{kind} {arg}"
     clamped = " (clamped to the oldest retained message)" if res["clamped"] else ""
     _out().print(Text.assemble("seek group ", (group, "bold"), " of ", (res["queue"], "bold"),
                                f" to {target}: epoch {res['before']['epoch']} → {res['epoch']}, cursor "

@@ -35,16 +35,35 @@ end
 local records = redis.call('HMGET', K.checkouts, unpack(tags))
 local dues = redis.call('ZMSCORE', K.deadlines, unpack(tags))
 local epoch = group_epoch(K.meta, g)
-local settled, owned = {}, {}
+local settled, owned, ids, id_tags = {}, {}, {}, {}
 local now = now_ms()
+local journaling = journal_on(K)
+-- A record of this member under the group's epoch starts with `gm`, and
+-- its epoch follows the id: compared as text, without parsing the record
+-- (a record that does not match so takes the full parse below).
+local gm = g .. SEP .. m .. SEP
+local head, ep_text = #gm, SEP .. int_str(epoch) .. SEP
 for i, rec in ipairs(records) do
-  local c = rec and parse_checkout(tags[i], rec)
-  if settles(c, g, m, epoch, dues[i], now) then
-    settled[#settled + 1] = tags[i]
-    owned[#owned + 1] = g .. SEP .. m .. SEP .. tags[i]
-    journal(now, 'ack', g, m, c.id, c.tag, c.epoch)
+  if rec and not (dues[i] and tonumber(dues[i]) <= now) then
+    local id_end = string.sub(rec, 1, head) == gm and string.find(rec, SEP, head + 1, true)
+    if id_end and string.sub(rec, id_end, id_end + #ep_text - 1) == ep_text then
+      settled[#settled + 1] = tags[i]
+      owned[#owned + 1] = gm .. tags[i]
+      if journaling then
+        ids[#ids + 1] = tonumber(string.sub(rec, head + 1, id_end - 1))
+        id_tags[#ids] = tonumber(tags[i])
+      end
+    else
+      local c = parse_checkout(tags[i], rec)
+      if settles(c, g, m, epoch, dues[i], now) then
+        settled[#settled + 1] = tags[i]
+        owned[#owned + 1] = gm .. tags[i]
+        journal(now, 'ack', g, m, c.id, c.tag, c.epoch)
+      end
+    end
   end
 end
+if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch) end
 if #settled > 0 then
   redis.call('HDEL', K.checkouts, unpack(settled))
   redis.call('ZREM', K.deadlines, unpack(settled))

@@ -39,8 +39,9 @@ if window > 0 then
 end
 
 local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
+local first_new = seq + 1
 local stamp = int_str(now) .. ':'
-local ids, pairs_ = {}, {}
+local ids, pairs_, np = {}, {}, 0
 for i = 1, n do
   local body, dedup = A.messages[2 * i - 1], A.messages[2 * i]
   local existing = false
@@ -49,17 +50,28 @@ for i = 1, n do
     ids[i] = existing
   else
     seq = seq + 1
-    pairs_[#pairs_ + 1] = seq
-    pairs_[#pairs_ + 1] = stamp .. body
+    pairs_[np + 1] = seq
+    pairs_[np + 2] = stamp .. body
+    np = np + 2
     if dedup ~= '' then
       redis.call('ZADD', K.dedup, now, dedup)
       redis.call('HSET', K.dedup_ids, dedup, seq)
     end
-    ids[i] = int_str(seq)
-    journal(now, 'pub', nil, nil, seq)
+    ids[i] = seq  -- written as text below, the batch's new ids at once
   end
 end
-if #pairs_ == 0 then return {ids, false} end
+if np == 0 then return {ids, false} end
+-- the new ids are consecutive: their text is made in one go
+local texts = int_strs(first_new, seq - first_new + 1)
+local new_ids = journal_on(K, A.journal_cap) and {} or nil
+for i = 1, n do
+  local id = ids[i]
+  if type(id) == 'number' then
+    ids[i] = texts[id - first_new + 1]
+    if new_ids then new_ids[#new_ids + 1] = id end
+  end
+end
+if new_ids then journal_batch(now, 'pub', nil, nil, new_ids) end
 
 redis.call('HSET', K.log, unpack(pairs_))
 if redis.call('HSETNX', K.meta, 'first', 1) == 1 then redis.call('HSET', K.meta, 'ct', now) end

@@ -78,6 +78,7 @@ for field, arg in pairs({[LOCK] = {A.lock_ms, 'LOCK', 1}, [MAX] = {A.max, 'MAX',
 end
 local from_arg = (A.from_kind == 'id' or A.from_kind == 'time') and int_arg(A.from_arg, 'FROM ' .. A.from_kind) or nil
 expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
+journal_on(K, A.journal_cap)
 
 local now = now_ms()
 local seq, first = tonumber(f[6] or '0'), tonumber(f[7] or '1')
@@ -109,14 +110,20 @@ if not f[8] then
   list[#list + 1] = m
   set_members(K.meta, g, list)
 end
-clear_marker(K.meta, g, m)
-clear_suspicion(K.meta, g, m)
+-- Subscribing again clears the member's marker, suspicion and end; its
+-- settings are set or cleared: one HDEL and one HSET.
+local set, unset = {mf(g, m, ONLINE), 1}, marker_fields(g, m)
+unset[3], unset[4] = mf(g, m, SUSPECTED), mf(g, m, ENDED)
 for field, value in pairs(settings) do
-  if value then redis.call('HSET', K.meta, mf(g, m, field), value)
-  else redis.call('HDEL', K.meta, mf(g, m, field)) end
+  if value then
+    set[#set + 1] = mf(g, m, field)
+    set[#set + 1] = value
+  else
+    unset[#unset + 1] = mf(g, m, field)
+  end
 end
-redis.call('HDEL', K.meta, mf(g, m, ENDED))
-redis.call('HSET', K.meta, mf(g, m, ONLINE), 1)
+redis.call('HDEL', K.meta, unpack(unset))
+redis.call('HSET', K.meta, unpack(set))
 if A.capacity ~= '' then push_list_add(K.meta, g, m) else push_list_remove(K.meta, g, m) end
 
 local returned = 0

@@ -23,8 +23,26 @@ from fencemq.server.embedded import EmbeddedRedis
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--redis-cluster", action="store_true",
+                     help="serve redis_url from a 3-master Redis Cluster instead of one server (`make test-cluster`)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than ~10 s (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "standalone: needs one server (kills, restarts or reads it whole); "
+                                       "skipped under --redis-cluster")
+    if config.getoption("--redis-cluster"):
+        os.environ["FENCEMQ_TEST_CLUSTER"] = "1"  # tests.helpers.direct() gives cluster clients then
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--redis-cluster"):
+        return
+    skip = pytest.mark.skip(reason="needs one standalone server")
+    for item in items:
+        if "standalone" in item.keywords:
+            item.add_marker(skip)
 
 
 def _docker_redis_wanted() -> bool:
@@ -40,17 +58,35 @@ def _docker_redis_wanted() -> bool:
 def _flushed_url(server) -> str:
     # FLUSHALL only: the script cache survives, as it would on a real server
     # whose keys were deleted (tests of NOSCRIPT recovery use fresh_redis instead).
-    client = redis.Redis.from_url(server.url)
-    try:
-        client.flushall()
-    finally:
-        client.close()
+    for url in getattr(server, "urls", [server.url]):
+        client = redis.Redis.from_url(url)
+        try:
+            client.flushall()
+        finally:
+            client.close()
     return server.url
 
 
+class _ClusterServer(SimpleNamespace):
+    """Three masters seen as one server: ``url`` names the first (clients find the rest)."""
+
+
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[EmbeddedRedis]:
-    """One private Redis 7+/Valkey server for the whole session (see find_server_binary)."""
+def redis_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedRedis]:
+    """One private Redis 7+/Valkey server for the whole session (see find_server_binary).
+
+    Under ``--redis-cluster`` it is a 3-master Redis Cluster instead, so the same
+    tests check the fences where every call must stay within one hash slot.
+    """
+    if request.config.getoption("--redis-cluster"):
+        servers = _start_cluster()
+        try:
+            yield _ClusterServer(url=servers[0].url, urls=[s.url for s in servers], port=servers[0].port,
+                                 version=servers[0].version, binary=servers[0].binary)
+        finally:
+            for srv in servers:
+                srv.stop()
+        return
     if _docker_redis_wanted():
         try:
             from testcontainers.redis import RedisContainer
@@ -103,8 +139,7 @@ def any_redis_url(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue(f"{request.param}_url")
 
 
-@pytest.fixture
-def cluster() -> Iterator[list[EmbeddedRedis]]:
+def _start_cluster() -> list[EmbeddedRedis]:
     """Three private masters joined into a Redis Cluster, the slots split between them."""
     servers = [EmbeddedRedis(extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                                          "--cluster-node-timeout", "2000"]) for _ in range(3)]
@@ -122,10 +157,25 @@ def cluster() -> Iterator[list[EmbeddedRedis]]:
         while not all(c.cluster("info")["cluster_state"] == "ok" and int(c.cluster("info")["cluster_known_nodes"]) == 3
                       for c in clients):
             if time.monotonic() > deadline:
-                pytest.skip("could not form a 3-master cluster in time")
+                raise RuntimeError("could not form a 3-master cluster in 20 s")
             time.sleep(0.1)
         for c in clients:
             c.close()
+        return servers
+    except BaseException:
+        for srv in servers:
+            srv.stop()
+        raise
+
+
+@pytest.fixture
+def cluster() -> Iterator[list[EmbeddedRedis]]:
+    """Three private masters joined into a Redis Cluster, the slots split between them."""
+    try:
+        servers = _start_cluster()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    try:
         yield servers
     finally:
         for srv in servers:

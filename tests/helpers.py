@@ -12,10 +12,16 @@ Two ways to talk to a worker:
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import select
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Self
@@ -28,6 +34,27 @@ from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.model.keys import Keyspace
 from fencemq.server.runner import WorkerThread
+
+
+def in_cluster_mode() -> bool:
+    """True under ``pytest --redis-cluster`` (``make test-cluster``)."""
+    return os.environ.get("FENCEMQ_TEST_CLUSTER") == "1"
+
+
+def direct(redis_url: str, **options: Any) -> redis.Redis:
+    """redis-py straight to the broker's Redis: a cluster client when the tests run on a Cluster."""
+    if in_cluster_mode():
+        return redis.RedisCluster.from_url(redis_url, **options)
+    return redis.Redis.from_url(redis_url, **options)
+
+
+def direct_async(redis_url: str, **options: Any) -> redis.asyncio.Redis:
+    """The asyncio twin of ``direct``."""
+    import redis.asyncio
+
+    if in_cluster_mode():
+        return redis.asyncio.RedisCluster.from_url(redis_url, **options)
+    return redis.asyncio.Redis.from_url(redis_url, **options)
 
 
 def worker(redis_url: str, **settings: Any) -> WorkerThread:
@@ -323,3 +350,44 @@ def held_handles(r: redis.Redis, client: str, keys: Keyspace | None = None) -> s
 def pipeline(*commands: Iterable[Any]) -> bytes:
     """Several commands as one buffer, to be written with a single send."""
     return b"".join(encode_command(*c) for c in commands)
+
+
+class Terminal:
+    """A program on a pseudo-terminal (120 x 24 unless told), as a person would run it."""
+
+    def __init__(self, *argv: str, columns: int = 120, rows: int = 24, env: dict[str, str] | None = None) -> None:
+        self.fd, its_side = pty.openpty()
+        fcntl.ioctl(its_side, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        self.proc = subprocess.Popen(argv, stdin=its_side, stdout=its_side, stderr=its_side,
+                                     env={**os.environ, "TERM": "xterm", **(env or {})}, start_new_session=True)
+        os.close(its_side)
+        self.seen = b""
+
+    def read_until(self, want: bytes, timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and want not in self.seen:
+            if select.select([self.fd], [], [], 0.1)[0]:
+                try:
+                    self.seen += os.read(self.fd, 4096)
+                except OSError:  # the program ended
+                    break
+        return want in self.seen
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.fd, keys)
+
+    def exit_code(self, timeout: float = 10.0) -> int:
+        """Wait for the program to end (reading what it prints meanwhile): its exit code."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.read_until(b"\0never\0", 0.1)
+        self.read_until(b"\0never\0", 0.1)
+        return self.proc.wait(1)
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        os.close(self.fd)

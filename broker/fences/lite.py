@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fencemq.errors import LimitExceeded
 from fencemq.fences import session_index
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
@@ -21,6 +20,8 @@ from fencemq.model.keys import Handle
 from fencemq.model.values import text
 
 EVICT = fence("evict", "meta log checkouts deadlines owned ready wake journal", "group member by")
+LITE_HOLD = fence("lite_hold", "bucket counts", "entry topic quota")
+LITE_RELEASE = fence("lite_release", "bucket counts", "entry topic")
 
 
 def marker_field(handle: Handle) -> str:
@@ -56,15 +57,21 @@ class Lite:
                 pipe.hget(self.ctx.keys.queue(h.queue).meta, marker_field(h))
             return [None if v is None else text(v) for v in await pipe.execute()]
 
-    async def check_quota(self, client: str, topic: str, handle: Handle) -> None:
-        """A client may hold at most ``lite_quota`` lmqs of one topic (holding it already is fine)."""
-        quota = self.ctx.config.lite_quota
-        held = int(await self.ctx.redis.hget(self.ctx.keys.session_lite_counts(client), topic) or 0)
-        if held >= quota and not await session_index.contains(self.ctx.redis, self.ctx.keys, handle):
-            raise LimitExceeded(
-                f"client {client} holds {held} lite subscriptions of {topic!r}, the quota; unsubscribe some first"
-            )
+    async def hold(self, handle: Handle) -> bool:
+        """The client takes hold of a lite subscription (lua/lite_hold.lua): within its quota of
+        ``lite_quota`` lmqs per topic (LIMIT otherwise, nothing written), in its session index, counted.
+        True when it was not held yet. One call in the client's slot, before the subscribe fence."""
+        return bool(int(await self.ctx.fences.run(
+            LITE_HOLD, None, extra_keys=self._session_keys(handle), entry=session_index.field(handle),
+            topic=handle.queue.topic, quota=self.ctx.config.lite_quota)))
 
-    async def count(self, handle: Handle, delta: int) -> None:
-        """The client's count of lite subscriptions of the topic (the quota's)."""
-        await self.ctx.redis.hincrby(self.ctx.keys.session_lite_counts(handle.member), handle.queue.topic, delta)
+    async def release(self, handle: Handle) -> bool:
+        """The client lets go of a lite subscription (lua/lite_release.lua): out of its index and
+        counted off, if it was there. True if it was."""
+        return bool(int(await self.ctx.fences.run(
+            LITE_RELEASE, None, extra_keys=self._session_keys(handle), entry=session_index.field(handle),
+            topic=handle.queue.topic)))
+
+    def _session_keys(self, handle: Handle) -> dict[str, str]:
+        keys = self.ctx.keys
+        return {"bucket": session_index.bucket_key(keys, handle), "counts": keys.session_lite_counts(handle.member)}

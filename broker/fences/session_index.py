@@ -111,8 +111,9 @@ async def add(redis: Any, keys: Keyspace, handle: Handle) -> bool:
     return bool(int(await redis.execute_command(*add_command(keys, handle))))
 
 
-async def remove(redis: Any, keys: Keyspace, handle: Handle) -> None:
-    await redis.execute_command(*remove_command(keys, handle))
+async def remove(redis: Any, keys: Keyspace, handle: Handle) -> bool:
+    """Forget a handle; True if it was held."""
+    return bool(int(await redis.execute_command(*remove_command(keys, handle))))
 
 
 async def contains(redis: Any, keys: Keyspace, handle: Handle) -> bool:

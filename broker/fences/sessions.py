@@ -44,7 +44,8 @@ MAX_QUEUED_NOTICES = 1000
 LOCK_TTL_MS = 10_000  # a cleaner renews its lock while it works; one that died is followed after this
 BIND_WAIT_S = LOCK_TTL_MS / 1000 + 1
 
-SESSION_BIND = fence("session_bind", "session ending", "conn worker lease_ms")
+SESSION_BIND = fence("session_bind", "session ending conns", "conn worker lease_ms takeover")
+SESSION_LEAVE = fence("session_leave", "conns", "conn")
 SESSION_ALIVE = fence("session_alive", "session ending", "lease_ms")
 SESSION_LOCK = fence("session_lock", "session ending", "token ttl_ms force")
 SESSION_FINISH = fence("session_finish", "session ending", "token", keys_rest="state")
@@ -87,12 +88,18 @@ class Sessions:
     def _session_keys(self, client: str) -> dict[str, str]:
         return {"session": self.keys.session(client), "ending": self.keys.session_ending(client)}
 
-    async def bind(self, client: str, connection: str, worker: str) -> None:
-        """Bind the session to this connection; waits out a session's end in progress, then binds fresh."""
+    async def bind(self, client: str, connection: str, worker: str, *, takeover: bool = False) -> int:
+        """Bind the session to this connection; waits out a session's end in progress, then binds fresh.
+
+        The connection joins the others that share the session (a client's
+        pool), unless ``takeover``: then they are told to close. Returns how
+        many connections share it now.
+        """
+        keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
         with anyio.move_on_after(BIND_WAIT_S):
             while True:
-                res = await self.fences.run(SESSION_BIND, None, extra_keys=self._session_keys(client), conn=connection,
-                                            worker=worker, lease_ms=self.lease_ms)
+                res = await self.fences.run(SESSION_BIND, None, extra_keys=keys, conn=connection,
+                                            worker=worker, lease_ms=self.lease_ms, takeover=int(takeover))
                 if res[0] in (b"bound", "bound"):
                     break
                 await anyio.sleep(0.05)
@@ -103,8 +110,17 @@ class Sessions:
         def writes(pipe: Any) -> None:
             pipe.zadd(self.keys.sessions, {client: deadline}, gt=True)
 
-        takeover = msgpack.packb({"type": "takeover", "conn": connection})
-        await pipeline_then_publish(self.redis, writes, self.keys.session_channel(client), takeover)
+        if takeover:
+            told = msgpack.packb({"type": "takeover", "conn": connection})
+            await pipeline_then_publish(self.redis, writes, self.keys.session_channel(client), told)
+        else:
+            await self.redis.zadd(self.keys.sessions, {client: deadline}, gt=True)
+        return int(res[3])
+
+    async def leave(self, client: str, connection: str) -> int:
+        """A connection of the session closes: how many connections still share it."""
+        return int(await self.fences.run(SESSION_LEAVE, None, extra_keys={"conns": self.keys.session_conns(client)},
+                                         conn=connection))
 
     async def keep_alive(self, clients: list[str]) -> list[str]:
         """Move the leases of connected sessions on; returns those that are gone (their connections must close)."""
@@ -142,7 +158,7 @@ class Sessions:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await self.fences.run(SESSION_UNLOCK, None, extra_keys=keys, token=token)
             raise
-        rest = [self.keys.session_handles(client), self.keys.session_notices(client),
+        rest = [self.keys.session_handles(client), self.keys.session_notices(client), self.keys.session_conns(client),
                 self.keys.session_lite_counts(client), *session_index.bucket_keys(self.keys, client)]
         if await self.fences.run(SESSION_FINISH, None, extra_keys=keys, keys_rest=rest, token=token):
             await self.fences.run(SESSION_UNLIST, None, extra_keys={"sessions": self.keys.sessions}, client=client,

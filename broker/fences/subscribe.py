@@ -20,6 +20,7 @@ from fencemq.fences.context import FenceContext, opt
 from fencemq.fences.lite import Lite
 from fencemq.fences.mailbox import Mailboxes
 from fencemq.fences.registry import fence
+from fencemq.model import meta
 from fencemq.model.keys import Handle, QueueRef, check_name
 from fencemq.model.values import text
 
@@ -97,7 +98,7 @@ class Subscriptions:
         else:
             # Lite queues are held per group; without GROUP a plain topic
             # subscription is the client's own.
-            group = "default" if lmq is not None else "~" + client
+            group = meta.LITE_GROUP if lmq is not None else "~" + client
         if mode is not None and mode not in MODES:
             raise BadArgument(f"MODE must be one of {', '.join(MODES)}")
         if policy is not None and policy not in POLICIES:
@@ -121,12 +122,11 @@ class Subscriptions:
         if queue is None:
             await self.ctx.check_topic_kind(topic, lmq is not None)
         held = Handle(ref, group, client)
-        if ref.lite:
-            await self.lite.check_quota(client, topic, held)
         redis, keys = self.ctx.redis, self.ctx.keys
         # The session learns of the handle before the fence makes the
         # membership: whatever fails next, its end will leave it (idempotently).
-        added = await session_index.add(redis, keys, held)
+        # A lite one within the client's quota, in one call (lua/lite_hold.lua).
+        added = await (self.lite.hold(held) if ref.lite else session_index.add(redis, keys, held))
         # Without GROUP the subscription is the client's own: exclusive to it.
         default_mode = "exclusive" if (lmq is not None or group.startswith("~")) else "shared"
         try:
@@ -139,10 +139,8 @@ class Subscriptions:
             )
         except FenceMQError:
             if added:  # refused (BADARG, BUSY): nothing to leave
-                await session_index.remove(redis, keys, held)
+                await self._let_go(held)
             raise
-        if ref.lite and int(res[6]):
-            await self.lite.count(held, 1)
         if capacity is not None:
             await self.mailboxes.dispatch_all(ref)
         return Subscription(
@@ -163,9 +161,7 @@ class Subscriptions:
             member=handle.member, how="leave" if session_over else "cancel", idle_ttl_ms=self.ctx.idle_ttl(handle.queue),
         )
         removed = bool(int(res[2]))
-        await session_index.remove(self.ctx.redis, self.ctx.keys, handle)
-        if handle.queue.lite and removed:
-            await self.lite.count(handle, -1)
+        await self._let_go(handle)
         if int(res[0]):
             # The returned messages go to another member now, not at the next publish.
             await self.mailboxes.dispatch_all(handle.queue)
@@ -175,11 +171,16 @@ class Subscriptions:
 
     async def forget(self, handle: Handle) -> None:
         """A member the fence removed (it cancelled and took its sentinel): the session forgets it too."""
-        await session_index.remove(self.ctx.redis, self.ctx.keys, handle)
-        if handle.queue.lite:
-            await self.lite.count(handle, -1)
+        await self._let_go(handle)
         if handle.queue.is_filter:
             await self.drop_if_empty(handle.queue)
+
+    async def _let_go(self, handle: Handle) -> None:
+        """Out of the session's index (a lite one also off its quota count)."""
+        if handle.queue.lite:
+            await self.lite.release(handle)
+        else:
+            await session_index.remove(self.ctx.redis, self.ctx.keys, handle)
 
     async def drop_if_empty(self, ref: QueueRef) -> bool:
         """Delete a filter subscription's queue once no member is left (MQTT groups)."""

@@ -177,6 +177,10 @@ class Keyspace:
         """String: the lock a cleaner holds while it ends the session (broker/fences/sessions.py)."""
         return self.session(client) + ":ending"
 
+    def session_conns(self, client: str) -> str:
+        """Set: the tokens of the connections that share the session (a client's pool)."""
+        return self.session(client) + ":conns"
+
     def session_handles(self, client: str) -> str:
         """Set: the client's non-lite handles (lite ones are in session_lmqs; broker/session_index.py)."""
         return self.session(client) + ":subs"

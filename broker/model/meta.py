@@ -109,7 +109,8 @@ def decode(raw: dict[bytes, bytes] | dict[str, str] | list[Any]) -> Meta:
 
 # -- the compact form ----------------------------------------------------------------------------
 
-COMPACT_MARK = "z"
+COMPACT_MARK = "z"  # "<group>|<owner>", or "<owner>" for the lite default group
+LITE_GROUP = "default"  # a lite SUB's group when it names none
 TIMES = ("C", "W")  # kept in seconds
 
 
@@ -141,7 +142,9 @@ def expand(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:
     mark = fields.pop(COMPACT_MARK, None)
     if mark is None:
         return fields
-    group, owner = mark.split("|", 1)
+    group, bar, owner = mark.partition("|")
+    if not bar:
+        group, owner = LITE_GROUP, mark
     fields[group_field(group, OWNER)] = owner
     for short, name in _short_names(group, owner).items():
         if short in fields:

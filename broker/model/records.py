@@ -116,6 +116,8 @@ class JournalLine:
 
     The fences write an absent field as an empty one; here it is None. The
     extra field is last, so it may hold tabs. A QoS 0 delivery's tag starts with 'q'.
+    A journal entry may also be a batch (:class:`JournalBatch`): read entries
+    with :func:`journal_events`, which takes either.
     """
 
     ms: int
@@ -133,11 +135,121 @@ class JournalLine:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> JournalLine:
-        p = text(raw).split("\t", JOURNAL_FIELDS - 1)
-        p += [""] * (JOURNAL_FIELDS - len(p))
-        ms, event, group, member, msg_id, tag, epoch, extra = p
+        ms, event, group, member, msg_id, tag, epoch, extra = _journal_fields(raw)
+        if _is_batch(msg_id):
+            raise ValueError(f"a batch journal entry holds many events (read it with journal_events): {text(raw)[:80]!r}")
         return cls(_number(ms), event, group or None, member or None, _number(msg_id) if msg_id else None,
                    tag or None, _number(epoch) if epoch else None, extra or None)
+
+
+def _journal_fields(raw: bytes | str) -> list[str]:
+    p = text(raw).split("\t", JOURNAL_FIELDS - 1)
+    return p + [""] * (JOURNAL_FIELDS - len(p))
+
+
+def _is_batch(ids: str) -> bool:
+    return "," in ids or "-" in ids
+
+
+def _expand_runs(field: str) -> list[str]:
+    """``q7-9,10`` -> ``q7 q8 q9 10``: runs of consecutive integers, each with its prefix."""
+    out: list[str] = []
+    for run in field.split(","):
+        first, _, last = run.partition("-")
+        prefix = first.rstrip("0123456789")
+        start = int(first[len(prefix):])
+        out += [f"{prefix}{n}" for n in range(start, int(last) + 1 if last else start + 1)]
+    return out
+
+
+def _compress_runs(values: list[str]) -> str:
+    """The inverse of :func:`_expand_runs`, as lua/lib/journal.lua writes it (longest runs first)."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        prefix = values[i].rstrip("0123456789")
+        j = i
+        while (j + 1 < len(values) and values[j + 1].rstrip("0123456789") == prefix
+               and int(values[j + 1][len(prefix):]) == int(values[j][len(prefix):]) + 1):
+            j += 1
+        out.append(values[i] if j == i else f"{values[i]}-{values[j][len(prefix):]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _expand_repeats(field: str) -> list[str]:
+    """``1*99,2`` -> 99 times ``1``, then ``2``."""
+    out: list[str] = []
+    for item in field.split(","):
+        value, star, times = item.rpartition("*") if "*" in item else (item, "", "1")
+        out += [value] * int(times)
+    return out
+
+
+def _compress_repeats(values: list[str]) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        out.append(values[i] if j == i else f"{values[i]}*{j - i + 1}")
+        i = j + 1
+    return ",".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalBatch:
+    """One journal entry for the messages of one fence call (publish, pull, ack): they share the time,
+    event, group, member and epoch. The fields of a :class:`JournalLine`, with ``ids`` as runs
+    (``5-104,107``), ``tags`` as runs keeping their prefix (``q7-9,10``) and ``extras`` as repeats
+    (``1*99,2``): empty when the event has none. A batch of one is written as a plain JournalLine.
+    """
+
+    ms: int
+    event: str
+    group: str | None
+    member: str | None
+    ids: tuple[int, ...]
+    tags: tuple[str, ...] | None = None
+    epoch: int | None = None
+    extras: tuple[str, ...] | None = None
+
+    def events(self) -> list[JournalLine]:
+        tags = self.tags or (None,) * len(self.ids)
+        extras = self.extras or (None,) * len(self.ids)
+        return [JournalLine(self.ms, self.event, self.group, self.member, msg_id, tag, self.epoch, extra)
+                for msg_id, tag, extra in zip(self.ids, tags, extras, strict=True)]
+
+    def encode(self) -> bytes:
+        parts = (self.ms, self.event, self.group, self.member, _compress_runs([str(i) for i in self.ids]),
+                 _compress_runs(list(self.tags)) if self.tags else None, self.epoch,
+                 _compress_repeats(list(self.extras)) if self.extras else None)
+        return "\t".join("" if p is None else str(p) for p in parts).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> JournalBatch:
+        ms, event, group, member, ids, tags, epoch, extras = _journal_fields(raw)
+        id_list = tuple(int(i) for i in _expand_runs(ids))
+        tag_list = tuple(_expand_runs(tags)) if tags else None
+        extra_list = tuple(_expand_repeats(extras)) if extras else None
+        for what, values in (("tags", tag_list), ("extras", extra_list)):
+            if values is not None and len(values) != len(id_list):
+                raise ValueError(f"a journal batch has {len(id_list)} ids but {len(values)} {what}: {text(raw)[:80]!r}")
+        return cls(_number(ms), event, group or None, member or None, id_list, tag_list,
+                   _number(epoch) if epoch else None, extra_list)
+
+
+def journal_events(raw: bytes | str) -> list[JournalLine]:
+    """The events of one journal entry: one for a plain line (old or new), all of them for a batch."""
+    if _is_batch(_journal_fields(raw)[4]):
+        return JournalBatch.decode(raw).events()
+    return [JournalLine.decode(raw)]
+
+
+def decode_journal_entry(raw: bytes | str) -> JournalLine | JournalBatch:
+    """A journal entry as its codec reads it (``encode`` gives the same bytes back)."""
+    return JournalBatch.decode(raw) if _is_batch(_journal_fields(raw)[4]) else JournalLine.decode(raw)
 
 
 def _msgpack_str(raw: bytes) -> bytes:

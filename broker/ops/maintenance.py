@@ -34,7 +34,7 @@ from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.operator import PURGE, REPLAY_DEAD
 from fencemq.fences.registry import Fences
 from fencemq.model.keys import queue_ref
-from fencemq.model.records import DeadLetter, JournalLine
+from fencemq.model.records import DeadLetter, journal_events
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 
@@ -327,7 +327,7 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         since = state.journal_marks.get(qid)
         events: dict[str, int] = dict.fromkeys(RATE_EVENTS, 0)
         newest = since
-        lines = [JournalLine.decode(entry) for entry in tail]
+        lines = [line for entry in tail for line in journal_events(entry)]
         oldest_ms = lines[0].ms if lines else None
         for line in lines:
             newest = line.ms if newest is None or line.ms > newest else newest
@@ -363,6 +363,11 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         pipe.zcount(keys.sessions, now, "+inf")
         pipe.zcard(keys.sessions)
         workers, sessions_alive, sessions_total = await pipe.execute()
+    # the totals are rates against the previous refresh: taken before this one becomes the previous
+    totals = {
+        "publish": sum(r for q in counters if (r := rate(q, 0)) is not None) if elapsed else None,
+        "deliver": sum(r for q in counters if (r := rate(q, 1)) is not None) if elapsed else None,
+    }
     state.at_ms = now
     state.counters = counters
     return {
@@ -373,10 +378,7 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         "workers_alive": int(workers),
         "sessions_alive": int(sessions_alive),
         "sessions": int(sessions_total),
-        "totals": {
-            "publish": sum(r for q in counters if (r := rate(q, 0)) is not None) if elapsed else None,
-            "deliver": sum(r for q in counters if (r := rate(q, 1)) is not None) if elapsed else None,
-        },
+        "totals": totals,
         "queues": out_rows,
         "suspected": suspects,
     }

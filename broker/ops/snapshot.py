@@ -135,7 +135,7 @@ async def take_snapshot(
     started_wall, started = datetime.now(UTC), time.perf_counter()
     fence = _Fence(redis)
     await fence.load()
-    writer = TableWriter(out)
+    writer = TableWriter(out, journal_entries)
     nodes = await primaries(redis)
     done = vanished = unsettled = 0
     errors: list[str] = []

@@ -31,7 +31,8 @@ Tables (one row per ...):
 * ``journal``     journal event: seq (its position in the queue's journal as
   exported, 0 = oldest: the order events committed in), ms, event, group,
   member, id, tag (string: a QoS 0 delivery's starts with 'q'), epoch, extra
-  (format: records.JournalLine; empty fields are null).
+  (format: records.JournalLine, a batch entry expanded by records.journal_events;
+  empty fields are null).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import pyarrow.parquet as pq
 
 from fencemq.model import meta
 from fencemq.model.keys import queue_ref
-from fencemq.model.records import Checkout, JournalLine, ReadyEntry
+from fencemq.model.records import Checkout, ReadyEntry, journal_events
 from fencemq.model.values import integer
 from fencemq.model.values import text as _s
 
@@ -191,8 +192,9 @@ def decode_reply(qid: str, raw: list[Any]) -> QueueReply | None:
 class TableWriter:
     """One Parquet file per table under ``out``; ``add`` a queue's rows to all of them."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, journal_events: int = -1) -> None:
         self.tables = {name: _Table(out / f"{name}.parquet", schema) for name, schema in SCHEMAS.items()}
+        self.journal_events = journal_events  # the newest this many events per queue (-1 = all)
 
     def close(self) -> dict[str, int]:
         for t in self.tables.values():
@@ -252,8 +254,12 @@ class TableWriter:
         for i in range(0, len(entries), 3):
             t["messages"].add((q.qid, _int(entries[i]), _int(entries[i + 1]), _int(entries[i + 2])))
 
-        for pos, raw in enumerate(journal):
-            e = JournalLine.decode(raw)
+        # A batch entry holds the events of one fence call: the fence returned the newest
+        # entries, which hold at least as many events as asked for.
+        events = [e for raw in journal for e in journal_events(raw)]
+        if self.journal_events >= 0:
+            events = events[-self.journal_events:] if self.journal_events else []
+        for pos, e in enumerate(events):
             t["journal"].add((q.qid, pos, e.ms, e.event, e.group, e.member, e.id, e.tag, e.epoch, e.extra))
 
         retained, owned, dead, jlen = (int(x) for x in counts)
@@ -261,4 +267,4 @@ class TableWriter:
         t["queues"].add((q.qid, kind, topic, lmq, ref.owner, seq, first, retained, _int(f.get(meta.TAG), 0),
                          _int(f.get(meta.CREATED)), _int(f.get(meta.LAST_WRITE)), q.now, len(q.group_order),
                          len(co) // 2, len(rd), len(dly) // 2, dead, owned, len(q.push),
-                         _int(f.get(meta.JOURNAL_CAP)), jlen, len(journal)))
+                         _int(f.get(meta.JOURNAL_CAP)), jlen, len(events)))

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from fencemq.errors import BadArgument, FenceMQError, UnknownCommand
 from fencemq.model.topics import check_share_syntax
+from fencemq.protocol.syntax import Arg, arity, parse_syntax
 
 
 @dataclass(slots=True)
@@ -85,9 +86,13 @@ class _Options:
         return BadArgument(f"{self.verb} does not take {shown(word.encode())}; options are {allowed}")
 
 
-def _need(verb: str, args: list[bytes], n: int, usage: str) -> None:
+def usage(verb: str) -> str:
+    return f"{verb} {COMMANDS[verb].syntax}".strip()
+
+
+def _need(verb: str, args: list[bytes], n: int) -> None:
     if len(args) < n:
-        raise FenceMQError(f"wrong number of arguments for '{verb}'; usage: {usage}")
+        raise FenceMQError(f"wrong number of arguments for '{verb}'; usage: {usage(verb)}")
 
 
 def _tags_and_options(verb: str, args: list[bytes], keywords: set[str]) -> tuple[list[str], list[bytes]]:
@@ -111,13 +116,15 @@ def parse_hello(args: list[bytes]) -> Request:
             out["password"] = _text(opts.value(word), "password")
         elif word == "SETNAME":
             out["client_id"] = _text(opts.value(word), "client id")
+        elif word == "TAKEOVER":
+            out["takeover"] = True
         else:
-            raise opts.unknown(word, "AUTH user pass, SETNAME id")
+            raise opts.unknown(word, "AUTH user pass, SETNAME id, TAKEOVER")
     return Request("HELLO", out)
 
 
 def parse_pub(args: list[bytes]) -> Request:
-    _need("PUB", args, 3, "PUB topic payload [LMQ name] [QOS 0|1] [RETAIN] [ID id] [HDR k v]...")
+    _need("PUB", args, 3)
     out: dict[str, Any] = {"topic": _text(args[1], "topic"), "payloads": [args[2]]}
     headers: dict[str, str] = {}
     opts = _Options("PUB", args, 3)
@@ -141,7 +148,7 @@ def parse_pub(args: list[bytes]) -> Request:
 
 
 def parse_mpub(args: list[bytes]) -> Request:
-    _need("MPUB", args, 4, "MPUB topic n payload1 ... payloadN [LMQ name] [QOS 0|1]")
+    _need("MPUB", args, 4)
     n = _int(args[2], "MPUB count", 1)
     if len(args) < 3 + n:
         raise BadArgument(f"MPUB declares {n} payloads but carries {len(args) - 3}")
@@ -158,7 +165,7 @@ def parse_mpub(args: list[bytes]) -> Request:
 
 
 def parse_sub(args: list[bytes]) -> Request:
-    _need("SUB", args, 2, "SUB topic [LMQ name] [GROUP g] [MODE m] [POLICY p] [FROM ...] [QOS q] [LOCK ms] [PUSH [CAPACITY n]] [MAX n] [EPOCH e]")
+    _need("SUB", args, 2)
     out: dict[str, Any] = {"topic": _text(args[1], "topic")}
     check_share_syntax(out["topic"])
     opts = _Options("SUB", args, 2)
@@ -203,11 +210,11 @@ def parse_sub(args: list[bytes]) -> Request:
     return Request("SUB", out)
 
 
-def _handle_verb(verb: str, usage: str, options: dict[str, tuple[str, int, int | None]]) -> Callable[[list[bytes]], Request]:
+def _handle_verb(verb: str, options: dict[str, tuple[str, int, int | None]]) -> Callable[[list[bytes]], Request]:
     """``VERB handle [OPTION n]…`` where each option takes one integer: OPTION -> (field, minimum, default)."""
 
     def parse(args: list[bytes]) -> Request:
-        _need(verb, args, 2, usage)
+        _need(verb, args, 2)
         out: dict[str, Any] = {"handle": _text(args[1], "handle")}
         out.update({field: default for field, _, default in options.values()})
         opts = _Options(verb, args, 2)
@@ -221,18 +228,18 @@ def _handle_verb(verb: str, usage: str, options: dict[str, tuple[str, int, int |
     return parse
 
 
-parse_pull = _handle_verb("PULL", "PULL handle [COUNT n] [BLOCK ms]", {"COUNT": ("count", 1, 1), "BLOCK": ("block_ms", 0, None)})
-parse_take = _handle_verb("TAKE", "TAKE handle [BLOCK ms]", {"BLOCK": ("block_ms", 0, None)})
-parse_unsub = _handle_verb("UNSUB", "UNSUB handle [MAX n]", {"MAX": ("max_messages", 0, None)})
+parse_pull = _handle_verb("PULL", {"COUNT": ("count", 1, 1), "BLOCK": ("block_ms", 0, None)})
+parse_take = _handle_verb("TAKE", {"BLOCK": ("block_ms", 0, None)})
+parse_unsub = _handle_verb("UNSUB", {"MAX": ("max_messages", 0, None)})
 
 
 def parse_ack(args: list[bytes]) -> Request:
-    _need("ACK", args, 3, "ACK handle tag [tag ...]")
+    _need("ACK", args, 3)
     return Request("ACK", {"handle": _text(args[1], "handle"), "tags": [_text(t, "tag") for t in args[2:]]})
 
 
 def parse_nack(args: list[bytes]) -> Request:
-    _need("NACK", args, 3, "NACK handle tag [tag ...] [DELAY ms] [DISCARD]")
+    _need("NACK", args, 3)
     tags, rest = _tags_and_options("NACK", args, {"DELAY", "DISCARD"})
     out: dict[str, Any] = {"handle": _text(args[1], "handle"), "tags": tags, "delay_ms": 0, "discard": False}
     opts = _Options("NACK", rest, 0)
@@ -249,7 +256,7 @@ def parse_nack(args: list[bytes]) -> Request:
 
 
 def parse_renew(args: list[bytes]) -> Request:
-    _need("RENEW", args, 3, "RENEW handle tag [tag ...] [LOCK ms]")
+    _need("RENEW", args, 3)
     tags, rest = _tags_and_options("RENEW", args, {"LOCK"})
     out: dict[str, Any] = {"handle": _text(args[1], "handle"), "tags": tags, "lock_ms": None}
     opts = _Options("RENEW", rest, 0)
@@ -264,7 +271,7 @@ def parse_renew(args: list[bytes]) -> Request:
 
 
 def parse_seek(args: list[bytes]) -> Request:
-    _need("SEEK", args, 3, "SEEK handle ID id | TIME ms | EARLIEST | LATEST")
+    _need("SEEK", args, 3)
     word = args[2].decode("utf-8", "replace").upper()
     out: dict[str, Any] = {"handle": _text(args[1], "handle")}
     if word in ("EARLIEST", "LATEST") and len(args) == 3:
@@ -285,35 +292,93 @@ def parse_heartbeat(args: list[bytes]) -> Request:
     return Request("HEARTBEAT", {"sync": (_text(args[2], "topic"), _text(args[3], "group"), lmqs)})
 
 
-def parse_simple(verb: str, low: int, high: int, usage: str) -> Callable[[list[bytes]], Request]:
+def parse_simple(verb: str, low: int, high: int) -> Callable[[list[bytes]], Request]:
+    """Verbs whose handler takes the raw arguments: between low and high of them."""
+
     def parse(args: list[bytes]) -> Request:
         if not low <= len(args) - 1 <= high:
-            raise FenceMQError(f"wrong number of arguments for '{verb.lower()}' command; usage: {usage}")
+            raise FenceMQError(f"wrong number of arguments for '{verb.lower()}' command; usage: {usage(verb)}")
         return Request(verb, {"argv": [a for a in args[1:]]})
 
     return parse
 
 
-TABLE: dict[str, Callable[[list[bytes]], Request]] = {
-    "HELLO": parse_hello,
-    "PING": parse_simple("PING", 0, 1, "PING [message]"),
-    "QUIT": parse_simple("QUIT", 0, 0, "QUIT"),
-    "AUTH": parse_simple("AUTH", 1, 2, "AUTH [user] password"),
-    "CLIENT": parse_simple("CLIENT", 1, 8, "CLIENT SETNAME id | GETNAME | ID | SETINFO ..."),
-    "COMMAND": parse_simple("COMMAND", 0, 8, "COMMAND"),
-    "SELECT": parse_simple("SELECT", 1, 1, "SELECT 0"),
-    "PUB": parse_pub,
-    "MPUB": parse_mpub,
-    "SUB": parse_sub,
-    "PULL": parse_pull,
-    "TAKE": parse_take,
-    "ACK": parse_ack,
-    "NACK": parse_nack,
-    "RENEW": parse_renew,
-    "SEEK": parse_seek,
-    "UNSUB": parse_unsub,
-    "HEARTBEAT": parse_heartbeat,
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One verb: how to parse it, and how COMMAND INFO/DOCS and errors describe it."""
+
+    parse: Callable[[list[bytes]], Request]
+    syntax: str  # the arguments as docs/protocol.md writes them (grammar: fencemq.protocol.syntax)
+    summary: str
+    group: str = "fencemq"
+    flags: tuple[str, ...] = ()
+    arguments: list[Arg] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", parse_syntax(self.syntax))
+
+    @property
+    def arity(self) -> int:
+        return arity(self.arguments)
+
+
+def _c(parse: Callable[[list[bytes]], Request], syntax: str, summary: str, group: str = "fencemq",
+       *flags: str) -> Command:
+    return Command(parse, syntax, summary, group, flags)
+
+
+COMMANDS: dict[str, Command] = {
+    "HELLO": _c(parse_hello, "[protover] [AUTH username password] [SETNAME client-id] [TAKEOVER]",
+                "Handshake: protocol version, authentication, the session's client id (TAKEOVER: from "
+                "its other connections)", "connection", "noscript", "loading", "stale", "fast"),
+    "PING": _c(parse_simple("PING", 0, 1), "[message]", "Ping the worker", "connection", "fast"),
+    "ECHO": _c(parse_simple("ECHO", 1, 1), "message", "Echo the message", "connection", "fast"),
+    "QUIT": _c(parse_simple("QUIT", 0, 0), "", "End the session and close the connection", "connection", "fast"),
+    "RESET": _c(parse_simple("RESET", 0, 0), "",
+                "Reset the connection: no transaction, RESP2, no session (a named one is left to its lease)",
+                "connection", "fast"),
+    "AUTH": _c(parse_simple("AUTH", 1, 2), "[username] password", "Authenticate the connection", "connection",
+               "noscript", "loading", "stale", "fast"),
+    "SELECT": _c(parse_simple("SELECT", 1, 1), "index", "Select database 0, the only one", "connection", "fast"),
+    "CLIENT": _c(parse_simple("CLIENT", 1, 8),
+                 "(SETNAME client-id | GETNAME | ID | INFO | LIST | SETINFO attr value | TAKEOVER "
+                 "| NO-EVICT ON|OFF | NO-TOUCH ON|OFF)",
+                 "Name the session, describe this connection, take the session over", "connection"),
+    "COMMAND": _c(parse_simple("COMMAND", 0, 64), "[(COUNT | LIST | INFO [command...] | DOCS [command...])]",
+                  "Describe FenceMQ's verbs", "server", "loading", "stale"),
+    "INFO": _c(parse_simple("INFO", 0, 16), "[section...]",
+               "The worker's information and statistics (server, clients, stats, persistence, keyspace)",
+               "server", "loading", "stale"),
+    "MULTI": _c(parse_simple("MULTI", 0, 0), "", "Start a transaction: what follows is queued until EXEC",
+                "transactions", "fast"),
+    "EXEC": _c(parse_simple("EXEC", 0, 0), "", "Run the queued commands in order; their replies as an array",
+               "transactions"),
+    "DISCARD": _c(parse_simple("DISCARD", 0, 0), "", "Drop the queued commands", "transactions", "fast"),
+    "PUB": _c(parse_pub, "topic payload [LMQ lmq] [QOS 0|1] [RETAIN] [ID dedup-id] [HDR name value]...",
+              "Publish a message; its id", "fencemq", "write"),
+    "MPUB": _c(parse_mpub, "topic n payload... [LMQ lmq] [QOS 0|1]",
+               "Publish n messages in one fence call; their ids", "fencemq", "write"),
+    "SUB": _c(parse_sub, "target [LMQ lmq] [GROUP group] [MODE exclusive|shared|single-active] "
+                         "[POLICY preempt|reject] [FROM (EARLIEST | LATEST | ID id | TIME ms)] [QOS 0|1] [LOCK ms] "
+                         "[PUSH [CAPACITY capacity]] [MAX n] [EPOCH epoch] [ON-PREEMPT keep|earliest|latest] "
+                         "[STRATEGY round-robin|sticky|hash] [(QUEUE-OFFLINE | SKIP-OFFLINE)]",
+              "Subscribe; a handle, the mode, the epoch", "fencemq", "write"),
+    "PULL": _c(parse_pull, "handle [COUNT count] [BLOCK ms]", "Check out up to count deliveries", "fencemq",
+               "write", "blocking"),
+    "TAKE": _c(parse_take, "handle [BLOCK ms]", "Take one delivery from a push mailbox (EOS at its end)",
+               "fencemq", "write", "blocking"),
+    "ACK": _c(parse_ack, "handle tag...", "Settle checkouts", "fencemq", "write", "fast"),
+    "NACK": _c(parse_nack, "handle tag... [DELAY ms] [DISCARD]", "Return (or discard) checkouts", "fencemq",
+               "write", "fast"),
+    "RENEW": _c(parse_renew, "handle tag... [LOCK ms]", "Extend checkouts' leases", "fencemq", "write", "fast"),
+    "SEEK": _c(parse_seek, "handle (ID id | TIME ms | EARLIEST | LATEST)",
+               "Move the group's cursor; the new epoch", "fencemq", "write"),
+    "UNSUB": _c(parse_unsub, "handle [MAX n]", "Leave a subscription, or end it after n deliveries", "fencemq",
+                "write"),
+    "HEARTBEAT": _c(parse_heartbeat, "[SYNC topic group [lmq...]]",
+                    "Drain this session's notices (SYNC: resync its lite subscriptions first)", "fencemq", "write"),
 }
+TABLE: dict[str, Callable[[list[bytes]], Request]] = {verb: c.parse for verb, c in COMMANDS.items()}
 
 
 def parse(args: list[bytes]) -> Request:

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 import anyio
-from anyio.abc import SocketStream
+from anyio.abc import SocketAttribute, SocketStream
 from anyio.streams.memory import MemoryObjectReceiveStream
 from redis.exceptions import RedisError
 
@@ -37,6 +37,15 @@ READ_AHEAD = 4 << 20
 STREAM_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
+def _addresses(stream: SocketStream) -> tuple[str, str]:
+    """host:port of the client and of the worker (CLIENT INFO), as far as the socket tells."""
+    try:
+        return tuple(":".join(map(str, stream.extra(a)[:2]))  # type: ignore[return-value]
+                     for a in (SocketAttribute.remote_address, SocketAttribute.local_address))
+    except (anyio.TypedAttributeLookupError, TypeError):  # a Unix socket, a wrapper without the attribute
+        return ("", "")
+
+
 class ClientConnection:
     def __init__(self, services: Services, verbs: Verbs, stream: SocketStream, token: str) -> None:
         self.config = services.config
@@ -46,7 +55,7 @@ class ClientConnection:
         self.scope = anyio.CancelScope()
         self.send_lock = anyio.Lock()
         self.session = Session(services, token, watch_for_hangup=self._watch_for_hangup,
-                               end_connection=self.scope.cancel)
+                               end_connection=self.scope.cancel, addresses=_addresses(stream))
         # The parser's limits only guard memory (the connection is closed past
         # them); payload and batch limits are checked per command, so a client
         # that sends one oversize payload gets LIMIT and keeps its connection.
@@ -156,10 +165,11 @@ class ClientConnection:
         while i < len(requests):
             req = requests[i]
             if isinstance(req, FenceMQError):
+                self.session.refused(req)
                 replies.append(self._error(req))
                 i += 1
                 continue
-            key = req.batch_key() if self.session.authed else None
+            key = req.batch_key() if self.session.authed and self.session.transaction is None else None
             j = i + 1
             if key is not None:
                 while j < len(requests) and isinstance(requests[j], Request) and requests[j].batch_key() == key:

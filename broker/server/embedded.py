@@ -1,4 +1,16 @@
-"""Start/stop a private Redis/Valkey server, own port and data dir (tests, demo, benches)."""
+"""Start/stop a private Redis/Valkey server, own port and data dir (tests, demo, benches).
+
+The server dies with the process that started it, whatever kills that one
+(``kill -9`` of ``fencemq serve`` included): a guard — a tiny ``sh`` beside
+the server — holds the read end of a pipe whose write end only the starter
+has; the kernel closes it when the starter dies, however it dies, and the
+guard then kills the server and removes its temp dir. (``PR_SET_PDEATHSIG``
+would do the killing on Linux only, fire when the *thread* that started the
+server ends, and need a ``preexec_fn``, unsafe in a process with threads.)
+A stop tells the guard to stand down first. A temp dir left behind anyway
+(the guard killed too, a reboot) is removed by the next start, once the
+process named in its ``owner.pid`` is gone.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +34,42 @@ from redis.retry import Retry
 MIN_REDIS_MAJOR = 7  # the Lua fences rely on Redis 7 semantics
 _VERSION_RE = re.compile(r"\bv=(\d+)\.(\d+)\.(\d+)")
 _RUNNING: set["EmbeddedRedis"] = set()  # what the atexit hook must clean up
+TEMP_PREFIX = "fencemq-redis-"
+OWNER_FILE = "owner.pid"
+STAND_DOWN = b"stand-down\n"
+# $1: the server's pid, $2: its temp dir ("" to keep it). EOF without the
+# stand-down line means the starter is gone: kill the server, wait until it
+# is (at most ~5 s), remove the dir.
+_GUARD = (
+    'IFS= read -r said; [ "$said" = stand-down ] && exit 0; '
+    'kill -9 "$1" 2>/dev/null; n=0; '
+    'while kill -0 "$1" 2>/dev/null && [ $n -lt 100 ]; do sleep 0.05; n=$((n+1)); done; '
+    '[ -n "$2" ] && rm -rf "$2"; exit 0'
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def remove_orphaned_dirs(root: str | Path | None = None) -> list[Path]:
+    """Temp dirs of private servers whose starter is gone (its guard killed too): removed, and returned."""
+    removed: list[Path] = []
+    for d in Path(root or tempfile.gettempdir()).glob(TEMP_PREFIX + "*"):
+        try:
+            owner = int((d / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue  # not one we marked (or being made right now): not ours to judge
+        if not _alive(owner):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def server_version(binary: str) -> str:
@@ -84,6 +132,8 @@ class EmbeddedRedis:
         self.appendonly, self.password, self.extra_args = appendonly, password, list(extra_args)
         self.startup_timeout, self.keep_data = startup_timeout, keep_data
         self._proc: subprocess.Popen | None = None
+        self._guard: subprocess.Popen | None = None
+        self._guard_pipe: int | None = None  # the write end: only this process holds it
 
     @property
     def url(self) -> str:
@@ -101,7 +151,9 @@ class EmbeddedRedis:
         if self.pid is not None:
             return self
         if self.data_dir is None:
-            self.data_dir, self._owns_dir = Path(tempfile.mkdtemp(prefix="fencemq-redis-")), True
+            remove_orphaned_dirs()
+            self.data_dir, self._owns_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX)), True
+            (self.data_dir / OWNER_FILE).write_text(str(os.getpid()))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         _RUNNING.add(self)
         # A port from free_port() can be taken by someone else before the server
@@ -130,6 +182,7 @@ class EmbeddedRedis:
             # which drains and then stops this server, not both at once.
             self._proc = subprocess.Popen(args + self.extra_args, stdin=subprocess.DEVNULL,
                                           stdout=out, stderr=out, start_new_session=True)
+        self._start_guard()
         # No retries, so each poll is quick. INFO's process_id proves that *our*
         # server answers, not another one already holding the port.
         probe = redis.Redis(port=self.port, password=self.password, socket_timeout=0.5,
@@ -144,6 +197,7 @@ class EmbeddedRedis:
                 except redis.RedisError as exc:  # not listening yet, loading the AOF, NOAUTH...
                     last_error = repr(exc)
                 if self._proc.poll() is not None:
+                    self._stand_guard_down()  # nothing left to guard: its pid must not be killed later
                     self._proc = None
                     if "Address already in use" in self._log_tail(5):
                         return False
@@ -156,7 +210,39 @@ class EmbeddedRedis:
         finally:
             probe.close()
 
+    def _start_guard(self) -> None:
+        """The sh that kills the server (and removes its temp dir) once this process is gone."""
+        assert self._proc is not None
+        read_end, write_end = os.pipe()  # neither end is inherited by other children
+        doomed_dir = str(self.data_dir) if self._owns_dir and not self.keep_data else ""
+        try:
+            self._guard = subprocess.Popen(["sh", "-c", _GUARD, "fencemq-guard", str(self._proc.pid), doomed_dir],
+                                           stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           start_new_session=True)  # a Ctrl-C meant for us must not end it
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._guard_pipe = write_end
+
+    def _stand_guard_down(self) -> None:
+        guard, pipe, self._guard, self._guard_pipe = self._guard, self._guard_pipe, None, None
+        if pipe is not None:
+            try:
+                os.write(pipe, STAND_DOWN)
+            except OSError:
+                pass  # it is gone already
+            os.close(pipe)
+        if guard is not None:
+            try:
+                guard.wait(5.0)
+            except subprocess.TimeoutExpired:
+                guard.kill()
+                guard.wait()
+
     def _terminate(self, sig: int) -> None:
+        self._stand_guard_down()
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return

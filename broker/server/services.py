@@ -8,7 +8,7 @@ each other the wrong way round.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -16,6 +16,7 @@ from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.sessions import RedisClock, Sessions
 from fencemq.model.keys import Keyspace
+from fencemq.server.roster import Roster
 from fencemq.server.wakeups import Wakeups
 
 
@@ -29,6 +30,7 @@ class Services:
     clock: RedisClock
     sessions: Sessions
     wakeups: Wakeups
+    roster: Roster = field(default_factory=Roster)
 
     @classmethod
     def over(cls, redis: Redis | RedisCluster, config: Config, worker_id: str) -> Services:

@@ -6,21 +6,30 @@ anonymous and made on first use), whether this connection holds it, the
 protocol version, authentication, whether the connection is ending, and the
 outbox of notices pushed to a RESP3 client.
 
+Connections presenting the same client id share its session (a client's
+pool): each keeps it alive, and it is left to its lease (or ended, after a
+QUIT) when the last of them closes. Taking it over from the others is
+explicit (``HELLO … SETNAME id TAKEOVER``, ``CLIENT TAKEOVER``).
+
 A session never touches the socket. The connection lends it two hooks: one
 that watches for a hang-up while a verb waits, one that ends the connection
-when another connection takes the session over.
+when another connection takes the session over. It also holds the
+connection's transaction (MULTI … EXEC) while one is open.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 import anyio
 import msgpack
 
-from fencemq.errors import BadArgument, NoPermission
+from fencemq.errors import BadArgument, FenceMQError, NoPermission
 from fencemq.model.keys import Handle, check_name
+from fencemq.protocol.commands import Request
 from fencemq.protocol.resp import Push
 from fencemq.server.services import Services
 
@@ -29,11 +38,25 @@ OUTBOX_SIZE = 64
 HangupWatch = Callable[[anyio.CancelScope], Awaitable[None]]
 
 
+@dataclass(slots=True)
+class Transaction:
+    """Commands queued between MULTI and EXEC; one refused while queued aborts the EXEC."""
+
+    queued: list[Request] = field(default_factory=list)
+    refused: bool = False
+
+
 class Session:
     def __init__(self, services: Services, token: str, *, watch_for_hangup: HangupWatch,
-                 end_connection: Callable[[], None]) -> None:
+                 end_connection: Callable[[], None], addresses: tuple[str, str] = ("", "")) -> None:
         self.services = services
         self.token = token  # this connection, unique across the fleet: "<worker id>:<n>"
+        self.peer, self.local = addresses  # host:port of the client and of the worker, for CLIENT INFO
+        self.opened = self.last_active = time.monotonic()
+        self.last_verb = ""
+        self.library: dict[str, str] = {}  # CLIENT SETINFO lib-name / lib-ver
+        self.transaction: Transaction | None = None
+        self.waiting = False  # a long poll is in progress (INFO's blocked_clients)
         self.proto = 2
         self.client_id: str | None = None
         self.anonymous = True
@@ -44,6 +67,12 @@ class Session:
         self._watch_for_hangup = watch_for_hangup
         self._end_connection = end_connection
         self._outbox, self.outbox = anyio.create_memory_object_stream[Push](OUTBOX_SIZE)
+        services.roster.enter(self)
+
+    @property
+    def number(self) -> int:
+        """This connection's number on its worker (CLIENT ID)."""
+        return int(self.token.rsplit(":", 1)[1])
 
     @property
     def anonymous_id(self) -> str:
@@ -53,8 +82,23 @@ class Session:
         """The handle, if it belongs to this session's client."""
         handle = Handle.decode(text)
         if handle.member != self.client_id:
+            if self.anonymous:
+                raise NoPermission(
+                    "this handle belongs to another client, and this connection is an anonymous session of its "
+                    "own; name the session on every connection that acts for it (HELLO 3 SETNAME id, CLIENT "
+                    "SETNAME id; redis-py: client_name=…) so that they share it")
             raise NoPermission("this handle belongs to another client; use the handle your own SUB returned")
         return handle
+
+    def note_command(self, verb: str) -> None:
+        """A command arrived (CLIENT INFO's idle and cmd, INFO's commands processed)."""
+        self.last_active, self.last_verb = time.monotonic(), verb.lower()
+        self.services.roster.commands_processed += 1
+
+    def refused(self, exc: FenceMQError) -> None:
+        """A command was refused: an open transaction will not run (EXEC answers EXECABORT)."""
+        if self.transaction is not None:
+            self.transaction.refused = True
 
     @asynccontextmanager
     async def until_hangup(self) -> AsyncIterator[None]:
@@ -63,10 +107,14 @@ class Session:
         If the client hangs up meanwhile, the body is cancelled and ``closing``
         is set; whatever the client sent meanwhile stays buffered for later.
         """
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_for_hangup, tg.cancel_scope)
-            yield
-            tg.cancel_scope.cancel()
+        self.waiting = True
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_for_hangup, tg.cancel_scope)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            self.waiting = False
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -77,30 +125,61 @@ class Session:
         assert self.client_id is not None
         return self.client_id
 
-    async def bind(self, client_id: str, anonymous: bool) -> None:
+    async def bind(self, client_id: str, anonymous: bool, *, takeover: bool = False) -> None:
+        """Join the client id's session (sharing it with its other connections), or take it over."""
         check_name(client_id, "client")
         if self.bound and self.client_id != client_id:
             raise BadArgument("this connection already has a client id; open a new connection for another")
-        self.client_id, self.anonymous = client_id, anonymous
         services = self.services
-        await services.wakeups.follow(services.keys.session_channel(client_id), self._on_message)
-        await services.sessions.bind(client_id, self.token, services.worker_id)
+        following = self.client_id == client_id and self.bound
+        self.client_id, self.anonymous = client_id, anonymous
+        if not following:
+            await services.wakeups.follow(services.keys.session_channel(client_id), self._on_message)
+        try:
+            await services.sessions.bind(client_id, self.token, services.worker_id, takeover=takeover)
+        except BaseException:
+            if not following:
+                with anyio.CancelScope(shield=True):
+                    await services.wakeups.unfollow(services.keys.session_channel(client_id), self._on_message)
+            raise
         self.bound = True
         if not anonymous:
             await services.sessions.set_presence(client_id, online=True)
 
     async def release(self) -> None:
-        """The connection is over: stop hearing the session; end it, or leave it to its lease."""
+        """The connection is over: stop hearing the session; end it, or leave it to its lease.
+
+        A named session outlives its last connection until its lease runs out
+        (the worker stops refreshing it now), or ends at once after a QUIT; an
+        anonymous one ends. While other connections share it, it goes on.
+        """
+        self.services.roster.leave(self)
+        await self._let_go()
+
+    async def _let_go(self) -> None:
         if self.client_id is None:
             return
         services = self.services
         await services.wakeups.unfollow(services.keys.session_channel(self.client_id), self._on_message)
-        # A named session outlives its connection until its lease runs out (the
-        # worker stops refreshing it now); an anonymous one ends.
-        if self.bound and (self.anonymous or self.quit):
+        if not self.bound:
+            return
+        self.bound = False
+        if self.anonymous:
             await services.sessions.end(self.client_id, force=True)
-        elif self.bound:
+            return
+        if await services.sessions.leave(self.client_id, self.token) > 0:
+            return
+        if self.quit:
+            await services.sessions.end(self.client_id, force=True)
+        else:
             await services.sessions.set_presence(self.client_id, online=False)
+
+    async def reset(self) -> None:
+        """RESET: as a fresh connection (RESP2, no transaction, no session, authenticated only without a password)."""
+        await self._let_go()
+        self.client_id, self.anonymous, self.transaction, self.proto = None, True, None, 2
+        self.authed = self.services.config.password is None
+        self.library = {}
 
     def _on_message(self, data: bytes) -> None:
         notice = msgpack.unpackb(data)

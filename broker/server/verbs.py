@@ -15,21 +15,27 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+from redis.exceptions import RedisError
 
 from fencemq import __version__
-from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, WrongPassword
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted, WrongPassword
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
 from fencemq.model.keys import Handle
-from fencemq.protocol.commands import TABLE, Request
+from fencemq.protocol.command_docs import command_docs, command_info, known
+from fencemq.protocol.commands import COMMANDS, TABLE, Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
-from fencemq.protocol.resp import Prebuilt, SimpleString, encode_bulk_array
+from fencemq.protocol.resp import ErrorReply, Prebuilt, SimpleString, Verbatim, encode_bulk_array
 from fencemq.server import metrics
+from fencemq.server.introspection import client_line, info_text
 from fencemq.server.services import Services
-from fencemq.server.session import Session
+from fencemq.server.session import Session, Transaction
 
 OK = SimpleString("OK")
-BEFORE_AUTH = frozenset({"HELLO", "AUTH", "PING", "QUIT"})
+QUEUED = SimpleString("QUEUED")
+BEFORE_AUTH = frozenset({"HELLO", "AUTH", "PING", "QUIT", "RESET"})
+# Run at once inside a transaction, never queued (as in Redis).
+TRANSACTION_CONTROL = frozenset({"MULTI", "EXEC", "DISCARD", "RESET", "QUIT"})
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -53,25 +59,74 @@ class Verbs:
 
     async def run(self, session: Session, request: Request) -> Any:
         args = request.args
-        if len(args.get("payloads", ())) > self.config.max_batch or len(args.get("tags", ())) > self.config.max_batch:
-            raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
-        metrics.COMMANDS.labels(request.verb).inc()
-        if not session.authed and request.verb not in BEFORE_AUTH:
-            raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
+        session.note_command(request.verb)
+        try:
+            if len(args.get("payloads", ())) > self.config.max_batch or \
+                    len(args.get("tags", ())) > self.config.max_batch:
+                raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
+            metrics.COMMANDS.labels(request.verb).inc()
+            if not session.authed and request.verb not in BEFORE_AUTH:
+                raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
+            if session.transaction is not None and request.verb not in TRANSACTION_CONTROL:
+                return self._queue(session.transaction, request)
+        except FenceMQError as exc:
+            session.refused(exc)
+            raise
         return await self.handlers[request.verb](session, **args)
+
+    # -- transactions ----------------------------------------------------------------
+
+    def _queue(self, transaction: Transaction, request: Request) -> Any:
+        if request.verb in ("PULL", "TAKE") and request.args.get("block_ms") is not None:
+            raise BadArgument(f"{request.verb} … BLOCK waits, and a transaction never waits; "
+                              f"send it without BLOCK inside MULTI, or outside the transaction")
+        transaction.queued.append(request)
+        return QUEUED
+
+    async def multi(self, session: Session, argv: list[bytes]) -> Any:
+        if session.transaction is not None:
+            raise FenceMQError("MULTI calls can not be nested")
+        session.transaction = Transaction()
+        return OK
+
+    async def discard(self, session: Session, argv: list[bytes]) -> Any:
+        if session.transaction is None:
+            raise FenceMQError("DISCARD without MULTI")
+        session.transaction = None
+        return OK
+
+    async def exec(self, session: Session, argv: list[bytes]) -> Any:
+        """Run the queued commands in order, each as it would run alone; their replies (errors among them)."""
+        transaction, session.transaction = session.transaction, None
+        if transaction is None:
+            raise FenceMQError("EXEC without MULTI")
+        if transaction.refused:
+            raise TransactionAborted("Transaction discarded because of previous errors.")
+        replies: list[Any] = []
+        for request in transaction.queued:
+            try:
+                replies.append(await self.handlers[request.verb](session, **request.args))
+            except RedisError as exc:
+                replies.append(ErrorReply(f"ERR the broker's Redis did not answer ({exc}); retry"))
+            except FenceMQError as exc:
+                metrics.ERRORS.labels(exc.code).inc()
+                replies.append(ErrorReply(exc.resp()))
+        return replies
 
     # -- connection and session ------------------------------------------------------
 
     async def hello(self, session: Session, proto: int | None = None, username: str | None = None,
-                    password: str | None = None, client_id: str | None = None) -> Any:
+                    password: str | None = None, client_id: str | None = None, takeover: bool = False) -> Any:
         if password is not None:
             await self.auth(session, argv=[password.encode()])
         if not session.authed:
             raise NoAuth("HELLO must carry AUTH user password on this server")
         if proto is not None:
             session.proto = proto
-        if client_id is not None and client_id != session.client_id:
-            await session.bind(client_id, anonymous=False)
+        if client_id is not None and (client_id != session.client_id or takeover):
+            await session.bind(client_id, anonymous=False, takeover=takeover)
+        elif takeover:
+            raise BadArgument("HELLO … TAKEOVER goes with SETNAME id: the session to take over")
         return {
             "server": "fencemq", "version": __version__, "proto": session.proto,
             "id": session.client_id or session.anonymous_id, "worker": self.services.worker_id,
@@ -100,21 +155,62 @@ class Verbs:
             raise BadArgument("FenceMQ has a single database; SELECT 0")
         return OK
 
+    async def echo(self, session: Session, argv: list[bytes]) -> Any:
+        return argv[0]
+
+    async def reset(self, session: Session, argv: list[bytes]) -> Any:
+        await session.reset()
+        return SimpleString("RESET")
+
+    async def info(self, session: Session, argv: list[bytes]) -> Any:
+        port = int(session.local.rsplit(":", 1)[1]) if ":" in session.local else None
+        sections = [a.decode("utf-8", "replace") for a in argv]
+        return Verbatim(info_text(self.services.roster, self.services.worker_id, port, sections))
+
     async def command(self, session: Session, argv: list[bytes]) -> Any:
-        return []  # redis-cli asks for COMMAND DOCS; an empty table keeps it happy
+        sub = argv[0].decode("utf-8", "replace").upper() if argv else ""
+        if sub == "COUNT" and len(argv) == 1:
+            return len(COMMANDS)
+        if sub == "LIST" and len(argv) == 1:
+            return [verb.lower() for verb in COMMANDS]
+        if sub == "INFO":
+            return [command_info(verb) for verb in (known(argv[1:]) if len(argv) > 1 else list(COMMANDS))]
+        if sub == "DOCS":
+            return command_docs([v for v in (known(argv[1:]) if len(argv) > 1 else list(COMMANDS)) if v], __version__)
+        if not argv:
+            return [command_info(verb) for verb in COMMANDS]
+        raise BadArgument("COMMAND takes COUNT, LIST, INFO [command ...] or DOCS [command ...]")
 
     async def client(self, session: Session, argv: list[bytes]) -> Any:
         sub = argv[0].decode("utf-8", "replace").upper()
         if sub == "SETNAME" and len(argv) == 2:
             await session.bind(argv[1].decode("utf-8", "replace"), anonymous=False)
             return OK
-        if sub == "GETNAME":
-            return session.client_id
-        if sub == "ID":
-            return int(session.token.rsplit(":", 1)[1])
-        if sub == "SETINFO":
+        if sub == "TAKEOVER" and len(argv) == 1:
+            if session.client_id is None or session.anonymous:
+                raise BadArgument("CLIENT TAKEOVER takes over this connection's named session: "
+                                  "CLIENT SETNAME id (or HELLO … SETNAME id) first")
+            await session.bind(session.client_id, anonymous=False, takeover=True)
             return OK
-        raise BadArgument("CLIENT takes SETNAME id, GETNAME, ID or SETINFO")
+        if sub == "GETNAME" and len(argv) == 1:
+            return session.client_id if not session.anonymous else None
+        if sub == "ID" and len(argv) == 1:
+            return session.number
+        if sub == "INFO" and len(argv) == 1:
+            return Verbatim(client_line(session))
+        if sub == "LIST":
+            # This connection and those of its own session here: never another client's.
+            return Verbatim("".join(client_line(s) for s in self.services.roster.sharing(session)))
+        if sub == "SETINFO" and len(argv) == 3:
+            attr = argv[1].decode("utf-8", "replace").lower()
+            if attr not in ("lib-name", "lib-ver"):
+                raise BadArgument("CLIENT SETINFO takes LIB-NAME or LIB-VER")
+            session.library[attr] = argv[2].decode("utf-8", "replace")[:128].replace(" ", "-")
+            return OK
+        if sub in ("NO-EVICT", "NO-TOUCH") and len(argv) == 2:
+            return OK  # nothing of a worker is evicted or touched
+        raise BadArgument("CLIENT takes SETNAME id, GETNAME, ID, INFO, LIST, SETINFO attr value, TAKEOVER, "
+                          "NO-EVICT on|off or NO-TOUCH on|off")
 
     async def heartbeat(self, session: Session, sync: tuple[str, str, list[str]] | None = None) -> Any:
         client = await session.ensure()
@@ -143,6 +239,8 @@ class Verbs:
 
     async def publish_batch(self, session: Session, requests: list[Request]) -> list[Any]:
         """Pipelined PUB/MPUB to one queue: one fence call, ids handed back per command."""
+        for r in requests:
+            session.note_command(r.verb)
         first = requests[0].args
         payloads = [p for r in requests for p in r.args["payloads"]]
         ids: list[str] = []

@@ -38,6 +38,33 @@ end
 local MAX_INT = 9007199254740991
 local function int_str(n) return string.format('%d', n) end
 
+-- The decimal strings of first, first + 1, ..., first + n - 1 (ids, tags):
+-- one string.format per thousand values and a concat of three digits for
+-- each (a format costs Redis ~1,200 instructions, the concat a third).
+local DIGITS = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+local function int_strs(first, n)
+  local out, block, head = {}, -1, ''
+  for i = 1, n do
+    local v = first + i - 1
+    local low = v % 1000
+    local high = (v - low) / 1000
+    local units, tens = low % 10, low % 100
+    if high > 0 then
+      if high ~= block then block, head = high, int_str(high) end
+      out[i] = head .. DIGITS[(low - tens) / 100 + 1] .. DIGITS[(tens - units) / 10 + 1] .. DIGITS[units + 1]
+    elseif v >= 100 then
+      out[i] = DIGITS[(low - tens) / 100 + 1] .. DIGITS[(tens - units) / 10 + 1] .. DIGITS[units + 1]
+    elseif v >= 10 then
+      out[i] = DIGITS[(tens - units) / 10 + 1] .. DIGITS[units + 1]
+    elseif v >= 0 then
+      out[i] = DIGITS[units + 1]
+    else
+      out[i] = int_str(v)
+    end
+  end
+  return out
+end
+
 -- A decimal integer argument within [lo, hi] (default 0 .. MAX_INT), else BADARG.
 local function int_arg(v, name, lo, hi)
   lo, hi = lo or 0, hi or MAX_INT

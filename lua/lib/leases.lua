@@ -141,7 +141,9 @@ end
 -- push mailbox starts the lease when the consumer TAKEs the message).
 -- Granted QoS is min(member's, message's): a QoS 0 delivery is at most once —
 -- no record, no lease, never redelivered — and its tag starts with 'q'.
--- Returns a list of {tag, id, acquisitions, body}. O(count + due delayed).
+-- Returns a list of {tag, id, acquisitions, body, failures, id as text}.
+-- O(count + due delayed); what the batch shares (epoch, time, the record's
+-- tail for a first delivery, the journal entry) is built once per call.
 local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   promote_delayed(K, now)
   local taken = {}
@@ -153,7 +155,7 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
       local id = tonumber(p[2])
       local body = redis.call('HGET', K.log, id)
       -- a body trimmed by retention while pending is skipped, not delivered
-      if body then taken[#taken + 1] = {nil, id, tonumber(p[3]) + 1, body, tonumber(p[4])} end
+      if body then taken[#taken + 1] = {nil, id, tonumber(p[3]) + 1, body, tonumber(p[4]), int_str(id)} end
     end
   end
   local f = read_meta(K.meta, {gf(g, CURSOR), 'seq', 'first'})
@@ -167,33 +169,47 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
     local ids = {}
     for i = 1, want do ids[i] = cur + i - 1 end
     local bodies = redis.call('HMGET', K.log, unpack(ids))
+    local texts = int_strs(cur, want)
     for i = 1, want do
-      if bodies[i] then taken[#taken + 1] = {nil, ids[i], 1, bodies[i], 0} end
+      if bodies[i] then taken[#taken + 1] = {nil, ids[i], 1, bodies[i], 0, texts[i]} end
     end
     redis.call('HSET', K.meta, gf(g, CURSOR), cur + want)
   end
-  if #taken == 0 then return taken end
+  local n_taken = #taken
+  if n_taken == 0 then return taken end
 
-  local top = next_tags(K.meta, #taken)
-  redis.call('HINCRBY', K.meta, mf(g, m, DELIVERED), #taken)
+  local base = next_tags(K.meta, n_taken) - n_taken
+  redis.call('HINCRBY', K.meta, mf(g, m, DELIVERED), n_taken)
+  local tags = int_strs(base + 1, n_taken)
+  local ep_text = SEP .. int_str(ep) .. SEP
+  local first_tail = ep_text .. '1' .. SEP .. '0'  -- a first delivery: one acquisition, no failure
   local records, deadlines, owned, n = {}, {}, {}, 0
+  local journaling = journal_on(K)
+  local marks = journaling and {} or nil
   local gm = g .. SEP .. m .. SEP
-  local base = top - #taken
-  for i, t in ipairs(taken) do
-    local tag = int_str(base + i)
-    t[1] = tag
-    if member_qos == 0 or string.byte(t[4], string.find(t[4], ':', 1, true) + 1) == 48 then  -- '0': QoS 0
+  for i = 1, n_taken do
+    local t, tag = taken[i], tags[i]
+    local body = t[4]
+    if member_qos == 0 or string.byte(body, string.find(body, ':', 1, true) + 1) == 48 then  -- '0': QoS 0
       t[1] = 'q' .. tag
+      if marks then marks[i] = 'q' end
     else
+      t[1] = tag
+      if marks then marks[i] = '' end
       n = n + 2
       records[n - 1] = tag
-      records[n] = gm .. int_str(t[2]) .. SEP .. int_str(ep) .. SEP .. int_str(t[3]) .. SEP .. int_str(t[5])
+      if t[3] == 1 and t[5] == 0 then records[n] = gm .. t[6] .. first_tail
+      else records[n] = gm .. t[6] .. ep_text .. int_str(t[3]) .. SEP .. int_str(t[5]) end
       deadlines[n - 1] = deadline
       deadlines[n] = tag
       owned[n - 1] = 0
       owned[n] = gm .. tag
     end
-    journal(now, 'out', g, m, t[2], t[1], ep, t[3])
+  end
+  if journaling then
+    local ids, tag_nums, acqs = {}, {}, {}
+    for i = 1, n_taken do ids[i], tag_nums[i], acqs[i] = taken[i][2], base + i, taken[i][3] end
+    journal_batch(now, 'out', g, m, ids, tag_nums, marks, ep, acqs)
   end
   if n == 0 then return taken end
   redis.call('HSET', K.checkouts, unpack(records))

@@ -13,9 +13,10 @@ local function mark_evicted(K, g, m, by)
   return returned
 end
 
--- A member that subscribes again is no longer fenced off.
-local function clear_marker(meta, g, m)
-  redis.call('HDEL', meta, mf(g, m, MARKER), mf(g, m, FENCE_LOGGED))
+-- A member that subscribes again is no longer fenced off: the fields its
+-- subscribe deletes (with the rest it clears, in one HDEL).
+local function marker_fields(g, m)
+  return {mf(g, m, MARKER), mf(g, m, FENCE_LOGGED)}
 end
 
 -- A marked member tries to receive: whatever it still holds goes back, and
@@ -84,8 +85,11 @@ local function reclaim_if_idle(K, ttl_ms)
 end
 
 -- A write that gives the queue an owner or a message revives it: no key may
--- keep the reclaim TTL (the caller declares all of LMQ_KEYS).
+-- keep the reclaim TTL (the caller declares all of LMQ_KEYS). The keys get
+-- and lose it together, so a meta hash without a TTL means none has one
+-- (expired keys are gone together too: the script's clock stands still).
 local function revive(K)
+  if redis.call('PTTL', K.meta) == -1 then return end
   for _, name in ipairs(LMQ_KEYS) do
     if K[name] then redis.call('PERSIST', K[name]) end
   end

@@ -11,7 +11,7 @@ local EOS = 'EOS'
 
 -- A mailbox entry: tag NUL id NUL acquisitions NUL epoch NUL body.
 local function mailbox_entry(t, ep)
-  return t[1] .. SEP .. int_str(t[2]) .. SEP .. int_str(t[3]) .. SEP .. int_str(ep) .. SEP .. t[4]
+  return t[1] .. SEP .. (t[6] or int_str(t[2])) .. SEP .. int_str(t[3]) .. SEP .. int_str(ep) .. SEP .. t[4]
 end
 
 local function push_list_remove(meta, g, m)

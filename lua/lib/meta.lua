@@ -7,7 +7,9 @@
 -- of lite queues sit idle with one exclusive owner, and a meta hash that
 -- spells out every default costs ~400 B each. At rest such a queue keeps only
 -- what differs from the defaults below; `z` = "<group>|<owner>" stands for its
--- one group, member list and owner, and the few fields left take one-letter
+-- one group, member list and owner ("<owner>" alone when the group is the
+-- lite default, `default`: 8 bytes less in every idle lmq; a client name has
+-- no '|'), and the few fields left take one-letter
 -- names (times to the second). Reads that may meet a compact hash go through
 -- read_meta, which fills everything back in; a fence that writes meta expands
 -- it first (expand_meta): some defaults are relative (cur = seq + 1, mem =
@@ -29,13 +31,16 @@ local SHORT_NAMES = {'S', 'T', 'N', 'C', 'W'}
 local function long_names(g, m) return {'seq', 'tag', mf(g, m, DELIVERED), 'ct', 'wt'} end
 local FIRST_TIME = 4
 
+local LITE_GROUP = 'default'  -- a lite SUB's group when it names none
+
 -- What a compact hash stands for but does not hold: a flat list {name,
 -- value, ...}, or nil when the hash is not compact.
 local function omitted_fields(meta)
   local z = redis.call('HGET', meta, 'z')
   if not z then return nil end
   local bar = string.find(z, '|', 1, true)
-  local g, m = string.sub(z, 1, bar - 1), string.sub(z, bar + 1)
+  local g, m = LITE_GROUP, z
+  if bar then g, m = string.sub(z, 1, bar - 1), string.sub(z, bar + 1) end
   local out, kept = {gf(g, OWNER), m}, {}
   local short = redis.call('HMGET', meta, unpack(SHORT_NAMES))
   for i, name in ipairs(long_names(g, m)) do
@@ -108,7 +113,7 @@ local function compact_meta(meta)
   redis.call('HDEL', meta, unpack(drop))
   local longs = long_names(g, m)
   local values = redis.call('HMGET', meta, unpack(longs))
-  local short = {'z', g .. '|' .. m}
+  local short = {'z', g == LITE_GROUP and m or (g .. '|' .. m)}
   for i, v in ipairs(values) do
     if v then
       if i >= FIRST_TIME then v = string.format('%d', math.floor(tonumber(v) / 1000)) end

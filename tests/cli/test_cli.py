@@ -218,6 +218,16 @@ def test_serve_with_unreachable_redis_exits_2() -> None:
     assert f"is Redis running at {url}?" in result.stderr
 
 
+def test_serve_on_a_busy_port_names_the_port_and_how_to_choose_another(redis_url: str) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = invoke("serve", "--redis-url", redis_url, "--port", str(port))
+    assert result.exit_code == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in result.stderr and "--port" in result.stderr
+
+
 def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> str:
     seen = ""
     sel = selectors.DefaultSelector()

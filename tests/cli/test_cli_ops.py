@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from fencemq.config import Config
 from fencemq.model import meta
-from fencemq.model.records import JournalLine
+from fencemq.model.records import journal_events
 from fencemq.server.embedded import EmbeddedRedis, free_port
 from fencemq.model.keys import Handle
 from fencemq.fences.core import Core
@@ -311,7 +311,7 @@ def test_inspect_not_found_exits_1(broker: dict) -> None:
 
 def test_evict_fences_the_member_and_tells_it(broker: dict) -> None:
     url, c, h1 = broker["url"], broker["c"], broker["handles"]["c1"]
-    res = ok_json("evict", "orders", "billing", "c1", "--redis-url", url)
+    res = ok_json("evict", "orders", "billing", "c1", "--yes", "--redis-url", url)
     assert res["returned"] == 3 and res["notice"]["by"] == "operator" and res["notice"]["handle"] == h1
     assert c["c1"].execute_command("PULL", h1, "COUNT", 5) == []  # fenced by its marker
     notices = [as_map(n) for n in c["c1"].execute_command("HEARTBEAT")]
@@ -322,31 +322,31 @@ def test_evict_fences_the_member_and_tells_it(broker: dict) -> None:
     got = deliveries(c["c2"].execute_command("PULL", broker["handles"]["c2"], "COUNT", 3))
     assert [(d["id"], d["deliveries"]) for d in got] == [("1", 2), ("2", 2), ("3", 2)]
 
-    out = ok("evict", "chat", "default", "Y", "--lmq", "s-1", "--redis-url", url).stdout
+    out = ok("evict", "chat", "default", "Y", "--lmq", "s-1", "--yes", "--redis-url", url).stdout
     assert "evicted Y from group default of chat[s-1]" in out
-    line = one_line_error(invoke("evict", "orders", "billing", "zed", "--redis-url", url), 1)
+    line = one_line_error(invoke("evict", "orders", "billing", "zed", "--yes", "--redis-url", url), 1)
     assert "'zed' is not a member" in line
-    one_line_error(invoke("evict", "nosuch", "g", "c", "--redis-url", url), 1)
+    one_line_error(invoke("evict", "nosuch", "g", "c", "--yes", "--redis-url", url), 1)
 
 
 def test_seek_moves_the_group(broker: dict) -> None:
     url, c = broker["url"], broker["c"]
-    res = ok_json("seek", "orders", "billing", "--earliest", "--redis-url", url)
+    res = ok_json("seek", "orders", "billing", "--earliest", "--yes", "--redis-url", url)
     assert (res["epoch"], res["cursor"], res["clamped"], res["before"]) == (1, 1, False, {"epoch": 0, "cursor": 4})
     # c1's checkouts were released: its tags settle nothing, and the group reads from 1 again
     assert c["c1"].execute_command("ACK", broker["handles"]["c1"], *broker["c1_tags"]) == 0
-    res = ok_json("seek", "orders", "billing", "--id", "8", "--redis-url", url)
+    res = ok_json("seek", "orders", "billing", "--id", "8", "--yes", "--redis-url", url)
     assert (res["epoch"], res["cursor"]) == (2, 8)
     got = deliveries(c["c2"].execute_command("PULL", broker["handles"]["c2"], "COUNT", 5))
     assert [d["id"] for d in got] == ["8", "9", "10"] and {d["epoch"] for d in got} == {2}
-    out = ok("seek", "orders", "audit", "--latest", "--redis-url", url).stdout
+    out = ok("seek", "orders", "audit", "--latest", "--yes", "--redis-url", url).stdout
     assert "epoch 0 → 1, cursor 3 → 11" in out
-    res = ok_json("seek", "orders", "audit", "--time", "0", "--redis-url", url)
+    res = ok_json("seek", "orders", "audit", "--time", "0", "--yes", "--redis-url", url)
     assert res["cursor"] == 1
 
     one_line_error(invoke("seek", "orders", "billing", "--redis-url", url), 2)
     one_line_error(invoke("seek", "orders", "billing", "--earliest", "--latest", "--redis-url", url), 2)
-    assert "no group 'nope'" in one_line_error(invoke("seek", "orders", "nope", "--earliest", "--redis-url", url), 1)
+    assert "no group 'nope'" in one_line_error(invoke("seek", "orders", "nope", "--earliest", "--yes", "--redis-url", url), 1)
 
 
 def test_sweep_returns_expired_leases_and_notifies(redis_url: str) -> None:
@@ -408,7 +408,7 @@ def test_purge_empties_the_backlog_and_leaves_checkouts(broker: dict) -> None:
     assert q["backlog"] == 0 and q["ready"] == 0 and q["checkouts_total"] == 3
     assert all(g["epoch"] == 0 for g in q["groups"])  # no tag went stale
     journal = broker["direct"].lrange("fmq:{t:orders}:jr", -2, -1)
-    assert [(e.event, e.group) for e in map(JournalLine.decode, journal)] == [("purge", "billing"), ("purge", "audit")]
+    assert [(e.event, e.group) for raw in journal for e in journal_events(raw)] == [("purge", "billing"), ("purge", "audit")]
     assert c["c2"].execute_command("PULL", broker["handles"]["c2"], "COUNT", 5) == []
     assert c["c1"].execute_command("ACK", broker["handles"]["c1"], *broker["c1_tags"]) == 3  # checkouts still settle
 
@@ -461,7 +461,7 @@ def test_dlq_replay_makes_the_message_pullable_again(broker: dict) -> None:
     c["d1"].execute_command("ACK", hd, job2["tag"])
     assert c["d1"].execute_command("PULL", hd) == []
 
-    res = ok_json("dlq", "replay", "jobs", "--redis-url", url)
+    res = ok_json("dlq", "replay", "jobs", "--yes", "--redis-url", url)
     assert res["replayed"] == [{"id": 1, "group": "workers", "member": "d1", "acquisitions": 1, "via": "ready"}]
     assert res["skipped"] == [] and res["dead_letters_left"] == 0
     (again,) = deliveries(c["d1"].execute_command("PULL", hd))
@@ -469,9 +469,9 @@ def test_dlq_replay_makes_the_message_pullable_again(broker: dict) -> None:
     # failures were reset: with max_failures=1 one NACK dead-letters it again
     c["d1"].execute_command("NACK", hd, again["tag"])
     assert broker["direct"].llen("fmq:{t:jobs}:dlq") == 1
-    out = ok("dlq", "replay", "jobs", "--count", "5", "--redis-url", url).stdout
+    out = ok("dlq", "replay", "jobs", "--count", "5", "--yes", "--redis-url", url).stdout
     assert "1 replayed, 0 kept, 0 dead letter(s) left." in out
-    journal = [JournalLine.decode(e).event for e in broker["direct"].lrange("fmq:{t:jobs}:jr", 0, -1)]
+    journal = [e.event for raw in broker["direct"].lrange("fmq:{t:jobs}:jr", 0, -1) for e in journal_events(raw)]
     assert journal.count("replay") == 2
     line = one_line_error(invoke("dlq", "replay", "jobs", "--redis-url", url), 1)  # nothing left
     assert "nothing replayed" in line
@@ -494,13 +494,13 @@ def test_dlq_replay_keeps_dead_letters_whose_body_was_trimmed(redis_url: str) ->
             await r.aclose()
 
     run(setup())
-    res = ok_json("dlq", "replay", "t", "--count", "5", "--redis-url", redis_url)
+    res = ok_json("dlq", "replay", "t", "--count", "5", "--yes", "--redis-url", redis_url)
     assert [(r["id"], r["via"]) for r in res["replayed"]] == [(2, "ready")]
     assert res["skipped"] == [{"position": 0, "id": 1, "group": "g", "reason": "trimmed"}]
     assert res["dead_letters_left"] == 1
     left = ok_json("dlq", "list", "t", "--redis-url", redis_url)["dead_letters"]
     assert [d["id"] for d in left] == [1]
-    out = invoke("dlq", "replay", "t", "--redis-url", redis_url)
+    out = invoke("dlq", "replay", "t", "--yes", "--redis-url", redis_url)
     assert out.exit_code == 1 and "body trimmed from the log by retention" in out.stdout
 
 
@@ -540,6 +540,8 @@ def test_top_two_iterations(broker: dict) -> None:
     rows = {q["name"]: q for q in second["queues"]}
     assert second["queues"][0]["name"] == "orders"  # the busiest first
     assert rows["orders"]["rates"]["publish"] > 0
+    assert second["totals"]["publish"] >= rows["orders"]["rates"]["publish"] > 0, "the totals sum the rates"
+    assert second["totals"]["deliver"] is not None
     assert {(s["group"], s["member"]) for s in second["suspected"]} >= {("audit", "c3"), ("default", "X")}
 
 
@@ -547,9 +549,9 @@ def test_top_two_iterations(broker: dict) -> None:
 
 
 @pytest.mark.parametrize("args", [
-    ["queues"], ["lmqs"], ["inspect", "queue", "t"], ["inspect", "session", "c"], ["evict", "t", "g", "c"],
-    ["sweep", "--all-due"], ["seek", "t", "g", "--earliest"], ["purge", "t", "--yes"], ["dlq", "list", "t"],
-    ["dlq", "replay", "t"], ["top", "--iterations", "1"],
+    ["queues"], ["lmqs"], ["inspect", "queue", "t"], ["inspect", "session", "c"], ["evict", "t", "g", "c", "--yes"],
+    ["sweep", "--all-due"], ["seek", "t", "g", "--earliest", "--yes"], ["purge", "t", "--yes"], ["dlq", "list", "t"],
+    ["dlq", "replay", "t", "--yes"], ["top", "--iterations", "1"],
 ])
 def test_unreachable_redis_exits_2_with_one_line(args: list[str]) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
@@ -633,7 +635,7 @@ def test_cluster_listing_visits_every_master_and_pages_across_them(cluster: list
     assert sorted(seen) == sorted(f"lmq-{i}" for i in range(30)) and len(seen) == 30 and pages >= 5
     assert ok_json("inspect", "queue", "plain", "--redis-url", url, "--cluster")["checkouts_total"] == 1
     assert ok_json("dlq", "list", "plain", "--redis-url", url)["total"] == 1
-    assert ok_json("dlq", "replay", "plain", "--redis-url", url)["replayed"][0]["id"] == 1
+    assert ok_json("dlq", "replay", "plain", "--yes", "--redis-url", url)["replayed"][0]["id"] == 1
     assert ok_json("purge", "plain", "--yes", "--redis-url", url)["dropped"] == 1
     sample = json.loads(ok("top", "--iterations", "1", "--redis-url", url, "--json").stdout)
     assert sample["queues_seen"] == 31

@@ -34,7 +34,7 @@ def w(redis_url):
 
 @pytest.fixture
 def direct(redis_url):
-    r = redis.Redis.from_url(redis_url)
+    r = helpers.direct(redis_url)
     yield r
     r.close()
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import anyio
 import pytest
-import redis as redis_py
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
@@ -36,6 +35,7 @@ from fencemq.config import Config
 from fencemq.errors import NotFound
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.fences.core import Core
+from tests import helpers
 from tests.helpers import (
     RespConn,
     as_map,
@@ -69,7 +69,7 @@ class Direct:
 
     @staticmethod
     async def _connect(url: str) -> Redis:
-        return Redis.from_url(url)
+        return helpers.direct_async(url)
 
     def run(self, coro: Any, timeout: float = STEP_S) -> Any:
         async def bounded() -> Any:
@@ -312,7 +312,7 @@ def sub(c, *args: Any) -> str:
 
 
 def test_unsub_max_at_or_below_what_was_delivered_ends_the_stream_at_once_and_stops_dispatch(redis_url) -> None:
-    r = redis_py.Redis.from_url(redis_url)
+    r = helpers.direct(redis_url)
     with worker(redis_url) as w:
         c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
         h = sub(c, "t", "GROUP", "g", "PUSH", "CAPACITY", 3)
@@ -368,7 +368,7 @@ def test_an_abrupt_unsub_wakes_a_blocked_take_with_eos_within_milliseconds(redis
 
 
 def test_an_abrupt_unsub_clears_the_mailbox_and_returns_its_messages_to_the_group(redis_url) -> None:
-    r = redis_py.Redis.from_url(redis_url)
+    r = helpers.direct(redis_url)
     with worker(redis_url) as w:
         c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
         h = sub(c, "t", "GROUP", "g", "PUSH", "CAPACITY", 4)
@@ -382,7 +382,7 @@ def test_an_abrupt_unsub_clears_the_mailbox_and_returns_its_messages_to_the_grou
 
 
 def test_the_mailbox_survives_a_worker_restart_and_take_continues_in_order(redis_url) -> None:
-    r = redis_py.Redis.from_url(redis_url)
+    r = helpers.direct(redis_url)
     first = worker(redis_url).start()
     try:
         c, p = client(first.port, 2, "c"), client(first.port, 2, "p")
@@ -430,7 +430,7 @@ def test_the_consumer_moving_to_another_worker_takes_on_from_its_mailbox_in_orde
 def test_back_pressure_the_mailbox_never_holds_more_than_its_capacity_whatever_is_published(redis_url) -> None:
 
 
-    r = redis_py.Redis.from_url(redis_url)
+    r = helpers.direct(redis_url)
     key = mailbox_key("t", "g", "c")
     with worker(redis_url) as w:
         c = client(w.port, 2, "c")
@@ -471,7 +471,7 @@ def test_a_mailbox_message_s_lease_starts_when_it_is_taken_not_when_it_is_dispat
 
 def test_the_sdk_push_iterator_ends_cleanly_when_the_subscription_is_ended_from_elsewhere(redis_url) -> None:
     async def main(url: str) -> list[bytes]:
-        operator = Core(Redis.from_url(redis_url), Config())
+        operator = Core(helpers.direct_async(redis_url), Config())
         async with await Client.connect(url, client_id="sdk") as c:
             sub = await c.subscribe("t", group="g", push=True, capacity=4)
             await c.mpublish("t", [b"a", b"b"])
@@ -501,7 +501,7 @@ def test_the_sdk_push_iterator_ends_cleanly_when_the_subscription_is_ended_from_
 
 
 def test_unsubscribing_a_push_subscription_inside_its_iterator_lets_the_server_forget_the_member(redis_url) -> None:
-    r = redis_py.Redis.from_url(redis_url)
+    r = helpers.direct(redis_url)
 
     async def main(url: str) -> None:
         async with await Client.connect(url, client_id="sdk") as c:

@@ -43,6 +43,7 @@ from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle, QueueRef
 from fencemq.model.messages import unpack_delivery
 from fencemq.fences.core import Core
+from tests.helpers import direct_async, in_cluster_mode
 from tests.reference import (
     SEP,
     ModelError,
@@ -90,7 +91,7 @@ class Driver:
 
     @staticmethod
     async def _connect(url: str) -> Redis:
-        return Redis.from_url(url)
+        return direct_async(url)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -261,7 +262,7 @@ class Harness:
         k = self.keys
 
         async def firsts() -> list[Any]:
-            async with self.d.redis.pipeline(transaction=True) as p:
+            async with self.d.redis.pipeline(transaction=not in_cluster_mode()) as p:
                 p.zrange(k.deadlines, 0, 0, withscores=True)
                 p.zrange(k.delayed, 0, 0, withscores=True)
                 p.zscore(self.q.keys.schedule, QREF.qid)
@@ -297,7 +298,8 @@ class Harness:
         k = self.keys
 
         async def read() -> list[Any]:
-            async with self.d.redis.pipeline(transaction=True) as p:
+            # A Cluster keeps the schedule in a slot of its own: no transaction can span both.
+            async with self.d.redis.pipeline(transaction=not in_cluster_mode()) as p:
                 p.hgetall(k.meta)
                 p.hgetall(k.checkouts)
                 p.zrange(k.deadlines, 0, -1, withscores=True)

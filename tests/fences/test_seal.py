@@ -15,6 +15,7 @@ import redis
 from fencemq.errors import BadArgument
 from fencemq.fences.leases import RENEW
 from fencemq.model.keys import Handle, Keyspace, QueueRef
+from tests.helpers import direct, direct_async
 from tests.helpers import as_map, client, deliveries, error_code, text, worker
 
 KEYS = Keyspace("fmq")
@@ -28,7 +29,7 @@ def w(redis_url):
 
 @pytest.fixture
 def r(redis_url) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
+    return direct(redis_url)
 
 
 def sub(c, *args: Any) -> str:
@@ -110,7 +111,7 @@ def test_hole_1_a_fence_refuses_a_number_that_is_not_a_decimal_integer_before_wr
     from fencemq.fences.core import Core
 
     async def main() -> None:
-        async_r = redis.asyncio.Redis.from_url(redis_url)
+        async_r = direct_async(redis_url)
         core = Core(async_r, Config())
         await core.publishing.publish("orders", [b"x"])
         h = Handle.decode((await core.subscriptions.subscribe("a", "orders", group="g")).handle)

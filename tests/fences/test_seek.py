@@ -17,8 +17,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import redis
-from redis.asyncio import Redis as AsyncRedis
 
 from fencemq.sdk.client import Client, Subscription
 from fencemq.config import Config
@@ -26,6 +24,7 @@ from fencemq.errors import NoPermission
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.model.messages import Delivery
 from fencemq.fences.core import Core
+from tests import helpers
 from tests.helpers import worker
 
 KEYS = Keyspace()
@@ -293,7 +292,7 @@ def test_seek_below_retention_lands_on_the_oldest_retained_message(redis_url):
                 await sub.seek(id=160)  # inside the retained range: exactly there
                 assert ids_of(await sub.pull(1)) == [160]
             # the core API says when it clamped (the SEEK reply carries only the epoch)
-            r = AsyncRedis.from_url(redis_url)
+            r = helpers.direct_async(redis_url)
             try:
                 queues = Core(r, Config(redis_url=redis_url))
                 h = Handle(QueueRef("short"), "~late", "late")
@@ -392,7 +391,7 @@ def test_subscribing_again_with_a_lower_epoch_keeps_the_servers_which_the_client
 
 
 def test_a_client_that_knows_a_higher_epoch_than_a_restored_server_is_not_filtered_out(w, redis_url):
-    direct = redis.Redis.from_url(redis_url)
+    direct = helpers.direct(redis_url)
 
     async def main() -> None:
         async with subscribed(url(w), "survivor", "log", 10) as (c, sub):
@@ -437,7 +436,7 @@ def test_seek_on_a_single_active_group_is_the_active_members_and_releases_its_ch
 
 
 def test_seek_on_a_shared_group_releases_every_members_checkouts_and_leaves_other_groups_alone(w, redis_url):
-    direct = redis.Redis.from_url(redis_url)
+    direct = helpers.direct(redis_url)
     checkouts = KEYS.queue(QueueRef("log")).checkouts
 
     async def main() -> None:

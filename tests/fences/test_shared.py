@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from fencemq.model.keys import Keyspace, QueueRef
+from tests.helpers import direct
 from tests.helpers import (
     RespConn,
     as_map,
@@ -41,7 +42,7 @@ def w(redis_url):
 @pytest.fixture
 def r(redis_url) -> redis.Redis:
     """A plain Redis client on the broker's server, to look at its state."""
-    return redis.Redis.from_url(redis_url)
+    return direct(redis_url)
 
 
 def sub(c, *args: Any) -> str:
@@ -316,12 +317,12 @@ def test_the_last_member_leaving_deletes_the_groups_queue_and_its_registry_entry
     assert r.hexists(KEYS.filters, qid)
     a.execute_command("UNSUB", ha)
     assert take(a, ha) == "EOS"
-    assert r.keys("fmq:{f:$share*"), "the group went while a member was left"
+    assert list(r.scan_iter(match="fmq:{f:$share*")), "the group went while a member was left"
     assert text(b.call("QUIT")) == "OK"  # ends b's session at once
-    wait_for(lambda: not r.keys("fmq:{f:$share*"), timeout=3, what="the group's keys to be deleted")
+    wait_for(lambda: not list(r.scan_iter(match="fmq:{f:$share*")), timeout=3, what="the group's keys to be deleted")
     assert not r.hexists(KEYS.filters, qid)
     p.execute_command("PUB", "l/x", "later")  # nobody matches any more: nothing is recreated
-    assert r.keys("fmq:{f:$share*") == []
+    assert list(r.scan_iter(match="fmq:{f:$share*")) == []
     c = client(w.port, 2, "c")
     hc = sub(c, "$share/gone/l/#")  # a new group: none of the old messages
     assert take_all(c, hc) == []
@@ -419,7 +420,7 @@ def test_an_invalid_filter_or_topic_name_is_badarg_naming_the_rule_and_changes_n
     c = client(w.port, 2, "v")
     message = expect_error("BADARG", c.execute_command, *command)
     assert rule in message, message
-    assert r.keys("fmq:{f:*") == [] and not r.exists(KEYS.filters)
+    assert list(r.scan_iter(match="fmq:{f:*")) == [] and not r.exists(KEYS.filters)
     assert text(c.execute_command("PING")) == "PONG"
 
 
@@ -439,4 +440,4 @@ def test_filters_registered_on_one_worker_are_matched_by_publishes_through_anoth
             c.execute_command("UNSUB", shared)
             assert take(c, own) == "EOS" and take(c, shared) == "EOS"  # the groups are deleted
             p.execute_command("PUB", f"x{i}/y", "after")  # at once: must not recreate them
-        assert r.keys("fmq:{f:*") == [] and not r.exists(KEYS.filters)
+        assert list(r.scan_iter(match="fmq:{f:*")) == [] and not r.exists(KEYS.filters)

@@ -17,6 +17,7 @@ from fencemq.model.records import (
     END_OF_STREAM,
     Checkout,
     DeadLetter,
+    JournalBatch,
     JournalLine,
     MailboxEntry,
     OwnedEntry,
@@ -26,6 +27,7 @@ from fencemq.model.records import (
     encode_names,
     encode_push_members,
     is_end_of_stream,
+    journal_events,
     lex_range,
 )
 
@@ -66,6 +68,42 @@ def test_an_owned_entry_round_trips_and_falls_in_its_members_range(entry: OwnedE
                  st.none() | TAGS, st.none() | COUNTS, st.none() | FREE_TEXT))
 def test_a_journal_line_round_trips(line: JournalLine) -> None:
     assert JournalLine.decode(line.encode()) == line
+    assert journal_events(line.encode()) == [line]
+
+
+@st.composite
+def journal_batches(draw: st.DrawFn) -> JournalBatch:
+    n = draw(st.integers(2, 30))
+    ids = tuple(sorted(draw(st.sets(st.integers(1, 2**53), min_size=n, max_size=n))))
+    tags = draw(st.none() | st.lists(TAGS, min_size=n, max_size=n).map(tuple))
+    extras = draw(st.none() | st.lists(st.sampled_from(["1", "2", "17"]), min_size=n, max_size=n).map(tuple))
+    return JournalBatch(draw(COUNTS), draw(st.sampled_from(["pub", "out", "ack"])), draw(st.none() | NAMES),
+                        draw(st.none() | NAMES), ids, tags, draw(st.none() | COUNTS), extras)
+
+
+@given(journal_batches())
+def test_a_journal_batch_round_trips_and_expands_to_its_events(batch: JournalBatch) -> None:
+    raw = batch.encode()
+    assert JournalBatch.decode(raw) == batch
+    events = journal_events(raw)
+    assert [e.id for e in events] == list(batch.ids)
+    assert [e.tag for e in events] == list(batch.tags or [None] * len(batch.ids))
+    assert [e.extra for e in events] == list(batch.extras or [None] * len(batch.ids))
+    assert {(e.ms, e.event, e.group, e.member, e.epoch) for e in events} == {
+        (batch.ms, batch.event, batch.group, batch.member, batch.epoch)}
+
+
+def test_a_batch_journal_entry_reads_as_the_lua_fences_write_it() -> None:
+    raw = b"17\tout\tg\tc1\t5-7,9\tq100-101,102-103\t2\t1*3,2"
+    assert journal_events(raw) == [
+        JournalLine(17, "out", "g", "c1", 5, "q100", 2, "1"), JournalLine(17, "out", "g", "c1", 6, "q101", 2, "1"),
+        JournalLine(17, "out", "g", "c1", 7, "102", 2, "1"), JournalLine(17, "out", "g", "c1", 9, "103", 2, "2")]
+    assert JournalBatch.decode(raw).encode() == raw
+    assert [e.id for e in journal_events(b"17\tpub\t\t\t1-100\t\t\t")] == list(range(1, 101))
+    with pytest.raises(ValueError, match="batch"):
+        JournalLine.decode(raw)  # a reader of single lines is told, not handed a wrong event
+    with pytest.raises(ValueError, match="4 ids but 3 tags"):
+        journal_events(b"17\tack\tg\tc1\t1-4\t7-9\t0\t")
 
 
 BODIES = st.one_of(st.binary(max_size=300), st.integers(0, 70_000).map(lambda n: b"\xff" * n))
@@ -147,6 +185,8 @@ def test_meta_decode_sorts_fields_by_owner_and_spells_out_a_compact_hash() -> No
     assert decoded.groups["default"][meta.CURSOR] == "5"
     assert decoded.members[("default", "alice")][meta.MARKER] == "bob"
     assert decoded.fields[meta.CREATED] == "1700000000000" and decoded.fields[meta.SEQ] == "4"
+    # the lite default group goes without saying: "alice" is "default|alice"
+    assert meta.decode({**raw, b"z": b"alice"}) == decoded
     flat = meta.decode([b"seq", b"3", b"groups", b"a\nb", b"g|a|mode", b"shared", b"g|x|y|z", b"1"])
     assert flat.group_names == ["a", "b"] and flat.groups == {"a": {"mode": "shared"}}
     assert flat.fields["g|x|y|z"] == "1"  # not a group field: kept as it is

@@ -19,10 +19,11 @@ from fencemq.model.keys import Handle, Keyspace
 from fencemq.model.records import (
     Checkout,
     DeadLetter,
-    JournalLine,
+    JournalBatch,
     MailboxEntry,
     OwnedEntry,
     ReadyEntry,
+    decode_journal_entry,
     decode_names,
     decode_push_members,
     encode_names,
@@ -76,8 +77,9 @@ def test_every_record_the_fences_store_decodes_and_encodes_back(redis_url: str) 
                 assert ReadyEntry.decode(raw).encode() == raw
                 seen["ready"] += 1
             for raw in r.lrange(k.journal, 0, -1):
-                assert JournalLine.decode(raw).encode() == raw
-                seen["journal"] += 1
+                entry = decode_journal_entry(raw)
+                assert entry.encode() == raw
+                seen["journal batch" if isinstance(entry, JournalBatch) else "journal"] += 1
             for raw in r.lrange(k.dead, 0, -1):
                 assert DeadLetter.decode(raw).encode() == raw
                 seen["dead letter"] += 1
@@ -94,5 +96,5 @@ def test_every_record_the_fences_store_decodes_and_encodes_back(redis_url: str) 
                     seen["marker"] += 1
     finally:
         r.close()
-    assert set(seen) == {"name list", "push members", "checkout", "owned", "ready", "journal", "dead letter",
+    assert set(seen) == {"name list", "push members", "checkout", "owned", "ready", "journal", "journal batch", "dead letter",
                          "end of stream", "mailbox entry", "marker"}, seen

@@ -729,12 +729,14 @@ def test_preempted_owner_gets_a_pushed_notice(worker_url: str) -> None:
     run(main())
 
 
-def test_same_id_connecting_again_closes_the_older_connection(worker_url: str) -> None:
+def test_same_id_connecting_again_shares_the_session_until_it_takes_it_over(worker_url: str) -> None:
     async def main() -> None:
         old = await Client.connect(worker_url, client_id="twin")
         sub = await old.subscribe("twins")
         new = await Client.connect(worker_url, client_id="twin")
         try:
+            assert await sub.pull(block_ms=100) == [] and not old.closed  # one session, two connections
+            await new.execute("CLIENT", "TAKEOVER")
             with pytest.raises(ConnectionError):
                 for _ in range(50):
                     await sub.pull(block_ms=100)

@@ -105,7 +105,7 @@ def test_a_preempted_lite_owner_is_told_and_its_session_end_clears_the_marker(cl
         assert node.hget(meta, "m|default|A|mk") == "B"
         a.close()  # its session lease (500 ms) runs out; any worker's sweeper ends it
         wait_for(lambda: not node.hexists(meta, "m|default|A|mk"), timeout=10, what="the marker to go")
-        assert node.hget(meta, "g|default|own") == "B" or node.hget(meta, "z") == "default|B"
+        assert node.hget(meta, "g|default|own") == "B" or node.hget(meta, "z") in ("B", "default|B")
     finally:
         b.close()
         node.close()

@@ -287,3 +287,56 @@ def test_any_redis_url_runs_lua(any_redis_url: str) -> None:
     client = redis.Redis.from_url(any_redis_url)
     assert client.dbsize() == 0
     assert client.eval("return redis.call('INCRBY', KEYS[1], ARGV[1])", 1, "n", 5) == 5
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat_file.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the server's process through /proc")
+def test_the_private_server_and_its_temp_dir_go_when_fencemq_serve_is_killed_with_sigkill(tmp_path: Path) -> None:
+    port = embedded.free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "fencemq.cli.main", "serve", "--port", str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 30
+        servers: list[int] = []
+        while time.monotonic() < deadline and not servers:
+            servers = [p for p in _children(serve.pid)
+                       if "server" in Path(f"/proc/{p}/comm").read_text(errors="replace")]
+            time.sleep(0.1)
+        assert servers, "fencemq serve started no private server"
+        (server,) = servers
+        (data_dir,) = tmp_path.glob(embedded.TEMP_PREFIX + "*")  # TMPDIR is this test's own
+    finally:
+        serve.kill()  # SIGKILL: no atexit, no finally, no signal handler runs
+        serve.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (_process_gone(server) and not data_dir.exists()):
+        time.sleep(0.05)
+    assert _process_gone(server), "the private server outlived its worker"
+    assert not data_dir.exists(), "its temp dir was left behind"
+
+
+def test_a_temp_dir_left_by_a_dead_starter_is_removed_by_the_next_start(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(embedded.tempfile, "tempdir", None)  # read TMPDIR again
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan, alive, unmarked = (tmp_path / f"{embedded.TEMP_PREFIX}{n}" for n in ("orphan", "alive", "unmarked"))
+    for d, owner in ((orphan, dead.pid), (alive, os.getpid()), (unmarked, None)):
+        d.mkdir()
+        if owner is not None:
+            (d / embedded.OWNER_FILE).write_text(str(owner))
+    with EmbeddedRedis() as server:
+        assert server.data_dir.parent == tmp_path
+        assert not orphan.exists(), "the dead starter's dir must go"
+        assert alive.exists() and unmarked.exists(), "a live starter's dir, and one not marked, stay"

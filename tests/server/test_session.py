@@ -19,6 +19,7 @@ from fencemq.errors import NoPermission
 from fencemq.model.keys import Handle, QueueRef
 from fencemq.protocol.commands import TABLE
 from fencemq.protocol.resp import Push
+from fencemq.server.roster import Roster
 from fencemq.server.session import Session
 from fencemq.server.verbs import Verbs
 
@@ -46,7 +47,7 @@ class StandIns:
 
 def session_with(config: Config | None = None) -> tuple[Session, StandIns]:
     lent = StandIns()
-    services = SimpleNamespace(config=config or Config())
+    services = SimpleNamespace(config=config or Config(), roster=Roster())
     lent.session = Session(services, "w1:7", watch_for_hangup=lent.watch_for_hangup,  # type: ignore[arg-type]
                            end_connection=lent.end_connection)
     return lent.session, lent

@@ -326,7 +326,7 @@ def test_a_client_that_disconnects_during_a_long_poll_loses_its_session_after_th
 # -- (e) the same client id connecting again ---------------------------------------------------------
 
 
-def test_the_same_client_id_connecting_again_takes_the_session_over(redis_url):
+def test_the_same_client_id_connecting_again_with_takeover_takes_the_session_over(redis_url):
     with worker(redis_url) as w:
         old = RespConn(w.port)
         old.hello(2, "phone")
@@ -335,7 +335,7 @@ def test_the_same_client_id_connecting_again_takes_the_session_over(redis_url):
         (d,) = deliveries(old.call("PULL", h))
 
         new = RespConn(w.port)
-        new.hello(3, "phone")
+        new.hello(3, "phone", "TAKEOVER")
         assert old.is_closed(2.0), "the older connection must be closed"
         # the session, its subscription and its checkouts are the new connection's now
         assert new.call("ACK", h, d["tag"]) == 1
@@ -353,7 +353,7 @@ def test_a_takeover_through_another_worker_closes_the_older_connection(redis_url
         old.hello(3, "laptop")
         h = as_map(old.call("SUB", "orders", "GROUP", "g"))["handle"]
         new = RespConn(second.port)
-        new.hello(2, "laptop")
+        new.hello(2, "laptop", "TAKEOVER")
         assert old.is_closed(2.0), "the older connection must be closed"
         assert deliveries(new.call("PULL", h)) == []
         new.close()

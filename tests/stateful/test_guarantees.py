@@ -1,0 +1,456 @@
+"""All five guarantees at once, driven by a model through hostile and unlucky moves.
+
+A hypothesis rule-based machine plays three consumers and a producer against
+two real workers (one in this process, one a process of its own that a move
+may kill with SIGKILL) in front of one real Redis. Besides the ordinary moves
+(publish, subscribe to a durable group, a `$share` filter group or an lmq,
+pull, ack, nack, seek, unsubscribe) it makes the moves the audit of the seal
+issue made: out-of-range numbers, handles forged to name the caller in
+subscriptions it never joined, a `$share` queue dropped and re-created, a
+connection dropped between a PULL and its ACK, a session expiring, Redis
+pausing past a lease, a worker dying between two calls.
+
+After every step the invariants are read off the real server:
+
+* nothing acknowledged to a producer is lost: every message published to the
+  durable group since its last SEEK and not yet settled there is still in the
+  log and on its way to a member (ahead of the cursor, returned, delayed,
+  checked out or dead-lettered);
+* nothing is delivered to a member after its eviction, nor under an epoch
+  older than a SEEK that returned;
+* no tag is handed out twice under one handle (re-created queues included);
+* epochs only grow;
+* a message is settled at most once per group (between two SEEKs);
+* no membership, marker, ownership or checkout names a client whose session
+  is gone.
+
+`make test` runs a few dozen sequences; `make test-stateful` (run by CI after
+`make test`) runs FENCEMQ_STATEFUL_EXAMPLES of them, 1,000 by default.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+from fencemq.model import meta as fields
+from fencemq.model.keys import Handle, Keyspace, QueueRef
+from tests.helpers import (
+    as_map, client, deliveries, error_code, free_port, in_cluster_mode, subprocess_worker, text, wait_for, worker,
+)
+
+KEYS = Keyspace("fmq")
+EXAMPLES = int(os.environ.get("FENCEMQ_STATEFUL_EXAMPLES", "30"))
+LOCK_MS = 400  # short enough that pauses and slow steps let leases lapse, long enough to ack most
+WORKER_SETTINGS = {"session_lease_ms": 1500, "sweep_interval_ms": 50}
+RUNS = itertools.count(1)
+TARGETS = ("group", "share", "lmq")
+
+
+def refusal(exc: BaseException) -> str:
+    return error_code(exc)
+
+
+@dataclass
+class Consumer:
+    cid: str
+    worker: int  # 0: the in-process worker, 1: the process a move may kill
+    conn: redis.Redis | None = None
+    handles: dict[str, str] = field(default_factory=dict)  # target -> handle it holds now
+    fetched: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)  # target -> [(tag, id, epoch)]
+
+
+class Workers:
+    """The two workers every sequence shares: one in this process, one killable."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+        self.inside = worker(redis_url, **WORKER_SETTINGS).start()
+        self.outside_port = free_port()
+        self.outside = subprocess_worker(redis_url, self.outside_port, **WORKER_SETTINGS)
+
+    def port(self, which: int) -> int:
+        return self.inside.port if which == 0 else self.outside_port
+
+    def kill_outside(self) -> None:
+        """SIGKILL: no session ends, no lease is given back; the other worker's sweeper must clean up."""
+        self.outside.send_signal(signal.SIGKILL)
+        self.outside.wait()
+        self.outside_port = free_port()
+        self.outside = subprocess_worker(self.redis_url, self.outside_port, **WORKER_SETTINGS)
+
+    def stop(self) -> None:
+        self.outside.send_signal(signal.SIGKILL)
+        self.outside.wait()
+        self.inside.stop()
+
+
+class Guarantees(RuleBasedStateMachine):
+    workers: Workers
+    redis: redis.Redis
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run = next(RUNS)
+        base = f"st{self.run}"
+        self.topic, self.lite_topic, self.filter_topic = f"{base}/t", f"{base}/lt", f"{base}/f/a"
+        self.share_filter = f"$share/s/{base}/f/#"
+        self.queues = {"group": QueueRef(self.topic), "share": QueueRef(f"{base}/f/#", None, "$share/s"),
+                       "lmq": QueueRef(self.lite_topic, "l0")}
+        self.consumers = [Consumer(f"x{self.run}c{i}q", worker=i % 2) for i in range(3)]
+        self.producer = client(self.workers.port(0), 2, f"x{self.run}pq")
+        # the model
+        self.published: dict[str, list[int]] = {"group": [], "share": [], "lmq": []}
+        self.loss_checked_from = 0  # ids of the durable group below this were published before its last SEEK
+        self.settled: set[tuple[str, int]] = set()  # (target, id) settled since that target's last SEEK
+        self.seek_epoch: dict[str, int] = {}  # target -> epoch its last SEEK returned
+        self.epochs: dict[tuple[str, str], int] = {}  # (queue key, group field) -> highest epoch seen
+        self.tags_seen: dict[str, set[str]] = {}  # handle -> every tag delivered under it
+        self.evicted: dict[str, str] = {}  # lmq handle -> who preempted it (its PULLs must stay empty)
+        self.lmq_owner: str | None = None
+        self.killed = False
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def conn(self, c: Consumer) -> redis.Redis:
+        if c.conn is None:
+            c.conn = client(self.workers.port(c.worker), 2, c.cid, timeout=15)
+        return c.conn
+
+    def subscribe_args(self, target: str) -> list[Any]:
+        if target == "group":
+            return [self.topic, "GROUP", "g", "MODE", "shared", "FROM", "EARLIEST", "LOCK", LOCK_MS]
+        if target == "share":
+            return [self.share_filter, "LOCK", LOCK_MS]
+        return [self.lite_topic, "LMQ", "l0", "LOCK", LOCK_MS]
+
+    def group_state(self, target: str) -> dict[str, str]:
+        return fields.expand(self.redis.hgetall(KEYS.queue(self.queues[target]).meta))
+
+    def forget_fetched(self, c: Consumer, target: str) -> None:
+        c.fetched.pop(target, None)
+
+    # -- ordinary moves ---------------------------------------------------------------------
+
+    @initialize(subscriptions=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(TARGETS)), min_size=1, max_size=4),
+                backlog=st.lists(st.tuples(st.sampled_from(TARGETS), st.integers(1, 4)), max_size=3))
+    def start_with_some_members_and_messages(self, subscriptions: list[tuple[int, str]],
+                                             backlog: list[tuple[str, int]]) -> None:
+        for queue, n in backlog:
+            self.publish(queue, n)
+        for who, queue in subscriptions:
+            self.subscribe(who, queue)
+
+    @rule(queue=st.sampled_from(TARGETS), n=st.integers(1, 4))
+    def publish(self, queue: str, n: int) -> None:
+        payloads = [f"m{i}" for i in range(n)]
+        if queue == "group":
+            ids = self.producer.execute_command("MPUB", self.topic, n, *payloads)
+        elif queue == "share":
+            ids = self.producer.execute_command("MPUB", self.filter_topic, n, *payloads)
+        else:
+            ids = self.producer.execute_command("MPUB", self.lite_topic, n, *payloads, "LMQ", "l0")
+        self.published[queue].extend(int(i) for i in ids)
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS))
+    def subscribe(self, who: int, queue: str) -> None:
+        c = self.consumers[who]
+        reply = as_map(self.conn(c).execute_command("SUB", *self.subscribe_args(queue)))
+        handle = reply["handle"]
+        c.handles[queue] = handle
+        if queue == "lmq":
+            if self.lmq_owner is not None and self.lmq_owner != c.cid:
+                previous = next(x for x in self.consumers if x.cid == self.lmq_owner)
+                if "lmq" in previous.handles:
+                    self.evicted[previous.handles["lmq"]] = c.cid
+            self.evicted.pop(handle, None)
+            self.lmq_owner = c.cid
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS), count=st.integers(1, 5))
+    def pull(self, who: int, queue: str, count: int) -> None:
+        c = self.consumers[who]
+        handle = c.handles.get(queue)
+        if handle is None:
+            return
+        try:
+            got = deliveries(self.conn(c).execute_command("PULL", handle, "COUNT", count))
+        except redis.ResponseError as e:
+            assert refusal(e) in ("NOTFOUND", "STALE", "NOPERM"), str(e)
+            return
+        if handle in self.evicted:
+            assert got == [], f"{c.cid} was evicted by {self.evicted[handle]} yet received {got}"
+        seen = self.tags_seen.setdefault(handle, set())
+        for d in got:
+            tag, mid, epoch = d["tag"], int(d["id"]), int(d["epoch"])
+            assert tag not in seen, f"tag {tag} handed out twice under {handle}"
+            seen.add(tag)
+            assert epoch >= self.seek_epoch.get(queue, 0), f"delivered under epoch {epoch} after a SEEK to " \
+                                                            f"{self.seek_epoch[queue]}"
+            assert mid in self.published[queue], f"delivered {mid}, which was never published"
+            c.fetched.setdefault(queue, []).append((tag, mid, epoch))
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS), data=st.data())
+    def ack(self, who: int, queue: str, data: st.DataObject) -> None:
+        c = self.consumers[who]
+        handle, fetched = c.handles.get(queue), c.fetched.get(queue)
+        if not handle or not fetched:
+            return
+        tag, mid, _ = fetched.pop(data.draw(st.integers(0, len(fetched) - 1), label="which"))
+        try:
+            settled = int(self.conn(c).execute_command("ACK", handle, tag))
+        except redis.ResponseError as e:
+            assert refusal(e) in ("NOTFOUND", "STALE", "NOPERM"), str(e)
+            return
+        if settled:
+            assert (queue, mid) not in self.settled, f"message {mid} settled twice in {queue}"
+            self.settled.add((queue, mid))
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS), delay=st.sampled_from([0, 50]))
+    def nack(self, who: int, queue: str, delay: int) -> None:
+        c = self.consumers[who]
+        handle, fetched = c.handles.get(queue), c.fetched.get(queue)
+        if not handle or not fetched:
+            return
+        tag, _, _ = fetched.pop()
+        try:
+            self.conn(c).execute_command("NACK", handle, tag, "DELAY", delay)
+        except redis.ResponseError as e:
+            assert refusal(e) in ("NOTFOUND", "STALE", "NOPERM"), str(e)
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS), where=st.sampled_from(["EARLIEST", "LATEST"]))
+    def seek(self, who: int, queue: str, where: str) -> None:
+        c = self.consumers[who]
+        handle = c.handles.get(queue)
+        if handle is None:
+            return
+        published_before = max(self.published[queue], default=0)
+        try:
+            epoch = int(self.conn(c).execute_command("SEEK", handle, where))
+        except redis.ResponseError as e:
+            assert refusal(e) in ("NOTFOUND", "STALE", "NOPERM"), str(e)
+            assert handle not in self.evicted or refusal(e) == "STALE", "an evicted owner must be told STALE"
+            return
+        assert handle not in self.evicted, "an evicted lmq owner moved the new owner's cursor"
+        assert epoch > self.seek_epoch.get(queue, 0), "a SEEK did not raise the epoch"
+        self.seek_epoch[queue] = epoch
+        self.settled = {(t, m) for t, m in self.settled if t != queue}
+        if queue == "group":
+            self.loss_checked_from = published_before + 1
+        for x in self.consumers:
+            self.forget_fetched(x, queue)  # every checkout of the group went stale
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS))
+    def unsubscribe(self, who: int, queue: str) -> None:
+        c = self.consumers[who]
+        handle = c.handles.pop(queue, None)
+        if handle is None:
+            return
+        self.conn(c).execute_command("UNSUB", handle)
+        self.forget_fetched(c, queue)
+        if queue == "lmq" and self.lmq_owner == c.cid:
+            self.lmq_owner = None
+
+    # -- hostile moves -----------------------------------------------------------------------
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS),
+          verb=st.sampled_from(["SEEK", "PULL", "ACK", "UNSUB"]))
+    def forge_a_handle_for_a_subscription_never_joined(self, who: int, queue: str, verb: str) -> None:
+        c = self.consumers[who]
+        victim = next((x for x in self.consumers if x is not c and queue in x.handles), None)
+        if victim is None or queue in c.handles:
+            return
+        real = Handle.decode(victim.handles[queue])
+        forged = Handle(real.queue, real.group, c.cid).encode()
+        before = self.group_state(queue)
+        args = {"SEEK": ["LATEST"], "PULL": ["COUNT", 5], "ACK": ["1"], "UNSUB": []}[verb]
+        try:
+            reply = self.conn(c).execute_command(verb, forged, *args)
+        except redis.ResponseError as e:
+            assert refusal(e) in ("NOTFOUND", "NOPERM", "STALE"), str(e)
+        else:
+            assert verb != "SEEK", f"a forged handle moved {queue}'s cursor (epoch {reply})"
+            if verb == "PULL":
+                assert text(reply) == [], f"a forged handle received {reply}"
+            if verb == "ACK":
+                assert int(reply) == 0, "a forged handle settled a checkout"
+        after = self.group_state(queue)
+        for name in (fields.CURSOR, fields.EPOCH, fields.MEMBERS, fields.OWNER):
+            key = fields.group_field(real.group, name)
+            assert after.get(key) == before.get(key), f"a forged {verb} changed {key}"
+        assert not any(f"|{c.cid}|" in k for k in after if k.startswith("m|")), "a forged handle made a member"
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS), data=st.data())
+    def send_a_number_out_of_range(self, who: int, queue: str, data: st.DataObject) -> None:
+        c = self.consumers[who]
+        handle = c.handles.get(queue) or Handle(self.queues[queue], "g", c.cid).encode()
+        huge = data.draw(st.sampled_from([2**53, 2**63 - 1, 2**63, 10**20, -1]), label="number")
+        command = data.draw(st.sampled_from([
+            ["SUB", *self.subscribe_args(queue), "EPOCH", huge],
+            ["SUB", *self.subscribe_args(queue), "MAX", huge],
+            ["PULL", handle, "COUNT", huge],
+            ["PULL", handle, "COUNT", 0],
+            ["SEEK", handle, "ID", huge],
+            ["SEEK", handle, "TIME", huge],
+            ["NACK", handle, "1", "DELAY", huge],
+            ["RENEW", handle, "1", "LOCK", huge],
+        ]), label="command")
+        before = self.group_state(queue)
+        with pytest.raises(redis.ResponseError) as info:
+            self.conn(c).execute_command(*command)
+        # the range is checked first where the verb can (BADARG); a handle of someone else's may be refused first
+        assert refusal(info.value) in ("BADARG", "LIMIT", "NOPERM", "NOTFOUND", "STALE"), str(info.value)
+        after = self.group_state(queue)
+        changed = {k for k in before.keys() | after.keys()
+                   if before.get(k) != after.get(k) and not k.endswith(("|sus", "|n", "|on")) and k not in
+                   (fields.TAG, fields.LAST_WRITE, fields.SEQ, "rr", "stk")}
+        assert not changed, f"{command[0]} with {huge} was refused but changed {changed}"
+
+    @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS))
+    def drop_the_connection_between_pull_and_ack(self, who: int, queue: str) -> None:
+        c = self.consumers[who]
+        if c.conn is None:
+            return
+        handle = c.handles.get(queue)
+        if handle is not None:
+            try:
+                got = deliveries(c.conn.execute_command("PULL", handle, "COUNT", 2))
+            except redis.ResponseError:
+                got = []
+            seen = self.tags_seen.setdefault(handle, set())
+            for d in got:
+                assert d["tag"] not in seen, f"tag {d['tag']} handed out twice under {handle}"
+                seen.add(d["tag"])
+                assert handle not in self.evicted, "an evicted member received a message"
+        c.conn.close()  # no QUIT: the socket just goes; the session outlives it for its lease
+        c.conn = None
+        self.conn(c)  # and the client comes back within it, as the SDK does
+
+    @rule(who=st.integers(0, 2))
+    def let_a_session_expire(self, who: int) -> None:
+        c = self.consumers[who]
+        if c.conn is not None:
+            c.conn.close()
+            c.conn = None
+        session = KEYS.session(c.cid)
+        if not self.redis.exists(session):
+            return
+        # as if its lease ran out: what the sweeper reads is the lease in the session hash and in the index
+        self.redis.hset(session, "lease", 1)
+        self.redis.zadd(KEYS.sessions, {c.cid: 1})
+        wait_for(lambda: not self.redis.exists(session), timeout=10, what=f"{c.cid}'s session to end")
+        for target in list(c.handles):
+            self.forget_fetched(c, target)
+        if self.lmq_owner == c.cid:
+            self.lmq_owner = None
+        c.handles.clear()
+
+    @precondition(lambda self: not in_cluster_mode())
+    @rule(ms=st.sampled_from([LOCK_MS + 100, 2 * LOCK_MS]))
+    def pause_redis_past_a_lease(self, ms: int) -> None:
+        self.redis.execute_command("CLIENT", "PAUSE", ms, "WRITE")
+        time.sleep(ms / 1000)
+
+    @rule(roll=st.integers(0, 9))
+    def kill_a_worker_between_two_calls(self, roll: int) -> None:
+        if roll != 7 or self.killed:  # a new worker process costs ~1 s: about one sequence in ten, once
+            return
+        self.killed = True
+        orphaned = [c for c in self.consumers if c.worker == 1 and c.conn is not None]
+        for c in orphaned:
+            c.conn.close()
+            c.conn = None
+        self.workers.kill_outside()
+        for c in orphaned:  # its clients come back through the new worker before their leases lapse
+            self.conn(c)
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def nothing_names_a_client_whose_session_is_gone(self) -> None:
+        live = {c.cid for c in self.consumers if self.redis.exists(KEYS.session(c.cid))}  # read first: see below
+        for target, ref in self.queues.items():
+            k = KEYS.queue(ref)
+            # sessions are read before the queue: a checkout seen after its session was seen gone is a leak
+            meta = fields.expand(self.redis.hgetall(k.meta))
+            records = [text(v) for v in self.redis.hvals(k.checkouts)]
+            for c in self.consumers:
+                if c.cid in live:
+                    continue
+                named = [f for f, v in meta.items() if c.cid in f or (c.cid in v and not f.endswith("|mk"))]
+                assert not named, f"{target}: {named} name {c.cid}, whose session is gone"
+                assert not [r for r in records if f"\0{c.cid}\0" in r], f"{target}: a checkout of ended {c.cid}"
+
+    @invariant()
+    def epochs_only_grow(self) -> None:
+        for target, ref in self.queues.items():
+            for f, v in fields.expand(self.redis.hgetall(KEYS.queue(ref).meta)).items():
+                if f.startswith("g|") and f.endswith("|" + fields.EPOCH):
+                    key = (target, f)
+                    assert int(v) >= self.epochs.get(key, 0), f"{target} {f} went back from {self.epochs[key]} to {v}"
+                    self.epochs[key] = int(v)
+
+    @invariant()
+    def nothing_acknowledged_to_the_producer_is_lost(self) -> None:
+        due = [m for m in self.published["group"] if m >= self.loss_checked_from and ("group", m) not in self.settled]
+        if not due:
+            return
+        k = KEYS.queue(self.queues["group"])
+        with self.redis.pipeline(transaction=True) as p:  # one slot: an atomic view of the queue
+            p.hgetall(k.meta)
+            p.hvals(k.checkouts)
+            p.zrange(k.ready, 0, -1)
+            p.zrange(k.delayed, 0, -1)
+            p.lrange(k.dead, 0, -1)
+            p.hmget(k.log, due)
+            meta, records, ready, delayed, dead, bodies = p.execute()
+        meta = fields.expand(meta)
+        cursor = int(meta.get(fields.group_field("g", fields.CURSOR), 0))
+        if fields.group_field("g", fields.MODE) not in meta:
+            return  # the group was never made: nothing was promised to it yet
+        waiting = set()
+        for r in records:
+            group, _member, mid, *_ = text(r).split("\0")
+            if group == "g":
+                waiting.add(int(mid))
+        for r in (*ready, *delayed):
+            group, mid, *_ = text(r).split("\0")
+            if group == "g":
+                waiting.add(int(mid))
+        dead_ids = {msgpack.unpackb(entry)[0] for entry in dead}
+        for mid, body in zip(due, bodies, strict=True):
+            assert body is not None, f"message {mid} left the log before group g settled it"
+            assert mid >= cursor or mid in waiting or mid in dead_ids, \
+                f"message {mid} is neither ahead of g's cursor {cursor}, returned, delayed, checked out nor dead"
+
+    def teardown(self) -> None:
+        for c in self.consumers:
+            if c.conn is not None:
+                c.conn.close()
+        self.producer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_the_five_guarantees_hold_through_hostile_and_unlucky_moves(redis_server) -> None:
+    url = redis_server.url
+    workers = Workers(url)
+    direct = redis.RedisCluster.from_url(url) if in_cluster_mode() else redis.Redis.from_url(url)
+    try:
+        machine = type("GuaranteesMachine", (Guarantees,), {"workers": workers, "redis": direct})
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=EXAMPLES, stateful_step_count=20, deadline=None, derandomize=False,
+            suppress_health_check=list(HealthCheck), print_blob=True))
+    finally:
+        workers.stop()
+        direct.close()
