@@ -21,6 +21,7 @@ first byte, 0x95, is never ``R``).
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, field
 
@@ -35,6 +36,21 @@ def pack_body(
     payload: bytes, headers: dict[str, str] | None, qos: int, producer: str | None, topic: str | None = None
 ) -> bytes:
     """The stored body of a message (without the publish time, which the fence puts in front)."""
+    if headers:
+        return _pack(payload, headers, qos, producer, topic)
+    return b"%s$%d\r\n%s\r\n" % (_lead(qos, producer, topic), len(payload), payload)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lead(qos: int, producer: str | None, topic: str | None) -> bytes:
+    """What the bodies of one producer's messages to one topic share, up to the payload's length:
+    worked out once, not per message (the bucket is a CRC of the producer or topic)."""
+    return _pack(None, None, qos, producer, topic)
+
+
+def _pack(payload: bytes | None, headers: dict[str, str] | None, qos: int, producer: str | None,
+          topic: str | None) -> bytes:
+    """The body; with no payload, the body up to the payload's length line."""
     bucket = zlib.crc32((producer or topic or "").encode())
     who = producer.encode() if producer else b""
     parts = [b"%d:%d:R%d:%d:" % (qos, bucket, len(headers) if headers else 0, len(who)), who]
@@ -46,7 +62,9 @@ def pack_body(
         for name, value in headers.items():
             k, v = name.encode(), value.encode()
             parts += (b"$%d\r\n" % len(k), k, b"\r\n$%d\r\n" % len(v), v, b"\r\n")
-    parts += (b"$7\r\npayload\r\n$%d\r\n" % len(payload), payload, b"\r\n")
+    parts.append(b"$7\r\npayload\r\n")
+    if payload is not None:
+        parts += (b"$%d\r\n" % len(payload), payload, b"\r\n")
     return b"".join(parts)
 
 
