@@ -32,6 +32,7 @@ from fencemq.protocol.resp import ProtocolError, RequestError, RequestParser, Re
 
 __all__ = ["RequestReader"]
 
+
 def _new_reader() -> hiredis.Reader:
     return hiredis.Reader(protocolError=ProtocolError, replyError=ProtocolError)
 
@@ -83,11 +84,15 @@ class RequestReader:
             raise
 
     def _fast(self) -> list[bytes] | None:
-        try:
-            cmd = self._reader.gets()
-        except Exception:  # noqa: BLE001 - whatever hiredis makes of it (a ProtocolError, or a TypeError
-            # for a RESP3 map keyed by an array), the exact parser says what it is: inline, or malformed
-            cmd = None
+        while True:
+            try:
+                cmd = self._reader.gets()
+            except Exception:  # noqa: BLE001 - whatever hiredis makes of it (a ProtocolError, or a TypeError
+                # for a RESP3 map keyed by an array), the exact parser says what it is: inline, or malformed
+                cmd = None
+            if cmd != [] or not self._buf.startswith(b"*0\r\n", self._pos):
+                break
+            self._pos += 4  # *0: skipped, as Redis does
         if type(cmd) is list and cmd:
             buf, pos, n = self._buf, self._pos, len(cmd)
             try:
@@ -106,9 +111,6 @@ class RequestReader:
                 return None
             # The rest is a request cut by the read boundary: the exact parser checks its headers
             # as they come (Redis refuses a bad one at once, and so do we), and streams its payload.
-        elif cmd == [] and self._buf.startswith(b"*0\r\n", self._pos):  # skipped, as Redis does
-            self._pos += 4
-            return self._fast()
         return self._to_exact()
 
     def _check_limits(self, cmd: list[bytes]) -> None:
