@@ -21,10 +21,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--redis-url", required=True)
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--loop", default="auto", help="event loop: auto (uvloop when installed), uvloop, asyncio")
+    ap.add_argument("--loop", default=None, help="event loop: auto (uvloop when installed), uvloop, asyncio;"
+                    " default auto, or asyncio with --profile (cProfile counts uvloop's waits as time in a coroutine)")
     ap.add_argument("--profile", default=None, help="write a cProfile of the worker here on exit")
     ap.add_argument("--trace", default=None, help="time publish/pull/schedule/wake-ups; JSON here on exit")
     opts = ap.parse_args()
+    if opts.loop is None:
+        opts.loop = "asyncio" if opts.profile else "auto"
     trace = install_trace() if opts.trace else None
     config = Config(redis_url=opts.redis_url, port=opts.port)
 

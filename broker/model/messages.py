@@ -21,6 +21,7 @@ first byte, 0x95, is never ``R``).
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, field
 
@@ -29,12 +30,28 @@ import msgpack
 RESP_FORM = b"R"
 TOPIC_FIELD = b"$5\r\ntopic\r\n"  # a fragment starts so when it carries its own topic
 HEADERS_FIELD = b"$7\r\nheaders\r\n"
+PAYLOAD_FIELD = b"$7\r\npayload\r\n"
 
 
 def pack_body(
     payload: bytes, headers: dict[str, str] | None, qos: int, producer: str | None, topic: str | None = None
 ) -> bytes:
     """The stored body of a message (without the publish time, which the fence puts in front)."""
+    if headers:
+        return _pack(payload, headers, qos, producer, topic)
+    return b"%s$%d\r\n%s\r\n" % (_lead(qos, producer, topic), len(payload), payload)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lead(qos: int, producer: str | None, topic: str | None) -> bytes:
+    """What the bodies of one producer's messages to one topic share, up to the payload's length:
+    worked out once, not per message (the bucket is a CRC of the producer or topic)."""
+    return _pack(None, None, qos, producer, topic)
+
+
+def _pack(payload: bytes | None, headers: dict[str, str] | None, qos: int, producer: str | None,
+          topic: str | None) -> bytes:
+    """The body; with no payload, the body up to the payload's length line."""
     bucket = zlib.crc32((producer or topic or "").encode())
     who = producer.encode() if producer else b""
     parts = [b"%d:%d:R%d:%d:" % (qos, bucket, len(headers) if headers else 0, len(who)), who]
@@ -46,7 +63,9 @@ def pack_body(
         for name, value in headers.items():
             k, v = name.encode(), value.encode()
             parts += (b"$%d\r\n" % len(k), k, b"\r\n$%d\r\n" % len(v), v, b"\r\n")
-    parts += (b"$7\r\npayload\r\n$%d\r\n" % len(payload), payload, b"\r\n")
+    parts.append(PAYLOAD_FIELD)
+    if payload is not None:
+        parts += (b"$%d\r\n" % len(payload), payload, b"\r\n")
     return b"".join(parts)
 
 
@@ -60,31 +79,26 @@ def wire_form(stored: bytes) -> tuple[bytes, int, bytes] | None:
     return parts[0], int(parts[3][1:]), parts[5][n:] if n else parts[5]
 
 
-def _fields(fragment: bytes) -> dict[bytes, object]:
-    """The fields of a RESP-form fragment: ``topic``, ``headers`` (a dict), ``payload``."""
-    bulks: list[bytes] = []
-    maps: dict[int, int] = {}  # index in bulks -> entries of the map that starts there
-    pos, end = 0, len(fragment)
-    while pos < end:
-        eol = fragment.index(b"\r\n", pos)
-        if fragment[pos] == 0x24:  # $len: a bulk string
-            size = int(fragment[pos + 1 : eol])
-            bulks.append(fragment[eol + 2 : eol + 2 + size])
-            pos = eol + 4 + size
-        else:  # %n: the headers map
-            maps[len(bulks)] = int(fragment[pos + 1 : eol])
-            pos = eol + 2
-    fields: dict[bytes, object] = {}
-    i = 0
-    while i < len(bulks):
-        if i + 1 in maps:
-            pairs = bulks[i + 1 : i + 1 + 2 * maps[i + 1]]
-            fields[bulks[i]] = {pairs[j].decode(): pairs[j + 1].decode() for j in range(0, len(pairs), 2)}
-            i += 1 + len(pairs)
-        else:
-            fields[bulks[i]] = bulks[i + 1]
-            i += 2
-    return fields
+def _bulk_at(fragment: bytes, pos: int) -> tuple[bytes, int]:
+    """The bulk string whose ``$len`` line starts at ``pos``, and where the next item starts."""
+    eol = fragment.index(b"\r\n", pos)
+    end = eol + 2 + int(fragment[pos + 1 : eol])
+    return fragment[eol + 2 : end], end + 2
+
+
+def _read_fragment(fragment: bytes, n_headers: int) -> tuple[bytes | None, dict[str, str], bytes]:
+    """The source topic (None: the queue's), the headers and the payload of a RESP-form fragment."""
+    topic, headers, pos = None, {}, 0
+    if fragment.startswith(TOPIC_FIELD):
+        topic, pos = _bulk_at(fragment, len(TOPIC_FIELD))
+    if n_headers:
+        pos = fragment.index(b"\r\n", pos + len(HEADERS_FIELD)) + 2  # past the map's %n
+        for _ in range(n_headers):
+            name, pos = _bulk_at(fragment, pos)
+            value, pos = _bulk_at(fragment, pos)
+            headers[name.decode()] = value.decode()
+    payload, _ = _bulk_at(fragment, pos + len(PAYLOAD_FIELD))
+    return topic, headers, payload
 
 
 @dataclass(slots=True)
@@ -163,19 +177,18 @@ class StoredDelivery(Delivery):
     def _decode(self, stored: bytes) -> Delivery:
         tag = self.raw_tag.decode() if isinstance(self.raw_tag, bytes) else str(self.raw_tag)
         common = dict(id=str(self.msg_id), tag=tag, epoch=self.epoch, deliveries=self.deliveries, lmq=self.lmq)
-        if wire_form(stored) is None:  # the msgpack form, written before the RESP form
+        parts = stored.split(b":", 5)
+        if len(parts) < 6 or parts[3][:1] != RESP_FORM:  # the msgpack form, written before the RESP form
             stamp, _qos, _bucket, body = stored.split(b":", 3)
             payload, headers, qos, producer, source = msgpack.unpackb(body, raw=False)
             return Delivery(topic=source or self.queue_topic, payload=payload, published_ms=int(stamp),
                             headers=headers or {}, qos=qos, producer=producer, **common)  # type: ignore[arg-type]
-        stamp, qos, _bucket, _form, who_len, rest = stored.split(b":", 5)
-        who, fragment = rest[: int(who_len)], rest[int(who_len) :]
-        fields = _fields(fragment)
-        topic = fields.get(b"topic")
-        return Delivery(topic=topic.decode() if isinstance(topic, bytes) else self.queue_topic,
-                        payload=fields[b"payload"], published_ms=int(stamp),  # type: ignore[arg-type]
-                        headers=fields.get(b"headers") or {}, qos=int(qos),  # type: ignore[arg-type]
-                        producer=who.decode() if who else None, **common)  # type: ignore[arg-type]
+        stamp, qos, _bucket, form, who_len, rest = parts
+        n = int(who_len)
+        topic, headers, payload = _read_fragment(rest[n:], int(form[1:]))
+        return Delivery(topic=topic.decode() if topic is not None else self.queue_topic, payload=payload,
+                        published_ms=int(stamp), headers=headers, qos=int(qos),
+                        producer=rest[:n].decode() if n else None, **common)  # type: ignore[arg-type]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, StoredDelivery):
@@ -185,7 +198,6 @@ class StoredDelivery(Delivery):
     __hash__ = None  # type: ignore[assignment]  # like Delivery: mutable, compared by value
 
 
-def unpack_delivery(topic: str, lmq: str | None, epoch: int, tag: bytes | str, msg_id: int, acq: int,
-                    stored: bytes) -> StoredDelivery:
-    """``topic`` is the queue's; a copy fanned out to a filter carries its source topic."""
-    return StoredDelivery(topic, lmq, epoch, tag, msg_id, acq, stored)
+# unpack_delivery(queue topic, lmq, epoch, tag, id, acquisitions, stored body): one call per
+# delivery on the PULL path, so the class itself rather than a function around it.
+unpack_delivery = StoredDelivery

@@ -95,12 +95,22 @@ def _need(verb: str, args: list[bytes], n: int) -> None:
         raise FenceMQError(f"wrong number of arguments for '{verb}'; usage: {usage(verb)}")
 
 
+def _texts(items: list[bytes], what: str) -> list[str]:
+    """Many arguments as text (the tags of an ACK): decoded in one go, item by item only when one
+    of them holds the separator or is not UTF-8 (for the error that names it)."""
+    try:
+        texts = b"\n".join(items).decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        texts = []
+    return texts if len(texts) == len(items) else [_text(t, what) for t in items]
+
+
 def _tags_and_options(verb: str, args: list[bytes], keywords: set[str]) -> tuple[list[str], list[bytes]]:
     """Split `handle tag... [OPTION value]...`: tags end at the first keyword."""
     i = 2
     while i < len(args) and args[i].decode("utf-8", "replace").upper() not in keywords:
         i += 1
-    return [_text(t, "tag") for t in args[2:i]], args[i:]
+    return _texts(args[2:i], "tag"), args[i:]
 
 
 def parse_hello(args: list[bytes]) -> Request:
@@ -235,7 +245,7 @@ parse_unsub = _handle_verb("UNSUB", {"MAX": ("max_messages", 0, None)})
 
 def parse_ack(args: list[bytes]) -> Request:
     _need("ACK", args, 3)
-    return Request("ACK", {"handle": _text(args[1], "handle"), "tags": [_text(t, "tag") for t in args[2:]]})
+    return Request("ACK", {"handle": _text(args[1], "handle"), "tags": _texts(args[2:], "tag")})
 
 
 def parse_nack(args: list[bytes]) -> Request:

@@ -28,26 +28,9 @@ from __future__ import annotations
 
 import hiredis
 
-from fencemq.protocol.resp import ProtocolError, RequestError, RequestParser, RequestTooLarge
+from fencemq.protocol.resp import ProtocolError, RequestError, RequestParser, RequestTooLarge, encode_bulk_array
 
 __all__ = ["RequestReader"]
-
-_CRLF = b"\r\n"
-_BULK_HEADERS = [b"$%d" % size for size in range(4096)]  # an argument's header, without its CRLF
-_bulk_header = _BULK_HEADERS.__getitem__
-
-
-def _frame(cmd: list[bytes], n: int) -> bytes:
-    """The canonical multibulk encoding of ``cmd``, built without a Python step per argument."""
-    parts = [_CRLF] * (2 * n + 2)
-    parts[0] = b"*%d" % n
-    try:
-        parts[1:-1:2] = map(_bulk_header, map(len, cmd))
-    except IndexError:  # an argument of 4 KiB or more: its bytes cost more than formatting its header
-        parts[1:-1:2] = map(b"$%d".__mod__, map(len, cmd))
-    parts[2:-1:2] = cmd
-    parts[-1] = b""
-    return _CRLF.join(parts)
 
 
 def _new_reader() -> hiredis.Reader:
@@ -101,15 +84,19 @@ class RequestReader:
             raise
 
     def _fast(self) -> list[bytes] | None:
-        try:
-            cmd = self._reader.gets()
-        except Exception:  # noqa: BLE001 - whatever hiredis makes of it (a ProtocolError, or a TypeError
-            # for a RESP3 map keyed by an array), the exact parser says what it is: inline, or malformed
-            cmd = None
+        while True:
+            try:
+                cmd = self._reader.gets()
+            except Exception:  # noqa: BLE001 - whatever hiredis makes of it (a ProtocolError, or a TypeError
+                # for a RESP3 map keyed by an array), the exact parser says what it is: inline, or malformed
+                cmd = None
+            if cmd != [] or not self._buf.startswith(b"*0\r\n", self._pos):
+                break
+            self._pos += 4  # *0: skipped, as Redis does
         if type(cmd) is list and cmd:
             buf, pos, n = self._buf, self._pos, len(cmd)
             try:
-                frame = _frame(cmd, n)
+                frame = encode_bulk_array(cmd)
             except TypeError:  # an element that is not a bulk string (a number, an array, an error...)
                 frame = None
             if frame is not None and buf.startswith(frame, pos):
@@ -124,9 +111,6 @@ class RequestReader:
                 return None
             # The rest is a request cut by the read boundary: the exact parser checks its headers
             # as they come (Redis refuses a bad one at once, and so do we), and streams its payload.
-        elif cmd == [] and self._buf.startswith(b"*0\r\n", self._pos):  # skipped, as Redis does
-            self._pos += 4
-            return self._fast()
         return self._to_exact()
 
     def _check_limits(self, cmd: list[bytes]) -> None:

@@ -25,7 +25,7 @@ from fencemq.model.keys import Handle
 from fencemq.protocol.command_docs import command_docs, command_info, known
 from fencemq.protocol.commands import COMMANDS, TABLE, Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
-from fencemq.protocol.resp import ErrorReply, Prebuilt, SimpleString, Verbatim
+from fencemq.protocol.resp import ErrorReply, Prebuilt, SimpleString, Verbatim, encode_bulk_array
 from fencemq.server import metrics
 from fencemq.server.introspection import client_line, info_text
 from fencemq.server.services import Services
@@ -38,6 +38,11 @@ BEFORE_AUTH = frozenset({"HELLO", "AUTH", "PING", "QUIT", "RESET"})
 TRANSACTION_CONTROL = frozenset({"MULTI", "EXEC", "DISCARD", "RESET", "QUIT"})
 
 Handler = Callable[..., Awaitable[Any]]
+
+
+def id_array(ids: list[str]) -> Prebuilt:
+    """An MPUB reply: message ids (decimal, so a space never occurs in one) encoded in one go."""
+    return Prebuilt(encode_bulk_array(" ".join(ids).encode().split()))
 
 
 class ClientGone(Exception):
@@ -230,7 +235,7 @@ class Verbs:
                    qos: int = 1) -> Any:
         ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, producer=session.client_id)
         metrics.PUBLISHED.inc(len(ids))
-        return ids
+        return id_array(ids)
 
     async def publish_batch(self, session: Session, requests: list[Request]) -> list[Any]:
         """Pipelined PUB/MPUB to one queue: one fence call, ids handed back per command."""
@@ -246,10 +251,11 @@ class Verbs:
             )
         metrics.PUBLISHED.inc(len(ids))
         replies: list[Any] = []
+        at = 0
         for r in requests:
             n = len(r.args["payloads"])
-            replies.append(ids[:n] if r.verb == "MPUB" else ids[0])
-            ids = ids[n:]
+            replies.append(id_array(ids[at : at + n]) if r.verb == "MPUB" else ids[at])
+            at += n
         return replies
 
     # -- subscribing and consuming ---------------------------------------------------

@@ -160,6 +160,11 @@ def test_malformed_requests_get_the_error_redis_gives_whole_or_byte_by_byte(data
         assert cmds == ([[b"PING"]] if len(chunks) == 1 and chunks[0].startswith(mb(b"PING")) else [])
 
 
+def test_any_number_of_empty_requests_is_skipped():
+    assert read_chunks([b"*0\r\n" * 20000 + mb(b"PING") + b"*-1\r\n" * 20000 + mb(b"PONG")]) == (
+        [[b"PING"], [b"PONG"]], None)
+
+
 def test_commands_before_an_error_are_returned_and_the_error_sticks():
     r = RequestReader()
     r.feed(mb(b"PING") + b"ECHO hi\r\n" + b"*x\r\n" + mb(b"NEVER"))

@@ -23,6 +23,7 @@ from fencemq.protocol.resp import (
     SimpleString,
     Verbatim,
     encode,
+    encode_bulk_array,
     encode_many,
     split_inline,
 )
@@ -239,6 +240,11 @@ def test_roundtrip_through_hiredis(value):
 def test_encode_many_roundtrip(values):
     for proto in (2, 3):
         assert hiredis_parse_all(encode_many(values, proto)) == [expected(v, proto == 3) for v in values]
+
+
+@given(st.lists(st.binary(max_size=5000), max_size=6))
+def test_a_bulk_array_is_encoded_as_the_generic_encoder_does_in_both_protocols(items):
+    assert encode_bulk_array(items) == encode(items, 2) == encode(items, 3)
 
 
 @given(st.lists(st.binary(max_size=30), min_size=1, max_size=6))
