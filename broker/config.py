@@ -12,7 +12,8 @@ class Config:
     prefix: str = "fmq"
     host: str = "127.0.0.1"
     port: int = 7379
-    password: str | None = None  # clients must AUTH with it when set
+    password: str | None = None  # clients must AUTH with it when set (it is the `default` user's)
+    users: bool = False  # clients must AUTH as a user of `fencemq user` (ops/users.py), with its permissions
     # TLS for clients: a certificate chain and its key make the worker listen
     # with TLS only; a CA file also requires client certificates signed by it.
     # (Workers reach Redis over TLS through a rediss:// redis_url.)
@@ -47,6 +48,10 @@ class Config:
     max_batch: int = 1000  # messages per MPUB, tags per ACK, COUNT per PULL
     max_args: int = 4096  # arguments in one command
     max_block_ms: int = 300_000
+
+    @property
+    def needs_auth(self) -> bool:
+        return self.password is not None or bool(self.users)
 
     @classmethod
     def from_env(cls, **overrides: object) -> "Config":

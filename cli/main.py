@@ -109,6 +109,9 @@ def serve(
     password: Annotated[Optional[str], typer.Option(
         help="Clients must AUTH with this password (default: $FENCEMQ_PASSWORD, else none)",
         show_default=False)] = None,
+    users: Annotated[bool, typer.Option(
+        "--users", help="Clients must AUTH as a user of `fencemq user` and may do what it was granted "
+                        "(the --password, if any, stays the `default` user's) (default: $FENCEMQ_USERS)")] = False,
     tls_cert: Annotated[Optional[str], typer.Option(
         "--tls-cert", metavar="PEM", show_default=False,
         help="Accept clients over TLS only, with this certificate chain (default: $FENCEMQ_TLS_CERT_FILE)")] = None,
@@ -137,7 +140,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = Config.from_env(host=host, port=port, redis_url=redis_url, metrics_port=metrics_port,
-                                 prefix=prefix, password=password, tls_cert_file=tls_cert, tls_key_file=tls_key,
+                                 prefix=prefix, password=password, users=users or None, tls_cert_file=tls_cert, tls_key_file=tls_key,
                                  tls_ca_file=tls_ca)
         Keyspace(config.prefix)
         client_tls(config)  # incomplete TLS settings, or a certificate that does not load

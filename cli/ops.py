@@ -29,6 +29,7 @@ from fencemq.cli.dlq_cmd import dlq_app
 from fencemq.cli.inspect_cmd import inspect_app
 from fencemq.cli.list_cmd import lmqs, queues
 from fencemq.cli.top_cmd import top
+from fencemq.cli.user_cmd import user_app
 from fencemq.cli.write_cmd import evict, purge, seek, sweep
 
 
@@ -43,6 +44,7 @@ def register(app: typer.Typer) -> None:
     app.command("purge")(purge)
     app.add_typer(dlq_app, name="dlq")
     app.command("top")(top)
+    app.add_typer(user_app, name="user")
     app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench)
 
 

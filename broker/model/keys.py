@@ -190,6 +190,11 @@ class Keyspace:
         return f"{self.session(client)}:lmqs:{bucket}"
 
     @property
+    def users(self) -> str:
+        """Hash: user name -> JSON record (scrypt hash of the password, grants); ops/users.py."""
+        return f"{self.prefix}:users"
+
+    @property
     def filters(self) -> str:
         """Hash: filter subscription queue id -> msgpack [filter, share group or None, client or None]."""
         return f"{self.prefix}:filters"

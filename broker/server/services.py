@@ -16,6 +16,7 @@ from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.sessions import RedisClock, Sessions
 from fencemq.model.keys import Keyspace
+from fencemq.ops.users import UserStore
 from fencemq.server.roster import Roster
 from fencemq.server.wakeups import Wakeups
 
@@ -30,6 +31,7 @@ class Services:
     clock: RedisClock
     sessions: Sessions
     wakeups: Wakeups
+    users: UserStore
     roster: Roster = field(default_factory=Roster)
 
     @classmethod
@@ -45,4 +47,5 @@ class Services:
             clock=core.clock,
             sessions=core.sessions,
             wakeups=Wakeups(redis, f"{config.prefix}:worker:{worker_id}"),
+            users=UserStore(redis, core.keys.users),
         )

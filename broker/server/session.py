@@ -28,6 +28,7 @@ import anyio
 import msgpack
 
 from fencemq.errors import BadArgument, FenceMQError, NoPermission
+from fencemq.ops.users import User
 from fencemq.model.keys import Handle, check_name
 from fencemq.protocol.commands import Request
 from fencemq.protocol.resp import Push
@@ -61,7 +62,8 @@ class Session:
         self.client_id: str | None = None
         self.anonymous = True
         self.bound = False  # this connection holds its session
-        self.authed = services.config.password is None
+        self.authed = not services.config.needs_auth
+        self.user: User | None = None  # who AUTH proved; None while no authentication is asked for
         self.quit = False  # QUIT ends a named session too, not only the connection
         self.closing = False  # the connection ends once the commands in hand are answered
         self._watch_for_hangup = watch_for_hangup
@@ -178,7 +180,8 @@ class Session:
         """RESET: as a fresh connection (RESP2, no transaction, no session, authenticated only without a password)."""
         await self._let_go()
         self.client_id, self.anonymous, self.transaction, self.proto = None, True, None, 2
-        self.authed = self.services.config.password is None
+        self.authed = not self.services.config.needs_auth
+        self.user = None
         self.library = {}
 
     def _on_message(self, data: bytes) -> None:

@@ -18,10 +18,14 @@ import anyio
 from redis.exceptions import RedisError
 
 from fencemq import __version__
-from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted, WrongPassword
+from fencemq.errors import (
+    BadArgument, FenceMQError, LimitExceeded, NoAuth, NoPermission, TransactionAborted, WrongPassword,
+)
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
 from fencemq.model.keys import Handle
+from fencemq.model.topics import parse_target
+from fencemq.ops.users import DEFAULT_USER, User, default_user
 from fencemq.protocol.command_docs import command_docs, command_info, known
 from fencemq.protocol.commands import COMMANDS, TABLE, Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
@@ -118,7 +122,7 @@ class Verbs:
     async def hello(self, session: Session, proto: int | None = None, username: str | None = None,
                     password: str | None = None, client_id: str | None = None, takeover: bool = False) -> Any:
         if password is not None:
-            await self.auth(session, argv=[password.encode()])
+            await self.auth(session, argv=[p.encode() for p in ((username, password) if username else (password,))])
         if not session.authed:
             raise NoAuth("HELLO must carry AUTH user password on this server")
         if proto is not None:
@@ -134,13 +138,30 @@ class Verbs:
         }
 
     async def auth(self, session: Session, argv: list[bytes]) -> Any:
-        expected = self.config.password
-        if expected is None:
+        if not self.config.needs_auth:
             raise FenceMQError("AUTH called without any password configured for this worker")
-        if not hmac.compare_digest(argv[-1], expected.encode()):  # no timing hint
+        name, password = (b"default", argv[0]) if len(argv) == 1 else (argv[0], argv[1])
+        user = await self._authenticate(name.decode("utf-8", "replace"), password)
+        if user is None:
             raise WrongPassword("invalid username-password pair or user is disabled.")
-        session.authed = True
+        session.authed, session.user = True, user
         return OK
+
+    async def _authenticate(self, name: str, password: bytes) -> User | None:
+        expected = self.config.password
+        if name == DEFAULT_USER and expected is not None:
+            # the legacy single password is the default user's: every permission
+            return default_user() if hmac.compare_digest(password, expected.encode()) else None
+        if not self.config.users:
+            return None
+        return await self.services.users.authenticate(name, password.decode("utf-8", "replace"))
+
+    @staticmethod
+    def _may(session: Session, action: str, topic: str) -> None:
+        """NOPERM naming what is missing, when the session's user lacks ``action`` on ``topic``."""
+        user = session.user
+        if user is not None and not user.may(action, topic):
+            raise NoPermission(user.missing(action, topic))
 
     async def ping(self, session: Session, argv: list[bytes]) -> Any:
         return argv[0] if argv else SimpleString("PONG")
@@ -224,6 +245,7 @@ class Verbs:
     async def pub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
                   retain: bool = False, dedup_ids: list[str] | None = None,
                   headers: dict[str, str] | None = None) -> Any:
+        self._may(session, "publish", topic)
         ids = await self.services.core.shared.publish(
             topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=session.client_id,
             retain=retain,
@@ -233,6 +255,7 @@ class Verbs:
 
     async def mpub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None,
                    qos: int = 1) -> Any:
+        self._may(session, "publish", topic)
         ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, producer=session.client_id)
         metrics.PUBLISHED.inc(len(ids))
         return id_array(ids)
@@ -242,6 +265,7 @@ class Verbs:
         for r in requests:
             session.note_command(r.verb)
         first = requests[0].args
+        self._may(session, "publish", first["topic"])
         payloads = [p for r in requests for p in r.args["payloads"]]
         ids: list[str] = []
         for start in range(0, len(payloads), self.config.max_batch):
@@ -263,6 +287,10 @@ class Verbs:
     async def sub(self, session: Session, topic: str, push: bool = False, **options: Any) -> Any:
         if push:
             options["capacity"] = options.get("capacity") or self.config.mailbox_capacity
+        if session.user is not None:
+            filt = parse_target(topic).filter if is_filter_target(topic) else topic
+            if not session.user.may_subscribe(filt):
+                raise NoPermission(session.user.missing("subscribe", filt))
         client = await session.ensure()
         if is_filter_target(topic):
             if options.get("lmq") is not None or options.get("group") is not None or options.get("mode"):

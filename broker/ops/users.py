@@ -1,0 +1,188 @@
+"""Users and their permissions, kept in Redis so every worker agrees.
+
+One hash, ``<prefix>:users`` (a single key: one slot on a Cluster), holds a
+JSON record per user name: the scrypt parameters, salt and hash of the
+password (scrypt is memory-hard: a guess costs ~16 MiB and ~50 ms), and the
+grants, each an action and an MQTT-style topic filter (``+``/``#``). A user may
+do an action on a topic when one of its grants names the action (or ``all``)
+with a filter that matches the topic. Operator actions that are not about one
+topic (``admin``: user management) are granted with the filter ``#``.
+
+The legacy single password of a worker (``--password``) is the ``default``
+user: it may do everything, as before users existed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from fencemq.errors import BadArgument
+from fencemq.model.topics import check_filter, matches
+
+# What a grant may name. publish/subscribe are the application's; the rest are the operator's.
+ACTIONS = ("publish", "subscribe", "inspect", "evict", "seek", "purge", "dlq", "admin")
+ALL = "all"
+DEFAULT_USER = "default"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+MIN_PASSWORD, MAX_PASSWORD = 8, 1024
+# scrypt: n * r * 128 bytes of memory per guess (2**14 * 8 * 128 = 16 MiB)
+SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+
+
+def check_user_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise BadArgument("a user name is 1-64 characters: letters, digits and . _ @ - (not first)")
+    return name
+
+
+def check_password(password: str) -> str:
+    if not (MIN_PASSWORD <= len(password) <= MAX_PASSWORD):
+        raise BadArgument(f"a password is {MIN_PASSWORD} to {MAX_PASSWORD} characters")
+    return password
+
+
+def check_action(action: str) -> str:
+    if action not in (*ACTIONS, ALL):
+        raise BadArgument(f"unknown action {action[:32]!r}; one of {', '.join((*ACTIONS, ALL))}")
+    return action
+
+
+def _derive_now(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, maxmem=256 * 1024 * 1024, dklen=32)
+
+
+async def _derive(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    # ~50 ms of CPU: off the event loop, so other connections are served meanwhile
+    return await anyio.to_thread.run_sync(_derive_now, password, salt, n, r, p)
+
+
+def covers(grant: str, filt: str) -> bool:
+    """True when every topic ``filt`` matches is matched by ``grant`` (both MQTT filters)."""
+    g_levels, f_levels = grant.split("/"), filt.split("/")
+    if filt.startswith("$") and g_levels[0] in ("+", "#"):
+        return False  # as matching does: leading wildcards do not reach $-topics
+    for i, g in enumerate(g_levels):
+        if g == "#":
+            return True
+        if i >= len(f_levels) or f_levels[i] == "#":
+            return False
+        if g != "+" and (f_levels[i] == "+" or g != f_levels[i]):
+            return False
+    return len(g_levels) == len(f_levels)
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    grants: tuple[tuple[str, str], ...] = field(default=())
+
+    def may(self, action: str, topic: str = "#") -> bool:
+        """True when a grant covers ``action`` on ``topic`` (a topic name, or ``#`` for "any")."""
+        for granted, filt in self.grants:
+            if granted not in (action, ALL):
+                continue
+            if filt == "#" or (topic != "#" and matches(filt, topic)):
+                return True
+        return False
+
+    def may_subscribe(self, filt: str) -> bool:
+        """True when a subscribe grant covers every topic ``filt`` (a topic name or filter) can match."""
+        return any(granted in ("subscribe", ALL) and covers(g, filt) for granted, g in self.grants)
+
+    def missing(self, action: str, topic: str = "#") -> str:
+        """The words of a NOPERM: what this user lacks."""
+        where = "" if topic == "#" else f" on {topic[:128]!r}"
+        return f"user {self.name!r} has no permission to {action}{where}"
+
+
+SUPERUSER_GRANTS = ((ALL, "#"),)
+
+
+def default_user() -> User:
+    """The worker's legacy password: every permission, as before users existed."""
+    return User(DEFAULT_USER, SUPERUSER_GRANTS)
+
+
+class UserStore:
+    """CRUD and authentication over the users hash; ``redis`` is a redis-py asyncio client."""
+
+    def __init__(self, redis: Any, key: str) -> None:
+        self.redis, self.key = redis, key
+
+    async def _record(self, name: str) -> dict[str, Any] | None:
+        raw = await self.redis.hget(self.key, name)
+        return None if raw is None else json.loads(raw)
+
+    async def _write(self, name: str, record: dict[str, Any]) -> None:
+        await self.redis.hset(self.key, name, json.dumps(record, separators=(",", ":")))
+
+    async def add(self, name: str, password: str, grants: list[tuple[str, str]] | None = None) -> User:
+        check_user_name(name)
+        check_password(password)
+        checked = [(check_action(a), check_filter(f)) for a, f in grants or []]
+        salt = os.urandom(16)
+        record = {"salt": salt.hex(), "hash": (await _derive(password, salt, **SCRYPT)).hex(), **SCRYPT,
+                  "grants": [list(g) for g in checked]}
+        # HSETNX: two admins adding the same name at once cannot overwrite each other
+        if not await self.redis.hsetnx(self.key, name, json.dumps(record, separators=(",", ":"))):
+            raise BadArgument(f"user {name!r} exists; use passwd or grant")
+        return User(name, tuple(checked))
+
+    async def passwd(self, name: str, password: str) -> None:
+        check_password(password)
+        record = await self._record(check_user_name(name))
+        if record is None:
+            raise BadArgument(f"no user {name!r}")
+        salt = os.urandom(16)
+        record.update({"salt": salt.hex(), "hash": (await _derive(password, salt, **SCRYPT)).hex(), **SCRYPT})
+        await self._write(name, record)
+
+    async def delete(self, name: str) -> bool:
+        return bool(await self.redis.hdel(self.key, check_user_name(name)))
+
+    async def grant(self, name: str, action: str, filt: str) -> User:
+        record = await self._record(check_user_name(name))
+        if record is None:
+            raise BadArgument(f"no user {name!r}")
+        pair = [check_action(action), check_filter(filt)]
+        if pair not in record["grants"]:
+            record["grants"].append(pair)
+            await self._write(name, record)
+        return User(name, tuple(tuple(g) for g in record["grants"]))
+
+    async def revoke(self, name: str, action: str, filt: str) -> User:
+        record = await self._record(check_user_name(name))
+        if record is None:
+            raise BadArgument(f"no user {name!r}")
+        pair = [check_action(action), filt]
+        record["grants"] = [g for g in record["grants"] if g != pair]
+        await self._write(name, record)
+        return User(name, tuple(tuple(g) for g in record["grants"]))
+
+    async def list(self) -> list[User]:
+        raw = await self.redis.hgetall(self.key)
+        users = [User(k.decode() if isinstance(k, bytes) else k, tuple(tuple(g) for g in json.loads(v)["grants"]))
+                 for k, v in raw.items()]
+        return sorted(users, key=lambda u: u.name)
+
+    async def any(self) -> bool:
+        return bool(await self.redis.hlen(self.key))
+
+    async def authenticate(self, name: str, password: str) -> User | None:
+        """The user, when the password is its own; None otherwise (unknown names cost a derivation too)."""
+        record = await self._record(name) if NAME.match(name or "") else None
+        if record is None:
+            await _derive(password, b"\0" * 16, **SCRYPT)  # the same time whether or not the name exists
+            return None
+        got = await _derive(password, bytes.fromhex(record["salt"]), record["n"], record["r"], record["p"])
+        if not hmac.compare_digest(got, bytes.fromhex(record["hash"])):
+            return None
+        return User(name, tuple(tuple(g) for g in record["grants"]))
