@@ -178,17 +178,23 @@ class Shared:
             )
         published: dict[str, Any] = {}
 
-        async def own_queue() -> None:
-            published["ids"] = await self.publishing.publish(
-                topic, payloads, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
-            )
-
         async def registry_version() -> None:
-            published["version"] = await self.registry.current_version()
+            try:
+                published["version"] = await self.registry.current_version()
+            except Exception as exc:  # re-raised below as itself, not inside an exception group
+                published["version_error"] = exc
 
         async with anyio.create_task_group() as tg:  # two round trips at once, not one after the other
-            tg.start_soon(own_queue)
             tg.start_soon(registry_version)
+            try:
+                published["ids"] = await self.publishing.publish(
+                    topic, payloads, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
+                )
+            except Exception as exc:
+                published["error"] = exc
+        for failure in ("error", "version_error"):
+            if failure in published:
+                raise published[failure]
         ids = published["ids"]
         bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]
         if retain:

@@ -149,8 +149,9 @@ class Verbs:
 
     async def _authenticate(self, name: str, password: bytes) -> User | None:
         expected = self.config.password
-        if name == DEFAULT_USER and expected is not None:
-            # the legacy single password is the default user's: every permission
+        if expected is not None and (name == DEFAULT_USER or not self.config.users):
+            # the legacy single password is the default user's: every permission (without
+            # users, any user name goes with it, as before users existed)
             return default_user() if hmac.compare_digest(password, expected.encode()) else None
         if not self.config.users:
             return None
