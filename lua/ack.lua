@@ -22,7 +22,7 @@
 --   checked out to this member — past its deadline (swept or not yet),
 --   redelivered, released by a seek, settled before — settles nothing.
 -- Errors: none of its own (a bad idle TTL is a caller's bug).
--- Cost: O(tags · log n), in five Redis calls whatever the batch size.
+-- Cost: O(tags · log n), in six Redis calls whatever the batch size.
 local g, m = A.group, A.member
 local tags, seen = {}, {}
 for _, tag in ipairs(A.tags) do
@@ -32,7 +32,7 @@ for _, tag in ipairs(A.tags) do
   end
 end
 -- One read and three deletes for the whole batch, not a round of calls per tag.
-local records = redis.call('HMGET', K.checkouts, unpack(tags))
+local records, size = checkout_records(K, tags)
 local dues = redis.call('ZMSCORE', K.deadlines, unpack(tags))
 local epoch = group_epoch(K.meta, g)
 local settled, owned, ids, id_tags = {}, {}, {}, {}
@@ -65,9 +65,7 @@ for i, rec in ipairs(records) do
 end
 if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch) end
 if #settled > 0 then
-  redis.call('HDEL', K.checkouts, unpack(settled))
-  redis.call('ZREM', K.deadlines, unpack(settled))
-  redis.call('ZREM', K.owned, unpack(owned))
+  remove_checkouts(K, settled, owned, size)
   reclaim_if_idle(K, tonumber(A.idle_ttl_ms))
   flush_journal(K)
 end

@@ -29,6 +29,35 @@ local function settles(c, g, m, epoch, due, now)
   return c and c.group == g and c.member == m and c.epoch >= epoch and not (due and tonumber(due) <= now)
 end
 
+-- The records of `tags` (false where none), and how many checkouts the
+-- queue has. A hash of at most 128 small records is a listpack, where every
+-- lookup is a scan: one that holds at most twice the batch is read whole in
+-- one pass instead (O(batch) either way).
+local function checkout_records(K, tags)
+  local size = redis.call('HLEN', K.checkouts)
+  if size > 2 * #tags then return redis.call('HMGET', K.checkouts, unpack(tags)), size end
+  local by_tag, out = {}, {}
+  if size > 0 then
+    local all = redis.call('HGETALL', K.checkouts)
+    for i = 1, #all, 2 do by_tag[all[i]] = all[i + 1] end
+  end
+  for i, tag in ipairs(tags) do out[i] = by_tag[tag] or false end
+  return out, size
+end
+
+-- Remove settled checkouts: `tags` and their `owned` entries. When they are
+-- all the queue has, its three keys go whole (a listpack deletes field by
+-- field, each a scan); an entry of another checkout cannot be among them.
+local function remove_checkouts(K, tags, owned, size)
+  if size == #tags then
+    redis.call('DEL', K.checkouts, K.deadlines, K.owned)
+    return
+  end
+  redis.call('HDEL', K.checkouts, unpack(tags))
+  redis.call('ZREM', K.deadlines, unpack(tags))
+  redis.call('ZREM', K.owned, unpack(owned))
+end
+
 -- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
 -- tag is not checked out any more (settled, expired, or never existed).
 local function take_checkout(K, tag)
