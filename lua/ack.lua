@@ -22,7 +22,7 @@
 --   checked out to this member — past its deadline (swept or not yet),
 --   redelivered, released by a seek, settled before — settles nothing.
 -- Errors: none of its own (a bad idle TTL is a caller's bug).
--- Cost: O(tags · log n), in six Redis calls whatever the batch size.
+-- Cost: O(tags · log n), in at most seven Redis calls whatever the batch size.
 local g, m = A.group, A.member
 local tags, seen = {}, {}
 for _, tag in ipairs(A.tags) do
@@ -33,10 +33,13 @@ for _, tag in ipairs(A.tags) do
 end
 -- One read and three deletes for the whole batch, not a round of calls per tag.
 local records, size = checkout_records(K, tags)
-local dues = redis.call('ZMSCORE', K.deadlines, unpack(tags))
+local now = now_ms()
+-- A lease past its deadline settles nothing; when the queue has none, no
+-- tag's deadline needs reading (nor parsing).
+local dues = {}
+if redis.call('ZCOUNT', K.deadlines, '-inf', now) > 0 then dues = redis.call('ZMSCORE', K.deadlines, unpack(tags)) end
 local epoch = group_epoch(K.meta, g)
 local settled, owned, ids, id_tags = {}, {}, {}, {}
-local now = now_ms()
 local journaling = journal_on(K)
 -- A record of this member under the group's epoch starts with `gm`, and
 -- its epoch follows the id: compared as text, without parsing the record
