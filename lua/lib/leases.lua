@@ -195,12 +195,10 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   -- an empty poll of a queue at rest writes nothing
   if want > 0 or #taken > 0 then expand_meta(K.meta) end
   if want > 0 then
-    local ids = {}
-    for i = 1, want do ids[i] = cur + i - 1 end
-    local bodies = redis.call('HMGET', K.log, unpack(ids))
-    local texts = int_strs(cur, want)
+    local texts = int_strs(cur, want)  -- made once, and sent as text: redis.call formats a number each time
+    local bodies = redis.call('HMGET', K.log, unpack(texts))
     for i = 1, want do
-      if bodies[i] then taken[#taken + 1] = {nil, ids[i], 1, bodies[i], 0, texts[i]} end
+      if bodies[i] then taken[#taken + 1] = {nil, cur + i - 1, 1, bodies[i], 0, texts[i]} end
     end
     redis.call('HSET', K.meta, gf(g, CURSOR), cur + want)
   end
@@ -213,6 +211,9 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   local ep_text = SEP .. int_str(ep) .. SEP
   local first_tail = ep_text .. '1' .. SEP .. '0'  -- a first delivery: one acquisition, no failure
   local records, deadlines, owned, n = {}, {}, {}, 0
+  -- redis.call turns every number argument into text: the batch's one
+  -- deadline (and the owned entries' score) go as text made once.
+  local due = deadline and int_str(deadline)
   local journaling = journal_on(K)
   local marks = journaling and {} or nil
   local gm = g .. SEP .. m .. SEP
@@ -229,9 +230,9 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
       records[n - 1] = tag
       if t[3] == 1 and t[5] == 0 then records[n] = gm .. t[6] .. first_tail
       else records[n] = gm .. t[6] .. ep_text .. int_str(t[3]) .. SEP .. int_str(t[5]) end
-      deadlines[n - 1] = deadline
+      deadlines[n - 1] = due
       deadlines[n] = tag
-      owned[n - 1] = 0
+      owned[n - 1] = '0'
       owned[n] = gm .. tag
     end
   end
