@@ -53,8 +53,8 @@ for i, rec in ipairs(records) do
       settled[#settled + 1] = tags[i]
       owned[#owned + 1] = gm .. tags[i]
       if journaling then
-        ids[#ids + 1] = tonumber(string.sub(rec, head + 1, id_end - 1))
-        id_tags[#ids] = tonumber(tags[i])
+        ids[#ids + 1] = string.sub(rec, head + 1, id_end - 1)
+        id_tags[#ids] = tags[i]
       end
     else
       local c = parse_checkout(tags[i], rec)
@@ -66,7 +66,7 @@ for i, rec in ipairs(records) do
     end
   end
 end
-if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch) end
+if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch, nil, true) end
 if #settled > 0 then
   remove_checkouts(K, settled, owned, size)
   reclaim_if_idle(K, tonumber(A.idle_ttl_ms))
