@@ -23,11 +23,14 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from bench.e2e_report import goals, plot, print_table
+from bench.fence_cost import SCENARIOS as FENCE_SCENARIOS
+from bench.fence_cost import count_instructions
 from bench.fence_costs import fence_costs
 from bench.harness import HOST, ROOT, WorkerProcess, machine_info
 from bench.peers import run_peers
@@ -172,6 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         print("fences alone:", flush=True)
         res["fence_costs"] = asyncio.run(fence_costs(server.url, meter, size=opts.size))
         admin.flushall()
+        if shutil.which("valgrind"):  # instructions per message, repeatable on a loaded machine (bench.fence_cost)
+            res["fence_instructions"] = count_instructions(FENCE_SCENARIOS["topic"], 10, 100, opts.size)
 
         print("the Python SDK, asyncio and blocking:", flush=True)
         worker = WorkerProcess(server.url)

@@ -30,7 +30,7 @@ class Config:
     dedup_window_ms: int = 120_000
     mailbox_capacity: int = 1024
     lmq_idle_ttl_ms: int = 7 * 24 * 3600 * 1000  # an empty, unowned lmq is reclaimed after this
-    journal_cap: int = 10_000  # events kept per queue (0 = journal off)
+    journal_cap: int = 10_000  # journal entries kept per queue (one per event or per batch call; 0 = journal off)
     # events kept per lmq: off by default, since a journal costs an lmq at rest
     # ~250 B, more than the rest of it (docs/operations.md, "Lite queues")
     lite_journal_cap: int = 0

@@ -22,7 +22,7 @@
 --   checked out to this member — past its deadline (swept or not yet),
 --   redelivered, released by a seek, settled before — settles nothing.
 -- Errors: none of its own (a bad idle TTL is a caller's bug).
--- Cost: O(tags · log n), in five Redis calls whatever the batch size.
+-- Cost: O(tags · log n), in at most seven Redis calls whatever the batch size.
 local g, m = A.group, A.member
 local tags, seen = {}, {}
 for _, tag in ipairs(A.tags) do
@@ -32,11 +32,14 @@ for _, tag in ipairs(A.tags) do
   end
 end
 -- One read and three deletes for the whole batch, not a round of calls per tag.
-local records = redis.call('HMGET', K.checkouts, unpack(tags))
-local dues = redis.call('ZMSCORE', K.deadlines, unpack(tags))
+local records, size = checkout_records(K, tags)
+local now = now_ms()
+-- A lease past its deadline settles nothing; when the queue has none, no
+-- tag's deadline needs reading (nor parsing).
+local dues = {}
+if redis.call('ZCOUNT', K.deadlines, '-inf', now) > 0 then dues = redis.call('ZMSCORE', K.deadlines, unpack(tags)) end
 local epoch = group_epoch(K.meta, g)
 local settled, owned, ids, id_tags = {}, {}, {}, {}
-local now = now_ms()
 local journaling = journal_on(K)
 -- A record of this member under the group's epoch starts with `gm`, and
 -- its epoch follows the id: compared as text, without parsing the record
@@ -50,8 +53,8 @@ for i, rec in ipairs(records) do
       settled[#settled + 1] = tags[i]
       owned[#owned + 1] = gm .. tags[i]
       if journaling then
-        ids[#ids + 1] = tonumber(string.sub(rec, head + 1, id_end - 1))
-        id_tags[#ids] = tonumber(tags[i])
+        ids[#ids + 1] = string.sub(rec, head + 1, id_end - 1)
+        id_tags[#ids] = tags[i]
       end
     else
       local c = parse_checkout(tags[i], rec)
@@ -63,11 +66,9 @@ for i, rec in ipairs(records) do
     end
   end
 end
-if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch) end
+if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch, nil, true) end
 if #settled > 0 then
-  redis.call('HDEL', K.checkouts, unpack(settled))
-  redis.call('ZREM', K.deadlines, unpack(settled))
-  redis.call('ZREM', K.owned, unpack(owned))
+  remove_checkouts(K, settled, owned, size)
   reclaim_if_idle(K, tonumber(A.idle_ttl_ms))
   flush_journal(K)
 end

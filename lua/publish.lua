@@ -50,7 +50,7 @@ for i = 1, n do
     ids[i] = existing
   else
     seq = seq + 1
-    pairs_[np + 1] = seq
+    pairs_[np + 1] = seq  -- the id, as text below with the rest of the batch's
     pairs_[np + 2] = stamp .. body
     np = np + 2
     if dedup ~= '' then
@@ -71,6 +71,7 @@ for i = 1, n do
     if new_ids then new_ids[#new_ids + 1] = id end
   end
 end
+for i = 1, np, 2 do pairs_[i] = texts[pairs_[i] - first_new + 1] end
 if new_ids then journal_batch(now, 'pub', nil, nil, new_ids) end
 
 redis.call('HSET', K.log, unpack(pairs_))

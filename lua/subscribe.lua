@@ -47,7 +47,7 @@ local g, m = A.group, A.member
 -- Everything is validated before the first write: Redis does not roll back a
 -- script that fails half-way.
 local f = read_meta(K.meta, {gf(g, MODE), gf(g, POLICY), gf(g, OWNER), gf(g, EPOCH), gf(g, CURSOR),
-  'seq', 'first', mf(g, m, DELIVERED), gf(g, STRATEGY)})
+  'seq', 'first', mf(g, m, DELIVERED), gf(g, STRATEGY), gf(g, ON_PREEMPT)})
 local existing_mode, existing_policy, owner = f[1], f[2], f[3]
 local mode = A.mode ~= '' and A.mode or existing_mode or A.default_mode
 local policy = A.policy ~= '' and A.policy or existing_policy or 'preempt'
@@ -104,7 +104,6 @@ if not existing_mode then
 end
 
 if not f[8] then
-  redis.call('HSET', K.meta, mf(g, m, DELIVERED), 0)
   revive(K)
   local list = members_of(K.meta, g)
   list[#list + 1] = m
@@ -114,6 +113,7 @@ end
 -- settings are set or cleared: one HDEL and one HSET.
 local set, unset = {mf(g, m, ONLINE), 1}, marker_fields(g, m)
 unset[3], unset[4] = mf(g, m, SUSPECTED), mf(g, m, ENDED)
+if not f[8] then set[3], set[4] = mf(g, m, DELIVERED), 0 end  -- a new member
 for field, value in pairs(settings) do
   if value then
     set[#set + 1] = mf(g, m, field)
@@ -140,7 +140,7 @@ local evicted = ''
 if mode == 'exclusive' and owner and owner ~= m then
   evicted = owner
   returned = returned + #mark_evicted(K, g, owner, m)
-  local onpre = redis.call('HGET', K.meta, gf(g, ON_PREEMPT))
+  local onpre = f[10]  -- the group exists (it has an owner): read with the rest
   if onpre == 'earliest' then cur = first
   elseif onpre == 'latest' then cur = seq + 1 end
   -- A cursor move is a seek: a new epoch, and nothing read before it.
@@ -150,8 +150,8 @@ if mode == 'exclusive' and owner and owner ~= m then
 elseif (mode == 'exclusive' or mode == 'single-active') and not owner then
   owner = m
 end
-if owner then redis.call('HSET', K.meta, gf(g, OWNER), owner) end
-redis.call('HSET', K.meta, 'jcap', A.journal_cap)
+if owner then redis.call('HSET', K.meta, gf(g, OWNER), owner, 'jcap', A.journal_cap)
+else redis.call('HSET', K.meta, 'jcap', A.journal_cap) end
 journal(now, 'sub', g, m, cur, nil, epoch, mode)
 flush_journal(K)
 if A.lite == '1' then compact_meta(K.meta) end

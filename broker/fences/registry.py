@@ -140,7 +140,69 @@ def assemble(name: str, files: Mapping[str, str]) -> str:
 
     body = expand(f"{name}.lua", (f"{name}.lua",))
     binding = _bind(parse_header(files[f"{name}.lua"], f"lua/{name}.lua"))
-    return "\n".join([*chunks, binding, body]) + "\n"
+    return "\n".join([*_only_reached(chunks, body), binding, body]) + "\n"
+
+
+_FUNCTION = re.compile(r"^local function ([A-Za-z_]\w*)\s*\(")
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def _only_reached(chunks: list[str], body: str) -> list[str]:
+    """The includes without the helpers the fence never reaches.
+
+    Lua runs a script's top level at every call, so each helper an include
+    defines is a closure made (and collected) per call: ~1,000 instructions
+    apiece, 90,000 for the whole library. A helper is a top-level ``local
+    function`` (a one-liner, or a block up to the first line that is ``end``
+    alone); it stays if the fence's body or a helper that stays names it.
+    Everything else (constants, tables) stays. Locals cannot be looked up by
+    a computed name, so a name the text never spells out is never called.
+    """
+    blocks: list[tuple[str | None, list[str]]] = []  # (helper name or None, its lines)
+    for chunk in chunks:
+        lines = chunk.split("\n")
+        file = lines[0].removeprefix("-- from ")  # each chunk starts by naming its include
+        i = 0
+        while i < len(lines):
+            m = _FUNCTION.match(lines[i])
+            if m is None or lines[i].rstrip().endswith(" end"):
+                blocks.append((m.group(1) if m else None, [lines[i]]))
+                i += 1
+                continue
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] == "end"), None)
+            if end is None or any(_FUNCTION.match(x) for x in lines[i + 1:end]):
+                raise LoadError(f"lua/{file}: local function {m.group(1)} has no line 'end' of its own to close it")
+            blocks.append((m.group(1), lines[i:end + 1]))
+            i = end + 1
+        blocks.append((None, [_CHUNK_END]))
+
+    def names(lines: list[str]) -> set[str]:
+        return set(_NAME.findall("\n".join(x for x in lines if not x.lstrip().startswith("--"))))
+
+    reached = names(body.split("\n"))
+    for helper, lines in blocks:
+        if helper is None:
+            reached |= names(lines)
+    kept: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for helper, lines in blocks:
+            if helper is not None and helper in reached and helper not in kept:
+                kept.add(helper)
+                reached |= names(lines)
+                grew = True
+    out, current = [], []
+    for helper, lines in blocks:
+        if lines == [_CHUNK_END]:
+            out.append("\n".join(current))
+            current = []
+        elif helper is None or helper in kept:
+            current += lines
+    return out
+
+
+_CHUNK_END = "\0chunk end"
 
 
 @cache

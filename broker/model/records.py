@@ -1,6 +1,6 @@
 """Every record the fences store, each with its one codec: ``encode`` and ``decode``.
 
-The Lua fences write these (lua/_common.lua, lua/_mailbox.lua, lua/nack.lua;
+The Lua fences write these (lua/lib/leases.lua, lua/lib/journal.lua, lua/lib/mailbox.lua, lua/nack.lua;
 docs/data-model.md); Python reads them here and nowhere else: the operator
 views, the snapshot, the CLI and the benchmarks. Pure: no I/O. ``decode``
 takes bytes or str (redis-py gives either), ``encode`` gives bytes byte for

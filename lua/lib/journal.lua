@@ -52,6 +52,23 @@ local function journal_runs(nums, marks)
   return table.concat(out, ',')
 end
 
+-- The same, for integers given as text (ids read from records, tags from a
+-- client): a batch whose values are as long as each other, ascend, and span
+-- exactly their count is one run, read from two numbers rather than all.
+local function journal_text_runs(texts)
+  local n = #texts
+  local first, last, ascending = texts[1], texts[n], true
+  for i = 2, n do
+    if #texts[i] ~= #first or texts[i] <= texts[i - 1] then ascending = false; break end
+  end
+  if ascending and tonumber(last) - tonumber(first) == n - 1 then
+    return n == 1 and first or (first .. '-' .. last)
+  end
+  local nums = {}
+  for i = 1, n do nums[i] = tonumber(texts[i]) end
+  return journal_runs(nums)
+end
+
 -- Values as repeats: `v*k` for k equal values in a row, `v` for one.
 local function journal_repeats(values)
   local out, n, i, last = {}, 0, 1, #values
@@ -67,12 +84,14 @@ end
 
 -- One entry for the messages of one call (ids: numbers; tags: numbers with
 -- tag_marks, or nil; extras: one per message, or nil). The caller checks
--- journal_on first, so nothing is built when the journal is off.
-local function journal_batch(ms, ev, g, m, ids, tags, tag_marks, ep, extras)
+-- journal_on first, so nothing is built when the journal is off. With
+-- `as_text`, ids and tags are decimal text (no marks).
+local function journal_batch(ms, ev, g, m, ids, tags, tag_marks, ep, extras, as_text)
   if #ids == 0 then return end
+  local runs = as_text and journal_text_runs or journal_runs
   JOURNAL_N = JOURNAL_N + 1
   JOURNAL[JOURNAL_N] = int_str(ms) .. '\t' .. ev .. '\t' .. (g or '') .. '\t' .. (m or '') .. '\t'
-    .. journal_runs(ids) .. '\t' .. (tags and journal_runs(tags, tag_marks) or '') .. '\t'
+    .. runs(ids) .. '\t' .. (tags and runs(tags, tag_marks) or '') .. '\t'
     .. journal_field(ep) .. '\t' .. (extras and journal_repeats(extras) or '')
 end
 

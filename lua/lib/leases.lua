@@ -29,6 +29,35 @@ local function settles(c, g, m, epoch, due, now)
   return c and c.group == g and c.member == m and c.epoch >= epoch and not (due and tonumber(due) <= now)
 end
 
+-- The records of `tags` (false where none), and how many checkouts the
+-- queue has. A hash of at most 128 small records is a listpack, where every
+-- lookup is a scan: one that holds at most twice the batch is read whole in
+-- one pass instead (O(batch) either way).
+local function checkout_records(K, tags)
+  local size = redis.call('HLEN', K.checkouts)
+  if size > 2 * #tags then return redis.call('HMGET', K.checkouts, unpack(tags)), size end
+  local by_tag, out = {}, {}
+  if size > 0 then
+    local all = redis.call('HGETALL', K.checkouts)
+    for i = 1, #all, 2 do by_tag[all[i]] = all[i + 1] end
+  end
+  for i, tag in ipairs(tags) do out[i] = by_tag[tag] or false end
+  return out, size
+end
+
+-- Remove settled checkouts: `tags` and their `owned` entries. When they are
+-- all the queue has, its three keys go whole (a listpack deletes field by
+-- field, each a scan); an entry of another checkout cannot be among them.
+local function remove_checkouts(K, tags, owned, size)
+  if size == #tags then
+    redis.call('DEL', K.checkouts, K.deadlines, K.owned)
+    return
+  end
+  redis.call('HDEL', K.checkouts, unpack(tags))
+  redis.call('ZREM', K.deadlines, unpack(tags))
+  redis.call('ZREM', K.owned, unpack(owned))
+end
+
 -- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
 -- tag is not checked out any more (settled, expired, or never existed).
 local function take_checkout(K, tag)
@@ -166,12 +195,10 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   -- an empty poll of a queue at rest writes nothing
   if want > 0 or #taken > 0 then expand_meta(K.meta) end
   if want > 0 then
-    local ids = {}
-    for i = 1, want do ids[i] = cur + i - 1 end
-    local bodies = redis.call('HMGET', K.log, unpack(ids))
-    local texts = int_strs(cur, want)
+    local texts = int_strs(cur, want)  -- made once, and sent as text: redis.call formats a number each time
+    local bodies = redis.call('HMGET', K.log, unpack(texts))
     for i = 1, want do
-      if bodies[i] then taken[#taken + 1] = {nil, ids[i], 1, bodies[i], 0, texts[i]} end
+      if bodies[i] then taken[#taken + 1] = {nil, cur + i - 1, 1, bodies[i], 0, texts[i]} end
     end
     redis.call('HSET', K.meta, gf(g, CURSOR), cur + want)
   end
@@ -184,6 +211,9 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   local ep_text = SEP .. int_str(ep) .. SEP
   local first_tail = ep_text .. '1' .. SEP .. '0'  -- a first delivery: one acquisition, no failure
   local records, deadlines, owned, n = {}, {}, {}, 0
+  -- redis.call turns every number argument into text: the batch's one
+  -- deadline (and the owned entries' score) go as text made once.
+  local due = deadline and int_str(deadline)
   local journaling = journal_on(K)
   local marks = journaling and {} or nil
   local gm = g .. SEP .. m .. SEP
@@ -200,9 +230,9 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
       records[n - 1] = tag
       if t[3] == 1 and t[5] == 0 then records[n] = gm .. t[6] .. first_tail
       else records[n] = gm .. t[6] .. ep_text .. int_str(t[3]) .. SEP .. int_str(t[5]) end
-      deadlines[n - 1] = deadline
+      deadlines[n - 1] = due
       deadlines[n] = tag
-      owned[n - 1] = 0
+      owned[n - 1] = '0'
       owned[n] = gm .. tag
     end
   end

@@ -34,10 +34,18 @@ local FIRST_TIME = 4
 local LITE_GROUP = 'default'  -- a lite SUB's group when it names none
 
 -- What a compact hash stands for but does not hold: a flat list {name,
--- value, ...}, or nil when the hash is not compact.
+-- value, ...}, or nil when the hash is not compact. Read once per call and
+-- kept (false: not compact) until expand_meta or compact_meta changes the
+-- form: a fence never writes a compact hash otherwise, so it cannot go stale.
+local OMITTED = {}
 local function omitted_fields(meta)
+  local known = OMITTED[meta]
+  if known ~= nil then return known or nil end
   local z = redis.call('HGET', meta, 'z')
-  if not z then return nil end
+  if not z then
+    OMITTED[meta] = false
+    return nil
+  end
   local bar = string.find(z, '|', 1, true)
   local g, m = LITE_GROUP, z
   if bar then g, m = string.sub(z, 1, bar - 1), string.sub(z, bar + 1) end
@@ -61,6 +69,7 @@ local function omitted_fields(meta)
       out[#out + 1] = defaults[i]
     end
   end
+  OMITTED[meta] = out
   return out
 end
 
@@ -88,6 +97,7 @@ local function expand_meta(meta)
   if not omitted then return end
   redis.call('HDEL', meta, 'z', unpack(SHORT_NAMES))
   redis.call('HSET', meta, unpack(omitted))
+  OMITTED[meta] = false
 end
 
 -- Leave out every default, if the queue has one group whose only member is
@@ -123,6 +133,7 @@ local function compact_meta(meta)
   end
   redis.call('HDEL', meta, unpack(longs))
   redis.call('HSET', meta, unpack(short))
+  OMITTED[meta] = nil
 end
 
 -- A group's members, in arrival order.

@@ -178,3 +178,19 @@ def test_the_loader_refuses_a_repeated_missing_or_circular_include_with_its_line
     files = _broken("lib/base.lua", "local SEP = '\\0'\n", "--@include lib/meta.lua\nlocal SEP = '\\0'\n")
     with pytest.raises(LoadError, match="include cycle"):
         assemble("pull", files)
+
+
+def test_a_fence_carries_only_the_helpers_it_reaches() -> None:
+    files = _raw_files()
+    publish = assemble("publish", files)
+    assert "local function revive(" in publish and "local function int_strs(" in publish  # it calls them
+    assert "local function check_out(" not in publish  # pull's, in an include publish shares
+    assert "local function check_out(" in assemble("pull", files)
+    # what a kept helper calls is kept with it: pull -> check_out -> promote_delayed
+    assert "local function promote_delayed(" in assemble("pull", files)
+
+
+def test_a_helper_without_its_own_closing_end_line_is_refused() -> None:
+    files = _broken("lib/leases.lua", "  return best\nend\n", "  return best end\n")
+    with pytest.raises(LoadError, match="lua/lib/leases.lua: local function next_due has no line 'end'"):
+        assemble("sweep", files)

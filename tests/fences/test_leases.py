@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 
 from fencemq.sdk.client import Client
 from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.records import journal_events
 from tests import helpers
 from tests.helpers import RespConn, as_map, client, deliveries, wait_for, worker
 
@@ -441,3 +442,31 @@ def test_prometheus_counts_lease_timeouts_suspicions_and_renewals(w):
     assert after["fencemq_lease_timeouts_total"] - before["fencemq_lease_timeouts_total"] == 2
     assert after["fencemq_suspicions_total"] - before["fencemq_suspicions_total"] == 1
     assert after["fencemq_renewals_total"] - before["fencemq_renewals_total"] == 2
+
+
+def test_ids_and_tags_stay_whole_and_in_order_across_thousands_and_the_journal_names_each_once(w, direct):
+    """The fences make an id's and a tag's text once per thousand (lua/lib/base.lua, int_strs): every
+    id published across 999 → 1000 → 1999 → 2000 comes back whole, and one journal entry per call
+    names each message once."""
+    with client(w.port, name="ids") as c:
+        h = join(c, "GROUP", "g")
+        ids = []
+        for start in range(0, 2100, 700):
+            reply = c.execute_command("MPUB", "orders", 700, *[f"m{i}" for i in range(start, start + 700)])
+            ids += [i.decode() for i in reply]
+        assert ids == [str(i) for i in range(1, 2101)]
+        got = []
+        while len(got) < 2100:
+            batch = take(c, h, 1000)
+            assert batch
+            got += batch
+            assert c.execute_command("ACK", h, *[d["tag"] for d in batch]) == len(batch)
+        assert [d["id"] for d in got] == ids and payloads(got) == [f"m{i}" for i in range(2100)]
+        tags = [int(d["tag"]) for d in got]
+        assert tags == sorted(tags) and len(set(tags)) == len(tags)
+    events = [e for raw in direct.lrange(ORDERS.journal, 0, -1) for e in journal_events(raw)]
+    for kind in ("pub", "out", "ack"):
+        assert sorted(e.id for e in events if e.event == kind) == list(range(1, 2101)), kind
+    for kind in ("out", "ack"):
+        assert sorted(int(e.tag) for e in events if e.event == kind) == tags, kind
+    assert direct.llen(ORDERS.journal) < 20, "one entry per call, not one per message"
