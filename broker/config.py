@@ -13,6 +13,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 7379
     password: str | None = None  # clients must AUTH with it when set (it is the `default` user's)
+    mqtt_port: int | None = None  # MQTT 3.1.1/5.0 listener (server/mqtt_listener.py); None: off
     users: bool = False  # clients must AUTH as a user of `fencemq user` (ops/users.py), with its permissions
     # TLS for clients: a certificate chain and its key make the worker listen
     # with TLS only; a CA file also requires client certificates signed by it.

@@ -61,6 +61,7 @@ class Worker:
         self.tls = client_tls(config)  # a bad TLS setting fails here, before anything starts
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.port: int | None = None
+        self.mqtt_port: int | None = None  # where MQTT clients connect, when config.mqtt_port asks for it
         self.connections: dict[str, ClientConnection] = {}  # by connection token
         self._numbers = itertools.count(1)
         self._draining = anyio.Event()
@@ -90,9 +91,13 @@ class Worker:
                     async with anyio.create_task_group() as conns:
                         accepting = anyio.CancelScope()
                         conns.start_soon(self._accept, listener, conns, accepting)
+                        accepting_mqtt = anyio.CancelScope()
+                        if self.config.mqtt_port is not None:
+                            self.mqtt_port = await conns.start(self._accept_mqtt, accepting_mqtt)
                         task_status.started(self.port)
                         await self._draining.wait()
                         accepting.cancel()
+                        accepting_mqtt.cancel()
                         for conn in list(self.connections.values()):
                             conn.drain()
                         conns.start_soon(self._cut_stragglers)
@@ -106,6 +111,13 @@ class Worker:
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
         with scope:
             await listener.serve(self._serve_connection, task_group=conns)
+
+    async def _accept_mqtt(self, scope: anyio.CancelScope, *,
+                           task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        from fencemq.server.mqtt_listener import serve_mqtt
+
+        with scope:
+            await serve_mqtt(self, self.config.mqtt_port or 0, self.tls, task_status=task_status)
 
     async def _cut_stragglers(self, grace_s: float = 2.0) -> None:
         """A long-poll in progress is not worth holding a shutdown for."""

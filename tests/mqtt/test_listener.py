@@ -1,0 +1,231 @@
+"""Real MQTT clients (paho-mqtt 2.x, both protocol versions; mosquitto_pub/sub) against a worker's MQTT listener.
+
+Tests are named after the normative statement they check where the standard has one.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from tests.helpers import RespConn, as_map, worker
+
+VERSIONS = {"3.1.1": mqtt.MQTTv311, "5.0": mqtt.MQTTv5}
+
+
+@pytest.fixture
+def w(redis_url):
+    with worker(redis_url, mqtt_port=0, session_lease_ms=2000) as started:
+        yield started
+
+
+class Paho:
+    """A paho client on its own network thread; received messages land in ``inbox``."""
+
+    def __init__(self, port: int, client_id: str, version: str = "5.0", *, clean: bool = True,
+                 auto_ack: bool = True, will: tuple[str, bytes] | None = None) -> None:
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.connected = threading.Event()
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=VERSIONS[version],
+                             clean_session=clean if version == "3.1.1" else None)
+        self.c.manual_ack_set(not auto_ack)
+        self.c.on_message = lambda _c, _u, msg: self.inbox.put(msg)
+        self.c.on_connect = lambda *_a: self.connected.set()
+        if will:
+            self.c.will_set(will[0], will[1], qos=1)
+        kwargs = {"clean_start": clean} if version == "5.0" else {}
+        self.c.connect("127.0.0.1", port, keepalive=30, **kwargs)
+        self.c.loop_start()
+        assert self.connected.wait(10), "no CONNACK"
+
+    def subscribe(self, filt: str, qos: int = 1) -> None:
+        done = threading.Event()
+        self.c.on_subscribe = lambda *_a: done.set()
+        self.c.subscribe(filt, qos=qos)
+        assert done.wait(10), "no SUBACK"
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        self.c.publish(topic, payload, qos=qos, retain=retain).wait_for_publish(10)
+
+    def take(self, n: int, timeout: float = 10.0) -> list[Any]:
+        got, deadline = [], time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            try:
+                got.append(self.inbox.get(timeout=max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        return got
+
+    def close(self, clean_disconnect: bool = True) -> None:
+        if clean_disconnect:
+            self.c.disconnect()
+        else:
+            self.c.socket().close()  # the network goes: no DISCONNECT
+        self.c.loop_stop()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_qos1_message_published_by_mqtt_reaches_an_mqtt_subscriber(w, version) -> None:
+    sub, pub = Paho(w.worker.mqtt_port, "s1", version), Paho(w.worker.mqtt_port, "p1", version)
+    try:
+        sub.subscribe("sensors/+/temp")
+        pub.publish("sensors/k1/temp", b"21.5")
+        got = sub.take(1)
+        assert [(m.topic, m.payload, m.qos) for m in got] == [("sensors/k1/temp", b"21.5", 1)]
+    finally:
+        sub.close(), pub.close()
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_each_qos_arrives_capped_by_the_granted_qos(w, qos) -> None:
+    sub, pub = Paho(w.worker.mqtt_port, "s-qos"), Paho(w.worker.mqtt_port, "p-qos")
+    try:
+        sub.subscribe("q/#", qos=qos)
+        pub.publish("q/x", b"m", qos=2)
+        got = sub.take(1)
+        assert [m.payload for m in got] == [b"m"] and got[0].qos == qos
+    finally:
+        sub.close(), pub.close()
+
+
+def test_one_topic_space_a_resp_pub_reaches_mqtt_and_an_mqtt_publish_reaches_resp(w) -> None:
+    sub = Paho(w.worker.mqtt_port, "mqtt-side")
+    resp = RespConn(w.port)
+    resp.call("HELLO", 3, "SETNAME", "resp-side")
+    try:
+        sub.subscribe("mixed/#")
+        handle = as_map(resp.call("SUB", "mixed/+"))["handle"]
+        assert resp.call("PUB", "mixed/a", "from resp") == "1"
+        assert [m.payload for m in sub.take(1)] == [b"from resp"]
+        pub = Paho(w.worker.mqtt_port, "mqtt-pub")
+        pub.publish("mixed/b", b"from mqtt")
+        pub.close()
+        got = resp.call("PULL", handle, "COUNT", 10)
+        assert [as_map(d)["payload"] for d in got] == ["from resp", "from mqtt"]
+    finally:
+        sub.close()
+
+
+def test_MQTT_4_8_2_a_shared_group_gives_each_message_to_one_member(w) -> None:
+    a, b = Paho(w.worker.mqtt_port, "share-a"), Paho(w.worker.mqtt_port, "share-b")
+    pub = Paho(w.worker.mqtt_port, "share-pub")
+    try:
+        a.subscribe("$share/g/jobs/#")
+        b.subscribe("$share/g/jobs/#")
+        for i in range(20):
+            pub.publish("jobs/x", f"j{i}".encode())
+        got_a, got_b = a.take(20, timeout=3), b.take(20, timeout=3)
+        payloads = sorted(m.payload for m in got_a + got_b)
+        assert payloads == sorted(f"j{i}".encode() for i in range(20)), "each message exactly once in the group"
+        assert got_a and got_b, "both members got a share"
+    finally:
+        a.close(), b.close(), pub.close()
+
+
+def test_a_qos1_message_of_a_member_that_disconnects_unacknowledged_goes_to_the_other_member(w) -> None:
+    slow = Paho(w.worker.mqtt_port, "slow", auto_ack=False)  # takes and never acknowledges
+    steady = Paho(w.worker.mqtt_port, "steady")
+    pub = Paho(w.worker.mqtt_port, "loss-pub")
+    try:
+        slow.subscribe("$share/g2/work")
+        steady.subscribe("$share/g2/work")
+        for i in range(6):
+            pub.publish("work", f"w{i}".encode())
+        held = slow.take(3, timeout=3)
+        assert held, "the round robin gave the slow member some"
+        slow.close(clean_disconnect=True)  # a clean session ends: its unacknowledged messages go back
+        got = steady.take(6, timeout=10)
+        assert sorted(m.payload for m in got) == [f"w{i}".encode() for i in range(6)], "no QoS 1 message lost"
+    finally:
+        steady.close(), pub.close()
+
+
+def test_MQTT_3_1_2_5_a_resumed_session_keeps_its_subscription_and_gets_what_was_published_meanwhile(w) -> None:
+    first = Paho(w.worker.mqtt_port, "durable", "3.1.1", clean=False)
+    first.subscribe("news/#")
+    first.close()
+    pub = Paho(w.worker.mqtt_port, "news-pub")
+    pub.publish("news/today", b"while away")
+    pub.close()
+    again = Paho(w.worker.mqtt_port, "durable", "3.1.1", clean=False)
+    try:
+        assert [m.payload for m in again.take(1)] == [b"while away"]
+    finally:
+        again.close()
+
+
+def test_MQTT_3_3_1_5_a_retained_message_is_sent_to_a_new_subscriber(w) -> None:
+    pub = Paho(w.worker.mqtt_port, "ret-pub")
+    pub.publish("state/door", b"open", retain=True)
+    pub.close()
+    sub = Paho(w.worker.mqtt_port, "ret-sub")
+    try:
+        sub.subscribe("state/+")
+        assert [m.payload for m in sub.take(1)] == [b"open"]
+    finally:
+        sub.close()
+
+
+def test_MQTT_3_1_2_8_the_will_is_published_when_the_network_goes(w) -> None:
+    watcher = Paho(w.worker.mqtt_port, "watcher")
+    watcher.subscribe("wills/#")
+    dying = Paho(w.worker.mqtt_port, "dying", will=("wills/dying", b"gone"))
+    try:
+        dying.close(clean_disconnect=False)
+        assert [m.payload for m in watcher.take(1)] == [b"gone"]
+    finally:
+        watcher.close()
+
+
+def test_MQTT_3_1_4_3_a_second_connection_with_the_same_client_id_takes_the_session_over(w) -> None:
+    first = Paho(w.worker.mqtt_port, "twice")
+    gone = threading.Event()
+    first.c.on_disconnect = lambda *_a: gone.set()
+    second = Paho(w.worker.mqtt_port, "twice")
+    try:
+        assert gone.wait(10), "the older connection was disconnected"
+    finally:
+        second.close()
+        first.c.loop_stop()
+
+
+@pytest.mark.skipif(not shutil.which("mosquitto_sub"), reason="mosquitto_pub/mosquitto_sub are not installed")
+def test_mosquitto_pub_and_sub_talk_through_the_worker(w) -> None:
+    port = str(w.worker.mqtt_port)
+    sub = subprocess.Popen(["mosquitto_sub", "-p", port, "-t", "cli/#", "-q", "1", "-C", "1", "-W", "10"],
+                           stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    subprocess.run(["mosquitto_pub", "-p", port, "-t", "cli/x", "-q", "1", "-m", "hello"], check=True, timeout=10)
+    out, _ = sub.communicate(timeout=15)
+    assert out.strip() == "hello"
+
+
+def test_a_tls_worker_serves_mqtt_over_tls_with_the_same_certificates(redis_url, tmp_path) -> None:
+    from tests.server.test_tls import Files
+
+    files = Files(tmp_path)
+    with worker(redis_url, mqtt_port=0, tls_cert_file=str(files.cert), tls_key_file=str(files.key)) as tw:
+        got: queue.Queue[Any] = queue.Queue()
+        connected = threading.Event()
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="tls-mqtt", protocol=mqtt.MQTTv5)
+        c.tls_set(ca_certs=str(files.ca))
+        c.on_connect = lambda *_a: connected.set()
+        c.on_message = lambda _c, _u, msg: got.put(msg.payload)
+        c.connect("127.0.0.1", tw.worker.mqtt_port)
+        c.loop_start()
+        try:
+            assert connected.wait(10), "no CONNACK over TLS"
+            c.subscribe("secure/#", qos=1)
+            time.sleep(0.3)
+            c.publish("secure/x", b"sealed", qos=1).wait_for_publish(10)
+            assert got.get(timeout=10) == b"sealed"
+        finally:
+            c.disconnect()
+            c.loop_stop()
