@@ -21,6 +21,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--redis-url", required=True)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--mqtt-port", type=int, default=None, help="also serve MQTT (0: a free port; says MQTT <n>)")
     ap.add_argument("--loop", default=None, help="event loop: auto (uvloop when installed), uvloop, asyncio;"
                     " default auto, or asyncio with --profile (cProfile counts uvloop's waits as time in a coroutine)")
     ap.add_argument("--profile", default=None, help="write a cProfile of the worker here on exit")
@@ -29,10 +30,12 @@ def main() -> None:
     if opts.loop is None:
         opts.loop = "asyncio" if opts.profile else "auto"
     trace = install_trace() if opts.trace else None
-    config = Config(redis_url=opts.redis_url, port=opts.port)
+    config = Config(redis_url=opts.redis_url, port=opts.port, mqtt_port=opts.mqtt_port)
 
     def ready(worker: object, port: int) -> None:
         print(f"PORT {port}", flush=True)
+        if opts.mqtt_port is not None:
+            print(f"MQTT {worker.mqtt_port}", flush=True)  # type: ignore[attr-defined]
 
     if opts.profile:
         import cProfile

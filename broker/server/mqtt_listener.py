@@ -29,7 +29,7 @@ import anyio
 import anyio.abc
 from anyio.streams.tls import TLSListener
 
-from fencemq.errors import FenceMQError, NoPermission
+from fencemq.errors import FenceMQError, NoPermission, NotFound
 from fencemq.fences import session_index
 from fencemq.model.keys import Handle
 from fencemq.protocol.mqtt_events import (
@@ -124,21 +124,42 @@ class MqttConnection:
         await self._flush()
 
     async def _handle(self, events: list[MqttEvent]) -> None:
+        # What one read brought is handled in runs: consecutive PUBLISHes to one topic are one
+        # publish call, the acknowledgements of one read one ACK per subscription.
+        publishes: list[MessagePublished] = []
+        acks: list[DeliveryAcknowledged] = []
         for event in events:
-            if isinstance(event, ConnectRequested):
+            if isinstance(event, MessagePublished):
+                if publishes and not self._same_run(publishes[-1], event):
+                    await self._published(publishes)
+                    publishes = []
+                publishes.append(event)
+                continue
+            if publishes:
+                await self._published(publishes)
+                publishes = []
+            if isinstance(event, DeliveryAcknowledged):
+                acks.append(event)
+            elif isinstance(event, ConnectRequested):
                 await self._connect(event)
-            elif isinstance(event, MessagePublished):
-                await self._published(event)
             elif isinstance(event, SubscribeRequested):
                 await self._subscribe(event)
             elif isinstance(event, UnsubscribeRequested):
                 await self._unsubscribe(event)
-            elif isinstance(event, DeliveryAcknowledged):
-                await self._acknowledged(event)
             elif isinstance(event, ConnectionClosed):
+                await self._acknowledged(acks)
+                acks = []
                 await self._closed(event)
             elif isinstance(event, (PublishReleased, DeliveryReceived)):
                 pass  # the session machine keeps the QoS 2 handshake; the message is stored already
+        if publishes:
+            await self._published(publishes)
+        if acks:
+            await self._acknowledged(acks)
+
+    @staticmethod
+    def _same_run(a: MessagePublished, b: MessagePublished) -> bool:
+        return a.topic == b.topic and a.qos == b.qos and not a.retain and not b.retain
 
     # -- events --------------------------------------------------------------------------------
 
@@ -170,20 +191,25 @@ class MqttConnection:
             filt = f"{owner}/{handle.queue.topic}" if owner.startswith("$share/") else handle.queue.topic
             self._start_delivery(filt, handle, 1)
 
-    async def _published(self, event: MessagePublished) -> None:
+    async def _published(self, run: list[MessagePublished]) -> None:
+        first = run[0]
         reason = ReasonCode.SUCCESS
         try:
-            self.verbs._may(self.session, "publish", event.topic)
-            await self.services.core.shared.publish(event.topic, [event.payload], qos=min(event.qos, 1),
-                                                    headers=QOS2_HEADER if event.qos == 2 else None,
-                                                    retain=event.retain, producer=self.session.client_id)
+            self.verbs._may(self.session, "publish", first.topic)
+            for start in range(0, len(run), self.services.config.max_batch):
+                part = run[start:start + self.services.config.max_batch]
+                await self.services.core.shared.publish(
+                    first.topic, [e.payload for e in part], qos=min(first.qos, 1),
+                    headers=QOS2_HEADER if first.qos == 2 else None, retain=first.retain,
+                    producer=self.session.client_id)
         except NoPermission:
             reason = ReasonCode.NOT_AUTHORIZED
         except FenceMQError as exc:
-            log.info("MQTT PUBLISH to %r refused: %s", event.topic[:128], exc)
+            log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], exc)
             reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
-        if event.packet_id is not None:
-            self.mqtt.acknowledge_publish(event.packet_id, reason)
+        for event in run:
+            if event.packet_id is not None:
+                self.mqtt.acknowledge_publish(event.packet_id, reason)
 
     async def _subscribe(self, event: SubscribeRequested) -> None:
         codes = []
@@ -221,17 +247,22 @@ class MqttConnection:
             codes.append(ReasonCode.SUCCESS)
         self.mqtt.complete_unsubscribe(event.packet_id, codes)
 
-    async def _acknowledged(self, event: DeliveryAcknowledged) -> None:
-        held = self.in_flight.pop(event.packet_id, None)
-        self.quota_freed.set()
-        if held is None:
-            return
-        handle, tag = held
+    async def _acknowledged(self, events: list[DeliveryAcknowledged]) -> None:
+        settled: dict[Handle, list[str]] = {}
+        refused: dict[Handle, list[str]] = {}
+        for event in events:
+            held = self.in_flight.pop(event.packet_id, None)
+            if held is not None:
+                handle, tag = held
+                # refused by the client (>= 0x80): dropped, never redispatched (MQTT-234)
+                (refused if event.reason_code >= 0x80 else settled).setdefault(handle, []).append(tag)
+        if events:
+            self.quota_freed.set()
         leases = self.services.core.leases
-        if event.reason_code >= 0x80:  # refused by the client: dropped, never redispatched (MQTT-234)
-            await leases.nack(handle, [tag], discard=True)
-        else:
-            await leases.ack(handle, [tag])
+        for handle, tags in settled.items():
+            await leases.ack(handle, tags)
+        for handle, tags in refused.items():
+            await leases.nack(handle, tags, discard=True)
 
     async def _closed(self, event: ConnectionClosed) -> None:
         if event.taken_over:
@@ -265,7 +296,11 @@ class MqttConnection:
                         self.quota_freed = anyio.Event()
                         await self.quota_freed.wait()
                         continue
-                    result = await leases.pull(handle, min(quota, BATCH))
+                    try:
+                        result = await leases.pull(handle, min(quota, BATCH))
+                    except NotFound:
+                        log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
+                        return  # the subscription is gone (its queue dropped): nothing more to send
                     if not result.deliveries:
                         with anyio.move_on_after(IDLE_LOOK_S):
                             await waiter.wait()
@@ -303,9 +338,8 @@ async def serve_mqtt(worker: Any, port: int, tls: Any, *,
     async def one(stream: anyio.abc.ByteStream) -> None:
         try:
             await MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}").run()
-        except BaseException:
+        except Exception:
             log.exception("MQTT connection failed")
-            raise
 
     task_status.started(bound)
     async with listener:
