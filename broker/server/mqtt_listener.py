@@ -185,11 +185,13 @@ class MqttConnection:
             for handle in held:
                 await self.services.core.subscriptions.unsubscribe(handle)
             held = []
-        self.mqtt.accept(time.monotonic(), session_present=bool(held))
+        pipelined = self.mqtt.accept(time.monotonic(), session_present=bool(held))
         for handle in held:  # a resumed session: its subscriptions deliver again
             owner = handle.queue.owner or ""
             filt = f"{owner}/{handle.queue.topic}" if owner.startswith("$share/") else handle.queue.topic
             self._start_delivery(filt, handle, 1)
+        # what the client sent right behind its CONNECT (a SUBSCRIBE, say) waited for the accept
+        await self._handle(pipelined)
 
     async def _published(self, run: list[MessagePublished]) -> None:
         first = run[0]

@@ -229,3 +229,20 @@ def test_a_tls_worker_serves_mqtt_over_tls_with_the_same_certificates(redis_url,
         finally:
             c.disconnect()
             c.loop_stop()
+
+
+def test_MQTT_3_1_4_5_a_subscribe_sent_in_the_same_write_as_connect_is_served(w) -> None:
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", w.worker.mqtt_port), timeout=10)
+    connect = bytes([0x10, 13, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 30, 0, 1]) + b"z"
+    subscribe = bytes([0x82, 8, 0, 1, 0, 3]) + b"p/#" + bytes([1])
+    s.sendall(connect + subscribe)  # one write: the worker reads both at once
+    got = b""
+    while len(got) < 4 + 5:
+        chunk = s.recv(64)
+        assert chunk, f"the worker closed the connection after {got!r}"
+        got += chunk
+    assert got[:4] == bytes([0x20, 2, 0, 0]), "CONNACK accepted"
+    assert got[4:9] == bytes([0x90, 3, 0, 1, 1]), "SUBACK granting QoS 1 came without anything more sent"
+    s.close()
