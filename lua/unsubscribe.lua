@@ -21,7 +21,8 @@
 --   member goes when it TAKEs it) or 'leave' (session over: gone at once)
 -- ARGV[4] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- Returns: {checkouts returned, owner after (or ''), 1 if the member was
---   removed now else 0}. Idempotent: leaving twice returns {0, owner, 0}.
+--   removed now else 0, 1 if it stays until it TAKEs its end-of-stream
+--   sentinel else 0}. Idempotent: leaving twice returns {0, owner, 0, 0}.
 -- All the member's checkouts go back to the queue at once, its marker and
 -- state are removed (no marker outlives its member), and an exclusive or
 -- single-active group hands ownership to the next member in arrival order.
@@ -32,7 +33,7 @@ expand_meta(K.meta)  -- this fence writes meta: no field may be left to a defaul
 local mb, g, m = K.mailbox, A.group, A.member
 local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER), mf(g, m, DELIVERED), mf(g, m, CAPACITY), mf(g, m, ENDED))
 local mode, owner = f[1], f[2]
-if not f[3] then return {0, owner or '', 0} end
+if not f[3] then return {0, owner or '', 0, 0} end
 
 local returned = #return_member_checkouts(K, g, m)
 redis.call('DEL', mb)
@@ -41,7 +42,7 @@ if A.how == 'cancel' and f[4] and not f[5] then
   seat_sentinel(K, mb, g, m, tonumber(f[4]), 'unsub')
   flush_journal(K)
   redis.call('SPUBLISH', K.wake, 'cancel')
-  return {returned, owner or '', 0}
+  return {returned, owner or '', 0, 1}
 end
 push_list_remove(K.meta, g, m)
 owner = remove_member(K, g, m)
@@ -50,4 +51,4 @@ redis.call('SPUBLISH', K.wake, 'leave')
 journal(now_ms(), 'leave', g, m, nil, nil, nil, A.how)
 flush_journal(K)
 reclaim_if_idle(K, tonumber(A.idle_ttl_ms))
-return {returned, owner or '', 1}
+return {returned, owner or '', 1, 0}

@@ -160,8 +160,11 @@ class Subscriptions:
             UNSUBSCRIBE, k, extra_keys={"mailbox": k.mailbox(handle.group, handle.member)}, group=handle.group,
             member=handle.member, how="leave" if session_over else "cancel", idle_ttl_ms=self.ctx.idle_ttl(handle.queue),
         )
-        removed = bool(int(res[2]))
-        await self._let_go(handle)
+        removed, awaiting_eos = bool(int(res[2])), bool(int(res[3]))
+        if not awaiting_eos:
+            # A member that stays until it TAKEs its sentinel stays in the session's index too,
+            # so the session's end still finds it (forget() lets go once it is taken).
+            await self._let_go(handle)
         if int(res[0]):
             # The returned messages go to another member now, not at the next publish.
             await self.mailboxes.dispatch_all(handle.queue)
