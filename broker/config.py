@@ -22,6 +22,12 @@ class Config:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     metrics_port: int | None = None
+    # The sampled gauges (server/metrics.py): how often, how many queues a sample reads at most, and
+    # how many series: one per topic (the largest backlogs first) plus the lmqs with the largest backlogs.
+    metrics_sample_ms: int = 15_000
+    metrics_scan_limit: int = 10_000
+    metrics_max_topics: int = 100
+    metrics_top_lmqs: int = 10
 
     default_lock_ms: int = 30_000
     max_lock_ms: int = 300_000

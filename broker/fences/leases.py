@@ -80,6 +80,12 @@ class Leases:
                                              args_rest=self.ctx.tags(tags)))
 
     async def nack(self, handle: Handle, tags: list[str], *, delay_ms: int = 0, discard: bool = False) -> int:
+        """Checkouts returned (or discarded)."""
+        return (await self.nack_counted(handle, tags, delay_ms=delay_ms, discard=discard))[0]
+
+    async def nack_counted(self, handle: Handle, tags: list[str], *, delay_ms: int = 0,
+                           discard: bool = False) -> tuple[int, int]:
+        """Checkouts returned (or discarded), and how many of them went to the dead-letter list."""
         config = self.ctx.config
         if not 0 <= delay_ms <= config.max_lock_ms:
             raise BadArgument(f"DELAY must be between 0 and {config.max_lock_ms} ms")
@@ -89,7 +95,7 @@ class Leases:
                                         args_rest=self.ctx.tags(tags))
         if int(res[2]) >= 0:
             await self.ctx.schedule(handle.queue.qid, int(res[2]))
-        return int(res[0])
+        return int(res[0]), int(res[1])
 
     async def renew(self, handle: Handle, tags: list[str], *, lock_ms: int | None = None) -> int:
         config = self.ctx.config

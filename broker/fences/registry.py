@@ -26,10 +26,11 @@ NOSCRIPT, is loaded again transparently — clients never see it.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from time import perf_counter
 from typing import Any
 
 from redis.commands.core import AsyncScript
@@ -270,6 +271,8 @@ class Fences:
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
+        # Told each call's fence name and seconds (the worker's latency histogram); None: not timed.
+        self.observe: Callable[[str, float], None] | None = None
         self.scripts: dict[str, AsyncScript] = {
             name: redis.register_script(src) for name, src in sources().items()
         }
@@ -294,7 +297,10 @@ class Fences:
                 key_list = spec.key_list(keys, extra, rest)
                 # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
                 pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, ()))
+            started = perf_counter()
             results = await pipe.execute(raise_on_error=False)
+            if self.observe is not None:
+                self.observe(spec.name, perf_counter() - started)
             if attempt < 2 and any(isinstance(r, NoScriptError) or (isinstance(r, ResponseError) and "NOSCRIPT" in str(r))
                                    for r in results):
                 await self.redis.script_load(script.script)
@@ -303,6 +309,7 @@ class Fences:
         return []  # not reached
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        started = perf_counter()
         try:
             return await self.scripts[name](keys=keys, args=args)
         except ResponseError as exc:
@@ -310,6 +317,9 @@ class Fences:
             if mapped is not None:
                 raise mapped from None
             raise
+        finally:
+            if self.observe is not None:
+                self.observe(name, perf_counter() - started)
 
     @staticmethod
     def check(result: Any) -> Any:

@@ -321,10 +321,12 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
             counts = iter(await pipe.execute()) if parsed else iter(())
         for qid, fields, groups, leased, held, ready, delayed, dead in parsed:
             seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
-            backlogs, owners, members, suspected, marked = [], [], 0, 0, 0
+            backlogs, owners, members, suspected, marked, unread = [], [], 0, 0, 0, []
             for g, group in groups.items():
                 returned = next(counts)
                 cursor = max(_int(group.get(meta.CURSOR), first), first)
+                if cursor <= seq:
+                    unread.append(cursor)
                 backlogs.append(max(0, seq - cursor + 1) + int(returned))
                 if group.get(meta.OWNER):
                     owners.append(group[meta.OWNER])
@@ -340,6 +342,7 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
                 "members": members,
                 "owners": owners,
                 "backlog": max(backlogs) if backlogs else None,
+                "oldest_unread": min(unread) if unread else None,  # the lowest id some group has yet to read
                 "checkouts": int(held),
                 "leased": int(leased),
                 "ready": int(ready),

@@ -303,6 +303,8 @@ class Verbs:
             return (await self.services.core.shared.subscribe(client, topic, **options)).as_reply()
         sub = await self.services.core.subscriptions.subscribe(client, topic, **options)
         if sub.evicted:
+            metrics.PREEMPTIONS.inc()
+            metrics.EVICTIONS.labels("preempted").inc()
             mine = Handle.decode(sub.handle)
             evicted = Handle(mine.queue, mine.group, sub.evicted)
             await self.services.sessions.notify(sub.evicted, unsubscribe_notice(evicted, client))
@@ -363,7 +365,11 @@ class Verbs:
 
     async def nack(self, session: Session, handle: str, tags: list[str], delay_ms: int = 0,
                    discard: bool = False) -> Any:
-        return await self.services.core.leases.nack(session.own(handle), tags, delay_ms=delay_ms, discard=discard)
+        returned, dead = await self.services.core.leases.nack_counted(session.own(handle), tags, delay_ms=delay_ms,
+                                                                      discard=discard)
+        metrics.NACKED.inc(returned)
+        metrics.DEAD_LETTERED.inc(dead)
+        return returned
 
     async def renew(self, session: Session, handle: str, tags: list[str], lock_ms: int | None = None) -> Any:
         n = await self.services.core.leases.renew(session.own(handle), tags, lock_ms=lock_ms)

@@ -17,6 +17,7 @@ import os
 import socket
 import ssl
 import uuid
+from functools import partial
 from typing import Any
 
 import anyio
@@ -88,6 +89,12 @@ class Worker:
                         services.keys.filters_channel, lambda _: services.core.shared.registry.invalidate())
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
+                    if self.config.metrics_port is not None:
+                        services.core.fences.observe = metrics.observe_fence
+                        background.start_soon(partial(
+                            metrics.run_sampler, redis, services.keys, every_ms=self.config.metrics_sample_ms,
+                            scan_limit=self.config.metrics_scan_limit, max_topics=self.config.metrics_max_topics,
+                            top_lmqs=self.config.metrics_top_lmqs))
                     async with anyio.create_task_group() as conns:
                         accepting = anyio.CancelScope()
                         conns.start_soon(self._accept, listener, conns, accepting)

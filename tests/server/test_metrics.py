@@ -1,0 +1,146 @@
+"""What a worker exports to Prometheus, read off a real `fencemq serve` over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import client, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "docs" / "grafana" / "fencemq-dashboard.json"
+
+pytestmark = pytest.mark.standalone
+
+
+class Served:
+    def __init__(self, port: int, metrics_port: int) -> None:
+        self.port, self.metrics_port = port, metrics_port
+
+    def exposition(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        out = {}
+        for family in text_string_to_metric_families(self.exposition()):
+            for s in family.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.samples().get((name, tuple(sorted(labels.items()))))
+
+
+@pytest.fixture
+def served(redis_url: str) -> Iterator[Served]:
+    port, metrics_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FENCEMQ_METRICS_SAMPLE_MS": "100", "FENCEMQ_MAX_FAILURES": "1",
+           "FENCEMQ_METRICS_TOP_LMQS": "3"}
+    env.pop("FENCEMQ_REDIS_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--redis-url", redis_url,
+         "--metrics-port", str(metrics_port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if "listening on" in line:
+                break
+        else:
+            pytest.fail(f"serve ended before listening (exit {proc.wait()})")
+        yield Served(port, metrics_port)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def _workload(port: int) -> None:
+    """5 orders published, one NACKed into the dead letters (max_failures 1), an lmq preempted,
+    5 lmqs of growing backlog, one refused command."""
+    producer = client(port, name="producer")
+    consumer = client(port, name="consumer")
+    for i in range(5):
+        producer.execute_command("PUB", "orders", f"o{i}")
+    handle = consumer.execute_command("SUB", "orders", "GROUP", "billing", "FROM", "EARLIEST")[1]
+    got = consumer.execute_command("PULL", handle, "COUNT", 2)
+    tag = got[0][3]
+    assert consumer.execute_command("NACK", handle, tag) == 1
+    first, second = client(port, name="phone-1"), client(port, name="phone-2")
+    first.execute_command("SUB", "chat", "LMQ", "room-1")
+    second.execute_command("SUB", "chat", "LMQ", "room-1")  # takes room-1 from phone-1
+    reader = client(port, name="phone-3")
+    for n in range(1, 6):
+        reader.execute_command("SUB", "chat", "LMQ", f"busy-{n}")
+        for i in range(n):
+            producer.execute_command("PUB", "chat", f"m{i}", "LMQ", f"busy-{n}")
+    with pytest.raises(redis.ResponseError):
+        producer.execute_command("PUB", "orders")  # an error reply: the errors counter gets its first series
+    for c in (producer, consumer, first, second, reader):
+        c.close()
+
+
+def test_the_counters_operators_alert_on_count_what_happened(served: Served) -> None:
+    _workload(served.port)
+    assert served.value("fencemq_nacked_total") == 1
+    assert served.value("fencemq_dead_lettered_total") == 1
+    assert served.value("fencemq_preemptions_total") == 1
+    assert served.value("fencemq_evictions_total", reason="preempted") == 1
+    assert served.value("fencemq_fence_seconds_count", fence="publish") >= 5
+    assert served.value("fencemq_fence_seconds_bucket", fence="ack", le="+Inf") is None  # no ACK ran
+
+
+def test_backlog_and_oldest_unacked_are_sampled_per_topic_and_for_the_top_lmqs_only(served: Served) -> None:
+    _workload(served.port)
+    # orders: 5 published, 2 checked out (1 dead-lettered, 1 leased): 3 unread + the leased one pending
+    wait_for(lambda: served.value("fencemq_backlog_messages", topic="orders", lmq="") == 3, what="orders backlog")
+    age = wait_for(lambda: served.value("fencemq_oldest_unacked_age_seconds", topic="orders", lmq=""),
+                   what="oldest unacked age of orders")
+    assert 0 <= age < 60
+    samples = served.samples()
+    lmq_series = sorted(dict(labels)["lmq"] for (name, labels) in samples
+                        if name == "fencemq_backlog_messages" and dict(labels)["lmq"])
+    assert lmq_series == ["busy-3", "busy-4", "busy-5"]  # FENCEMQ_METRICS_TOP_LMQS=3, largest backlogs
+    assert served.value("fencemq_backlog_messages", topic="chat", lmq="busy-5") == 5
+    assert served.value("fencemq_backlog_messages", topic="chat", lmq="") == 15  # all lmqs of the lite topic
+    assert served.value("fencemq_sessions") >= 4
+
+
+def test_no_created_series_are_exported(served: Served) -> None:
+    _workload(served.port)
+    assert not [line for line in served.exposition().splitlines() if "_created" in line]
+
+
+def test_every_metric_the_grafana_dashboard_queries_exists(served: Served) -> None:
+    _workload(served.port)
+    wait_for(lambda: served.value("fencemq_backlog_messages", topic="orders", lmq="") is not None, what="a sample")
+    exported = {name for name, _ in served.samples()}
+    exported |= {re.sub(r"_total$", "", n) for n in exported}
+    dashboard = json.loads(DASHBOARD.read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\bfencemq_[a-z_]+", target["expr"])}
+    queried |= set(re.findall(r"\bfencemq_[a-z_]+", json.dumps(dashboard["templating"])))
+    assert len(queried) >= 12
+    missing = sorted(queried - exported)
+    assert not missing, f"the dashboard queries metrics no worker exports: {missing}"
+
+
+def test_a_worker_without_metrics_times_no_fence(redis_url: str) -> None:
+    from tests.helpers import worker
+
+    with worker(redis_url) as w:
+        assert w.worker.core.fences.observe is None
+        r = redis.Redis(port=w.port)
+        assert r.execute_command("PUB", "t", "x") == b"1"
+        r.close()
