@@ -100,6 +100,11 @@ class ConnectionLost(redis.exceptions.ConnectionError, builtins.ConnectionError)
     """SDK: the connection is gone; every pending and later call on the client raises this."""
 
 
+class SessionTakenOver(ConnectionLost):
+    """SDK: another connection took this client id's session over (``TAKEOVER``); this client no longer acts
+    for it. Connect again (with TAKEOVER) to take it back."""
+
+
 class EndOfStream(Exception):
     """SDK: a push subscription reached its end (``TAKE`` replied ``EOS``)."""
 

@@ -16,17 +16,21 @@
 -- ARGV[3] delay_ms        0 = now
 -- ARGV[4] discard         1/0
 -- ARGV[5] max_failures    default NACKs before dead-lettering (0 = never)
--- ARGV[6..] tags
+-- ARGV[6] release         1/0: hand back unprocessed (no failure counted, never dead-lettered)
+-- ARGV[7..] tags
 -- Returns: {returned, dead-lettered, due}: checkouts returned (or discarded),
 --   how many of them went to the dead-letter list, and when delayed ones
 --   become ready (-1 when none were delayed).
 -- A NACK counts a failure; at the limit the message goes to the dead-letter
 -- list instead of back to the queue. DISCARD drops it (no redelivery).
+-- RELEASE hands back what a consumer fetched and never processed (an SDK
+-- iterator left early): no failure is counted, so it cannot dead-letter.
 -- Errors: BADARG when DELAY is not an integer of 0 or more.
 -- Cost: O(tags).
 local g, m = A.group, A.member
 local delay = int_arg(A.delay_ms, 'DELAY')
 local discard = A.discard == '1'
+local release = A.release == '1'
 expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
 local maxfail = tonumber(redis.call('HGET', K.meta, 'maxdel') or A.max_failures)
 local now = now_ms()
@@ -38,10 +42,10 @@ for _, tag in ipairs(A.tags) do
   if settles(c, g, m, epoch, rec and redis.call('ZSCORE', K.deadlines, tag), now) then
     take_checkout(K, tag)
     returned = returned + 1
-    journal(now, discard and 'discard' or 'nack', g, m, c.id, c.tag, c.epoch, c.fail + 1)
+    local fail = release and c.fail or c.fail + 1
+    journal(now, discard and 'discard' or 'nack', g, m, c.id, c.tag, c.epoch, fail)
     if not discard then
-      local fail = c.fail + 1
-      if maxfail > 0 and fail >= maxfail then
+      if not release and maxfail > 0 and fail >= maxfail then
         local body = redis.call('HGET', K.log, c.id)
         if body then redis.call('RPUSH', K.dead, cmsgpack.pack({c.id, g, m, c.acq, fail, now, body})) end
         dead = dead + 1

@@ -26,7 +26,7 @@ _LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
 PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox", "group member count default_lock_ms intent_at intent_ms")
 ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal wake",
             "group member idle_ttl_ms", argv_rest="tags")
-NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal", "group member delay_ms discard max_failures",
+NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal", "group member delay_ms discard max_failures release",
              argv_rest="tags")
 RENEW = fence("renew", "meta checkouts deadlines wake", "group member lock_ms default_lock_ms", argv_rest="tags")
 SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
@@ -79,19 +79,25 @@ class Leases:
                                              idle_ttl_ms=self.ctx.idle_ttl(handle.queue),
                                              args_rest=self.ctx.tags(tags)))
 
-    async def nack(self, handle: Handle, tags: list[str], *, delay_ms: int = 0, discard: bool = False) -> int:
+    async def nack(self, handle: Handle, tags: list[str], *, delay_ms: int = 0, discard: bool = False,
+                   release: bool = False) -> int:
         """Checkouts returned (or discarded)."""
-        return (await self.nack_counted(handle, tags, delay_ms=delay_ms, discard=discard))[0]
+        return (await self.nack_counted(handle, tags, delay_ms=delay_ms, discard=discard, release=release))[0]
 
-    async def nack_counted(self, handle: Handle, tags: list[str], *, delay_ms: int = 0,
-                           discard: bool = False) -> tuple[int, int]:
-        """Checkouts returned (or discarded), and how many of them went to the dead-letter list."""
+    async def nack_counted(self, handle: Handle, tags: list[str], *, delay_ms: int = 0, discard: bool = False,
+                           release: bool = False) -> tuple[int, int]:
+        """Checkouts returned (or discarded), and how many of them went to the dead-letter list.
+
+        ``release``: handed back unprocessed, no failure counted (never dead-letters)."""
+        if discard and release:
+            raise BadArgument("NACK takes DISCARD or RELEASE, not both")
         config = self.ctx.config
         if not 0 <= delay_ms <= config.max_lock_ms:
             raise BadArgument(f"DELAY must be between 0 and {config.max_lock_ms} ms")
         k = self.ctx.keys.queue(handle.queue)
         res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=delay_ms,
                                         discard=int(discard), max_failures=config.max_failures,
+                                        release=int(release),
                                         args_rest=self.ctx.tags(tags))
         if int(res[2]) >= 0:
             await self.ctx.schedule(handle.queue.qid, int(res[2]))

@@ -22,6 +22,7 @@ connected session).
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from typing import Any
@@ -224,8 +225,11 @@ class Sessions:
                 if c not in attached and (not w or w == mine or (leases.get(w) or 0) < now - self.lease_ms)]
 
     async def notify(self, client: str, notice: dict[str, Any]) -> None:
-        """Queue a notice for the client's next HEARTBEAT and push it if connected."""
-        packed = msgpack.packb(notice)
+        """Queue a notice for the client's next HEARTBEAT and push it if connected.
+
+        Its ``nid`` lets a client that hears it both ways (pushed, then drained by
+        HEARTBEAT) act on it once."""
+        packed = msgpack.packb({**notice, "nid": secrets.token_hex(8)})
 
         def queue(pipe: Any) -> None:
             pipe.rpush(self.keys.session_notices(client), packed)

@@ -69,14 +69,17 @@ def _pack(payload: bytes | None, headers: dict[str, str] | None, qos: int, produ
     return b"".join(parts)
 
 
-def wire_form(stored: bytes) -> tuple[bytes, int, bytes] | None:
-    """A log entry in the RESP form as (publish ms digits, number of headers, fragment);
-    None for the older msgpack form."""
+def wire_form(stored: bytes) -> tuple[bytes, int, bytes, bytes] | None:
+    """A log entry in the RESP form as (publish ms digits, number of headers, fragment, producer
+    (empty when unknown)); None for the older msgpack form."""
     parts = stored.split(b":", 5)
     if len(parts) < 6 or parts[3][:1] != RESP_FORM:
         return None
     n = int(parts[4])
-    return parts[0], int(parts[3][1:]), parts[5][n:] if n else parts[5]
+    if not n:
+        return parts[0], int(parts[3][1:]), parts[5], b""
+    rest = parts[5]
+    return parts[0], int(parts[3][1:]), rest[n:], rest[:n]
 
 
 def _bulk_at(fragment: bytes, pos: int) -> tuple[bytes, int]:
@@ -111,7 +114,7 @@ class Delivery:
     topic: str
     payload: bytes
     deliveries: int
-    published_ms: int
+    ts: int
     lmq: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     qos: int = 1
@@ -125,12 +128,14 @@ class Delivery:
             "topic": self.topic,
             "payload": self.payload,
             "deliveries": self.deliveries,
-            "ts": self.published_ms,
+            "ts": self.ts,
         }
         if self.lmq is not None:
             reply["lmq"] = self.lmq
         if self.headers:
             reply["headers"] = self.headers
+        if self.producer:
+            reply["producer"] = self.producer
         return reply
 
 
@@ -162,7 +167,7 @@ class StoredDelivery(Delivery):
     tag = _decoded("tag")
     topic = _decoded("topic")
     payload = _decoded("payload")
-    published_ms = _decoded("published_ms")
+    ts = _decoded("ts")
     headers = _decoded("headers")
     qos = _decoded("qos")
     producer = _decoded("producer")
@@ -181,13 +186,13 @@ class StoredDelivery(Delivery):
         if len(parts) < 6 or parts[3][:1] != RESP_FORM:  # the msgpack form, written before the RESP form
             stamp, _qos, _bucket, body = stored.split(b":", 3)
             payload, headers, qos, producer, source = msgpack.unpackb(body, raw=False)
-            return Delivery(topic=source or self.queue_topic, payload=payload, published_ms=int(stamp),
+            return Delivery(topic=source or self.queue_topic, payload=payload, ts=int(stamp),
                             headers=headers or {}, qos=qos, producer=producer, **common)  # type: ignore[arg-type]
         stamp, qos, _bucket, form, who_len, rest = parts
         n = int(who_len)
         topic, headers, payload = _read_fragment(rest[n:], int(form[1:]))
         return Delivery(topic=topic.decode() if topic is not None else self.queue_topic, payload=payload,
-                        published_ms=int(stamp), headers=headers, qos=int(qos),
+                        ts=int(stamp), headers=headers, qos=int(qos),
                         producer=rest[:n].decode() if n else None, **common)  # type: ignore[arg-type]
 
     def __eq__(self, other: object) -> bool:

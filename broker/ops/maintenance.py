@@ -205,7 +205,7 @@ def decode_dead_letter(ref: QueueRef, raw: bytes) -> dict[str, Any]:
         row.update({"error": f"undecodable body ({type(exc).__name__})", "size": len(letter.body)})
         return row
     row.update({
-        "published_ms": d.published_ms, "size": len(d.payload), "qos": d.qos, "producer": d.producer,
+        "published_ms": d.ts, "size": len(d.payload), "qos": d.qos, "producer": d.producer,
         "headers": d.headers or None, "topic": d.topic, "preview": _preview(d.payload),
     })
     try:

@@ -250,16 +250,21 @@ def parse_ack(args: list[bytes]) -> Request:
 
 def parse_nack(args: list[bytes]) -> Request:
     _need("NACK", args, 3)
-    tags, rest = _tags_and_options("NACK", args, {"DELAY", "DISCARD"})
-    out: dict[str, Any] = {"handle": _text(args[1], "handle"), "tags": tags, "delay_ms": 0, "discard": False}
+    tags, rest = _tags_and_options("NACK", args, {"DELAY", "DISCARD", "RELEASE"})
+    out: dict[str, Any] = {"handle": _text(args[1], "handle"), "tags": tags, "delay_ms": 0, "discard": False,
+                           "release": False}
     opts = _Options("NACK", rest, 0)
     for word in opts:
         if word == "DELAY":
             out["delay_ms"] = _int(opts.value(word), "DELAY", 0)
         elif word == "DISCARD":
             out["discard"] = True
+        elif word == "RELEASE":
+            out["release"] = True
         else:
-            raise opts.unknown(word, "DELAY, DISCARD")
+            raise opts.unknown(word, "DELAY, DISCARD, RELEASE")
+    if out["discard"] and out["release"]:
+        raise BadArgument("NACK takes DISCARD or RELEASE, not both")
     if not tags:
         raise BadArgument("NACK needs at least one delivery tag")
     return Request("NACK", out)
@@ -378,7 +383,7 @@ COMMANDS: dict[str, Command] = {
     "TAKE": _c(parse_take, "handle [BLOCK ms]", "Take one delivery from a push mailbox (EOS at its end)",
                "fencemq", "write", "blocking"),
     "ACK": _c(parse_ack, "handle tag...", "Settle checkouts", "fencemq", "write", "fast"),
-    "NACK": _c(parse_nack, "handle tag... [DELAY ms] [DISCARD]", "Return (or discard) checkouts", "fencemq",
+    "NACK": _c(parse_nack, "handle tag... [DELAY ms] [DISCARD | RELEASE]", "Return (or discard) checkouts", "fencemq",
                "write", "fast"),
     "RENEW": _c(parse_renew, "handle tag... [LOCK ms]", "Extend checkouts' leases", "fencemq", "write", "fast"),
     "SEEK": _c(parse_seek, "handle (ID id | TIME ms | EARLIEST | LATEST)",

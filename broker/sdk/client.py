@@ -11,14 +11,16 @@ head-of-line blocking bites: docs/sdk.md.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
 
 from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle
 from fencemq.model.messages import Delivery
 from fencemq.sdk.connection import DEFAULT_URL, PipelinedConnection
 from fencemq.sdk.replies import ConnectionLost, EndOfStream, _map, _notice, _str
-from fencemq.sdk.subscription import Subscription, _Epoch
+from fencemq.sdk.subscription import RELEASE_TIMEOUT_S, Subscription, _Epoch
 
 __all__ = [
     "DEFAULT_URL",
@@ -33,11 +35,40 @@ __all__ = [
 class Client(PipelinedConnection):
     """One FenceMQ session: PUB, MPUB, SUB and HEARTBEAT over one pipelined connection (docs/sdk.md)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """The arguments of :class:`~fencemq.sdk.connection.PipelinedConnection`: url, client_id, protocol,
-        password, username, on_notice, connect_timeout."""
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        client_id: str | None = None,
+        protocol: int = 3,
+        password: str | None = None,
+        username: str | None = None,
+        *,
+        on_notice: Callable[[dict[str, Any]], None] | None = None,
+        connect_timeout: float | None = 10.0,
+        takeover: bool = False,
+    ) -> None:
+        """``client_id`` names the session (connections with the same id share it; ``takeover=True`` takes
+        it from them instead, and they get :class:`~fencemq.errors.SessionTakenOver`); ``on_notice`` is
+        called with each notice, once."""
+        super().__init__(url, client_id, protocol, password, username, on_notice=on_notice,
+                         connect_timeout=connect_timeout, takeover=takeover)
         self._epochs: dict[str, _Epoch] = {}  # per subscription handle, shared by its Subscription objects
+        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
+
+    @property
+    def default_lock_ms(self) -> int | None:
+        """The lease a checkout gets without LOCK, as the worker's HELLO said."""
+        value = self.hello.get("lock_ms")
+        return int(value) if value is not None else None
+
+    async def close(self) -> None:
+        """Hand back what iterators fetched and never handed out, then close the connection."""
+        if not self.closed:
+            held = [sub for sub in self._subscriptions if sub._held]
+            if held:
+                await asyncio.wait([asyncio.ensure_future(sub.release_held()) for sub in held],
+                                   timeout=RELEASE_TIMEOUT_S)
+        await super().close()
 
     async def ping(self, message: str | bytes | None = None) -> str:
         args = ("PING",) if message is None else ("PING", message)
@@ -88,8 +119,18 @@ class Client(PipelinedConnection):
         capacity: int | None = None,
         max: int | None = None,
         epoch: int | None = None,
-        on_preempt: str | None = None,
+        on_preempt: Literal["keep", "earliest", "latest"] | None = None,
+        strategy: Literal["round-robin", "sticky", "hash"] | None = None,
+        offline: Literal["queue", "skip"] | None = None,
     ) -> Subscription:
+        """SUB: join a topic (``lmq``: one of its lite queues; a ``+``/``#`` filter or ``$share/g/filter``).
+
+        ``mode`` exclusive | shared | single-active, ``policy`` preempt | reject, ``start`` 'earliest',
+        'latest', ('id', n) or ('time', ms), ``lock_ms`` the lease of each checkout, ``push`` a bounded
+        mailbox of ``capacity``, ``max`` end after n deliveries, ``on_preempt`` where a preempting owner
+        starts, ``strategy`` how a shared group spreads messages, ``offline`` whether a member whose
+        session has no connection keeps receiving ('queue') or is passed over ('skip'). docs/protocol.md.
+        """
         args: list[Any] = ["SUB", topic]
         for word, value in (("LMQ", lmq), ("GROUP", group), ("MODE", mode), ("POLICY", policy)):
             if value is not None:
@@ -120,6 +161,12 @@ class Client(PipelinedConnection):
             args += ["EPOCH", epoch]
         if on_preempt is not None:
             args += ["ON-PREEMPT", on_preempt]
+        if strategy is not None:
+            args += ["STRATEGY", strategy]
+        if offline is not None:
+            if offline not in ("queue", "skip"):
+                raise ValueError("offline must be 'queue' or 'skip'")
+            args.append("QUEUE-OFFLINE" if offline == "queue" else "SKIP-OFFLINE")
         reply = await self._call(args, _map)
         handle = _str(reply["handle"])
         known = self._epochs.get(handle)
@@ -135,24 +182,35 @@ class Client(PipelinedConnection):
         box = self._epochs.setdefault(handle, _Epoch(0))
         box.observe(int(reply.get("epoch", 0)))
         owner = reply.get("owner")
-        return Subscription(
+        sub = Subscription(
             self, handle, box,
             mode=_str(reply.get("mode", mode or "")),
             owner=None if owner is None else _str(owner),
             qos=int(reply.get("qos", 1 if qos is None else qos)),
-            topic=topic, lmq=lmq, group=group, push=push,
+            topic=topic, lmq=lmq, group=group, push=push, lock_ms=lock_ms,
         )
+        self._subscriptions.add(sub)
+        return sub
 
     async def heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> list[dict[str, Any]]:
-        """HEARTBEAT [SYNC topic group lmq...]: the session's queued notices."""
+        """HEARTBEAT [SYNC topic group lmq...]: the session's queued notices not already pushed (RESP3):
+        each notice is acted on, and handed out, once."""
+        return [notice for notice, fresh in await self._drain_notices(sync) if fresh]
+
+    async def _drain_notices(self, sync: tuple[str, str, list[str]] | None) -> list[tuple[dict[str, Any], bool]]:
+        """HEARTBEAT: every queued notice, and whether it is new to this client (not pushed before).
+
+        A SYNC's re-sent notices are proof for the lite SDK even when their push arrived first."""
         args: list[Any] = ["HEARTBEAT"]
         if sync is not None:
             topic, group, lmqs = sync
             args += ["SYNC", topic, group, *lmqs]
         notices = await self._call(args, lambda raw: [_notice(n) for n in raw or ()])
-        for notice in notices:
-            self._notice_received(notice)
-        return notices
+        drained = [(notice, self._first_time(notice)) for notice in notices]
+        for notice, fresh in drained:
+            if fresh:
+                self._notice_received(notice)
+        return drained
 
     def _notice_received(self, notice: dict[str, Any]) -> None:
         """A lease of ours timed out: show life at once, so the member is not left suspected.

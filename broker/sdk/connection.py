@@ -20,7 +20,7 @@ from redis._parsers import _AsyncRESP3Parser
 from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.exceptions import ResponseError
 
-from fencemq.errors import FenceMQError, from_reply
+from fencemq.errors import FenceMQError, SessionTakenOver, from_reply
 from fencemq.sdk.replies import ConnectionLost, _notice, _str, _tree
 
 try:  # hiredis >= 3.2 marks push frames; older versions would hand them over as replies
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_URL = "redis://127.0.0.1:7379"
 MAX_QUEUED_NOTICES = 10_000
+REMEMBERED_NOTICES = 10_000  # notice ids kept to tell a pushed notice from the same one drained by HEARTBEAT
 
 
 # Newer redis-py takes driver_info (None: no CLIENT SETINFO) and deprecates lib_name/lib_version.
@@ -88,12 +89,14 @@ class PipelinedConnection:
         *,
         on_notice: Callable[[dict[str, Any]], None] | None = None,
         connect_timeout: float | None = 10.0,
+        takeover: bool = False,
     ) -> None:
         if protocol not in (2, 3):
             raise ValueError("protocol must be 2 or 3")
         self.url = url
         self.protocol = protocol
         self.on_notice = on_notice
+        self.takeover = takeover  # take the client id's session from the connections that hold it
         self.hello: dict[str, Any] = {}
         kwargs: dict[str, Any] = dict(parse_url(url))
         # The client owns these; a URL's ?client_name= may name the session.
@@ -102,6 +105,8 @@ class PipelinedConnection:
             kwargs.pop(key, None)
         if client_id is None:
             client_id = url_name
+        if takeover and client_id is None:
+            raise ValueError("takeover needs a client_id: the session to take over")
         self._client_id = client_id
         self._id: str | None = client_id
         self._password = password if password is not None else kwargs.pop("password", None)
@@ -128,6 +133,7 @@ class PipelinedConnection:
         self._broken: ConnectionLost | None = None
         self._closed = False
         self._notices: asyncio.Queue[dict[str, Any] | None] | None = None
+        self._seen_notices: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -139,9 +145,14 @@ class PipelinedConnection:
         protocol: int = 3,
         password: str | None = None,
         username: str | None = None,
-        **options: Any,
+        *,
+        on_notice: Callable[[dict[str, Any]], None] | None = None,
+        connect_timeout: float | None = 10.0,
+        takeover: bool = False,
     ) -> Self:
-        client = cls(url, client_id, protocol, password, username, **options)
+        """A connected client (the arguments of the constructor)."""
+        client = cls(url, client_id, protocol, password, username, on_notice=on_notice,
+                     connect_timeout=connect_timeout, takeover=takeover)
         await client.open()
         return client
 
@@ -170,6 +181,8 @@ class PipelinedConnection:
             args += ["AUTH", self._username or "default", self._password]
         if self._client_id is not None:
             args += ["SETNAME", self._client_id]
+            if self.takeover:
+                args.append("TAKEOVER")
         try:
             await conn.send_packed_command(conn.pack_command(*args), check_health=False)
             while (raw := await conn.read_response(disable_decoding=True, push_request=True)) is _PUSHED:
@@ -297,6 +310,7 @@ class PipelinedConnection:
     def _fail(self, exc: ConnectionLost) -> None:
         if self._broken is None:
             self._broken = exc
+        exc = self._broken  # the first cause (a takeover) is what every pending call reports
         while self._pending:
             fut, _ = self._pending.popleft()
             if not fut.done():
@@ -315,6 +329,13 @@ class PipelinedConnection:
         except Exception:  # noqa: BLE001 - a malformed push must not kill the reader
             log.warning("ignoring a malformed push frame: %r", frame)
             return
+        if notice.get("type") == "session_taken_over" and self._broken is None:
+            # The worker closes this connection next: every call from now on says why.
+            self._broken = SessionTakenOver(
+                f"session {notice.get('client') or self._id!r} was taken over by another connection (TAKEOVER); "
+                "this client no longer acts for it")
+        if not self._first_time(notice):
+            return
         self._notice_received(notice)
         q = self._notices
         if q is not None:
@@ -326,6 +347,18 @@ class PipelinedConnection:
                 self.on_notice(notice)
             except Exception:
                 log.exception("on_notice callback failed")
+
+    def _first_time(self, notice: dict[str, Any]) -> bool:
+        """False for a notice already seen (pushed, then drained by HEARTBEAT, or the other way round)."""
+        nid = notice.get("nid")
+        if nid is None:
+            return True
+        if nid in self._seen_notices:
+            return False
+        self._seen_notices[nid] = None
+        if len(self._seen_notices) > REMEMBERED_NOTICES:
+            self._seen_notices.popitem(last=False)
+        return True
 
     def _notice_received(self, notice: dict[str, Any]) -> None:
         """Every notice, pushed or drained by HEARTBEAT, passes here first (the client acts on some)."""

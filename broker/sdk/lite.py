@@ -241,19 +241,21 @@ class LiteSubscriptions:
         async with self._lock:
             listed = list(self._subs)
             checking = set(self._suspect)
-            notices = await self.client.heartbeat(sync=(self.topic, self.group, listed))
+            drained = await self.client._drain_notices((self.topic, self.group, listed))
             self.syncs += 1
             router = _router(self.client)
             hints: list[Notice] = []
-            for notice in notices:
+            for notice, fresh in drained:
                 key = _lite_key(notice)
-                if key == (self.topic, self.group):
+                if key == (self.topic, self.group) and notice.get("resent") and str(notice["lmq"]) in listed:
+                    # the proof, even if its push came first
                     lmq = str(notice["lmq"])
-                    if notice.get("resent") and lmq in listed:
-                        if lmq in self._subs and lmq not in {str(n["lmq"]) for n in confirmed}:
-                            confirmed.append(notice)
-                    else:
-                        hints.append(notice)
+                    if lmq in self._subs and lmq not in {str(n["lmq"]) for n in confirmed}:
+                        confirmed.append(notice)
+                elif not fresh:
+                    continue  # pushed before, and handled then
+                elif key == (self.topic, self.group):
+                    hints.append(notice)
                 elif key is not None and router is not None and (other := router.members.get(key)) is not None:
                     other._hint(notice)
                 elif self.on_other_notice is not None:

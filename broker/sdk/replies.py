@@ -54,7 +54,7 @@ def _delivery(raw: Any) -> Delivery:
         topic=_str(m["topic"]),
         payload=bytes(m["payload"]),
         deliveries=int(m.get("deliveries", 1)),
-        published_ms=int(m.get("ts", 0)),
+        ts=int(m.get("ts", 0)),
         lmq=None if lmq is None else _str(lmq),
         headers={_str(k): _str(v) for k, v in _map(headers).items()} if headers else {},
         qos=int(m.get("qos", 1)),

@@ -24,6 +24,8 @@ from fencemq.model.messages import Delivery
 ITER_COUNT = 64
 ITER_BLOCK_MS = 5000
 HEARTBEAT_EVERY_S = 5.0  # RESP2 iterators: how often an idle one looks for notices
+DEFAULT_LOCK_MS = 30_000  # a worker's default lease, when its HELLO did not say
+RELEASE_TIMEOUT_S = 2.0  # how long closing waits to hand back what it fetched and never handed out
 
 
 class Caller(Protocol):
@@ -35,6 +37,9 @@ class Caller(Protocol):
     async def _call(self, args: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> Any: ...
 
     async def heartbeat(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def default_lock_ms(self) -> int: ...
 
 
 class _Epoch:
@@ -54,7 +59,7 @@ class Subscription:
 
     def __init__(
         self, client: Caller, handle: str, epoch: _Epoch, *, mode: str, owner: str | None, qos: int,
-        topic: str, lmq: str | None, group: str | None, push: bool,
+        topic: str, lmq: str | None, group: str | None, push: bool, lock_ms: int | None = None,
     ) -> None:
         self.client = client
         self.handle = handle
@@ -66,9 +71,12 @@ class Subscription:
         self.lmq = lmq
         self.group = group
         self.push = push
+        self.lock_ms = lock_ms  # the LOCK this subscription asked for (None: the worker's default)
         self.dropped = 0  # deliveries dropped by the epoch fence
         self.closed = False  # unsubscribed, or the stream ended
         self.ended = False  # a push subscription's TAKE returned EOS
+        # Fetched by the iterator but not yet handed out: NACKed when the iteration stops early.
+        self._held: list[Delivery] = []
 
     def __repr__(self) -> str:
         return f"<Subscription {self.topic!r} lmq={self.lmq!r} mode={self.mode} epoch={self.epoch}>"
@@ -150,7 +158,10 @@ class Subscription:
             return 0
         return int(await self.client._call(["ACK", self.handle, *map(_tag, tags)]))
 
-    async def nack(self, *tags: str | Delivery, delay_ms: int | None = None, discard: bool = False) -> int:
+    async def nack(self, *tags: str | Delivery, delay_ms: int | None = None, discard: bool = False,
+                   release: bool = False) -> int:
+        """NACK handle tag...: back to the group (after ``delay_ms``), counting a failure toward the
+        dead-letter limit; ``discard``: dropped; ``release``: handed back unprocessed, no failure counted."""
         if not tags:
             return 0
         args: list[Any] = ["NACK", self.handle, *map(_tag, tags)]
@@ -158,6 +169,8 @@ class Subscription:
             args += ["DELAY", delay_ms]
         if discard:
             args.append("DISCARD")
+        if release:
+            args.append("RELEASE")
         return int(await self.client._call(args))
 
     async def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
@@ -195,16 +208,61 @@ class Subscription:
             # runs on to TAKE it, which closes the handle server-side too.
             self.closed = True
 
+    # -- releasing and renewing --------------------------------------------------------
+
+    async def release_held(self) -> int:
+        """Hand back what the iterator fetched but never handed out (``NACK … RELEASE``: straight back
+        to the group, no failure counted); how many went back."""
+        held, self._held = self._held, []
+        if not held or self.client.closed:
+            return 0
+        try:
+            return await asyncio.wait_for(self.nack(*held, release=True), RELEASE_TIMEOUT_S)
+        except (ConnectionLost, TimeoutError, FenceMQError):
+            return 0  # the leases run out instead: the messages come back all the same
+
+    async def close(self) -> None:
+        """Hand back what was fetched and not handed out; the subscription stays (``unsubscribe`` leaves)."""
+        await self.release_held()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def renewing(self, *deliveries: Delivery, every_ms: int | None = None,
+                 max_ms: int | None = None) -> LockRenewer:
+        """``async with sub.renewing(d): ...``: keep the locks of ``deliveries`` while the body runs.
+
+        RENEW every third of the lock (``every_ms``), for at most ``max_ms`` in all
+        (None: as long as the body runs) — Azure Service Bus's lock renewer, for a
+        handler that may outlast its lease.
+        """
+        return LockRenewer(self, deliveries, every_ms=every_ms, max_ms=max_ms)
+
+    @property
+    def effective_lock_ms(self) -> int:
+        return self.lock_ms or getattr(self.client, "default_lock_ms", None) or DEFAULT_LOCK_MS
+
     # -- iteration ----------------------------------------------------------------
 
-    async def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS) -> AsyncIterator[Delivery]:
+    async def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS, *,
+                   renew_locks: bool = False) -> AsyncIterator[Delivery]:
         """Deliveries until unsubscribed, end of stream (push) or client close.
 
         Pull subscriptions loop ``PULL COUNT count BLOCK block_ms``; push
         subscriptions loop ``TAKE BLOCK block_ms`` and end cleanly at EOS. No
         request is outstanding while the loop body runs.
+
+        Leaving the loop early (``break``, an exception, closing the iterator)
+        NACKs the rest of the batch it fetched, so those messages go to another
+        consumer at once instead of waiting out their leases under this one.
+        ``renew_locks=True`` renews, while the loop body runs, the lock of the
+        delivery in hand and of the rest of its batch.
         """
         last_heartbeat = asyncio.get_running_loop().time()
+        renewer = LockRenewer(self, (), every_ms=None, max_ms=None) if renew_locks else None
         try:
             while not self.closed:
                 if self.push:
@@ -213,6 +271,8 @@ class Subscription:
                     except EndOfStream:
                         return
                     if d is not None:
+                        if renewer is not None:
+                            renewer.hold([d])
                         yield d
                 else:
                     batch = await self.pull(count, block_ms)
@@ -229,11 +289,73 @@ class Subscription:
                             # the rest was read before it, so none of it is handed on.
                             self.dropped += len(batch) - i
                             break
+                        self._held = batch[i + 1 :]
+                        if renewer is not None:
+                            renewer.hold([d, *self._held])
                         yield d
+                    self._held = []
+                if renewer is not None:
+                    renewer.hold([])
         except ConnectionLost:
             if self.client._closed:  # closed on purpose: end quietly
                 return
             raise
+        finally:
+            if renewer is not None:
+                await renewer.stop()
+            await self.release_held()
 
     def __aiter__(self) -> AsyncIterator[Delivery]:
         return self.iter()
+
+
+class LockRenewer:
+    """Renews a subscription's checkouts in hand, one RENEW for all of them every third of the lock.
+
+    Used as ``async with sub.renewing(d):`` or by ``sub.iter(renew_locks=True)``.
+    A tag that was settled meanwhile renews nothing (RENEW of a settled tag is
+    a no-op), so the renewer never has to be told about ACKs.
+    """
+
+    def __init__(self, sub: Subscription, deliveries: Iterable[Delivery], *, every_ms: int | None,
+                 max_ms: int | None) -> None:
+        self.sub = sub
+        self.tags: list[str | bytes] = [d.tag for d in deliveries]
+        self.every_s = (every_ms or max(1, sub.effective_lock_ms // 3)) / 1000
+        self.max_s = None if max_ms is None else max_ms / 1000
+        self.renewed = 0  # RENEW calls made
+        self._task: asyncio.Task[None] | None = None
+
+    def hold(self, deliveries: list[Delivery]) -> None:
+        """Renew these (and only these) from now on."""
+        self.tags = [d.tag for d in deliveries]
+        if self.tags and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"renew-{self.sub.handle}")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        until = None if self.max_s is None else loop.time() + self.max_s
+        while until is None or loop.time() < until:
+            await asyncio.sleep(self.every_s if until is None else min(self.every_s, max(0, until - loop.time())))
+            if self.tags and (until is None or loop.time() <= until):
+                try:
+                    await self.sub.renew(*self.tags, lock_ms=self.sub.lock_ms)
+                    self.renewed += 1
+                except FenceMQError:
+                    pass  # a refused RENEW (the member was evicted): the leases run out, as without renewal
+                except ConnectionLost:
+                    return
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def __aenter__(self) -> LockRenewer:
+        if self.tags:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"renew-{self.sub.handle}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

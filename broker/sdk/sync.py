@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Iterator
-from typing import Any, Self, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal, Self, TypeVar
 
 from fencemq.sdk.client import DEFAULT_URL, Client, ConnectionLost, Subscription
-from fencemq.sdk.subscription import ITER_BLOCK_MS, ITER_COUNT
+from fencemq.sdk.subscription import ITER_BLOCK_MS, ITER_COUNT, LockRenewer
 from fencemq.model.messages import Delivery
 
 T = TypeVar("T")
@@ -34,14 +35,19 @@ class SyncClient:
         protocol: int = 3,
         password: str | None = None,
         username: str | None = None,
-        **options: Any,
+        *,
+        on_notice: Callable[[dict[str, Any]], None] | None = None,
+        connect_timeout: float | None = 10.0,
+        takeover: bool = False,
     ) -> SyncClient:
+        """Connect (HELLO); ``on_notice`` runs on the client's loop thread: it must not call this client."""
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="fencemq-sync-client", daemon=True)
         thread.start()
         try:
             client = asyncio.run_coroutine_threadsafe(
-                Client.connect(url, client_id, protocol, password, username, **options), loop
+                Client.connect(url, client_id, protocol, password, username, on_notice=on_notice,
+                               connect_timeout=connect_timeout, takeover=takeover), loop
             ).result()
         except BaseException:
             loop.call_soon_threadsafe(loop.stop)
@@ -74,14 +80,42 @@ class SyncClient:
     def ping(self, message: str | bytes | None = None) -> str:
         return self._run(self._client.ping(message))
 
-    def publish(self, topic: str, payload: bytes | str, **kwargs: Any) -> str:
-        return self._run(self._client.publish(topic, payload, **kwargs))
+    @property
+    def default_lock_ms(self) -> int | None:
+        return self._client.default_lock_ms
 
-    def mpublish(self, topic: str, payloads: list[bytes], **kwargs: Any) -> list[str]:
-        return self._run(self._client.mpublish(topic, payloads, **kwargs))
+    def publish(self, topic: str, payload: bytes | str, lmq: str | None = None, qos: int = 1, retain: bool = False,
+                dedup_id: str | None = None, headers: dict[str, str] | None = None) -> str:
+        """PUB; the message id."""
+        return self._run(self._client.publish(topic, payload, lmq=lmq, qos=qos, retain=retain, dedup_id=dedup_id,
+                                              headers=headers))
 
-    def subscribe(self, topic: str, **kwargs: Any) -> SyncSubscription:
-        return SyncSubscription(self, self._run(self._client.subscribe(topic, **kwargs)))
+    def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1) -> list[str]:
+        """MPUB; the message ids, in order."""
+        return self._run(self._client.mpublish(topic, payloads, lmq=lmq, qos=qos))
+
+    def subscribe(
+        self,
+        topic: str,
+        lmq: str | None = None,
+        group: str | None = None,
+        mode: str | None = None,
+        policy: str | None = None,
+        start: str | tuple[str, int] | None = None,
+        qos: int | None = None,
+        lock_ms: int | None = None,
+        push: bool = False,
+        capacity: int | None = None,
+        max: int | None = None,
+        epoch: int | None = None,
+        on_preempt: Literal["keep", "earliest", "latest"] | None = None,
+        strategy: Literal["round-robin", "sticky", "hash"] | None = None,
+        offline: Literal["queue", "skip"] | None = None,
+    ) -> SyncSubscription:
+        """SUB, as :meth:`fencemq.sdk.client.Client.subscribe`."""
+        return SyncSubscription(self, self._run(self._client.subscribe(
+            topic, lmq=lmq, group=group, mode=mode, policy=policy, start=start, qos=qos, lock_ms=lock_ms, push=push,
+            capacity=capacity, max=max, epoch=epoch, on_preempt=on_preempt, strategy=strategy, offline=offline)))
 
     def heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> list[dict[str, Any]]:
         return self._run(self._client.heartbeat(sync))
@@ -135,8 +169,9 @@ class SyncSubscription:
     def ack(self, *tags: str | Delivery) -> int:
         return self._client._run(self.aio.ack(*tags))
 
-    def nack(self, *tags: str | Delivery, delay_ms: int | None = None, discard: bool = False) -> int:
-        return self._client._run(self.aio.nack(*tags, delay_ms=delay_ms, discard=discard))
+    def nack(self, *tags: str | Delivery, delay_ms: int | None = None, discard: bool = False,
+             release: bool = False) -> int:
+        return self._client._run(self.aio.nack(*tags, delay_ms=delay_ms, discard=discard, release=release))
 
     def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
         return self._client._run(self.aio.renew(*tags, lock_ms=lock_ms))
@@ -148,8 +183,38 @@ class SyncSubscription:
     def unsubscribe(self, max: int | None = None) -> None:
         self._client._run(self.aio.unsubscribe(max))
 
-    def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS) -> Iterator[Delivery]:
-        agen = self.aio.iter(count, block_ms)
+    @contextmanager
+    def renewing(self, *deliveries: Delivery, every_ms: int | None = None,
+                 max_ms: int | None = None) -> Iterator[LockRenewer]:
+        """``with sub.renewing(d): ...``: the locks of ``deliveries`` are renewed (on the client's loop
+        thread) while the body runs."""
+        renewer = self.aio.renewing(*deliveries, every_ms=every_ms, max_ms=max_ms)
+
+        async def start() -> None:
+            await renewer.__aenter__()
+
+        self._client._run(start())
+        try:
+            yield renewer
+        finally:
+            if not self._client._loop.is_closed():
+                self._client._run(renewer.stop())
+
+    def close(self) -> None:
+        """Hand back what the iterator fetched and never handed out (the subscription stays)."""
+        self._client._run(self.aio.close())
+
+    def __enter__(self) -> SyncSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def iter(self, count: int = ITER_COUNT, block_ms: int = ITER_BLOCK_MS, *,
+             renew_locks: bool = False) -> Iterator[Delivery]:
+        """Deliveries, as :meth:`fencemq.sdk.subscription.Subscription.iter` (leaving early hands back the
+        rest of the batch; ``renew_locks`` keeps the locks while the loop body runs)."""
+        agen = self.aio.iter(count, block_ms, renew_locks=renew_locks)
 
         async def step() -> Delivery:
             return await agen.__anext__()

@@ -10,6 +10,7 @@ closes that connection only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -144,6 +145,11 @@ class ClientConnection:
             await self.session.release()
         except (OSError, RedisError) as exc:
             log.warning("cleanup of %s failed, its lease will expire: %s", self.session.client_id, exc)
+        farewell = self.session.farewell
+        if farewell is not None and self.session.proto == 3:
+            # Say why before hanging up (a session taken over), if the client still reads.
+            with anyio.move_on_after(1), contextlib.suppress(*STREAM_GONE):
+                await self.stream.send(encode_many([farewell], 3))
         await self.stream.aclose()
 
     # -- running a pipeline ----------------------------------------------------------

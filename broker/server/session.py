@@ -66,6 +66,7 @@ class Session:
         self.user: User | None = None  # who AUTH proved; None while no authentication is asked for
         self.quit = False  # QUIT ends a named session too, not only the connection
         self.closing = False  # the connection ends once the commands in hand are answered
+        self.farewell: Push | None = None  # a last notice to send before the connection closes
         self._watch_for_hangup = watch_for_hangup
         self._end_connection = end_connection
         self._outbox, self.outbox = anyio.create_memory_object_stream[Push](OUTBOX_SIZE)
@@ -191,6 +192,7 @@ class Session:
                 # The same client id connected elsewhere: that connection owns the session now.
                 self.bound = False
                 self.closing = True
+                self.farewell = Push(["notice", {"type": "session_taken_over", "client": self.client_id}])
                 self._end_connection()
             return
         if self.proto == 3 and not self.closing:

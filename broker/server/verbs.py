@@ -135,6 +135,7 @@ class Verbs:
             "server": "fencemq", "version": __version__, "proto": session.proto,
             "id": session.client_id or session.anonymous_id, "worker": self.services.worker_id,
             "mode": "standalone", "role": "master", "modules": [],
+            "lock_ms": self.config.default_lock_ms,  # what a client renewing its locks needs to know
         }
 
     async def auth(self, session: Session, argv: list[bytes]) -> Any:
@@ -364,9 +365,9 @@ class Verbs:
         return n
 
     async def nack(self, session: Session, handle: str, tags: list[str], delay_ms: int = 0,
-                   discard: bool = False) -> Any:
+                   discard: bool = False, release: bool = False) -> Any:
         returned, dead = await self.services.core.leases.nack_counted(session.own(handle), tags, delay_ms=delay_ms,
-                                                                      discard=discard)
+                                                                      discard=discard, release=release)
         metrics.NACKED.inc(returned)
         metrics.DEAD_LETTERED.inc(dead)
         return returned

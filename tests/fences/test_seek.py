@@ -265,7 +265,7 @@ def test_seek_moves_the_cursor_to_its_target_under_a_higher_epoch(w, target):
                 await asyncio.sleep(0.02)
             sub = await c.subscribe("log", start="earliest")
             first = await drain(sub)
-            ts = {int(d.id): d.published_ms for d in first}
+            ts = {int(d.id): d.ts for d in first}
             assert ts[4] > ts[3] and ts[7] > ts[6]
             kwargs, expected = _targets(ids_of(first), ts)[target]
             assert await sub.ack(*first[:2]) == 2

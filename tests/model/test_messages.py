@@ -26,12 +26,12 @@ headers = st.none() | st.dictionaries(st.text(max_size=8), st.text(max_size=8), 
 @given(st.binary(max_size=300), headers, st.sampled_from([0, 1]), st.none() | names, st.none() | names)
 def test_a_message_reads_back_the_same_from_either_stored_form(payload, hdrs, qos, producer, topic):
     expected = Delivery(id="42", tag="9", epoch=3, topic=topic or "orders", payload=payload, deliveries=2,
-                        published_ms=1700000000123, lmq="s1", headers=hdrs or {}, qos=qos, producer=producer)
+                        ts=1700000000123, lmq="s1", headers=hdrs or {}, qos=qos, producer=producer)
     for pack in (pack_body, old_body):
         d = unpack_delivery("orders", "s1", 3, b"9", 42, 2, STAMP + pack(payload, hdrs, qos, producer, topic))
         assert isinstance(d, Delivery)
         assert d.as_delivery() == expected and d == expected and expected == d
-        assert (d.payload, d.topic, d.headers, d.qos, d.producer, d.published_ms) == (
+        assert (d.payload, d.topic, d.headers, d.qos, d.producer, d.ts) == (
             payload, topic or "orders", hdrs or {}, qos, producer, 1700000000123)
 
 
@@ -43,9 +43,10 @@ def test_the_fields_lua_reads_stay_where_they_were():
 
 
 def test_only_the_resp_form_is_relayed_as_stored():
-    stamp, n_headers, fragment = wire_form(STAMP + pack_body(b"hi", {"k": "v"}, 1, "p:1"))
+    stamp, n_headers, fragment, producer = wire_form(STAMP + pack_body(b"hi", {"k": "v"}, 1, "p:1"))
     assert (stamp, n_headers) == (b"1700000000123", 1)
     assert fragment == b"$7\r\nheaders\r\n%1\r\n$1\r\nk\r\n$1\r\nv\r\n$7\r\npayload\r\n$2\r\nhi\r\n"
+    assert producer == b"p:1"
     assert wire_form(STAMP + old_body(b"hi", {"k": "v"}, 1, "p:1")) is None
 
 

@@ -62,7 +62,7 @@ def test_a_pull_reply_relays_each_delivery_of_the_batch():
 
 
 def test_a_plain_delivery_is_encoded_as_before():
-    d = Delivery(id="1", tag="t", epoch=0, topic="x", payload=b"p", deliveries=1, published_ms=5, headers={"a": "b"})
+    d = Delivery(id="1", tag="t", epoch=0, topic="x", payload=b"p", deliveries=1, ts=5, headers={"a": "b"})
     for proto in (2, 3):
         assert read(encode_delivery(d, proto), proto) == read(encode(d.as_reply(), proto), proto)
 

@@ -24,6 +24,7 @@ from fencemq import Client, ConnectionLost, EndOfStream, SyncClient
 from fencemq.config import Config
 from fencemq.errors import BadArgument, FenceMQError, NoAuth, NoPermission, Stale
 from fencemq.model.messages import Delivery
+from fencemq.sdk.replies import _notice
 from fencemq.protocol.resp import NULL_ARRAY, Push, RequestParser, SimpleString, encode_many
 from fencemq.server.runner import WorkerThread
 
@@ -380,10 +381,10 @@ def test_deliveries_are_decoded_in_both_protocols(protocol: int) -> None:
         async with FakeWorker(handler).running() as url, Client(url, protocol=protocol) as c:
             sub = await c.subscribe("top")
             assert await sub.pull(2) == [
-                Delivery(id="1", tag="t1", epoch=3, topic="top", payload=b"p1", deliveries=1, published_ms=1001,
+                Delivery(id="1", tag="t1", epoch=3, topic="top", payload=b"p1", deliveries=1, ts=1001,
                          lmq="q", headers={"k": "v", "x": "y"}),
                 Delivery(id="2", tag="t2", epoch=3, topic="top", payload=b"\x00\xffbin", deliveries=1,
-                         published_ms=1002),
+                         ts=1002),
             ]
             assert sub.dropped == 0
 
@@ -723,8 +724,26 @@ def test_preempted_owner_gets_a_pushed_notice(worker_url: str) -> None:
             notice = await asyncio.wait_for(a.notices().__anext__(), 5)
             assert notice["type"] == "unsubscribe" and notice["handle"] == sa.handle
             assert notice["lmq"] == "s-1" and notice["by"] == "second"
-            assert [n["type"] for n in await a.heartbeat()] == ["unsubscribe"]  # also queued
+            # also queued for HEARTBEAT, under the same notice id: the client hands it out once
+            queued = [_notice(n) for n in await a.execute("HEARTBEAT")]
+            assert [(n["type"], n["nid"]) for n in queued] == [("unsubscribe", notice["nid"])]
             assert await sa.pull() == []  # evicted: no message
+
+    run(main())
+
+
+def test_a_notice_pushed_and_then_drained_by_heartbeat_is_handed_out_once(worker_url: str) -> None:
+    async def main() -> None:
+        async with await Client.connect(worker_url, client_id="once-a") as a, \
+                await Client.connect(worker_url, client_id="once-b") as b:
+            await a.subscribe("lite", lmq="once")
+            await b.subscribe("lite", lmq="once")
+            pushed = await asyncio.wait_for(a.notices().__anext__(), 5)
+            assert pushed["type"] == "unsubscribe"
+            assert await a.heartbeat() == []  # the same notice, drained: not handed out again
+            await a.subscribe("lite", lmq="once")  # takes it back: b is told, once
+            await asyncio.wait_for(b.notices().__anext__(), 5)
+            assert await b.heartbeat() == []
 
     run(main())
 
