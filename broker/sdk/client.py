@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable
 from typing import Any, Literal
 
 from fencemq.errors import FenceMQError
@@ -35,23 +34,7 @@ __all__ = [
 class Client(PipelinedConnection):
     """One FenceMQ session: PUB, MPUB, SUB and HEARTBEAT over one pipelined connection (docs/sdk.md)."""
 
-    def __init__(
-        self,
-        url: str = DEFAULT_URL,
-        client_id: str | None = None,
-        protocol: int = 3,
-        password: str | None = None,
-        username: str | None = None,
-        *,
-        on_notice: Callable[[dict[str, Any]], None] | None = None,
-        connect_timeout: float | None = 10.0,
-        takeover: bool = False,
-    ) -> None:
-        """``client_id`` names the session (connections with the same id share it; ``takeover=True`` takes
-        it from them instead, and they get :class:`~fencemq.errors.SessionTakenOver`); ``on_notice`` is
-        called with each notice, once."""
-        super().__init__(url, client_id, protocol, password, username, on_notice=on_notice,
-                         connect_timeout=connect_timeout, takeover=takeover)
+    def _init_state(self) -> None:
         self._epochs: dict[str, _Epoch] = {}  # per subscription handle, shared by its Subscription objects
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
 

@@ -76,7 +76,9 @@ _Entry = tuple["asyncio.Future[Any]", "Callable[[Any], Any] | None"]
 class PipelinedConnection:
     """One session over one connection, every concurrent call pipelined on it (docs/sdk.md).
 
-    :class:`fencemq.sdk.client.Client` adds the verbs.
+    :class:`fencemq.sdk.client.Client` adds the verbs. ``client_id`` names the session (connections with
+    the same id share it; ``takeover=True`` takes it from them instead, and they get
+    :class:`~fencemq.errors.SessionTakenOver`); ``on_notice`` is called with each notice, once.
     """
 
     def __init__(
@@ -134,6 +136,10 @@ class PipelinedConnection:
         self._closed = False
         self._notices: asyncio.Queue[dict[str, Any] | None] | None = None
         self._seen_notices: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """What a subclass keeps per client (the Client: epochs and subscriptions)."""
 
     # -- lifecycle ---------------------------------------------------------------
 
