@@ -103,7 +103,7 @@ class UI:
         self.title = title
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
                                trim_blocks=True, lstrip_blocks=True)
-        self.env.filters.update(ago=_ago, num=_num, span_in=_in, state=member_state)
+        self.env.filters.update(ago=_ago, num=_num, span=_span, span_in=_in, state=member_state)
         self.env.globals.update(urlencode=urlencode, chart=charts.line_chart)
 
     @property
@@ -322,7 +322,8 @@ def create_app(ui: UI) -> Starlette:
                 return ui.error(request, PermissionError(login.user.missing(
                     {"replay": "dlq", "discard": "dlq"}.get(name, name), ref.topic)), 403)
             args = _action_args(name, form)
-            back = _safe_next(str(form.get("back", "")) or f"/queue?{urlencode({'q': ref.qid})}")
+            page_of = "/dlq" if name in ("replay", "discard") else "/queue"
+            back = _safe_next(str(form.get("back", "")) or f"{page_of}?{urlencode({'q': ref.qid})}")
             if form.get("confirmed") != "yes":
                 return ui.render(request, "confirm.html", page="confirm", action=name, ref=ref, args=args,
                                  back=back, fields=[(k, v) for k, v in form.multi_items() if k not in ("csrf",)])
