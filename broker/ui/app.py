@@ -135,7 +135,9 @@ class UI:
     async def overview_data(self, request: Request) -> dict[str, Any]:
         if self.sampler.latest is None:
             await self.sampler.sample(self.redis)
-        return {"snap": self.sampler.latest, "history": list(self.sampler.history), "error": self.sampler.error}
+        history = list(self.sampler.history)
+        window = (history[-1]["t"] - history[0]["t"]) / 60_000 if len(history) > 1 else 0.0
+        return {"snap": self.sampler.latest, "history": history, "window_min": window, "error": self.sampler.error}
 
     async def queues_data(self, request: Request) -> dict[str, Any]:
         p = request.query_params
