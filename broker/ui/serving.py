@@ -72,14 +72,19 @@ async def worker_with_ui(config: Any, on_ready: Any, http_port: int, run_worker:
     """A worker (``run_worker(config, on_ready)``, until it drains) and the UI on ``http_port`` beside it."""
     ui = UI(config.redis_url, prefix=config.prefix, password=config.password,
             lease_ms=config.session_lease_ms, title="FenceMQ")
-    sock = bind(config.host, http_port)
+    sock = bind(config.host, http_port)  # before the worker starts: a taken port fails the start, not later
     srv = server(ui, config.host, sock.getsockname()[1])
     async with anyio.create_task_group() as tg:
-        tg.start_soon(srv.serve, [sock])
-        if on_ui is not None:
-            on_ui(url_of(config.host, sock.getsockname()[1]))
+
+        def ready(worker: Any, port: int) -> None:
+            if on_ready is not None:
+                on_ready(worker, port)
+            tg.start_soon(srv.serve, [sock])  # once the worker is up: the first sample sees it
+            if on_ui is not None:
+                on_ui(url_of(config.host, sock.getsockname()[1]))
+
         try:
-            await run_worker(config, on_ready)
+            await run_worker(config, ready)
         finally:
             srv.should_exit = True
 

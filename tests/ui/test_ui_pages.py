@@ -206,8 +206,8 @@ def test_a_worker_serves_the_ui_beside_its_port_with_http_port(redis_url: str) -
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines: list[str] = []
-        wait_for(lambda: lines.append(proc.stdout.readline()) or "listening on" in lines[-1], timeout=20,
-                 what="the worker's ready line")
+        wait_for(lambda: lines.append(proc.stdout.readline()) or "web UI on" in lines[-1], timeout=20,
+                 what="the worker's ready lines")
         assert any(f"web UI on http://127.0.0.1:{http_port}/" in line for line in lines), lines
         page = httpx.get(f"http://127.0.0.1:{http_port}/", timeout=10)
         assert page.status_code == 200
