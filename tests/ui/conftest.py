@@ -16,6 +16,7 @@ Browser tests (marked ``browser``) run only under ``make test-ui``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import re
 import shutil
@@ -105,7 +106,9 @@ def add_users(url: str) -> None:
         finally:
             await r.aclose()
 
-    asyncio.run(add())
+    # on a thread of its own: Playwright's sync API keeps an event loop running on this one
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, add()).result()
 
 
 @pytest.fixture
