@@ -26,13 +26,13 @@ from tests.ui.conftest import CHROMIUM, OPERATOR_PASSWORD, VIEWER_PASSWORD
 pytestmark = pytest.mark.browser
 
 PAGES = {
+    "login": "/login",
     "overview": "/",
     "queues": "/queues",
     "queue": "/queue?q=t%3Aorders",
     "lmq-search": "/lmqs?topic=chat&name=s-*",
     "sessions": "/sessions",
     "dead-letters": "/dlq?q=t%3Ajobs",
-    "login": "/login",
 }
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 375, "height": 740}
@@ -99,11 +99,30 @@ def log_in(page: Any, site: str, user: str, password: str) -> None:
     page.wait_for_url(f"{site}/")
 
 
+def traffic(broker: dict, seconds: float) -> None:
+    import time
+
+    producer, c2 = broker["c"]["producer"], broker["c"]["c2"]
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+        producer.execute_command("MPUB", "orders", 20, *[f"x{n}-{i}" for i in range(20)])
+        for d in deliveries(c2.execute_command("PULL", broker["handles"]["c2"], "COUNT", 15)):
+            c2.execute_command("ACK", broker["handles"]["c2"], d["tag"])
+        time.sleep(0.1 + (n % 7) * 0.03)
+
+
 @pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280x800", "375px"])
-def test_every_page_renders_without_console_errors_or_sideways_scrolling(site: str, tab, viewport, tmp_path) -> None:
+def test_every_page_renders_without_console_errors_or_sideways_scrolling(site: str, tab, viewport, tmp_path,
+                                                                         broker: dict) -> None:
     w = tab(viewport)
     out = shots_dir(tmp_path)
+    if os.environ.get("FENCEMQ_UI_SCREENSHOTS"):
+        traffic(broker, seconds=4)  # something on the charts
     for name, path in PAGES.items():
+        if name == "overview":  # the pages as an operator sees them, actions included
+            log_in(w.page, site, "operator", OPERATOR_PASSWORD)
         w.page.goto(site + path)
         w.page.wait_for_selector("main h1")
         if name != "login":
