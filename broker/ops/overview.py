@@ -9,6 +9,7 @@ pipelined reads (not atomic), times on Redis's clock.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,37 +148,50 @@ async def _deliver_rate(redis: Any, keys: Keyspace, state: OverviewState, qids: 
 
 
 async def sessions_page(redis: Any, keys: Keyspace, *, start: int = 0, limit: int = 50,
-                        match: str | None = None) -> dict[str, Any]:
-    """A page of sessions (by client id, from ``start``) with worker, connection, lease and subscriptions.
+                        match: str | None = None, cursor: int = 0) -> dict[str, Any]:
+    """A page of sessions with worker, connection, lease and subscriptions.
 
-    The sessions zset is ordered by lease deadline, so a page is a lexicographic
-    range read of client ids only when ``match`` is a prefix: ``ZRANGE`` by rank otherwise.
+    Without ``match``: ``limit`` from rank ``start`` of the sessions zset (soonest
+    lease first), ``next`` the rank of the next page. With ``match``: the clients
+    whose id contains it, found by ZSCAN from ``cursor`` (``next`` the cursor to go
+    on from; None at the end), so a search among millions reads a page at a time.
+    ``user`` is the session hash's ``user`` field: None where the worker records
+    none (lua/session_bind.lua writes conn, worker, since and lease).
     """
     now = await now_ms(redis)
     total = int(await redis.zcard(keys.sessions))
-    raw = await redis.zrange(keys.sessions, start, start + limit - 1, withscores=True) if limit > 0 else []
+    nxt: int | None
     if match:
-        raw = [(m, s) for m, s in raw if match in _s(m)]
+        pattern = "*" + re.sub(r"([*?\[\]\\])", r"\\\1", match) + "*"
+        raw: list[tuple[Any, float]] = []
+        while True:
+            cursor, batch = await redis.zscan(keys.sessions, cursor, match=pattern, count=1000)
+            raw.extend(batch)
+            if int(cursor) == 0 or len(raw) >= limit:
+                break
+        nxt = int(cursor) or None
+    else:
+        raw = await redis.zrange(keys.sessions, start, start + limit - 1, withscores=True) if limit > 0 else []
+        nxt = start + limit if start + limit < total else None
     out: list[dict[str, Any]] = []
     for begin in range(0, len(raw), PIPELINE_CHUNK):
         chunk = raw[begin : begin + PIPELINE_CHUNK]
         counting = [session_index.count_commands(keys, _s(member)) for member, _ in chunk]
         async with redis.pipeline(transaction=False) as pipe:
             for (member, _), commands in zip(chunk, counting, strict=True):
-                pipe.hmget(keys.session(_s(member)), "worker", "conn", "since")
+                pipe.hmget(keys.session(_s(member)), "worker", "conn", "since", "user")
                 for cmd in commands:
                     pipe.execute_command(*cmd)
             replies = iter(await pipe.execute())
         for (member, score), commands in zip(chunk, counting, strict=True):
-            worker, conn, since = next(replies)
+            worker, conn, since, user = next(replies)
             subs = sum(int(next(replies)) for _ in commands)
             deadline = int(score)
-            out.append({"client": _s(member), "worker": _s(worker) if worker is not None else None,
+            out.append({"client": _s(member), "user": _s(user) if user is not None else None, "worker": _s(worker) if worker is not None else None,
                         "connection": _s(conn) if conn is not None else None, "since_ms": _int(since, None),
                         "lease_deadline_ms": deadline, "lease_in_s": _in_s(deadline, now), "alive": deadline > now,
                         "subscriptions": subs})
-    nxt = start + limit if start + limit < total else None
-    return {"now_ms": now, "total": total, "start": start, "next": nxt, "sessions": out}
+    return {"now_ms": now, "total": total, "start": start, "next": nxt, "match": match, "sessions": out}
 
 
 async def discard_dead(redis: Any, keys: Keyspace, ref: Any, position: int, expect: str) -> dict[str, Any]:

@@ -193,9 +193,10 @@ class UI:
     async def sessions_data(self, request: Request) -> dict[str, Any]:
         p = request.query_params
         start = max(0, int(p.get("start") or 0))
+        cursor = max(0, int(p.get("cursor") or 0))
         return {"page": await overview.sessions_page(self.redis, self.keys, start=start, limit=50,
-                                                     match=p.get("match") or None),
-                "match": p.get("match") or ""}
+                                                     match=p.get("match") or None, cursor=cursor),
+                "match": p.get("match") or "", "cursor": cursor}
 
     async def dlq_data(self, request: Request) -> dict[str, Any]:
         ref = _ref(request.query_params.get("q"))
