@@ -133,7 +133,8 @@ class UI:
     # -- the pages' data (shared by the page and its stream) -----------------------------------
 
     async def overview_data(self, request: Request) -> dict[str, Any]:
-        if self.sampler.latest is None:
+        self.sampler.want()
+        if self.sampler.stale:  # the first look, or the first after the sampler paused
             await self.sampler.sample(self.redis)
         history = list(self.sampler.history)
         window = (history[-1]["t"] - history[0]["t"]) / 60_000 if len(history) > 1 else 0.0

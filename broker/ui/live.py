@@ -4,12 +4,15 @@ Rates are differences between two samples, so someone has to keep the
 previous one: a task started with the app samples every ``interval`` seconds
 (server-side: a browser never asks for a refresh), keeps the last
 ``history_s`` seconds for the charts, and wakes every open overview stream.
-Other pages' streams re-read their own page at the same interval.
+Other pages' streams re-read their own page at the same interval. Nobody
+looking at an overview for a minute: the sampler pauses (the charts then have
+a gap) until the next one opens.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any
 
@@ -19,6 +22,7 @@ from fencemq.model.keys import Keyspace
 from fencemq.ops.overview import OverviewState, overview_sample
 
 log = logging.getLogger("fencemq.ui")
+IDLE_AFTER_S = 60.0  # no overview open for this long: the sampler waits for the next one
 
 
 class Sampler:
@@ -28,13 +32,17 @@ class Sampler:
         self.state = OverviewState()
         self.history: deque[dict[str, Any]] = deque(maxlen=max(2, int(history_s / interval)))
         self.latest: dict[str, Any] | None = None
+        self.sampled_at = 0.0
         self.error: str | None = None
         self.version = 0
         self._changed = anyio.Event()
+        self._wanted = anyio.Event()
+        self.last_wanted = -IDLE_AFTER_S
 
     async def sample(self, redis: Any) -> dict[str, Any]:
         snap = await overview_sample(redis, self.keys, self.state, lease_ms=self.lease_ms)
         self.latest = snap
+        self.sampled_at = time.monotonic()
         self.error = None
         if snap["interval_s"]:
             self.history.append({"t": snap["now_ms"], **snap["rates"], "backlog": snap["backlog"]})
@@ -43,8 +51,20 @@ class Sampler:
         self._changed = anyio.Event()
         return snap
 
+    @property
+    def stale(self) -> bool:
+        return self.latest is None or time.monotonic() - self.sampled_at > 3 * self.interval
+
+    def want(self) -> None:
+        """Someone looks at the overview: keep sampling (a worker serving the UI to nobody reads nothing)."""
+        self.last_wanted = time.monotonic()
+        self._wanted.set()
+
     async def run(self, redis: Any) -> None:
         while True:
+            if time.monotonic() - self.last_wanted > IDLE_AFTER_S:
+                self._wanted = anyio.Event()
+                await self._wanted.wait()
             try:
                 await self.sample(redis)
             except Exception as exc:  # noqa: BLE001 - a Redis hiccup must not end the sampling
