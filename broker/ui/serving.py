@@ -72,7 +72,11 @@ async def worker_with_ui(config: Any, on_ready: Any, http_port: int, run_worker:
     """A worker (``run_worker(config, on_ready)``, until it drains) and the UI on ``http_port`` beside it."""
     ui = UI(config.redis_url, prefix=config.prefix, password=config.password,
             lease_ms=config.session_lease_ms, title="FenceMQ")
-    sock = bind(config.host, http_port)  # before the worker starts: a taken port fails the start, not later
+    try:  # before the worker starts: a taken port fails the start, not later
+        sock = bind(config.host, http_port)
+    except OSError as exc:
+        raise RuntimeError(f"cannot serve the web UI on {config.host}:{http_port} (--http-port): {exc.strerror}") \
+            from None
     srv = server(ui, config.host, sock.getsockname()[1])
     async with anyio.create_task_group() as tg:
 

@@ -256,3 +256,17 @@ def test_a_session_search_pages_through_many_sessions_with_zscan(redis_url: str,
             break
         params = dict(httpx.QueryParams(nxt.group(1).replace("&amp;", "&")))
     assert sorted(set(found)) == [f"u-{i}" for i in range(100, 200)]
+
+
+def test_a_taken_http_port_stops_the_worker_with_a_message_naming_it(redis_url: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        http_port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "fencemq.cli.main", "serve", "--redis-url", redis_url,
+                               "--port", "0", "--http-port", str(http_port)], capture_output=True, text=True,
+                              timeout=60)
+    assert proc.returncode == 1
+    assert f"cannot serve the web UI on 127.0.0.1:{http_port} (--http-port)" in proc.stderr
