@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-cluster test-stateful bench serve lint clean venv
+.PHONY: demo test test-cluster test-stateful test-ui ui-screenshots bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
 QUIETLY = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -23,6 +23,11 @@ $(VENV)/.test: pyproject.toml | $(VENV)/bin/python
 	@$(PY) -m pip install -e '.[test,spark,bench]' $(QUIETLY)
 	@touch $@ $(VENV)/.base
 
+$(VENV)/.ui-test: pyproject.toml | $(VENV)/bin/python
+	@echo "installing fencemq with its test and ui-test extras into $(VENV) (log: $(VENV)/install.log)"
+	@$(PY) -m pip install -e '.[test,spark,bench,ui-test]' $(QUIETLY)
+	@touch $@ $(VENV)/.test $(VENV)/.base
+
 demo: $(VENV)/.base
 	@$(VENV)/bin/fencemq demo
 
@@ -39,6 +44,14 @@ test-cluster: $(VENV)/.test
 # The model-based test of all five guarantees, 1,000 sequences (make test runs 30).
 test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful -q $(PYTEST_ARGS)
+
+# The web UI in a real browser: Debian's Chromium (/usr/bin/chromium, which .ci/run installs) driven by
+# Playwright; `make test` skips these. ui-screenshots also rewrites docs/ui/*.png (shown in the README).
+test-ui: $(VENV)/.ui-test
+	FENCEMQ_TEST_BROWSER=1 $(PY) -m pytest tests/ui -m browser -q $(PYTEST_ARGS)
+
+ui-screenshots: $(VENV)/.ui-test
+	FENCEMQ_TEST_BROWSER=1 FENCEMQ_UI_SCREENSHOTS=docs/ui $(PY) -m pytest tests/ui -m browser -k renders -q
 
 # Every speed goal of issue #14 in one run: bench/results/*.json, e2e.png and goals.json/goals.png (pass/fail).
 BENCH_LMQS ?= 1000000

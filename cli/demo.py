@@ -7,7 +7,10 @@ guarantee did not hold.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,12 +319,13 @@ def run(console: Console, redis_url: str, source: str) -> bool:
     from fencemq.config import Config
     from fencemq.server.runner import WorkerThread
 
-    with WorkerThread(Config(redis_url=redis_url, port=0)) as worker:
+    with WorkerThread(Config(redis_url=redis_url, port=0)) as worker, demo_dashboard(redis_url) as dashboard:
         console.print(Panel.fit(
             Text.assemble(
                 ("FenceMQ demo\n", "bold"),
                 f"Redis:  {source}\n",
                 f"Worker: {worker.worker.id} listening on 127.0.0.1:{worker.port}\n",
+                f"Dashboard: {dashboard.url} (the web UI, `fencemq dashboard`)\n",
                 ("Every client below is plain redis-py: any Redis client can talk to a worker.", "dim"),
             )
         ))
@@ -331,5 +335,25 @@ def run(console: Console, redis_url: str, source: str) -> bool:
             show_status(console, redis_url)
         finally:
             demo.close()
+        if sys.stdin.isatty():  # someone at a terminal may want to look before it all goes away
+            console.print(Text(f"The dashboard is at {dashboard.url}: press Enter to stop.", style="bold"))
+            with contextlib.suppress(EOFError, KeyboardInterrupt):
+                input()
         console.print(Text("Stopping the worker…", style="dim"))
     return ok
+
+
+@contextlib.contextmanager
+def demo_dashboard(redis_url: str) -> Iterator[Any]:
+    """The web UI over the demo's Redis, on 7380 (`fencemq dashboard`'s port) or a free one when taken."""
+    from fencemq.ui.app import UI
+    from fencemq.ui.serving import DashboardThread
+
+    try:
+        dashboard = DashboardThread(UI(redis_url, interval=0.5), port=7380).start()
+    except RuntimeError:
+        dashboard = DashboardThread(UI(redis_url, interval=0.5), port=0).start()
+    try:
+        yield dashboard
+    finally:
+        dashboard.stop()

@@ -26,7 +26,7 @@ from rich.console import Console
 from fencemq import __version__
 from fencemq.errors import BadArgument
 from fencemq.model.keys import Keyspace
-from fencemq.cli import analytics, ops
+from fencemq.cli import analytics, dashboard_cmd, ops
 from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
@@ -127,6 +127,10 @@ def serve(
     tls_ca: Annotated[Optional[str], typer.Option(
         "--tls-ca", metavar="PEM", show_default=False,
         help="Require client certificates signed by this CA (default: $FENCEMQ_TLS_CA_FILE)")] = None,
+    http_port: Annotated[Optional[int], typer.Option(
+        "--http-port", metavar="N", min=0, max=65535, show_default=False,
+        help="Also serve the web UI (`fencemq dashboard`) on this port, same address as --host (default: off)")]
+    = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT, then drain and exit 0.
 
@@ -184,7 +188,16 @@ def serve(
                     line += f"; MQTT on {config.host}:{worker.mqtt_port}{tls}"
                 asyncio.get_running_loop().call_soon(lambda: print(line, flush=True))
 
-            anyio.run(run_worker, config, on_ready, backend_options=loop_options)
+            if http_port is None:
+                anyio.run(run_worker, config, on_ready, backend_options=loop_options)
+            else:  # the UI in the worker's own event loop, stopped when the worker drains
+                from fencemq.ui.serving import worker_with_ui
+
+                def on_ui(address: str) -> None:
+                    print(f"web UI on {address}", flush=True)
+
+                anyio.run(worker_with_ui, config, on_ready, http_port, run_worker, on_ui,
+                          backend_options=loop_options)
     except CliError as exc:
         fail("serve", exc)
         raise typer.Exit(exc.code) from None
@@ -306,6 +319,7 @@ def status(
 # The operator and analytics commands live in their own modules; they add themselves here.
 ops.register(app)
 analytics.register(app)
+dashboard_cmd.register(app)
 
 
 if __name__ == "__main__":

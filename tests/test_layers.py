@@ -11,6 +11,7 @@ The layers, top uses bottom (docs/architecture.md)::
 
     cli                                      spark (ships alone)
     server                                   bench (anything, but no circle)
+    ui         (the web UI: presentation over ops, like cli)
     ops        sdk (model and errors only; the package root is its façade)
     fences     (+ the lua package data)
     protocol
@@ -40,7 +41,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sdk": {"model", "errors"},
     "facade": {"sdk"},  # the package root: ``from fencemq import Client``, and the version
     "server": {"ops", "sdk", "facade", "fences", "lua"} | BELOW_FENCES,
-    "cli": {"server", "ops", "sdk", "facade", "fences", "lua", "spark"} | BELOW_FENCES,
+    "ui": {"ops", "fences", "lua"} | BELOW_FENCES,  # the web UI: presents broker/ops/, as the CLI does
+    "cli": {"server", "ui", "ops", "sdk", "facade", "fences", "lua", "spark"} | BELOW_FENCES,
     "spark": set(),
     "lua": set(),
 }

@@ -1,0 +1,425 @@
+"""The web UI: a Starlette app over broker/ops/ (the reads and writes the CLI uses).
+
+Pages are rendered on the server (Jinja2 templates beside this file); each page
+opens one server-sent-events stream (``/events``) that sends the page's live
+region again, re-rendered, every sampling interval. Writes (evict, seek, purge,
+replay, discard) are POSTs that need a login, the user's permission on the
+queue's topic, the login's CSRF token and a confirmation (the first POST shows
+what will happen; the confirmed one does it).
+
+``create_app`` serves ``fencemq dashboard`` and a worker's ``--http-port`` alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import anyio
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from fencemq.errors import BadArgument, FenceMQError, NotFound
+from fencemq.model.keys import Keyspace, QueueRef, queue_ref
+from fencemq.ops import inspection, maintenance, operations, overview
+from fencemq.ops.users import UserStore
+from fencemq.ui import charts
+from fencemq.ui.auth import COOKIE, SESSION_S, Login, Logins
+from fencemq.ui.live import Sampler
+
+HERE = Path(__file__).parent
+PAGE_SIZES = (25, 50, 100, 200)
+SORTS = ("name", "kind", "backlog", "checkouts", "dead_letters", "members", "idle_s")
+LIVE_PAGES = ("overview", "queues", "queue", "lmqs", "sessions", "dlq")
+
+
+def _ago(ms: int | None, now: int | None) -> str:
+    if ms is None or now is None:
+        return "–"
+    s = (now - ms) / 1000
+    return _span(s) + " ago" if s >= 0 else "in " + _span(-s)
+
+
+def _span(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    if s < 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def _in(s: float | None) -> str:
+    if s is None:
+        return "–"
+    return ("in " + _span(s)) if s >= 0 else (_span(-s) + " overdue")
+
+
+def _num(v: Any, digits: int = 0) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.{digits or 1}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def member_state(m: dict[str, Any]) -> str:
+    """One word for a member, as the queue page lists it."""
+    if m.get("ended"):
+        return "ended"
+    if m.get("marker"):
+        return "evicted"
+    if m.get("suspected"):
+        return "suspected"
+    if not m.get("online", True):
+        return "offline"
+    if m.get("owner"):
+        return "active"
+    return "standby" if m.get("mode") == "single-active" else "active"
+
+
+class UI:
+    """The app's state: Redis, the keyspace, logins and the overview sampler."""
+
+    def __init__(self, redis_url: str | None = None, *, redis: Any = None, prefix: str = "fmq",
+                 password: str | None = None, interval: float = 2.0, lease_ms: int | None = 10_000,
+                 title: str = "FenceMQ") -> None:
+        if redis_url is None and redis is None:
+            raise BadArgument("the UI needs a Redis URL or client")
+        self.redis_url, self.redis = redis_url, redis
+        self.keys = Keyspace(prefix)
+        self.logins = Logins(password)
+        self.sampler = Sampler(self.keys, interval=interval, lease_ms=lease_ms)
+        self.interval = interval
+        self.title = title
+        self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
+                               trim_blocks=True, lstrip_blocks=True)
+        self.env.filters.update(ago=_ago, num=_num, span=_span, span_in=_in, state=member_state)
+        self.env.globals.update(urlencode=urlencode, chart=charts.line_chart)
+
+    @property
+    def users(self) -> UserStore:
+        return UserStore(self.redis, self.keys.users)
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def render(self, request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        login = self.login(request)
+        html = self.env.get_template(template).render(
+            request=request, login=login, title=self.title, prefix=self.keys.prefix, interval=self.interval,
+            path=request.url.path, query=str(request.url.query), **ctx)
+        return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+
+    def fragment(self, template: str, request: Request, **ctx: Any) -> str:
+        module = self.env.get_template(f"partials/{template}").make_module(
+            {"request": request, "login": self.login(request), "prefix": self.keys.prefix})
+        return str(module.live(ctx))  # type: ignore[attr-defined]
+
+    def login(self, request: Request) -> Login | None:
+        return self.logins.get(request.cookies.get(COOKIE))
+
+    def error(self, request: Request, exc: Exception, status: int = 400) -> HTMLResponse:
+        return self.render(request, "error.html", status=status, message=str(exc), code=type(exc).__name__)
+
+    # -- the pages' data (shared by the page and its stream) -----------------------------------
+
+    async def overview_data(self, request: Request) -> dict[str, Any]:
+        self.sampler.want()
+        if self.sampler.stale:  # the first look, or the first after the sampler paused
+            await self.sampler.sample(self.redis)
+        history = list(self.sampler.history)
+        window = (history[-1]["t"] - history[0]["t"]) / 60_000 if len(history) > 1 else 0.0
+        return {"snap": self.sampler.latest, "history": history, "window_min": window, "error": self.sampler.error}
+
+    async def queues_data(self, request: Request) -> dict[str, Any]:
+        p = request.query_params
+        kind = p.get("kind") or None
+        topic = p.get("topic") or None
+        match = p.get("match") or None
+        limit = int(p.get("limit") or 50)
+        if limit not in PAGE_SIZES:
+            raise BadArgument(f"limit is one of {', '.join(map(str, PAGE_SIZES))}")
+        sort = p.get("sort") or "name"
+        if sort not in SORTS:
+            raise BadArgument(f"sort is one of {', '.join(SORTS)}")
+        desc = p.get("order") == "desc"
+        flt = operations.QueueFilter(kind=kind, topic=topic, match=match)
+        page = await operations.list_queues(self.redis, self.keys, flt, limit=limit, cursor=p.get("cursor") or None)
+        rows = page.rows
+
+        def key(r: dict[str, Any]) -> tuple[bool, Any]:
+            v = r[sort]
+            return (v is None, v if v is not None else 0)
+
+        rows.sort(key=key, reverse=desc)
+        if desc:  # empty values last either way
+            rows.sort(key=lambda r: r[sort] is None)
+        base = {k: v for k, v in (("kind", kind), ("topic", topic), ("match", match)) if v}
+        return {"rows": rows, "cursor": page.cursor, "filters": base, "sort": sort, "desc": desc, "limit": limit,
+                "scanned": page.scanned, "at_cursor": p.get("cursor") or None, "pattern": page.pattern}
+
+    async def queue_data(self, request: Request) -> dict[str, Any]:
+        ref = _ref(request.query_params.get("q"))
+        q = await inspection.inspect_queue(self.redis, self.keys, ref, limit=50)
+        for g in q["groups"]:
+            for m in g["members"]:
+                m["mode"] = g["mode"]
+        return {"q": q, "ref": ref}
+
+    async def lmqs_data(self, request: Request) -> dict[str, Any]:
+        p = request.query_params
+        topic, name = (p.get("topic") or "").strip(), (p.get("name") or "").strip()
+        out: dict[str, Any] = {"topic": topic, "name": name, "rows": None, "cursor": None, "exact": None}
+        if not topic:
+            return out
+        if name and not any(c in name for c in "*?["):
+            # One name among millions: one read of its meta hash, no SCAN.
+            rows = await operations.queue_rows(self.redis, self.keys, [QueueRef(topic, name).qid])
+            out.update(rows=rows, exact=True)
+            return out
+        flt = operations.QueueFilter(kind="lite", topic=topic, match=name or None, match_lmq=bool(name))
+        page = await operations.list_queues(self.redis, self.keys, flt, limit=50, cursor=p.get("cursor") or None)
+        out.update(rows=page.rows, cursor=page.cursor, exact=False)
+        return out
+
+    async def sessions_data(self, request: Request) -> dict[str, Any]:
+        p = request.query_params
+        start = max(0, int(p.get("start") or 0))
+        cursor = max(0, int(p.get("cursor") or 0))
+        return {"page": await overview.sessions_page(self.redis, self.keys, start=start, limit=50,
+                                                     match=p.get("match") or None, cursor=cursor),
+                "match": p.get("match") or "", "cursor": cursor}
+
+    async def dlq_data(self, request: Request) -> dict[str, Any]:
+        ref = _ref(request.query_params.get("q"))
+        start = max(0, int(request.query_params.get("start") or 0))
+        res = await maintenance.dead_letters(self.redis, self.keys, ref, limit=20, start=start)
+        raw = await self.redis.lrange(self.keys.queue(ref).dead, start, start + 19)
+        for e, r in zip(res["dead_letters"], raw, strict=False):
+            e["digest"] = overview.dead_letter_digest(r)
+        return {"d": res, "ref": ref, "start": start}
+
+
+def _ref(qid: str | None) -> QueueRef:
+    if not qid or qid[:2] not in ("t:", "l:", "f:"):
+        raise BadArgument("name a queue by its id (q=t:<topic>, l:<topic>:<lmq> or f:<owner>:<filter>)")
+    return queue_ref(qid)
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise BadArgument(f"{text[:32]!r} is not a whole number") from None
+
+
+PAGES = {
+    "overview": ("overview.html", UI.overview_data),
+    "queues": ("queues.html", UI.queues_data),
+    "queue": ("queue.html", UI.queue_data),
+    "lmqs": ("lmqs.html", UI.lmqs_data),
+    "sessions": ("sessions.html", UI.sessions_data),
+    "dlq": ("dlq.html", UI.dlq_data),
+}
+
+
+def create_app(ui: UI) -> Starlette:
+    async def page(request: Request, name: str) -> Response:
+        template, data = PAGES[name]
+        try:
+            ctx = await data(ui, request)
+        except NotFound as exc:
+            return ui.error(request, exc, 404)
+        except (BadArgument, ValueError) as exc:
+            return ui.error(request, exc, 400)
+        qs = urlencode([(k, v) for k, v in request.query_params.multi_items()])
+        return ui.render(request, template, page=name, events=f"/events?{urlencode({'page': name})}"
+                         + (f"&{qs}" if qs else ""), c=ctx)
+
+    def route(name: str):
+        async def handler(request: Request) -> Response:
+            return await page(request, name)
+        return handler
+
+    async def events(request: Request) -> Response:
+        name = request.query_params.get("page", "")
+        if name not in LIVE_PAGES:
+            return PlainTextResponse("page is one of " + ", ".join(LIVE_PAGES), status_code=400)
+        template, data = PAGES[name]
+
+        async def stream() -> AsyncIterator[bytes]:
+            version = ui.sampler.version
+            yield f"retry: {int(ui.interval * 1000)}\n\n".encode()
+            while True:
+                if name == "overview":
+                    with anyio.move_on_after(max(ui.interval * 3, 5)):
+                        version = await ui.sampler.wait_newer(version)
+                else:
+                    await anyio.sleep(ui.interval)
+                if await request.is_disconnected():
+                    return
+                try:
+                    html = ui.fragment(template, request, **await data(ui, request))
+                    event = "live"
+                except (FenceMQError, ValueError) as exc:
+                    html, event = str(exc), "gone"
+                except Exception as exc:  # noqa: BLE001 - Redis away: say so, keep the stream
+                    html, event = f"{type(exc).__name__}: {exc}", "trouble"
+                payload = "".join(f"data: {line}\n" for line in html.splitlines() or [""])
+                yield f"event: {event}\n{payload}\n".encode()
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def login_page(request: Request) -> Response:
+        if request.method == "GET":
+            return ui.render(request, "login.html", page="login", next=_safe_next(request.query_params.get("next")))
+        form = await request.form()
+        name, password = str(form.get("user", "")), str(form.get("password", ""))
+        nxt = _safe_next(str(form.get("next", "")))
+        user = await ui.logins.authenticate(ui.users, name, password)
+        if user is None:
+            return ui.render(request, "login.html", status=401, page="login", next=nxt, user=name,
+                             failed="Wrong user name or password.")
+        token = ui.logins.start(user)
+        resp = RedirectResponse(nxt, status_code=303)
+        resp.set_cookie(COOKIE, token, max_age=SESSION_S, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+        return resp
+
+    async def logout(request: Request) -> Response:
+        login = ui.login(request)
+        form = await request.form()
+        if login is not None and not login.csrf_ok(form.get("csrf")):
+            return ui.error(request, BadArgument("the form's CSRF token does not match your login"), 403)
+        ui.logins.end(request.cookies.get(COOKIE))
+        resp = RedirectResponse("/", status_code=303)
+        resp.delete_cookie(COOKIE)
+        return resp
+
+    async def action(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ("evict", "seek", "purge", "replay", "discard"):
+            return ui.error(request, NotFound(f"no action {name[:32]!r}"), 404)
+        login = ui.login(request)
+        form = await request.form()
+        if login is None:
+            return ui.render(request, "login.html", status=401, page="login", next=_safe_next(str(form.get("back"))),
+                             failed="Log in as a FenceMQ user with the operator permission to do that.")
+        if not login.csrf_ok(form.get("csrf")):
+            return ui.error(request, BadArgument("the form's CSRF token does not match your login; reload the page"),
+                            403)
+        try:
+            ref = _ref(str(form.get("q", "")))
+            if not login.may(name, ref.topic):
+                return ui.error(request, PermissionError(login.user.missing(
+                    {"replay": "dlq", "discard": "dlq"}.get(name, name), ref.topic)), 403)
+            args = _action_args(name, form)
+            page_of = "/dlq" if name in ("replay", "discard") else "/queue"
+            back = _safe_next(str(form.get("back", "")) or f"{page_of}?{urlencode({'q': ref.qid})}")
+            if form.get("confirmed") != "yes":
+                return ui.render(request, "confirm.html", page="confirm", action=name, ref=ref, args=args,
+                                 back=back, fields=[(k, v) for k, v in form.multi_items() if k not in ("csrf",)])
+            result = await _do(ui, name, ref, args)
+        except NotFound as exc:
+            return ui.error(request, exc, 404)
+        except (BadArgument, ValueError) as exc:
+            return ui.error(request, exc, 400)
+        return ui.render(request, "done.html", page="done", action=name, ref=ref, args=args, back=back,
+                         result=json.dumps(result, indent=2, default=str))
+
+    routes = [
+        Route("/", route("overview")),
+        Route("/queues", route("queues")),
+        Route("/queue", route("queue")),
+        Route("/lmqs", route("lmqs")),
+        Route("/sessions", route("sessions")),
+        Route("/dlq", route("dlq")),
+        Route("/events", events),
+        Route("/login", login_page, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/action/{name}", action, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        own = ui.redis is None
+        if own:
+            from fencemq.fences.redis_client import open_redis
+
+            ui.redis = await open_redis(ui.redis_url)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ui.sampler.run, ui.redis)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            if own:
+                await ui.redis.aclose()
+                ui.redis = None
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.ui = ui
+    return app
+
+
+def _safe_next(nxt: str | None) -> str:
+    """Only a path of this site (no scheme, no host): an open redirect is a phishing aid."""
+    if not nxt or not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:
+        return "/"
+    return nxt
+
+
+def _action_args(name: str, form: Any) -> dict[str, Any]:
+    if name == "evict":
+        group, member = str(form.get("group", "")), str(form.get("member", ""))
+        if not group or not member:
+            raise BadArgument("evict needs a group and a member")
+        return {"group": group, "member": member}
+    if name == "seek":
+        group, kind = str(form.get("group", "")), str(form.get("kind", ""))
+        if not group:
+            raise BadArgument("seek needs a group")
+        if kind not in maintenance.SEEK_KINDS:
+            raise BadArgument("seek to id, time, earliest or latest")
+        arg = _int_or_none(str(form.get("arg", "")))
+        if kind in ("id", "time") and arg is None:
+            raise BadArgument(f"seek to {kind} needs a value")
+        return {"group": group, "kind": kind, "arg": arg if kind in ("id", "time") else None}
+    if name == "purge":
+        return {}
+    if name == "replay":
+        count = _int_or_none(str(form.get("count", "1"))) or 0
+        if not 1 <= count <= 10_000:
+            raise BadArgument("replay 1 to 10,000 dead letters")
+        return {"count": count}
+    position = _int_or_none(str(form.get("position", "")))
+    if position is None or position < 0 or not str(form.get("digest", "")):
+        raise BadArgument("discard needs the position and digest of the dead letter shown")
+    return {"position": position, "digest": str(form.get("digest"))}
+
+
+async def _do(ui: UI, name: str, ref: QueueRef, args: dict[str, Any]) -> dict[str, Any]:
+    r, k = ui.redis, ui.keys
+    if name == "evict":
+        return await maintenance.evict(r, k, ref, args["group"], args["member"], by="operator")
+    if name == "seek":
+        return await maintenance.seek(r, k, ref, args["group"], args["kind"], args["arg"])
+    if name == "purge":
+        return await maintenance.purge(r, k, ref)
+    if name == "replay":
+        return await maintenance.replay_dead(r, k, ref, count=args["count"])
+    return await overview.discard_dead(r, k, ref, args["position"], args["digest"])
+
