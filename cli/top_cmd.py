@@ -95,8 +95,8 @@ def top(
     """A live view of the busiest queues, their consumers, and suspected or evicted members.
 
     Per queue: last id, backlog, checkouts, dead letters and rates between
-    refreshes: publish/s from the last id, out/s from the delivery-tag
-    counter, ack/nack/expired per second from the journal. --json prints one
+    refreshes: publish/s from the last id, out/s from the members' delivered
+    counters, ack/nack/expired per second from the journal. --json prints one
     JSON object per refresh, one per line.
     """
     ctx = Ctx("top", redis_url, prefix, cluster)

@@ -273,6 +273,7 @@ class TopState:
     at_ms: int | None = None
     counters: dict[str, tuple[int, int]] = field(default_factory=dict)  # qid -> (seq, tag)
     journal_marks: dict[str, int] = field(default_factory=dict)  # qid -> ms of the newest event seen
+    delivered: dict[str, tuple[int, int]] = field(default_factory=dict)  # qid -> (ms, members' delivered, summed)
 
 
 JOURNAL_TAIL = 2000
@@ -282,8 +283,10 @@ RATE_EVENTS = ("pub", "out", "ack", "nack", "timeout", "dead")
 async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int = 20, scan_limit: int = 10_000,
                      flt: QueueFilter | None = None) -> dict[str, Any]:
     """One refresh of ``top``: the busiest ``limit`` queues (of the first ``scan_limit`` found)
-    with rates since the previous refresh (publish from ``seq``, deliveries from the delivery
-    tag counter, acks/nacks/timeouts from the journal), consumers and suspects."""
+    with rates since the previous refresh (publish from ``seq``, deliveries from the growth of
+    the members' ``delivered`` counters, acks/nacks/timeouts from the journal), consumers and
+    suspects. The delivery tag counter only says *whether* a queue delivered: a tag follows
+    Redis's clock in microseconds (lua/lib/leases.lua), so its growth is not a count."""
     now = await now_ms(redis)
     page = await scan_queues(redis, keys, flt, limit=scan_limit)
     qids = page.qids
@@ -306,9 +309,9 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
             return None
         return max(0.0, (counters[qid][i] - state.counters[qid][i]) / elapsed)
 
-    def activity(qid: str) -> tuple[float, int]:
-        moved = (rate(qid, 0) or 0) + (rate(qid, 1) or 0)
-        return moved, counters[qid][0]
+    def activity(qid: str) -> tuple[float, bool, int]:
+        delivered = qid in state.counters and counters[qid][1] != state.counters[qid][1]
+        return rate(qid, 0) or 0, delivered, counters[qid][0]
 
     chosen = sorted(counters, key=activity, reverse=True)[:limit]
     rows = {r["qid"]: r for r in await queue_rows(redis, keys, chosen, now)}
@@ -336,9 +339,16 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         if newest is not None:
             state.journal_marks[qid] = newest
         window = (now - since) / 1000 if since is not None else None
+        _fields, groups = parse_meta(raw_meta)
+        delivered = sum(_int(m.get(meta.DELIVERED)) for g in groups.values() for m in g["members"].values())
+        before = state.delivered.get(qid)
+        # a member that left takes its count along: a sum that fell counts as none delivered
+        deliver = (max(0, delivered - before[1]) / ((now - before[0]) / 1000)
+                   if before is not None and now > before[0] else None)
+        state.delivered[qid] = (now, delivered)
         row["rates"] = {
             "publish": rate(qid, 0),
-            "deliver": rate(qid, 1),
+            "deliver": deliver,
             **{f"journal_{ev}": (events[ev] / elapsed if elapsed and since is not None else None)
                for ev in ("ack", "nack", "timeout", "dead")},
         }
@@ -346,7 +356,6 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         row["journal_rates_partial"] = bool(since is not None and len(tail) >= JOURNAL_TAIL and oldest_ms is not None
                                             and oldest_ms > since)
         row["journal_window_s"] = round(window, 3) if window is not None else None
-        _fields, groups = parse_meta(raw_meta)
         consumers = []
         for g, group in groups.items():
             for m, f in group["members"].items():
@@ -366,8 +375,11 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
     # the totals are rates against the previous refresh: taken before this one becomes the previous
     totals = {
         "publish": sum(r for q in counters if (r := rate(q, 0)) is not None) if elapsed else None,
-        "deliver": sum(r for q in counters if (r := rate(q, 1)) is not None) if elapsed else None,
+        # of the queues shown: a count per queue needs its members, read only for those
+        "deliver": sum(r["rates"]["deliver"] or 0 for r in out_rows) if elapsed else None,
     }
+    if len(state.delivered) > 10 * max(limit, 1_000):  # queues long out of the busiest: forget them
+        state.delivered = {r["qid"]: state.delivered[r["qid"]] for r in out_rows}
     state.at_ms = now
     state.counters = counters
     return {

@@ -19,8 +19,7 @@ from fencemq.model.keys import Keyspace
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 from fencemq.ops.maintenance import TopState, top_sample
-from fencemq.model import meta
-from fencemq.ops.operations import PIPELINE_CHUNK, _in_s, now_ms, parse_meta
+from fencemq.ops.operations import PIPELINE_CHUNK, _in_s, now_ms
 
 # The audit counters: fence outcomes an operator wants to see move (journal events, summed over samples).
 AUDIT_EVENTS = ("nack", "timeout", "dead")
@@ -32,7 +31,6 @@ class OverviewState:
 
     top: TopState = field(default_factory=TopState)
     audit: dict[str, float] = field(default_factory=lambda: dict.fromkeys(AUDIT_EVENTS, 0.0))
-    delivered: dict[str, tuple[int, int]] = field(default_factory=dict)  # qid -> (ms, members' delivered, summed)
     samples: int = 0
 
 
@@ -86,9 +84,6 @@ async def overview_sample(redis: Any, keys: Keyspace, state: OverviewState, *, s
         if rate:
             state.audit[ev] += rate * elapsed
     state.samples += 1
-    deliver = await _deliver_rate(redis, keys, state, [r["qid"] for r in rows], now)
-    for r in rows:
-        r["rates"]["deliver"] = deliver.get(r["qid"])
     oldest = await oldest_checkouts(redis, keys, [r["qid"] for r in rows])
     for o in oldest:
         o["expires_in_s"] = _in_s(o["deadline_ms"], now)
@@ -97,7 +92,7 @@ async def overview_sample(redis: Any, keys: Keyspace, state: OverviewState, *, s
     return {
         "now_ms": now,
         "interval_s": top["interval_s"],
-        "rates": {"publish": top["totals"]["publish"], "deliver": sum(deliver.values()) if elapsed else None,
+        "rates": {"publish": top["totals"]["publish"], "deliver": top["totals"]["deliver"],
                   "ack": total("journal_ack")},
         "backlog": sum(backlogs),
         "checkouts": sum(r["checkouts"] for r in rows),
@@ -117,34 +112,6 @@ async def overview_sample(redis: Any, keys: Keyspace, state: OverviewState, *, s
             "evicted_now": sum(1 for s in top["suspected"] if s["marker"] is not None),
         },
     }
-
-
-async def _deliver_rate(redis: Any, keys: Keyspace, state: OverviewState, qids: list[str],
-                        at_ms: int) -> dict[str, float]:
-    """Deliveries per second of these queues: the growth of their members' ``delivered`` counters.
-
-    Not the delivery tag counter: a tag follows Redis's clock in microseconds
-    (lua/lib/leases.lua), so its growth says nothing about how many were given out.
-    A member that left takes its count along: a queue whose sum fell counts 0.
-    """
-    async with redis.pipeline(transaction=False) as pipe:
-        for qid in qids:
-            pipe.hgetall(keys.queue_by_id(qid).meta)
-        metas = await pipe.execute() if qids else []
-    now: dict[str, int] = {}
-    for qid, raw in zip(qids, metas, strict=True):
-        if raw:
-            _fields, groups = parse_meta(raw)
-            now[qid] = sum(_int(m.get(meta.DELIVERED)) for g in groups.values() for m in g["members"].values())
-    rates = {}
-    for qid, n in now.items():
-        before = state.delivered.get(qid)
-        if before is not None and at_ms > before[0]:
-            rates[qid] = max(0, n - before[1]) / ((at_ms - before[0]) / 1000)
-        state.delivered[qid] = (at_ms, n)
-    if len(state.delivered) > 10_000:  # queues long out of the busiest: forget them
-        state.delivered = {qid: state.delivered[qid] for qid in now}
-    return rates
 
 
 async def sessions_page(redis: Any, keys: Keyspace, *, start: int = 0, limit: int = 50,
