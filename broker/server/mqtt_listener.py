@@ -99,6 +99,26 @@ class MqttConnection:
     def _taken_over(self) -> None:
         self._handle_later(self.mqtt.take_over())
 
+    # The worker holds its MQTT connections beside its RESP ones (Worker.connections): it keeps
+    # their sessions' leases alive, cuts one whose session is gone, and drains them on shutdown.
+
+    def drain(self) -> None:
+        """The worker stops: DISCONNECT 0x8B (5.0), then close; the session lingers for its expiry."""
+        if self.tasks is None:
+            return
+        self.tasks.start_soon(self._disconnect, ReasonCode.SERVER_SHUTTING_DOWN)
+
+    def cut(self) -> None:
+        if self.tasks is not None:
+            self.tasks.cancel_scope.cancel()
+
+    async def close(self) -> None:
+        pass  # run() let go of the session already
+
+    async def _disconnect(self, reason: int) -> None:
+        await self._handle_and_flush(self.mqtt.disconnect(reason))
+        self.cut()
+
     def _handle_later(self, events: list[MqttEvent]) -> None:
         if self.tasks is not None:
             self.tasks.start_soon(self._handle_and_flush, events)
@@ -113,7 +133,6 @@ class MqttConnection:
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
                 await self._session_over()
-        await self._will_after_delay()
 
     async def _session_over(self) -> None:
         """The connection is gone: what it held in flight goes back, the session ends or lingers."""
@@ -143,7 +162,7 @@ class MqttConnection:
         if not self.taken_over:  # the new connection owns the session and its lease
             await self.services.sessions.linger(client, self.expiry * 1000)
 
-    async def _will_after_delay(self) -> None:
+    async def will_after_delay(self) -> None:
         """Publish the will after its Will Delay Interval, or when the session ends if sooner,
         unless the session was taken up again by a new connection first (MQTT-3.1.3-9)."""
         if self.will is None:
@@ -476,10 +495,15 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
         return listener, bound
 
     async def one(stream: anyio.abc.ByteStream) -> None:
+        conn = MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}")
+        worker.connections[conn.token] = conn
         try:
-            await MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}").run()
+            await conn.run()
         except Exception:
             log.exception("MQTT connection failed")
+        finally:
+            worker.connections.pop(conn.token, None)
+        await conn.will_after_delay()
 
     async def one_ws(stream: anyio.abc.ByteStream) -> None:
         ws = MqttWebSocketStream(stream)
