@@ -356,13 +356,21 @@ class MqttConnection:
                 continue
             mine = MqttSubscription(Handle.decode(sub.handle), qos, shared, options.no_local,
                                     options.retain_as_published, event.subscription_identifier)
+            before = self.subscriptions.get(request.topic_filter)
+            if before is not None and before.handle == mine.handle:
+                # the same subscription again: new options, the same delivery task (MQTT-3.8.4-3),
+                # so nothing it pulled is cut off half sent
+                before.qos, before.no_local = mine.qos, mine.no_local
+                before.retain_as_published, before.identifier = mine.retain_as_published, mine.identifier
+                mine = before
             await self.services.redis.hset(self.services.keys.session(client), SUB_FIELD + request.topic_filter,
                                            mine.saved())
             # Retain Handling (MQTT-3.3.1-9/10/11): 0 at every SUBSCRIBE, 1 only for a new
             # subscription, 2 never; never to a shared subscription (MQTT 5.0 §4.8.2)
             if not shared and (options.retain_handling == 0 or (options.retain_handling == 1 and sub.new_member)):
                 await self._send_retained(mine.handle, request.filter)
-            self._start_delivery(request.topic_filter, mine)
+            if mine is not before:
+                self._start_delivery(request.topic_filter, mine)
             codes.append(qos)
         self.mqtt.complete_subscribe(event.packet_id, codes)
 
