@@ -13,7 +13,14 @@ operations, so MQTT clients get the same guarantees as RESP ones and share one t
   Redis, exactly once on the wire by the session's packet-id rules); RETAIN keeps the last one.
 * A QoS 1/2 delivery is a checkout: PUBACK/PUBCOMP acknowledges it, a reason code >= 0x80
   discards it (no redispatch, MQTT-234); one never acknowledged comes back after its lease.
-* The will is published when the connection ends without DISCONNECT 0x00.
+* The client's Session Expiry Interval is the FenceMQ session's lease once the connection is gone
+  (0: the session ends with it); what the connection had in flight goes back at once.
+* The will is published when the connection ends without DISCONNECT 0x00, after its Will Delay
+  Interval or at the session's end if sooner, unless a new connection takes the session up first.
+* Message properties travel as `mqtt-*` headers (server/mqtt_messages.py); subscription options
+  (identifier, No Local, Retain As Published, Retain Handling) shape each delivery.
+
+`--mqtt-ws-port` serves the same over WebSocket (server/mqtt_websocket.py).
 
 Only `accept`ed sessions touch Redis; each subscription has a task that pulls from its mailbox
 in batches as the client's Receive Maximum allows and waits on the queue's wake channel.
