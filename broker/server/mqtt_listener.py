@@ -473,7 +473,8 @@ class MqttConnection:
                 if (expiry is not None and expiry <= 0) or (sub.no_local and not sub.shared and d.producer == me):
                     # expired (MQTT-3.3.2-5), or the client's own publish to a No Local
                     # subscription (MQTT-3.8.3-3): done with, never sent
-                    settle_now.append(d.tag)
+                    if not d.tag.startswith("q"):
+                        settle_now.append(d.tag)
                     continue
                 granted = min(sub.qos, int(headers.get(QOS, d.qos)))
                 retain = headers.get(RETAINED) == "subscribe" or (sub.retain_as_published and RETAIN in headers)

@@ -70,7 +70,7 @@ def test_v311_clean_session_0_outlives_the_worker_lease_by_the_server_default(w)
 
 
 @pytest.mark.parametrize("version", ["3.1.1", "5.0"])
-def test_MQTT_4_4_0_1_a_resumed_session_gets_its_unacknowledged_message_again_with_dup(w, version) -> None:
+def test_MQTT_3_3_1_1_a_resumed_session_gets_its_unacknowledged_message_again_with_dup(w, version) -> None:
     first = Client(w.worker.mqtt_port, f"forgetful-{version}", version, clean=False, expiry=60, auto_ack=False)
     first.subscribe("jobs/#")
     pub = Client(w.worker.mqtt_port, f"jobs-pub-{version}", version)
