@@ -111,8 +111,8 @@ class MqttConnection:
 
     def drain(self) -> None:
         """The worker stops: DISCONNECT 0x8B (5.0), then close; the session lingers for its expiry."""
-        if self.tasks is None:
-            return
+        if self.tasks is None or self.mqtt.closed:
+            return  # over already, or letting go of its session right now
         self.tasks.start_soon(self._disconnect, ReasonCode.SERVER_SHUTTING_DOWN)
 
     def cut(self) -> None:
@@ -137,6 +137,7 @@ class MqttConnection:
                 tg.start_soon(self._read)
                 tg.start_soon(self._tick)
         finally:
+            self.tasks = None  # drain() and a takeover notice now find nothing to start
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
                 await self._session_over()
