@@ -163,3 +163,14 @@ def test_MQTT_3_1_2_8_the_will_comes_when_the_session_ends_before_the_will_delay
         assert [m.payload for m in watcher.take(1, timeout=5)] == [b"ended"]
     finally:
         watcher.close()
+
+
+def test_a_connected_mqtt_session_is_kept_alive_by_its_worker_past_the_session_lease(w) -> None:
+    steady = Client(w.worker.mqtt_port, "kept", expiry=0)
+    try:
+        steady.subscribe("alive/#")
+        time.sleep(1.0)  # three worker leases: only the worker's keep-alive holds the session now
+        steady.publish("alive/x", b"still here")
+        assert [m.payload for m in steady.take(1)] == [b"still here"]
+    finally:
+        steady.close()
