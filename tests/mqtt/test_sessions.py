@@ -174,3 +174,25 @@ def test_a_connected_mqtt_session_is_kept_alive_by_its_worker_past_the_session_l
         assert [m.payload for m in steady.take(1)] == [b"still here"]
     finally:
         steady.close()
+
+
+def test_MQTT_3_14_2_a_disconnect_that_sets_the_session_expiry_to_0_ends_the_session(w, redis_url) -> None:
+    import redis
+    from paho.mqtt.packettypes import PacketTypes
+
+    from fencemq.model.keys import Keyspace
+    from tests.helpers import wait_for
+    from tests.mqtt.clients import props
+
+    first = Client(w.worker.mqtt_port, "changes-mind", expiry=60, clean=False)
+    first.subscribe("mind/#")
+    first.c.disconnect(properties=props(PacketTypes.DISCONNECT, SessionExpiryInterval=0))
+    first.c.loop_stop()
+    r = redis.Redis.from_url(redis_url)
+    # a reconnect racing the DISCONNECT would share the session instead: wait until it has ended
+    wait_for(lambda: not r.exists(Keyspace("fmq").session("changes-mind")), what="the session to end")
+    again = Client(w.worker.mqtt_port, "changes-mind", expiry=60, clean=False)
+    try:
+        assert again.session_present is False
+    finally:
+        again.close()
