@@ -37,6 +37,7 @@ from typing import Any
 import anyio
 import anyio.abc
 from anyio.streams.tls import TLSListener
+from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError, NoPermission, NotFound
 from fencemq.fences import session_index
@@ -62,6 +63,8 @@ IDLE_LOOK_S = 1.0  # a subscription with nothing to send looks again at least th
 READ_SIZE = 65536
 REFUSED = 0x80  # the SUBACK reason code "unspecified error"
 SUB_FIELD = "mqtt-sub:"  # session hash field per subscription: the options a resumed session needs
+MAILBOX_DRAIN_ROUNDS = 64  # batches handed back from a departing shared member's mailbox, at most
+INFLIGHT_FIELD = "mqtt-inflight"  # session hash field: the packet ids of what was unacknowledged at disconnect
 
 
 @dataclass(slots=True)
@@ -93,7 +96,8 @@ class MqttConnection:
         self.write_lock = anyio.Lock()
         self.quota_freed = anyio.Event()
         self.subscriptions: dict[str, MqttSubscription] = {}  # by topic filter as the client sent it
-        self.in_flight: dict[int, tuple[Handle, str]] = {}  # packet id -> handle, tag
+        self.in_flight: dict[int, tuple[Handle, str, str]] = {}  # packet id -> handle, tag, message id
+        self.resumed_ids: dict[str, int] = {}  # "<handle>|<message id>" -> the packet id it was sent with
         self.tasks: anyio.abc.TaskGroup | None = None
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
@@ -154,12 +158,19 @@ class MqttConnection:
             self.session.quit = True
             await self.session.release()
             return
+        if self.in_flight and not self.taken_over:
+            # a resumed session sends them again with their original packet ids (MQTT-4.4.0-1)
+            ids = {f"{handle.encode()}|{msg}": pid for pid, (handle, _tag, msg) in self.in_flight.items()}
+            try:
+                await self.services.redis.hset(self.services.keys.session(client), INFLIGHT_FIELD, json.dumps(ids))
+            except (OSError, RedisError) as exc:
+                log.info("MQTT packet ids of %r not kept (fresh ones on resume): %s", client, exc)
         await self.session.release()  # marks the client offline: a group gives it nothing new
         # Unacknowledged deliveries go back at once (no failure counted), not after their lock:
         # a shared group gives them to another member (Mosquitto #2662), a resumed session gets
-        # them again with DUP (MQTT-4.4.0-1).
+        # them again with DUP (MQTT-3.3.1-1).
         held: dict[Handle, list[str]] = {}
-        for handle, tag in self.in_flight.values():
+        for handle, tag, _msg in self.in_flight.values():
             held.setdefault(handle, []).append(tag)
         self.in_flight.clear()
         for handle, tags in held.items():
@@ -167,8 +178,26 @@ class MqttConnection:
                 await self.services.core.leases.nack(handle, tags, release=True)
             except FenceMQError as exc:
                 log.info("MQTT deliveries of %r not released (they return after their lock): %s", client, exc)
+        # What a group dispatched to the member before it was marked offline waits in its
+        # mailbox, never sent: that goes back too, rather than after its lock (or the session).
+        for sub in list(self.subscriptions.values()):
+            if sub.shared and sub.qos:
+                await self._hand_back_mailbox(sub.handle)
         if not self.taken_over:  # the new connection owns the session and its lease
             await self.services.sessions.linger(client, self.expiry * 1000)
+
+    async def _hand_back_mailbox(self, handle: Handle) -> None:
+        leases = self.services.core.leases
+        try:
+            for _ in range(MAILBOX_DRAIN_ROUNDS):
+                result = await leases.pull(handle, BATCH)
+                tags = [d.tag for d in result.deliveries if not d.tag.startswith("q")]
+                if tags:
+                    await leases.nack(handle, tags, release=True)
+                if len(result.deliveries) < BATCH:
+                    return
+        except FenceMQError as exc:
+            log.info("MQTT mailbox of %s not handed back (it returns after its lock): %s", handle.queue, exc)
 
     async def will_after_delay(self) -> None:
         """Publish the will after its Will Delay Interval, or when the session ends if sooner,
@@ -302,8 +331,12 @@ class MqttConnection:
             self.will = (event.will, event.will.properties.will_delay_interval or 0)
         redis, keys = self.services.redis, self.services.keys
         held = await session_index.non_lite_handles(redis, keys, event.client_id)
-        saved = {k.decode()[len(SUB_FIELD):]: v for k, v in (await redis.hgetall(keys.session(event.client_id))).items()
-                 if k.startswith(SUB_FIELD.encode())}
+        fields = await redis.hgetall(keys.session(event.client_id))
+        saved = {k.decode()[len(SUB_FIELD):]: v for k, v in fields.items() if k.startswith(SUB_FIELD.encode())}
+        if INFLIGHT_FIELD.encode() in fields:
+            await redis.hdel(keys.session(event.client_id), INFLIGHT_FIELD)
+            if not event.clean_start:
+                self.resumed_ids = json.loads(fields[INFLIGHT_FIELD.encode()])
         if event.clean_start:
             for handle in held:
                 await self.services.core.subscriptions.unsubscribe(handle)
@@ -410,7 +443,7 @@ class MqttConnection:
         for event in events:
             held = self.in_flight.pop(event.packet_id, None)
             if held is not None:
-                handle, tag = held
+                handle, tag, _msg = held
                 # refused by the client (>= 0x80): dropped, never redispatched (MQTT-234)
                 (refused if event.reason_code >= 0x80 else settled).setdefault(handle, []).append(tag)
         if events:
@@ -480,10 +513,15 @@ class MqttConnection:
                 granted = min(sub.qos, int(headers.get(QOS, d.qos)))
                 retain = headers.get(RETAINED) == "subscribe" or (sub.retain_as_published and RETAIN in headers)
                 props = properties_of(headers, expiry, sub.identifier) if self.protocol_level == 5 else NO_PROPERTIES
+                packet_id = None
+                if self.resumed_ids and granted:
+                    packet_id = self.resumed_ids.pop(f"{sub.handle.encode()}|{d.id}", None)
+                    if packet_id in self.mqtt.outbound_flows.inflight:
+                        packet_id = None  # taken by a delivery sent since: a fresh one
                 sent = self.mqtt.deliver(d.topic, d.payload, granted, retain, props,
-                                         dup=d.deliveries > 1 and granted > 0)
+                                         dup=d.deliveries > 1 and granted > 0, packet_id=packet_id)
                 if sent.packet_id is not None:
-                    self.in_flight[sent.packet_id] = (sub.handle, d.tag)
+                    self.in_flight[sent.packet_id] = (sub.handle, d.tag, d.id)
                 elif not d.tag.startswith("q"):
                     settle_now.append(d.tag)  # QoS 0 to this client, or too big for it: done
             data = self.mqtt.outbound()
