@@ -526,7 +526,10 @@ class MqttConnection:
                     settle_now.append(d.tag)  # QoS 0 to this client, or too big for it: done
             data = self.mqtt.outbound()
             if data:
-                await self.stream.send(data)
+                try:
+                    await self.stream.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # the reader sees the connection go; what is in flight goes back then
         if settle_now:
             await self.services.core.leases.ack(sub.handle, settle_now)
 
