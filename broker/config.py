@@ -14,6 +14,11 @@ class Config:
     port: int = 7379
     password: str | None = None  # clients must AUTH with it when set (it is the `default` user's)
     mqtt_port: int | None = None  # MQTT 3.1.1/5.0 listener (server/mqtt_listener.py); None: off
+    mqtt_ws_port: int | None = None  # MQTT over WebSocket (subprotocol mqtt); None: off
+    # MQTT sessions (docs/mqtt.md): the longest Session Expiry Interval granted, and what a 3.1.1
+    # Clean Session 0 (a session that "never expires") gets
+    mqtt_max_session_expiry_s: int = 7 * 24 * 3600
+    mqtt_default_session_expiry_s: int = 24 * 3600
     users: bool = False  # clients must AUTH as a user of `fencemq user` (ops/users.py), with its permissions
     # TLS for clients: a certificate chain and its key make the worker listen
     # with TLS only; a CA file also requires client certificates signed by it.

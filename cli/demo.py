@@ -75,9 +75,9 @@ def _payloads(deliveries: list[dict[str, Any]]) -> str:
 
 
 class Demo:
-    def __init__(self, console: Console, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, console: Console, port: int, host: str = "127.0.0.1", mqtt_port: int | None = None) -> None:
         self.console = console
-        self.host, self.port = host, port
+        self.host, self.port, self.mqtt_port = host, port, mqtt_port
         self.actors: list[Actor] = []
         self.checks: list[tuple[str, bool]] = []
         self.t0 = time.monotonic()
@@ -148,6 +148,8 @@ class Demo:
         producer = self.connect("producer", "magenta")
         self.shared_group(producer)
         self.lite_preemption(producer)
+        if self.mqtt_port is not None:
+            self.mqtt_client(producer)
         self.summary()
         return all(ok for _, ok in self.checks)
 
@@ -268,6 +270,52 @@ class Demo:
         self.check("B got what A held (redelivered) and what came next",
                    [d["payload"] for d in got] == [d["payload"] for d in unacked] + ["still there?"])
 
+    def mqtt_client(self, producer: Actor) -> None:
+        """An MQTT 5 client, spoken with FenceMQ's own sans-I/O codec over a plain socket."""
+        import socket
+
+        from fencemq.protocol.mqtt_codec import encode
+        from fencemq.protocol.mqtt_packets import Connect, Puback, Publish, Subscribe, SubscriptionOptions
+        from fencemq.protocol.mqtt_stream import MqttStreamDecoder
+
+        self.step("6. An MQTT client on the same topics",
+                  f"The worker also speaks MQTT 3.1.1/5.0 on port {self.mqtt_port}: a RESP PUB reaches an MQTT "
+                  "subscriber, and its PUBACK is the ACK of a FenceMQ checkout.")
+        sock = socket.create_connection((self.host, self.mqtt_port), timeout=10)
+        decoder = MqttStreamDecoder(protocol_level=5)
+
+        def next_packet() -> Any:
+            while True:
+                got = decoder.next_packet()
+                if got is not None:
+                    return got
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the worker closed the MQTT connection")
+                decoder.feed(chunk)
+
+        label = Text(f"{'sensor':>8}", style="bold cyan")
+        try:
+            sock.sendall(encode(Connect(client_id="sensor", keep_alive=30)))
+            connack = next_packet()
+            self.console.print(Text("  ") + label + Text(f"  MQTT CONNECT sensor  →  CONNACK {connack.reason_code}"))
+            sock.sendall(encode(Subscribe(1, (("alerts/#", SubscriptionOptions(qos=1)),))))
+            suback = next_packet()
+            self.console.print(Text("  ") + label + Text(f"  MQTT SUBSCRIBE alerts/# QoS 1  →  granted {suback.reason_codes}"))
+            producer.cmd("PUB", "alerts/door", "open")
+            self.say(producer, "PUB alerts/door open")
+            publish = next_packet()
+            if isinstance(publish, Publish) and publish.packet_id is not None:
+                sock.sendall(encode(Puback(publish.packet_id)))
+            self.console.print(Text("  ") + label + Text(
+                f"  MQTT PUBLISH {getattr(publish, 'topic', '?')} {getattr(publish, 'payload', b'')!r} "
+                f"QoS {getattr(publish, 'qos', '?')}  →  PUBACK"))
+        finally:
+            sock.close()
+        self.check("the MQTT client got the RESP publish at QoS 1",
+                   isinstance(publish, Publish) and (publish.topic, publish.payload, publish.qos)
+                   == ("alerts/door", b"open", 1))
+
     def summary(self) -> None:
         self.console.print()
         table = Table(title="Summary", title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -319,17 +367,20 @@ def run(console: Console, redis_url: str, source: str) -> bool:
     from fencemq.config import Config
     from fencemq.server.runner import WorkerThread
 
-    with WorkerThread(Config(redis_url=redis_url, port=0)) as worker, demo_dashboard(redis_url) as dashboard:
+    with WorkerThread(Config(redis_url=redis_url, port=0, mqtt_port=0, mqtt_ws_port=0)) as worker, \
+            demo_dashboard(redis_url) as dashboard:
         console.print(Panel.fit(
             Text.assemble(
                 ("FenceMQ demo\n", "bold"),
                 f"Redis:  {source}\n",
                 f"Worker: {worker.worker.id} listening on 127.0.0.1:{worker.port}\n",
+                f"MQTT:   127.0.0.1:{worker.worker.mqtt_port} (3.1.1 and 5.0), "
+                f"over WebSocket 127.0.0.1:{worker.worker.mqtt_ws_port}\n",
                 f"Dashboard: {dashboard.url} (the web UI, `fencemq dashboard`)\n",
-                ("Every client below is plain redis-py: any Redis client can talk to a worker.", "dim"),
+                ("Every RESP client below is plain redis-py: any Redis client can talk to a worker.", "dim"),
             )
         ))
-        demo = Demo(console, worker.port)
+        demo = Demo(console, worker.port, mqtt_port=worker.worker.mqtt_port)
         try:
             ok = demo.run()
             show_status(console, redis_url)

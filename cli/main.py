@@ -113,6 +113,10 @@ def serve(
         "--mqtt-port", metavar="N", min=0, max=65535, show_default=False,
         help="Also accept MQTT 3.1.1/5.0 clients on this port (TLS with --tls-cert; default: $FENCEMQ_MQTT_PORT, "
              "else off)")] = None,
+    mqtt_ws_port: Annotated[Optional[int], typer.Option(
+        "--mqtt-ws-port", metavar="N", min=0, max=65535, show_default=False,
+        help="Also accept MQTT clients over WebSocket (subprotocol mqtt; TLS with --tls-cert) on this port "
+             "(default: $FENCEMQ_MQTT_WS_PORT, else off)")] = None,
     users: Annotated[bool, typer.Option(
         "--users", help="Clients must AUTH as a user of `fencemq user` and may do what it was granted "
                         "(the --password, if any, stays the `default` user's) (default: $FENCEMQ_USERS)")] = False,
@@ -148,7 +152,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = Config.from_env(host=host, port=port, redis_url=redis_url, metrics_port=metrics_port,
-                                 prefix=prefix, password=password, users=users or None, mqtt_port=mqtt_port, tls_cert_file=tls_cert, tls_key_file=tls_key,
+                                 prefix=prefix, password=password, users=users or None, mqtt_port=mqtt_port, mqtt_ws_port=mqtt_ws_port, tls_cert_file=tls_cert, tls_key_file=tls_key,
                                  tls_ca_file=tls_ca)
         Keyspace(config.prefix)
         client_tls(config)  # incomplete TLS settings, or a certificate that does not load
@@ -186,6 +190,8 @@ def serve(
                         f"(redis: {shown_url}), event loop: {loop_name}")
                 if worker.mqtt_port is not None:
                     line += f"; MQTT on {config.host}:{worker.mqtt_port}{tls}"
+                if worker.mqtt_ws_port is not None:
+                    line += f"; MQTT over WebSocket on {config.host}:{worker.mqtt_ws_port}{tls}"
                 asyncio.get_running_loop().call_soon(lambda: print(line, flush=True))
 
             if http_port is None:

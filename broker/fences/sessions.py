@@ -52,6 +52,7 @@ SESSION_LOCK = fence("session_lock", "session ending", "token ttl_ms force")
 SESSION_FINISH = fence("session_finish", "session ending", "token", keys_rest="state")
 SESSION_UNLOCK = fence("session_unlock", "ending", "token")
 SESSION_UNLIST = fence("session_unlist", "sessions", "client upto")
+SESSION_LINGER = fence("session_linger", "session ending conns", "lease_ms")
 
 
 class SessionEnding(Busy):
@@ -122,6 +123,15 @@ class Sessions:
         """A connection of the session closes: how many connections still share it."""
         return int(await self.fences.run(SESSION_LEAVE, None, extra_keys={"conns": self.keys.session_conns(client)},
                                          conn=connection))
+
+    async def linger(self, client: str, lease_ms: int) -> bool:
+        """A session none of whose connections is left lives ``lease_ms`` more (an MQTT Session
+        Expiry Interval), shorter or longer than the worker's lease; False if a connection holds it."""
+        keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
+        deadline = int(await self.fences.run(SESSION_LINGER, None, extra_keys=keys, lease_ms=lease_ms))
+        if deadline:
+            await self.redis.zadd(self.keys.sessions, {client: deadline})  # not GT: it may be sooner
+        return bool(deadline)
 
     async def keep_alive(self, clients: list[str]) -> list[str]:
         """Move the leases of connected sessions on; returns those that are gone (their connections must close)."""

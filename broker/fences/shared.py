@@ -129,7 +129,9 @@ class Shared:
         strategy: str | None = None,
         offline: str | None = None,
         epoch: int | None = None,
+        retained: bool = True,
     ) -> Subscription:
+        """``retained=False``: the caller sends the retained messages itself, or none (MQTT's Retain Handling)."""
         parsed = parse_target(target)
         if parsed.share is None and (strategy is not None or offline is not None):
             raise BadArgument("STRATEGY, QUEUE-OFFLINE and SKIP-OFFLINE apply to shared subscriptions ($share/<group>/<filter>)")
@@ -143,7 +145,7 @@ class Shared:
             strategy=strategy, offline=offline, queue=ref, epoch=epoch,
         )
         await self.registry.register(ref, parsed.share, None if parsed.share else client)
-        if parsed.share is None and sub.new_member:
+        if parsed.share is None and sub.new_member and retained:
             await self._send_retained(ref, parsed.filter)  # MQTT 5: never to shared subscriptions
         return sub
 

@@ -13,7 +13,14 @@ operations, so MQTT clients get the same guarantees as RESP ones and share one t
   Redis, exactly once on the wire by the session's packet-id rules); RETAIN keeps the last one.
 * A QoS 1/2 delivery is a checkout: PUBACK/PUBCOMP acknowledges it, a reason code >= 0x80
   discards it (no redispatch, MQTT-234); one never acknowledged comes back after its lease.
-* The will is published when the connection ends without DISCONNECT 0x00.
+* The client's Session Expiry Interval is the FenceMQ session's lease once the connection is gone
+  (0: the session ends with it); what the connection had in flight goes back at once.
+* The will is published when the connection ends without DISCONNECT 0x00, after its Will Delay
+  Interval or at the session's end if sooner, unless a new connection takes the session up first.
+* Message properties travel as `mqtt-*` headers (server/mqtt_messages.py); subscription options
+  (identifier, No Local, Retain As Published, Retain Handling) shape each delivery.
+
+`--mqtt-ws-port` serves the same over WebSocket (server/mqtt_websocket.py).
 
 Only `accept`ed sessions touch Redis; each subscription has a task that pulls from its mailbox
 in batches as the client's Receive Maximum allows and waits on the queue's wake channel.
@@ -21,23 +28,32 @@ in batches as the client's Receive Maximum allows and waits on the queue's wake 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.streams.tls import TLSListener
+from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError, NoPermission, NotFound
 from fencemq.fences import session_index
 from fencemq.model.keys import Handle
+from fencemq.model.topics import matches
 from fencemq.protocol.mqtt_events import (
-    ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived, MessagePublished, MqttEvent,
-    MqttServerLimits, PublishReleased, SubscribeRequested, UnsubscribeRequested,
+    SESSION_NEVER_EXPIRES, ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived,
+    MessagePublished, MqttEvent, MqttServerLimits, PublishReleased, SubscribeRequested, UnsubscribeRequested,
 )
+from fencemq.protocol.mqtt_packets import Will
+from fencemq.protocol.mqtt_properties import NO_PROPERTIES
 from fencemq.protocol.mqtt_reasons import ReasonCode
 from fencemq.protocol.mqtt_session import MqttServerSession
+from fencemq.server.mqtt_messages import (
+    QOS, RETAIN, RETAINED, as_sent_for_subscribe, headers_of, properties_of, remaining_expiry,
+)
 from fencemq.server.session import Session
 
 log = logging.getLogger(__name__)
@@ -46,31 +62,73 @@ BATCH = 64  # deliveries fetched per pull, at most (and at most the client's sen
 IDLE_LOOK_S = 1.0  # a subscription with nothing to send looks again at least this often
 READ_SIZE = 65536
 REFUSED = 0x80  # the SUBACK reason code "unspecified error"
-# Redis keeps QoS 2 as QoS 1 (at least once); the header remembers what the publisher asked for,
-# so a QoS 2 subscriber gets it at QoS 2 and a RESP one sees it as a header
-QOS_HEADER = "mqtt-qos"
-QOS2_HEADER = {QOS_HEADER: "2"}
+SUB_FIELD = "mqtt-sub:"  # session hash field per subscription: the options a resumed session needs
+MAILBOX_DRAIN_ROUNDS = 64  # batches handed back from a departing shared member's mailbox, at most
+INFLIGHT_FIELD = "mqtt-inflight"  # session hash field: the packet ids of what was unacknowledged at disconnect
+
+
+@dataclass(slots=True)
+class MqttSubscription:
+    """One filter of the client: its FenceMQ subscription and the MQTT options that shape delivery."""
+
+    handle: Handle
+    qos: int
+    shared: bool
+    no_local: bool = False
+    retain_as_published: bool = False
+    identifier: int | None = None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+
+    def saved(self) -> str:
+        return json.dumps([self.qos, self.no_local, self.retain_as_published, self.identifier])
 
 
 class MqttConnection:
     def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str) -> None:
         self.worker, self.services, self.verbs = worker, worker.services, worker.verbs
+        self.config = worker.config
         self.stream = stream
-        self.mqtt = MqttServerSession(MqttServerLimits(), now=time.monotonic())
+        limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s)
+        self.mqtt = MqttServerSession(limits, now=time.monotonic())
         self.session = Session(self.services, token, watch_for_hangup=self._no_hangup_watch,
                                end_connection=self._taken_over)
+        self.token = token
         self.write_lock = anyio.Lock()
         self.quota_freed = anyio.Event()
-        self.subscriptions: dict[str, tuple[Handle, int, anyio.CancelScope]] = {}  # filter -> handle, qos, task
-        self.in_flight: dict[int, tuple[Handle, str]] = {}  # packet id -> handle, tag
+        self.subscriptions: dict[str, MqttSubscription] = {}  # by topic filter as the client sent it
+        self.in_flight: dict[int, tuple[Handle, str, str]] = {}  # packet id -> handle, tag, message id
+        self.resumed_ids: dict[str, int] = {}  # "<handle>|<message id>" -> the packet id it was sent with
         self.tasks: anyio.abc.TaskGroup | None = None
-        self.expiry = 0
+        self.protocol_level = 0
+        self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
+        self.taken_over = False
+        self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
     async def _no_hangup_watch(self, scope: anyio.CancelScope) -> None:
         await anyio.sleep_forever()  # MQTT verbs never wait inside the session: the reader runs all along
 
     def _taken_over(self) -> None:
         self._handle_later(self.mqtt.take_over())
+
+    # The worker holds its MQTT connections beside its RESP ones (Worker.connections): it keeps
+    # their sessions' leases alive, cuts one whose session is gone, and drains them on shutdown.
+
+    def drain(self) -> None:
+        """The worker stops: DISCONNECT 0x8B (5.0), then close; the session lingers for its expiry."""
+        if self.tasks is None or self.mqtt.closed:
+            return  # over already, or letting go of its session right now
+        self.tasks.start_soon(self._disconnect, ReasonCode.SERVER_SHUTTING_DOWN)
+
+    def cut(self) -> None:
+        if self.tasks is not None:
+            self.tasks.cancel_scope.cancel()
+
+    async def close(self) -> None:
+        pass  # run() let go of the session already
+
+    async def _disconnect(self, reason: int) -> None:
+        await self._handle_and_flush(self.mqtt.disconnect(reason))
+        self.cut()
 
     def _handle_later(self, events: list[MqttEvent]) -> None:
         if self.tasks is not None:
@@ -83,11 +141,92 @@ class MqttConnection:
                 tg.start_soon(self._read)
                 tg.start_soon(self._tick)
         finally:
+            self.tasks = None  # drain() and a takeover notice now find nothing to start
             with anyio.CancelScope(shield=True):
-                if self.session.bound and self.expiry == 0:
-                    self.session.quit = True  # a clean session ends with its connection
-                await self.session.release()
                 await self.stream.aclose()
+                await self._session_over()
+
+    async def _session_over(self) -> None:
+        """The connection is gone: what it held in flight goes back, the session ends or lingers."""
+        client = self.session.client_id
+        if not self.session.bound or client is None:
+            await self.session.release()
+            return
+        if self.expiry == 0 and not self.taken_over:
+            # Session Expiry 0 (3.1.1: clean session): the session ends with its connection, and
+            # its end hands every checkout back to its queue or group
+            self.session.quit = True
+            await self.session.release()
+            return
+        if self.in_flight and not self.taken_over:
+            # a resumed session sends them again with their original packet ids (MQTT-4.4.0-1)
+            ids = {f"{handle.encode()}|{msg}": pid for pid, (handle, _tag, msg) in self.in_flight.items()}
+            try:
+                await self.services.redis.hset(self.services.keys.session(client), INFLIGHT_FIELD, json.dumps(ids))
+            except (OSError, RedisError) as exc:
+                log.info("MQTT packet ids of %r not kept (fresh ones on resume): %s", client, exc)
+        await self.session.release()  # marks the client offline: a group gives it nothing new
+        # Unacknowledged deliveries go back at once (no failure counted), not after their lock:
+        # a shared group gives them to another member (Mosquitto #2662), a resumed session gets
+        # them again with DUP (MQTT-3.3.1-1).
+        held: dict[Handle, list[str]] = {}
+        for handle, tag, _msg in self.in_flight.values():
+            held.setdefault(handle, []).append(tag)
+        self.in_flight.clear()
+        for handle, tags in held.items():
+            try:
+                await self.services.core.leases.nack(handle, tags, release=True)
+            except FenceMQError as exc:
+                log.info("MQTT deliveries of %r not released (they return after their lock): %s", client, exc)
+        # What a group dispatched to the member before it was marked offline waits in its
+        # mailbox, never sent: that goes back too, rather than after its lock (or the session).
+        for sub in list(self.subscriptions.values()):
+            if sub.shared and sub.qos:
+                await self._hand_back_mailbox(sub.handle)
+        if not self.taken_over:  # the new connection owns the session and its lease
+            await self.services.sessions.linger(client, self.expiry * 1000)
+
+    async def _hand_back_mailbox(self, handle: Handle) -> None:
+        leases = self.services.core.leases
+        try:
+            for _ in range(MAILBOX_DRAIN_ROUNDS):
+                result = await leases.pull(handle, BATCH)
+                tags = [d.tag for d in result.deliveries if not d.tag.startswith("q")]
+                if tags:
+                    await leases.nack(handle, tags, release=True)
+                if len(result.deliveries) < BATCH:
+                    return
+        except FenceMQError as exc:
+            log.info("MQTT mailbox of %s not handed back (it returns after its lock): %s", handle.queue, exc)
+
+    async def will_after_delay(self) -> None:
+        """Publish the will after its Will Delay Interval, or when the session ends if sooner,
+        unless the session was taken up again by a new connection first (MQTT-3.1.3-9)."""
+        if self.will is None:
+            return
+        will, delay = self.will
+        delay = min(delay, self.expiry)
+        if delay > 0:
+            try:
+                await anyio.sleep(delay)
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):  # the worker stops: the will goes now, not never
+                    await self._publish_will(will)
+                raise
+            held_by = await self.services.redis.hget(self.services.keys.session(self.session.client_id), "conn")
+            if held_by is not None and held_by.decode() != self.token:
+                return  # a new connection took the session up again
+        await self._publish_will(will)
+
+    async def _publish_will(self, will: Will) -> None:
+        try:
+            now_ms = await self.services.clock.now_ms()
+            await self.services.core.shared.publish(
+                will.topic, [will.payload], qos=min(will.qos, 1),
+                headers=headers_of(will.qos, will.retain, will.properties, now_ms), retain=will.retain,
+                producer=self.session.client_id)
+        except FenceMQError as exc:
+            log.info("MQTT will of %r not published: %s", self.session.client_id, exc)
 
     async def _read(self) -> None:
         while not self.mqtt.closed:
@@ -159,9 +298,16 @@ class MqttConnection:
 
     @staticmethod
     def _same_run(a: MessagePublished, b: MessagePublished) -> bool:
-        return a.topic == b.topic and a.qos == b.qos and not a.retain and not b.retain
+        return (a.topic == b.topic and a.qos == b.qos and not a.retain and not b.retain
+                and a.properties == b.properties)
 
     # -- events --------------------------------------------------------------------------------
+
+    def _granted_expiry(self, protocol_level: int, expiry: int) -> int:
+        if protocol_level == 4 and expiry == SESSION_NEVER_EXPIRES:
+            # 3.1.1 Clean Session 0 has no expiry of its own: a long server default
+            return min(self.config.mqtt_default_session_expiry_s, self.config.mqtt_max_session_expiry_s)
+        return expiry
 
     async def _connect(self, event: ConnectRequested) -> None:
         session = self.session
@@ -179,17 +325,32 @@ class MqttConnection:
             log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
             self.mqtt.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
             return
-        self.expiry = event.session_expiry_interval
-        held = await session_index.non_lite_handles(self.services.redis, self.services.keys, event.client_id)
+        self.protocol_level = event.protocol_level
+        self.expiry = self._granted_expiry(event.protocol_level, event.session_expiry_interval)
+        if event.will is not None:
+            self.will = (event.will, event.will.properties.will_delay_interval or 0)
+        redis, keys = self.services.redis, self.services.keys
+        held = await session_index.non_lite_handles(redis, keys, event.client_id)
+        fields = await redis.hgetall(keys.session(event.client_id))
+        saved = {k.decode()[len(SUB_FIELD):]: v for k, v in fields.items() if k.startswith(SUB_FIELD.encode())}
+        if INFLIGHT_FIELD.encode() in fields:
+            await redis.hdel(keys.session(event.client_id), INFLIGHT_FIELD)
+            if not event.clean_start:
+                self.resumed_ids = json.loads(fields[INFLIGHT_FIELD.encode()])
         if event.clean_start:
             for handle in held:
                 await self.services.core.subscriptions.unsubscribe(handle)
             held = []
+            if saved:
+                await redis.hdel(keys.session(event.client_id), *[SUB_FIELD + f for f in saved])
+            saved = {}
         pipelined = self.mqtt.accept(time.monotonic(), session_present=bool(held))
-        for handle in held:  # a resumed session: its subscriptions deliver again
+        for handle in held:  # a resumed session: its subscriptions deliver again, with their options
             owner = handle.queue.owner or ""
-            filt = f"{owner}/{handle.queue.topic}" if owner.startswith("$share/") else handle.queue.topic
-            self._start_delivery(filt, handle, 1)
+            shared = owner.startswith("$share/")
+            filt = f"{owner}/{handle.queue.topic}" if shared else handle.queue.topic
+            qos, no_local, rap, ident = json.loads(saved[filt]) if filt in saved else (1, False, False, None)
+            self._start_delivery(filt, MqttSubscription(handle, qos, shared, no_local, rap, ident))
         # what the client sent right behind its CONNECT (a SUBSCRIBE, say) waited for the accept
         await self._handle(pipelined)
 
@@ -198,12 +359,12 @@ class MqttConnection:
         reason = ReasonCode.SUCCESS
         try:
             self.verbs._may(self.session, "publish", first.topic)
+            headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
             for start in range(0, len(run), self.services.config.max_batch):
                 part = run[start:start + self.services.config.max_batch]
                 await self.services.core.shared.publish(
                     first.topic, [e.payload for e in part], qos=min(first.qos, 1),
-                    headers=QOS2_HEADER if first.qos == 2 else None, retain=first.retain,
-                    producer=self.session.client_id)
+                    headers=headers, retain=first.retain, producer=self.session.client_id)
         except NoPermission:
             reason = ReasonCode.NOT_AUTHORIZED
         except FenceMQError as exc:
@@ -225,27 +386,54 @@ class MqttConnection:
             if user is not None and not user.may_subscribe(request.filter):
                 codes.append(ReasonCode.NOT_AUTHORIZED)
                 continue
-            qos = request.granted_qos
+            qos, options = request.granted_qos, request.options
+            shared = request.share_group is not None
             try:
-                sub = await self.services.core.shared.subscribe(client, request.topic_filter, qos=min(qos, 1))
+                sub = await self.services.core.shared.subscribe(client, request.topic_filter, qos=min(qos, 1),
+                                                                retained=False)
             except FenceMQError as exc:
                 log.info("MQTT SUBSCRIBE to %r refused: %s", request.topic_filter[:128], exc)
                 codes.append(REFUSED)
                 continue
-            self._start_delivery(request.topic_filter, Handle.decode(sub.handle), qos)
+            mine = MqttSubscription(Handle.decode(sub.handle), qos, shared, options.no_local,
+                                    options.retain_as_published, event.subscription_identifier)
+            before = self.subscriptions.get(request.topic_filter)
+            if before is not None and before.handle == mine.handle:
+                # the same subscription again: new options, the same delivery task (MQTT-3.8.4-3),
+                # so nothing it pulled is cut off half sent
+                before.qos, before.no_local = mine.qos, mine.no_local
+                before.retain_as_published, before.identifier = mine.retain_as_published, mine.identifier
+                mine = before
+            await self.services.redis.hset(self.services.keys.session(client), SUB_FIELD + request.topic_filter,
+                                           mine.saved())
+            # Retain Handling (MQTT-3.3.1-9/10/11): 0 at every SUBSCRIBE, 1 only for a new
+            # subscription, 2 never; never to a shared subscription (MQTT 5.0 §4.8.2)
+            if not shared and (options.retain_handling == 0 or (options.retain_handling == 1 and sub.new_member)):
+                await self._send_retained(mine.handle, request.filter)
+            if mine is not before:
+                self._start_delivery(request.topic_filter, mine)
             codes.append(qos)
         self.mqtt.complete_subscribe(event.packet_id, codes)
 
+    async def _send_retained(self, handle: Handle, filt: str) -> None:
+        stored = await self.services.redis.hgetall(self.services.keys.retained)
+        bodies = [as_sent_for_subscribe(body) for topic, body in stored.items() if matches(filt, topic.decode())]
+        publishing = self.services.core.shared.publishing
+        for start in range(0, len(bodies), self.config.max_batch):
+            await publishing.append(handle.queue, bodies[start:start + self.config.max_batch])
+
     async def _unsubscribe(self, event: UnsubscribeRequested) -> None:
         codes = []
+        client = self.session.client_id
+        assert client is not None
         for filt in event.filters:
             held = self.subscriptions.pop(filt, None)
             if held is None:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
                 continue
-            handle, _qos, scope = held
-            scope.cancel()
-            await self.services.core.subscriptions.unsubscribe(handle)
+            held.scope.cancel()
+            await self.services.core.subscriptions.unsubscribe(held.handle)
+            await self.services.redis.hdel(self.services.keys.session(client), SUB_FIELD + filt)
             codes.append(ReasonCode.SUCCESS)
         self.mqtt.complete_unsubscribe(event.packet_id, codes)
 
@@ -255,7 +443,7 @@ class MqttConnection:
         for event in events:
             held = self.in_flight.pop(event.packet_id, None)
             if held is not None:
-                handle, tag = held
+                handle, tag, _msg = held
                 # refused by the client (>= 0x80): dropped, never redispatched (MQTT-234)
                 (refused if event.reason_code >= 0x80 else settled).setdefault(handle, []).append(tag)
         if events:
@@ -267,33 +455,32 @@ class MqttConnection:
             await leases.nack(handle, tags, discard=True)
 
     async def _closed(self, event: ConnectionClosed) -> None:
-        if event.taken_over:
-            self.expiry = 1  # the new connection owns the session now: leave it be
-        will = event.will
-        if will is not None and self.session.bound:
-            try:
-                await self.services.core.shared.publish(will.topic, [will.payload], qos=min(will.qos, 1),
-                                                        retain=will.retain, producer=self.session.client_id)
-            except FenceMQError as exc:
-                log.info("MQTT will of %r not published: %s", self.session.client_id, exc)
+        self.taken_over = event.taken_over
+        if self.session.bound:
+            # a DISCONNECT may change the Session Expiry Interval (5.0 §3.14.2.2.2)
+            self.expiry = self._granted_expiry(self.protocol_level, event.session_expiry_interval)
+        if event.will is None:
+            self.will = None  # DISCONNECT 0x00 deleted it (MQTT-3.1.2-10)
+        elif self.will is not None:
+            self.will = (event.will, self.will[1])
 
     # -- deliveries ----------------------------------------------------------------------------
 
-    def _start_delivery(self, filt: str, handle: Handle, qos: int) -> None:
+    def _start_delivery(self, filt: str, sub: MqttSubscription) -> None:
         old = self.subscriptions.pop(filt, None)
         if old is not None:
-            old[2].cancel()
-        scope = anyio.CancelScope()
-        self.subscriptions[filt] = (handle, qos, scope)
+            old.scope.cancel()
+        self.subscriptions[filt] = sub
         assert self.tasks is not None
-        self.tasks.start_soon(self._deliver, handle, qos, scope)
+        self.tasks.start_soon(self._deliver, sub)
 
-    async def _deliver(self, handle: Handle, qos: int, scope: anyio.CancelScope) -> None:
+    async def _deliver(self, sub: MqttSubscription) -> None:
         leases, wakeups = self.services.core.leases, self.services.wakeups
-        with scope:
+        handle = sub.handle
+        with sub.scope:
             async with wakeups.watching(self.services.keys.queue(handle.queue).wake) as waiter:
                 while not self.mqtt.closed:
-                    quota = self.mqtt.send_quota if qos else BATCH
+                    quota = self.mqtt.send_quota if sub.qos else BATCH
                     if quota <= 0:
                         self.quota_freed = anyio.Event()
                         await self.quota_freed.wait()
@@ -307,42 +494,99 @@ class MqttConnection:
                         with anyio.move_on_after(IDLE_LOOK_S):
                             await waiter.wait()
                         continue
-                    await self._send(handle, qos, result.deliveries)
+                    await self._send(sub, result.deliveries)
 
-    async def _send(self, handle: Handle, qos: int, deliveries: list[Any]) -> None:
+    async def _send(self, sub: MqttSubscription, deliveries: list[Any]) -> None:
         settle_now = []
+        me = self.session.client_id
+        now_ms = await self.services.clock.now_ms()
         async with self.write_lock:
             for d in deliveries:
-                granted = min(qos, int(d.headers.get(QOS_HEADER, d.qos)) if d.headers else d.qos)
-                sent = self.mqtt.deliver(d.topic, d.payload, granted, dup=d.deliveries > 1 and granted > 0)
+                headers = d.headers or {}
+                expiry = remaining_expiry(headers, now_ms)
+                if (expiry is not None and expiry <= 0) or (sub.no_local and not sub.shared and d.producer == me):
+                    # expired (MQTT-3.3.2-5), or the client's own publish to a No Local
+                    # subscription (MQTT-3.8.3-3): done with, never sent
+                    if not d.tag.startswith("q"):
+                        settle_now.append(d.tag)
+                    continue
+                granted = min(sub.qos, int(headers.get(QOS, d.qos)))
+                retain = headers.get(RETAINED) == "subscribe" or (sub.retain_as_published and RETAIN in headers)
+                props = properties_of(headers, expiry, sub.identifier) if self.protocol_level == 5 else NO_PROPERTIES
+                packet_id = None
+                if self.resumed_ids and granted:
+                    packet_id = self.resumed_ids.pop(f"{sub.handle.encode()}|{d.id}", None)
+                    if packet_id in self.mqtt.outbound_flows.inflight:
+                        packet_id = None  # taken by a delivery sent since: a fresh one
+                sent = self.mqtt.deliver(d.topic, d.payload, granted, retain, props,
+                                         dup=d.deliveries > 1 and granted > 0, packet_id=packet_id)
                 if sent.packet_id is not None:
-                    self.in_flight[sent.packet_id] = (handle, d.tag)
+                    self.in_flight[sent.packet_id] = (sub.handle, d.tag, d.id)
                 elif not d.tag.startswith("q"):
                     settle_now.append(d.tag)  # QoS 0 to this client, or too big for it: done
             data = self.mqtt.outbound()
             if data:
-                await self.stream.send(data)
+                try:
+                    await self.stream.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # the reader sees the connection go; what is in flight goes back then
         if settle_now:
-            await self.services.core.leases.ack(handle, settle_now)
+            await self.services.core.leases.ack(sub.handle, settle_now)
 
 
-async def serve_mqtt(worker: Any, port: int, tls: Any, *,
-                     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Accept MQTT connections until cancelled; reports the port it listens on."""
+async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | None = None,
+                     task_status: anyio.abc.TaskStatus[int | None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Accept MQTT connections until cancelled: over TCP on ``port``, over WebSocket on ``ws_port``
+    (either may be None: off; both with TLS when the worker has certificates). Reports the TCP
+    port it listens on and sets ``worker.mqtt_ws_port``."""
     from anyio.abc import SocketAttribute
 
-    listener: Any = await anyio.create_tcp_listener(local_host=worker.config.host, local_port=port)
-    bound = listener.extra(SocketAttribute.local_port)
-    if tls is not None:
-        listener = TLSListener(listener, tls, standard_compatible=False)
+    from fencemq.server.mqtt_websocket import MqttWebSocketStream, WebSocketRefused
+
     numbers = iter(range(1, 1 << 62))
 
+    async def listen(at: int) -> tuple[Any, int]:
+        listener: Any = await anyio.create_tcp_listener(local_host=worker.config.host, local_port=at)
+        bound = listener.extra(SocketAttribute.local_port)
+        if tls is not None:
+            listener = TLSListener(listener, tls, standard_compatible=False)
+        return listener, bound
+
     async def one(stream: anyio.abc.ByteStream) -> None:
+        conn = MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}")
+        worker.connections[conn.token] = conn
         try:
-            await MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}").run()
+            await conn.run()
         except Exception:
             log.exception("MQTT connection failed")
+        finally:
+            worker.connections.pop(conn.token, None)
+        await conn.will_after_delay()
 
-    task_status.started(bound)
-    async with listener:
-        await listener.serve(one)
+    async def one_ws(stream: anyio.abc.ByteStream) -> None:
+        ws = MqttWebSocketStream(stream)
+        try:
+            with anyio.fail_after(MqttServerLimits().connect_timeout):
+                await ws.handshake()
+        except (WebSocketRefused, TimeoutError) as exc:
+            log.info("MQTT WebSocket refused: %s", exc)
+            await stream.aclose()
+            return
+        await one(ws)
+
+    listeners = []
+    tcp_bound = None
+    if port is not None:
+        listener, tcp_bound = await listen(port)
+        listeners.append((listener, one))
+    if ws_port is not None:
+        listener, worker.mqtt_ws_port = await listen(ws_port)
+        listeners.append((listener, one_ws))
+    async def serve(listener: Any, handler: Any) -> None:
+        async with listener:
+            await listener.serve(handler)
+
+    task_status.started(tcp_bound)
+    async with anyio.create_task_group() as tg:
+        for listener, handler in listeners:
+            tg.start_soon(serve, listener, handler)

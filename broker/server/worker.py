@@ -63,6 +63,7 @@ class Worker:
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.port: int | None = None
         self.mqtt_port: int | None = None  # where MQTT clients connect, when config.mqtt_port asks for it
+        self.mqtt_ws_port: int | None = None  # MQTT over WebSocket, when config.mqtt_ws_port asks for it
         self.connections: dict[str, ClientConnection] = {}  # by connection token
         self._numbers = itertools.count(1)
         self._draining = anyio.Event()
@@ -99,7 +100,7 @@ class Worker:
                         accepting = anyio.CancelScope()
                         conns.start_soon(self._accept, listener, conns, accepting)
                         accepting_mqtt = anyio.CancelScope()
-                        if self.config.mqtt_port is not None:
+                        if self.config.mqtt_port is not None or self.config.mqtt_ws_port is not None:
                             self.mqtt_port = await conns.start(self._accept_mqtt, accepting_mqtt)
                         task_status.started(self.port)
                         await self._draining.wait()
@@ -124,7 +125,8 @@ class Worker:
         from fencemq.server.mqtt_listener import serve_mqtt
 
         with scope:
-            await serve_mqtt(self, self.config.mqtt_port or 0, self.tls, task_status=task_status)
+            await serve_mqtt(self, self.config.mqtt_port, self.tls, ws_port=self.config.mqtt_ws_port,
+                             task_status=task_status)
 
     async def _cut_stragglers(self, grace_s: float = 2.0) -> None:
         """A long-poll in progress is not worth holding a shutdown for."""

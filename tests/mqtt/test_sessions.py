@@ -1,0 +1,205 @@
+"""MQTT sessions on FenceMQ sessions: the Session Expiry Interval as the lease, unacknowledged
+messages again with DUP, the Will Delay Interval, and shared groups that lose nothing.
+
+Named after the normative statements of MQTT 5.0 they check, and the broker issues they guard against.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.helpers import worker
+from tests.mqtt.clients import Client
+
+
+@pytest.fixture
+def w(redis_url):
+    # a short worker lease: a session that outlives it does so by its own Session Expiry Interval
+    with worker(redis_url, mqtt_port=0, session_lease_ms=300) as started:
+        yield started
+
+
+def test_MQTT_3_1_2_23_a_session_within_its_expiry_resumes_with_what_was_published_meanwhile(w) -> None:
+    first = Client(w.worker.mqtt_port, "lasting", expiry=60, clean=False)
+    first.subscribe("news/#")
+    first.close()
+    time.sleep(1.0)  # well past the worker's session lease
+    pub = Client(w.worker.mqtt_port, "news-pub")
+    pub.publish("news/today", b"while away")
+    pub.close()
+    again = Client(w.worker.mqtt_port, "lasting", expiry=60, clean=False)
+    try:
+        assert again.session_present is True
+        assert [m.payload for m in again.take(1)] == [b"while away"]
+    finally:
+        again.close()
+
+
+def test_MQTT_3_1_2_23_a_session_past_its_expiry_is_gone_with_its_messages(redis_url) -> None:
+    with worker(redis_url, mqtt_port=0, session_lease_ms=60_000) as w:  # the worker's lease would keep it
+        first = Client(w.worker.mqtt_port, "brief", expiry=1, clean=False)
+        first.subscribe("brief/#")
+        first.close()
+        pub = Client(w.worker.mqtt_port, "brief-pub")
+        pub.publish("brief/x", b"for a session that expires")
+        time.sleep(1.8)
+        again = Client(w.worker.mqtt_port, "brief", expiry=1, clean=False)
+        try:
+            assert again.session_present is False
+            assert again.take(1, timeout=1.0) == []
+        finally:
+            again.close(), pub.close()
+
+
+def test_v311_clean_session_0_outlives_the_worker_lease_by_the_server_default(w) -> None:
+    first = Client(w.worker.mqtt_port, "durable311", "3.1.1", clean=False)
+    first.subscribe("d/#")
+    first.close()
+    time.sleep(1.0)
+    pub = Client(w.worker.mqtt_port, "d-pub", "3.1.1")
+    pub.publish("d/x", b"kept")
+    pub.close()
+    again = Client(w.worker.mqtt_port, "durable311", "3.1.1", clean=False)
+    try:
+        assert again.session_present is True
+        assert [m.payload for m in again.take(1)] == [b"kept"]
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("version", ["3.1.1", "5.0"])
+def test_MQTT_4_4_0_1_a_resumed_session_gets_its_unacknowledged_message_again_with_dup_and_its_packet_id(
+        w, version) -> None:
+    first = Client(w.worker.mqtt_port, f"forgetful-{version}", version, clean=False, expiry=60, auto_ack=False)
+    first.subscribe("jobs/#")
+    pub = Client(w.worker.mqtt_port, f"jobs-pub-{version}", version)
+    pub.publish("jobs/0", b"done")
+    pub.publish("jobs/1", b"do it")
+    got = first.take(2)
+    assert [(m.payload, m.dup) for m in got] == [(b"done", False), (b"do it", False)]
+    first.c.ack(got[0].mid, got[0].qos)
+    pub.publish("jobs/2", b"sent once held")  # waits in FenceMQ: must not take the held message's id
+    first.close(clean_disconnect=False)  # "do it" never acknowledged
+    again = Client(w.worker.mqtt_port, f"forgetful-{version}", version, clean=False, expiry=60)
+    try:
+        again_got = {m.payload: m for m in again.take(2)}
+        assert sorted(again_got) == [b"do it", b"sent once held"]
+        assert again_got[b"do it"].dup is True  # MQTT-3.3.1-1
+        assert again_got[b"do it"].mid == got[1].mid  # MQTT-4.4.0-1: its original packet identifier
+    finally:
+        again.close(), pub.close()
+
+
+def test_MQTT_4_8_2_a_shared_member_whose_network_goes_with_qos1_in_flight_loses_nothing_mosquitto_2662(w) -> None:
+    leaving = Client(w.worker.mqtt_port, "leaving", expiry=300, auto_ack=False)
+    staying = Client(w.worker.mqtt_port, "staying")
+    pub = Client(w.worker.mqtt_port, "g-pub")
+    try:
+        leaving.subscribe("$share/g/orders")
+        staying.subscribe("$share/g/orders")
+        for i in range(10):
+            pub.publish("orders", f"o{i}".encode())
+        assert leaving.take(1, timeout=5), "the round robin gave the leaving member some"
+        leaving.close(clean_disconnect=False)  # its session lives on (300 s): its messages must not wait for it
+        for i in range(10, 14):
+            pub.publish("orders", f"o{i}".encode())
+        got = staying.take(14, timeout=10)
+        missing = sorted(set(f"o{i}".encode() for i in range(14)) - {m.payload for m in got})
+        assert missing == [], f"lost: {missing} of {len(got)}"
+    finally:
+        staying.close(), pub.close()
+
+
+def test_MQTT_4_8_2_messages_queued_for_a_member_go_to_the_group_when_its_session_expires_emqx_9094_12257(w) -> None:
+    # Receive Maximum 1: one message in flight, the rest queued for it in FenceMQ
+    slow = Client(w.worker.mqtt_port, "slow", expiry=1, auto_ack=False, receive_maximum=1)
+    fast = Client(w.worker.mqtt_port, "fast")
+    pub = Client(w.worker.mqtt_port, "q-pub")
+    try:
+        slow.subscribe("$share/q/tasks")
+        fast.subscribe("$share/q/tasks")
+        for i in range(20):
+            pub.publish("tasks", f"t{i}".encode())
+        slow.take(1, timeout=5)
+        slow.close(clean_disconnect=False)
+        got = fast.take(20, timeout=10)
+        assert sorted(m.payload for m in got) == sorted(f"t{i}".encode() for i in range(20))
+    finally:
+        fast.close(), pub.close()
+
+
+def test_MQTT_3_1_3_9_no_will_when_the_session_is_taken_up_again_within_the_will_delay(w) -> None:
+    watcher = Client(w.worker.mqtt_port, "will-watch")
+    watcher.subscribe("wills/#")
+    flaky = Client(w.worker.mqtt_port, "flaky", expiry=60, clean=False,
+                   will=("wills/flaky", b"gone", {"WillDelayInterval": 1}))
+    flaky.close(clean_disconnect=False)
+    back = Client(w.worker.mqtt_port, "flaky", expiry=60, clean=False)
+    try:
+        assert watcher.take(1, timeout=2.0) == [], "the will was sent though the client came back in time"
+    finally:
+        back.close(), watcher.close()
+
+
+def test_MQTT_3_1_3_9_the_will_comes_after_its_delay_with_its_properties(w) -> None:
+    watcher = Client(w.worker.mqtt_port, "will-watch2")
+    watcher.subscribe("wills/#")
+    started = time.monotonic()
+    gone = Client(w.worker.mqtt_port, "gone", expiry=60, will=(
+        "wills/gone", b"bye", {"WillDelayInterval": 1, "ContentType": "text/plain",
+                               "UserProperty": [("why", "network")]}))
+    gone.close(clean_disconnect=False)
+    try:
+        got = watcher.take(1, timeout=5)
+        assert [m.payload for m in got] == [b"bye"]
+        assert time.monotonic() - started >= 1.0, "not before the Will Delay Interval"
+        assert got[0].properties.ContentType == "text/plain"
+        assert got[0].properties.UserProperty == [("why", "network")]
+    finally:
+        watcher.close()
+
+
+def test_MQTT_3_1_2_8_the_will_comes_when_the_session_ends_before_the_will_delay(w) -> None:
+    watcher = Client(w.worker.mqtt_port, "will-watch3")
+    watcher.subscribe("wills/#")
+    gone = Client(w.worker.mqtt_port, "short", expiry=1, will=("wills/short", b"ended", {"WillDelayInterval": 3600}))
+    gone.close(clean_disconnect=False)
+    try:
+        assert [m.payload for m in watcher.take(1, timeout=5)] == [b"ended"]
+    finally:
+        watcher.close()
+
+
+def test_a_connected_mqtt_session_is_kept_alive_by_its_worker_past_the_session_lease(w) -> None:
+    steady = Client(w.worker.mqtt_port, "kept", expiry=0)
+    try:
+        steady.subscribe("alive/#")
+        time.sleep(1.0)  # three worker leases: only the worker's keep-alive holds the session now
+        steady.publish("alive/x", b"still here")
+        assert [m.payload for m in steady.take(1)] == [b"still here"]
+    finally:
+        steady.close()
+
+
+def test_MQTT_3_14_2_a_disconnect_that_sets_the_session_expiry_to_0_ends_the_session(w, redis_url) -> None:
+    import redis
+    from paho.mqtt.packettypes import PacketTypes
+
+    from fencemq.model.keys import Keyspace
+    from tests.helpers import wait_for
+    from tests.mqtt.clients import props
+
+    first = Client(w.worker.mqtt_port, "changes-mind", expiry=60, clean=False)
+    first.subscribe("mind/#")
+    first.c.disconnect(properties=props(PacketTypes.DISCONNECT, SessionExpiryInterval=0))
+    first.c.loop_stop()
+    r = redis.Redis.from_url(redis_url)
+    # a reconnect racing the DISCONNECT would share the session instead: wait until it has ended
+    wait_for(lambda: not r.exists(Keyspace("fmq").session("changes-mind")), what="the session to end")
+    again = Client(w.worker.mqtt_port, "changes-mind", expiry=60, clean=False)
+    try:
+        assert again.session_present is False
+    finally:
+        again.close()

@@ -1,0 +1,102 @@
+"""MQTT over WebSocket (MQTT 5.0 §6): paho-mqtt's websocket transport in both protocol versions, and TLS."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from tests.helpers import worker
+
+VERSIONS = {"3.1.1": mqtt.MQTTv311, "5.0": mqtt.MQTTv5}
+
+
+@pytest.fixture
+def w(redis_url):
+    with worker(redis_url, mqtt_port=0, mqtt_ws_port=0) as started:
+        yield started
+
+
+def ws_client(port: int, client_id: str, version: str, got: queue.Queue[Any], *, ca: str | None = None) -> Any:
+    connected = threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=VERSIONS[version],
+                    transport="websockets")
+    if ca:
+        c.tls_set(ca_certs=ca)
+    c.on_connect = lambda *_a: connected.set()
+    c.on_message = lambda _c, _u, msg: got.put((msg.topic, msg.payload, msg.qos))
+    c.connect("127.0.0.1", port, keepalive=30)
+    c.loop_start()
+    assert connected.wait(10), "no CONNACK over the WebSocket"
+    return c
+
+
+def subscribe(c: Any, filt: str, qos: int = 1) -> None:
+    done = threading.Event()
+    c.on_subscribe = lambda *_a: done.set()
+    c.subscribe(filt, qos=qos)
+    assert done.wait(10), "no SUBACK"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_MQTT_6_0_0_a_websocket_client_subscribes_and_gets_what_a_tcp_client_publishes(w, version) -> None:
+    got: queue.Queue[Any] = queue.Queue()
+    sub = ws_client(w.worker.mqtt_ws_port, f"ws-sub-{version}", version, got)
+    tcp = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="tcp-pub", protocol=VERSIONS[version])
+    tcp.connect("127.0.0.1", w.worker.mqtt_port)
+    tcp.loop_start()
+    try:
+        subscribe(sub, "ws/#")
+        tcp.publish("ws/a", b"over tcp", qos=1).wait_for_publish(10)
+        sub.publish("ws/b", b"x" * 70_000, qos=1).wait_for_publish(10)  # a packet larger than one read
+        assert got.get(timeout=10) == ("ws/a", b"over tcp", 1)
+        assert got.get(timeout=10) == ("ws/b", b"x" * 70_000, 1)
+    finally:
+        sub.disconnect(), sub.loop_stop(), tcp.disconnect(), tcp.loop_stop()
+
+
+def test_MQTT_6_0_0_4_a_handshake_without_the_mqtt_subprotocol_is_refused(w) -> None:
+    s = socket.create_connection(("127.0.0.1", w.worker.mqtt_ws_port), timeout=10)
+    s.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+              b"Sec-WebSocket-Protocol: chat\r\n\r\n")
+    reply = s.recv(4096)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:40]
+
+
+def test_MQTT_6_0_0_1_a_text_frame_closes_the_connection(w) -> None:
+    s = socket.create_connection(("127.0.0.1", w.worker.mqtt_ws_port), timeout=10)
+    s.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+              b"Sec-WebSocket-Protocol: mqtt\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 101") and b"sec-websocket-protocol: mqtt" in head.lower()
+    s.sendall(bytes([0x81, 0x82, 1, 2, 3, 4]) + bytes(b ^ k for b, k in zip(b"hi", [1, 2])))  # masked text "hi"
+    rest = b""
+    while chunk := s.recv(4096):
+        rest += chunk
+    s.close()
+    assert rest[:1] == bytes([0x88]), "a close frame, then the connection closed"
+    assert int.from_bytes(rest[2:4], "big") == 1003
+
+
+def test_mqtt_over_websocket_over_tls_with_the_workers_certificates(redis_url, tmp_path) -> None:
+    from tests.server.test_tls import Files
+
+    files = Files(tmp_path)
+    with worker(redis_url, mqtt_ws_port=0, tls_cert_file=str(files.cert), tls_key_file=str(files.key)) as tw:
+        got: queue.Queue[Any] = queue.Queue()
+        c = ws_client(tw.worker.mqtt_ws_port, "wss", "5.0", got, ca=str(files.ca))
+        try:
+            subscribe(c, "wss/#")
+            c.publish("wss/x", b"sealed", qos=1).wait_for_publish(10)
+            assert got.get(timeout=10) == ("wss/x", b"sealed", 1)
+        finally:
+            c.disconnect(), c.loop_stop()
