@@ -195,6 +195,16 @@ class Keyspace:
         return f"{self.prefix}:users"
 
     @property
+    def client_owners(self) -> str:
+        """Hash: client id -> the user that first named a session with it (server/session.py)."""
+        return f"{self.prefix}:client-owners"
+
+    @property
+    def handle_secret(self) -> str:
+        """String: the key every worker signs the handles it hands out with (server/handles.py)."""
+        return f"{self.prefix}:handle-secret"
+
+    @property
     def filters(self) -> str:
         """Hash: filter subscription queue id -> msgpack [filter, share group or None, client or None]."""
         return f"{self.prefix}:filters"

@@ -133,6 +133,8 @@ class Session:
         if self.bound and self.client_id != client_id:
             raise BadArgument("this connection already has a client id; open a new connection for another")
         services = self.services
+        if not anonymous:
+            await self._claim(client_id)
         following = self.client_id == client_id and self.bound
         self.client_id, self.anonymous = client_id, anonymous
         if not following:
@@ -147,6 +149,27 @@ class Session:
         self.bound = True
         if not anonymous:
             await services.sessions.set_presence(client_id, online=True)
+
+    async def _claim(self, client_id: str) -> None:
+        """A client id belongs to the user that first named a session with it: NOPERM for any other.
+
+        Without authentication (no password, no users) there is nobody to tell
+        apart; with the legacy password alone every connection is ``default``.
+        An anonymous id embeds this connection's token, so nobody else can name it.
+        """
+        if self.user is None:
+            return
+        if client_id.startswith("anon-") and client_id != self.anonymous_id:
+            raise NoPermission("client ids starting with 'anon-' name other connections' anonymous sessions; "
+                               "choose another id")
+        redis, key = self.services.redis, self.services.keys.client_owners
+        if await redis.hsetnx(key, client_id, self.user.name):
+            return
+        owner = await redis.hget(key, client_id)
+        owner = owner.decode("utf-8", "replace") if isinstance(owner, bytes) else owner
+        if owner != self.user.name:
+            raise NoPermission(f"client id '{client_id}' belongs to another user; "
+                               f"user '{self.user.name}' may not name or take over its session")
 
     async def release(self) -> None:
         """The connection is over: stop hearing the session; end it, or leave it to its lease.
