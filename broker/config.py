@@ -50,6 +50,32 @@ class Config:
     max_args: int = 4096  # arguments in one command
     max_block_ms: int = 300_000
 
+    # -- hostile input (docs/security.md, "Limits in force") --------------------------
+    # Framing: what one connection may make the worker hold for one request. Past
+    # these the connection is closed (the per-command limits above only refuse).
+    max_frame_bulk: int = 8 << 20  # one bulk string (at least 2 x max_payload)
+    max_frame_args: int = 65_536  # arguments in one frame (at least 2 x max_args)
+    # Before authentication a connection may only send tiny frames, as Redis 7 allows
+    # unauthenticated clients 10-element multibulks of 16 KiB bulks at most.
+    preauth_max_args: int = 10
+    preauth_max_bulk: int = 16_384
+    auth_timeout_ms: int = 10_000  # an unauthenticated connection is closed after this (0 = never)
+    auth_max_failures: int = 3  # failed AUTHs before the connection is closed
+    # Each failed AUTH from a client address makes the next one from that address
+    # wait: auth_delay_ms, doubled per recent failure, at most auth_delay_max_ms.
+    auth_delay_ms: int = 100
+    auth_delay_max_ms: int = 5_000
+    max_connections: int = 10_000  # per worker; past it a new connection is told so and closed
+    max_connections_per_user: int = 1_000  # authenticated connections of one user on one worker (0 = no limit)
+
+    @property
+    def frame_bulk_limit(self) -> int:
+        return max(self.max_frame_bulk, 2 * self.max_payload)
+
+    @property
+    def frame_args_limit(self) -> int:
+        return max(self.max_frame_args, 2 * self.max_args)
+
     @property
     def needs_auth(self) -> bool:
         return self.password is not None or bool(self.users)

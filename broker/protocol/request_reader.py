@@ -57,6 +57,12 @@ class RequestReader:
         self._exact: RequestParser | None = None
         self._failed: RequestError | None = None
 
+    def set_limits(self, *, max_bulk: int, max_args: int) -> None:
+        """New limits from the next header on (tighter before authentication, wider after)."""
+        self.max_bulk, self.max_args = max_bulk, max_args
+        if self._exact is not None:
+            self._exact.max_bulk, self._exact.max_args = max_bulk, max_args
+
     @property
     def buffered(self) -> int:
         if self._exact is not None:

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from fencemq.errors import FenceMQError, LimitExceeded
 from fencemq.protocol.commands import Request, parse
 from fencemq.protocol.request_reader import RequestReader
-from fencemq.protocol.resp import ErrorReply, Push, RequestError, encode_many
+from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
 from fencemq.server import metrics
 from fencemq.server.services import Services
 from fencemq.server.session import Session
@@ -34,6 +34,9 @@ RECEIVE_SIZE = 65536
 # this the connection stops reading until the command is done, so a client that
 # floods behind a BLOCK is held back by TCP instead of by the worker's memory.
 READ_AHEAD = 4 << 20
+# Commands parsed and run in one go: the replies of one batch are one write, so
+# this bounds what a pipelining client makes the worker hold for it at once.
+MAX_PIPELINE = 1024
 STREAM_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
@@ -59,7 +62,20 @@ class ClientConnection:
         # The parser's limits only guard memory (the connection is closed past
         # them); payload and batch limits are checked per command, so a client
         # that sends one oversize payload gets LIMIT and keeps its connection.
-        self.parser = RequestReader(max_bulk=max(64 << 20, 2 * self.config.max_payload), max_args=1_000_000)
+        self.parser = RequestReader(max_bulk=self.config.frame_bulk_limit, max_args=self.config.frame_args_limit)
+        self._preauth = False
+        self._set_frame_limits()
+
+    def _set_frame_limits(self) -> None:
+        """Tiny frames until the connection authenticates (again, after a RESET)."""
+        preauth = not self.session.authed
+        if preauth != self._preauth:
+            self._preauth = preauth
+            config = self.config
+            if preauth:
+                self.parser.set_limits(max_bulk=config.preauth_max_bulk, max_args=config.preauth_max_args)
+            else:
+                self.parser.set_limits(max_bulk=config.frame_bulk_limit, max_args=config.frame_args_limit)
 
     @property
     def token(self) -> str:
@@ -81,8 +97,17 @@ class ClientConnection:
         with self.scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._send_pushes, self.session.outbox)
+                if not self.session.authed and self.config.auth_timeout_ms:
+                    tg.start_soon(self._close_unless_authenticated)
                 await self._serve_requests()
                 tg.cancel_scope.cancel()
+
+    async def _close_unless_authenticated(self) -> None:
+        """A connection that never authenticates holds nothing for long (slowloris)."""
+        await anyio.sleep(self.config.auth_timeout_ms / 1000)
+        if not self.session.authed:
+            log.info("closing %s: not authenticated within %d ms", self.session.peer, self.config.auth_timeout_ms)
+            self.cut()
 
     async def _send_pushes(self, pushes: MemoryObjectReceiveStream[Push]) -> None:
         async with pushes:
@@ -90,11 +115,18 @@ class ClientConnection:
                 await self.send(encode_many([push], 3))
 
     def _parsed(self) -> tuple[list[list[bytes]], RequestError | None]:
+        # Before authentication one command at a time: what follows an AUTH is
+        # read with the limits that AUTH's outcome sets.
+        most = 1 if self._preauth else MAX_PIPELINE
         commands: list[list[bytes]] = []
         try:
-            while (cmd := self.parser.gets()) is not None:
+            while len(commands) < most and (cmd := self.parser.gets()) is not None:
                 commands.append(cmd)
         except RequestError as exc:
+            if self._preauth and isinstance(exc, RequestTooLarge):
+                exc = RequestError(f"NOAUTH before authentication a frame holds at most "
+                                   f"{self.config.preauth_max_args} arguments of at most "
+                                   f"{self.config.preauth_max_bulk} bytes; authenticate first")
             return commands, exc
         return commands, None
 
@@ -119,6 +151,7 @@ class ClientConnection:
                 session.closing = True
             if replies:
                 await self.send(encode_many(replies, session.proto))
+            self._set_frame_limits()
             self.idle = True
 
     async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:

@@ -64,6 +64,7 @@ class Session:
         self.bound = False  # this connection holds its session
         self.authed = not services.config.needs_auth
         self.user: User | None = None  # who AUTH proved; None while no authentication is asked for
+        self.auth_failures = 0  # failed AUTHs on this connection (closed at config.auth_max_failures)
         self.quit = False  # QUIT ends a named session too, not only the connection
         self.closing = False  # the connection ends once the commands in hand are answered
         self._watch_for_hangup = watch_for_hangup
@@ -75,6 +76,11 @@ class Session:
     def number(self) -> int:
         """This connection's number on its worker (CLIENT ID)."""
         return int(self.token.rsplit(":", 1)[1])
+
+    @property
+    def peer_host(self) -> str:
+        """The client's address without its port: what AUTH throttling counts failures by."""
+        return self.peer.rsplit(":", 1)[0]
 
     @property
     def anonymous_id(self) -> str:

@@ -11,6 +11,7 @@ for a hang-up meanwhile.
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -141,11 +142,32 @@ class Verbs:
         if not self.config.needs_auth:
             raise FenceMQError("AUTH called without any password configured for this worker")
         name, password = (b"default", argv[0]) if len(argv) == 1 else (argv[0], argv[1])
+        throttle, address = self.services.throttle, session.peer_host
+        await anyio.sleep(throttle.wait(address, time.monotonic()))
         user = await self._authenticate(name.decode("utf-8", "replace"), password)
         if user is None:
+            throttle.failed(address, time.monotonic())
+            session.auth_failures += 1
+            if session.auth_failures >= self.config.auth_max_failures:
+                session.closing = True  # the reply goes out, then the connection closes
+                raise WrongPassword(f"invalid username-password pair or user is disabled; "
+                                    f"{session.auth_failures} failures, closing the connection")
             raise WrongPassword("invalid username-password pair or user is disabled.")
+        if user.name != DEFAULT_USER or self.config.users:
+            self._check_user_connections(session, user)
+        throttle.succeeded(address)
         session.authed, session.user = True, user
         return OK
+
+    def _check_user_connections(self, session: Session, user: User) -> None:
+        limit = self.config.max_connections_per_user
+        if not limit:
+            return
+        held = sum(1 for s in self.services.roster.sessions.values()
+                   if s is not session and s.user is not None and s.user.name == user.name)
+        if held >= limit:
+            raise LimitExceeded(f"user '{user.name}' already holds {held} connections on this worker "
+                                f"(max_connections_per_user {limit}); close one first")
 
     async def _authenticate(self, name: str, password: bytes) -> User | None:
         expected = self.config.password
