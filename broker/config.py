@@ -67,6 +67,15 @@ class Config:
     auth_delay_max_ms: int = 5_000
     max_connections: int = 10_000  # per worker; past it a new connection is told so and closed
     max_connections_per_user: int = 1_000  # authenticated connections of one user on one worker (0 = no limit)
+    # Bytes a client may send ahead while one of its commands waits (a long poll): past
+    # this the connection stops reading until the command is done, and TCP holds the rest.
+    max_read_ahead: int = 4 << 20
+    # A client that does not read its replies: a write still waiting for room after
+    # this long closes the connection (the worker holds one batch of replies at most).
+    output_timeout_ms: int = 30_000
+    idle_timeout_ms: int = 600_000  # no command for this long closes a connection (not while it long-polls; 0 = never)
+    tls_handshake_timeout_ms: int = 10_000
+    max_subscriptions: int = 10_000  # subscriptions one session holds, lite ones (see lite_quota) apart
 
     @property
     def frame_bulk_limit(self) -> int:

@@ -30,10 +30,6 @@ from fencemq.server.verbs import ClientGone, Verbs
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 65536
-# What a client may send ahead while one of its commands waits (a long poll): past
-# this the connection stops reading until the command is done, so a client that
-# floods behind a BLOCK is held back by TCP instead of by the worker's memory.
-READ_AHEAD = 4 << 20
 # Commands parsed and run in one go: the replies of one batch are one write, so
 # this bounds what a pipelining client makes the worker hold for it at once.
 MAX_PIPELINE = 1024
@@ -65,6 +61,7 @@ class ClientConnection:
         self.parser = RequestReader(max_bulk=self.config.frame_bulk_limit, max_args=self.config.frame_args_limit)
         self._preauth = False
         self._set_frame_limits()
+        self._idle_s = self.config.idle_timeout_ms / 1000 if self.config.idle_timeout_ms else float("inf")
 
     def _set_frame_limits(self) -> None:
         """Tiny frames until the connection authenticates (again, after a RESET)."""
@@ -137,9 +134,15 @@ class ClientConnection:
             commands, fatal = self._parsed()
             if not commands and fatal is None:
                 try:
-                    self.parser.feed(await self.stream.receive(RECEIVE_SIZE))
+                    data = None
+                    with anyio.move_on_after(self._idle_s):
+                        data = await self.stream.receive(RECEIVE_SIZE)
                 except STREAM_GONE:
                     return
+                if data is None:
+                    log.info("closing %s: idle for %d ms", session.peer, self.config.idle_timeout_ms)
+                    return
+                self.parser.feed(data)
                 continue
             self.idle = False
             try:
@@ -155,8 +158,12 @@ class ClientConnection:
             self.idle = True
 
     async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:
-        """While a verb waits, keep reading: buffer what comes (up to READ_AHEAD), notice a hang-up."""
-        while self.parser.buffered < READ_AHEAD:
+        """While a verb waits, keep reading: buffer what comes (up to max_read_ahead), notice a hang-up.
+
+        Past the budget it stops reading: the socket's own back-pressure holds
+        the client back, and a hang-up is noticed once the verb is done.
+        """
+        while self.parser.buffered < self.config.max_read_ahead:
             try:
                 data = await self.stream.receive(RECEIVE_SIZE)
             except STREAM_GONE:
@@ -168,9 +175,18 @@ class ClientConnection:
     async def send(self, data: bytes) -> None:
         async with self.send_lock:
             try:
-                await self.stream.send(data)
+                with anyio.move_on_after(self.config.output_timeout_ms / 1000) as waited:
+                    await self.stream.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self.session.closing = True
+                return
+            if waited.cancelled_caught:
+                # The client has not read its earlier replies for output_timeout_ms: as
+                # Redis' client-output-buffer-limit, close it rather than hold more for it.
+                log.info("closing %s: it has not read its replies for %d ms", self.session.peer,
+                         self.config.output_timeout_ms)
+                self.session.closing = True
+                self.cut()
 
     async def close(self) -> None:
         try:

@@ -315,6 +315,8 @@ class Verbs:
             if not session.user.may_subscribe(filt):
                 raise NoPermission(session.user.missing("subscribe", filt))
         client = await session.ensure()
+        if options.get("lmq") is None:
+            await self._check_subscription_count(client)
         if is_filter_target(topic):
             if options.get("lmq") is not None or options.get("group") is not None or options.get("mode"):
                 raise BadArgument("a topic filter takes no LMQ, GROUP or MODE; share it as $share/<group>/<filter>")
@@ -329,6 +331,17 @@ class Verbs:
             evicted = Handle(mine.queue, mine.group, sub.evicted)
             await self.services.sessions.notify(sub.evicted, unsubscribe_notice(evicted, client))
         return sub.as_reply()
+
+    async def _check_subscription_count(self, client: str) -> None:
+        """LIMIT once the session holds max_subscriptions (lite ones are lite_quota's).
+
+        Checked before the fence, not inside it: connections of one session
+        subscribing at the same instant may pass it by a few.
+        """
+        held = await self.services.redis.scard(self.services.keys.session_handles(client))
+        if held >= self.config.max_subscriptions:
+            raise LimitExceeded(f"this session holds {held} subscriptions (max_subscriptions "
+                                f"{self.config.max_subscriptions}); UNSUB some first")
 
     async def pull(self, session: Session, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
         h = session.own(handle)

@@ -53,6 +53,25 @@ def client_tls(config: Config) -> ssl.SSLContext | None:
     return context
 
 
+class QuietTLSListener(TLSListener):
+    """A failed or stalled handshake is one log line (who, why), never a traceback."""
+
+    @staticmethod
+    async def handle_handshake_error(exc: BaseException, stream: Any) -> None:
+        peer = ""
+        try:
+            peer = ":".join(map(str, stream.extra(SocketAttribute.remote_address)[:2]))
+        except Exception:  # noqa: BLE001 - only for the log line: a socket already gone has no address
+            pass
+        with anyio.CancelScope(shield=True):
+            await anyio.aclose_forcefully(stream)
+        if isinstance(exc, anyio.get_cancelled_exc_class()) or not isinstance(exc, Exception):
+            raise exc
+        why = "no handshake within the timeout" if isinstance(exc, TimeoutError) else \
+            (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        log.info("TLS handshake with %s failed: %s", peer or "a client", why)
+
+
 class Worker:
     def __init__(self, config: Config) -> None:
         if not config.redis_url:
@@ -77,7 +96,8 @@ class Worker:
             if self.tls is not None:
                 # the handshake runs in the connection's own task: a client that
                 # fails it is logged and dropped, nobody else waits on it
-                listener = TLSListener(listener, self.tls, standard_compatible=False)
+                listener = QuietTLSListener(listener, self.tls, standard_compatible=False,
+                                            handshake_timeout=self.config.tls_handshake_timeout_ms / 1000)
             # Schedule writes run beside replies; their group outlives the background tasks
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:
@@ -132,6 +152,15 @@ class Worker:
         self._draining.set()
 
     async def _serve_connection(self, stream: SocketStream) -> None:
+        if len(self.connections) >= self.config.max_connections:
+            # as Redis: say why, then close, before anything is allocated for it
+            with anyio.move_on_after(1):
+                try:
+                    await stream.send(b"-ERR max number of clients reached\r\n")
+                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+            await anyio.aclose_forcefully(stream)
+            return
         conn = ClientConnection(self.services, self.verbs, stream, f"{self.id}:{next(self._numbers)}")
         self.connections[conn.token] = conn
         metrics.CONNECTIONS.inc()

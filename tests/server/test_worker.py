@@ -17,8 +17,6 @@ import msgpack
 import pytest
 import redis
 
-import fencemq.server.connection
-
 from tests.helpers import (
     Err,
     Push,
@@ -820,10 +818,9 @@ def test_a_pipeline_of_mixed_commands_is_answered_in_order(w, proto):
         assert err.code == "ERR"
 
 
-def test_a_client_pipelining_far_past_the_read_ahead_behind_a_long_poll_gets_every_reply_in_order(
-        w, monkeypatch):
-    monkeypatch.setattr(fencemq.server.connection, "READ_AHEAD", 1024)  # so 2,000 PINGs overflow it
-    with RespConn(w.port) as c:
+def test_a_client_pipelining_far_past_the_read_ahead_behind_a_long_poll_gets_every_reply_in_order(redis_url):
+    # a read-ahead of 1 KiB, so 2,000 PINGs overflow it
+    with worker(redis_url, max_read_ahead=1024) as w, RespConn(w.port) as c:
         h = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
         c.send_raw(pipeline(["PULL", h, "BLOCK", 300], *[["PING", f"p{i}"] for i in range(2000)]))
         first, *pongs = c.replies(2001)
