@@ -49,6 +49,10 @@ class Config:
     max_batch: int = 1000  # messages per MPUB, tags per ACK, COUNT per PULL
     max_args: int = 4096  # arguments in one command
     max_block_ms: int = 300_000
+    max_arg_bytes: int = 65_536  # any argument but a payload (names, tags, handles, PING's message...)
+    max_headers: int = 64  # HDR pairs on one PUB
+    max_header_bytes: int = 16_384  # their names and values together
+    max_id_bytes: int = 256  # a dedup id (PUB … ID)
 
     # -- hostile input (docs/security.md, "Limits in force") --------------------------
     # Framing: what one connection may make the worker hold for one request. Past

@@ -55,7 +55,7 @@ def check_name(name: str, what: str) -> str:
     if len(name) > MAX_NAME_BYTES:
         raise BadArgument(f"{what} name is longer than {MAX_NAME_BYTES} bytes; use a shorter name")
     if not _NAME_OK.match(name) or "|" in name:
-        raise BadArgument(f"{what} name {name!r} must be printable ASCII without spaces or '|'")
+        raise BadArgument(f"{what} name '{name}' must be printable ASCII without spaces or '|'")
     return name
 
 
@@ -275,5 +275,5 @@ class Handle:
             if not all(isinstance(v, str) for v in (topic, group, member, *owner)) or not isinstance(lmq, (str, type(None))):
                 raise ValueError
         except Exception:
-            raise BadArgument(f"{text[:64]!r} is not a subscription handle; use the handle SUB returned") from None
+            raise BadArgument(f"'{text[:64]}' is not a subscription handle; use the handle SUB returned") from None
         return Handle(QueueRef(topic, lmq, owner[0] if owner else None), group, member)

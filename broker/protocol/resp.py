@@ -165,7 +165,7 @@ class RequestParser:
                 self._state, self._pos, self._mb_start = _START, pos, pos
                 cmd = self._reader.gets()
                 if not isinstance(cmd, list):  # cannot happen: the framing was validated
-                    raise ProtocolError(f"unexpected request element {cmd!r}")
+                    raise ProtocolError(f"unexpected request element of type {type(cmd).__name__}")
                 return cmd
             if pos >= end:
                 break
@@ -235,11 +235,22 @@ class SimpleString(str):
         return super().__new__(cls, text)
 
 
+MAX_ERROR_CHARS = 512
+
+
 class ErrorReply(str):
-    """A ``-CODE message`` reply; CR/LF in the text become spaces."""
+    """A ``-CODE message`` reply: one line, printable, at most MAX_ERROR_CHARS (then ``…``).
+
+    Whatever an error quotes of a client's input, the reply stays small and
+    safe to print: line breaks become spaces, other control characters ``?``.
+    """
 
     def __new__(cls, text: str) -> ErrorReply:
-        return super().__new__(cls, text.replace("\r\n", " ").replace("\r", " ").replace("\n", " "))
+        cut = len(text) > MAX_ERROR_CHARS
+        text = text[:MAX_ERROR_CHARS].replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+        if not text.isprintable():
+            text = "".join(c if c.isprintable() else "?" for c in text)
+        return super().__new__(cls, text + "…" if cut else text)
 
 
 class Verbatim(str):

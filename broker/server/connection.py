@@ -23,6 +23,7 @@ from fencemq.protocol.commands import Request, parse
 from fencemq.protocol.request_reader import RequestReader
 from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
 from fencemq.server import metrics
+from fencemq.server.guard import redis_failure
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 from fencemq.server.verbs import ClientGone, Verbs
@@ -206,6 +207,7 @@ class ClientConnection:
                     raise LimitExceeded(
                         f"{len(args)} arguments exceed the limit of {self.config.max_args}; split the command"
                     )
+                self._check_arg_sizes(args)
                 requests.append(parse(args))
             except FenceMQError as exc:
                 requests.append(exc)
@@ -237,14 +239,25 @@ class ClientConnection:
                 break
         return replies
 
+    def _check_arg_sizes(self, args: list[bytes]) -> None:
+        """Every argument but a payload is small: names, tags, handles, options."""
+        limit = self.config.max_arg_bytes
+        verb = args[0][:8].upper()
+        # PUB topic payload …, MPUB topic n payload… …: the payloads have max_payload
+        payloads = (range(2, 3) if verb == b"PUB" else
+                    range(3, len(args)) if verb == b"MPUB" else range(0))
+        for i, arg in enumerate(args):
+            if len(arg) > limit and i not in payloads:
+                raise LimitExceeded(f"an argument of {len(arg)} bytes exceeds max_arg_bytes ({limit}); "
+                                    f"only payloads may be larger")
+
     async def _run_one(self, req: Request) -> Any:
         try:
             return await self.verbs.run(self.session, req)
         except FenceMQError as exc:
             return self._error(exc)
         except RedisError as exc:
-            log.warning("%s failed against Redis: %s", req.verb, exc)
-            return self._error(FenceMQError(f"the broker's Redis did not answer ({exc}); retry"))
+            return self._error(redis_failure(self.session.services, req.verb, exc))
 
     def _error(self, exc: FenceMQError) -> ErrorReply:
         metrics.ERRORS.labels(exc.code).inc()

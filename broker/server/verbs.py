@@ -32,6 +32,7 @@ from fencemq.protocol.commands import COMMANDS, TABLE, Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
 from fencemq.protocol.resp import ErrorReply, Prebuilt, SimpleString, Verbatim, encode_bulk_array
 from fencemq.server import metrics
+from fencemq.server.guard import redis_failure
 from fencemq.server.introspection import client_line, info_text
 from fencemq.server.services import Services
 from fencemq.server.session import Session, Transaction
@@ -69,6 +70,8 @@ class Verbs:
             if len(args.get("payloads", ())) > self.config.max_batch or \
                     len(args.get("tags", ())) > self.config.max_batch:
                 raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
+            if request.verb == "PUB":
+                self._check_pub_extras(args)
             metrics.COMMANDS.labels(request.verb).inc()
             if not session.authed and request.verb not in BEFORE_AUTH:
                 raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
@@ -78,6 +81,20 @@ class Verbs:
             session.refused(exc)
             raise
         return await self.handlers[request.verb](session, **args)
+
+    def _check_pub_extras(self, args: dict[str, Any]) -> None:
+        """Headers and dedup ids are stored with the message: they have limits of their own."""
+        config = self.config
+        for dedup_id in args.get("dedup_ids") or ():
+            if len(dedup_id.encode()) > config.max_id_bytes:
+                raise LimitExceeded(f"a dedup id of {len(dedup_id.encode())} bytes exceeds max_id_bytes "
+                                    f"({config.max_id_bytes})")
+        headers = args.get("headers") or {}
+        if len(headers) > config.max_headers:
+            raise LimitExceeded(f"{len(headers)} headers exceed max_headers ({config.max_headers})")
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in headers.items())
+        if size > config.max_header_bytes:
+            raise LimitExceeded(f"headers of {size} bytes exceed max_header_bytes ({config.max_header_bytes})")
 
     # -- transactions ----------------------------------------------------------------
 
@@ -112,7 +129,7 @@ class Verbs:
             try:
                 replies.append(await self.handlers[request.verb](session, **request.args))
             except RedisError as exc:
-                replies.append(ErrorReply(f"ERR the broker's Redis did not answer ({exc}); retry"))
+                replies.append(ErrorReply(redis_failure(self.services, request.verb, exc).resp()))
             except FenceMQError as exc:
                 metrics.ERRORS.labels(exc.code).inc()
                 replies.append(ErrorReply(exc.resp()))
