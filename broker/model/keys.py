@@ -266,7 +266,8 @@ class Handle:
         try:
             if not text.startswith("h"):
                 raise ValueError
-            raw = text[1:]
+            # a worker appends ".<mac>" (server/handles.py): the fields are what comes before
+            raw = text[1:].split(".", 1)[0]
             version, topic, lmq, group, member, *owner = msgpack.unpackb(
                 base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
             )

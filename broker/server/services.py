@@ -18,6 +18,7 @@ from fencemq.fences.sessions import RedisClock, Sessions
 from fencemq.model.keys import Keyspace
 from fencemq.ops.users import UserStore
 from fencemq.server.guard import AuthThrottle
+from fencemq.server.handles import HandleSigner
 from fencemq.server.roster import Roster
 from fencemq.server.wakeups import Wakeups
 
@@ -35,6 +36,7 @@ class Services:
     users: UserStore
     roster: Roster = field(default_factory=Roster)
     throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(0.1, 5.0))
+    handles: HandleSigner = field(default_factory=HandleSigner)  # its secret is loaded when the worker starts
 
     @classmethod
     def over(cls, redis: Redis | RedisCluster, config: Config, worker_id: str) -> Services:

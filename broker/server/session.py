@@ -87,8 +87,8 @@ class Session:
         return "anon-" + self.token.replace(":", "-")
 
     def own(self, text: str) -> Handle:
-        """The handle, if it belongs to this session's client."""
-        handle = Handle.decode(text)
+        """The handle, if this broker issued it and it belongs to this session's client."""
+        handle = self.services.handles.verify(text)
         if handle.member != self.client_id:
             if self.anonymous:
                 raise NoPermission(
@@ -224,6 +224,6 @@ class Session:
             return
         if self.proto == 3 and not self.closing:
             try:
-                self._outbox.send_nowait(Push(["notice", notice]))
+                self._outbox.send_nowait(Push(["notice", self.services.handles.sign_notice(notice)]))
             except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # never block the pub/sub reader; the notice stays queued for HEARTBEAT

@@ -278,7 +278,8 @@ class Verbs:
         if sync is not None:
             topic, group, lmqs = sync
             await self.services.sessions.resync(client, topic, group, lmqs)
-        return await self.services.sessions.drain_notices(client)
+        sign = self.services.handles.sign_notice
+        return [sign(n) for n in await self.services.sessions.drain_notices(client)]
 
     # -- publishing ------------------------------------------------------------------
 
@@ -341,13 +342,17 @@ class Verbs:
             extra = set(options) - allowed
             if extra:
                 raise BadArgument(f"a topic filter subscription does not take {', '.join(sorted(extra)).upper()}")
-            return (await self.services.core.shared.subscribe(client, topic, **options)).as_reply()
+            return self._signed((await self.services.core.shared.subscribe(client, topic, **options)).as_reply())
         sub = await self.services.core.subscriptions.subscribe(client, topic, **options)
         if sub.evicted:
             mine = Handle.decode(sub.handle)
             evicted = Handle(mine.queue, mine.group, sub.evicted)
             await self.services.sessions.notify(sub.evicted, unsubscribe_notice(evicted, client))
-        return sub.as_reply()
+        return self._signed(sub.as_reply())
+
+    def _signed(self, reply: dict[str, Any]) -> dict[str, Any]:
+        reply["handle"] = self.services.handles.sign(reply["handle"])
+        return reply
 
     async def _check_subscription_count(self, client: str) -> None:
         """LIMIT once the session holds max_subscriptions (lite ones are lite_quota's).
@@ -427,7 +432,7 @@ class Verbs:
         epoch, cursor, clamped = await self.services.core.seek.move(h, kind, arg)
         if clamped:
             # The reply stays the epoch (the contract); the client is told apart.
-            notice = {"type": "seek_clamped", "handle": handle, "topic": h.queue.topic, "epoch": epoch,
+            notice = {"type": "seek_clamped", "handle": h.encode(), "topic": h.queue.topic, "epoch": epoch,
                       "cursor": str(cursor), "reason": "the target is older than the oldest retained message"}
             await self.services.sessions.notify(h.member, notice)
         return epoch

@@ -89,6 +89,7 @@ class Worker:
         redis = await open_redis(self.config.redis_url)
         try:
             self.services = services = Services.over(redis, self.config, self.id)
+            await services.handles.load(redis, services.keys.handle_secret)
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)

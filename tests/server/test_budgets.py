@@ -40,7 +40,7 @@ def test_a_client_that_does_not_read_its_replies_is_closed_after_output_timeout_
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(("127.0.0.1", w.port))
-        big = pipeline(*[["ECHO", "y" * 100_000] for _ in range(100)])  # 10 MB of replies, never read
+        big = pipeline(*[["ECHO", "y" * 60_000] for _ in range(200)])  # 12 MB of replies, never read
         threading.Thread(target=lambda: _send_quietly(s, big), daemon=True).start()
         the_connection(w)
         wait_for(lambda: not w.worker.connections, timeout=10, what="the connection to be closed")

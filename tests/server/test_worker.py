@@ -448,11 +448,22 @@ def test_commands_on_a_handle_never_subscribed_are_notfound_or_settle_nothing(w)
     from fencemq.model.keys import Handle, QueueRef
 
     c = client(w.port, 2, "nobody")
-    h = Handle(QueueRef("orders"), "g", "nobody").encode()
+    h = w.worker.services.handles.sign(Handle(QueueRef("orders"), "g", "nobody").encode())
     expect_error("NOTFOUND", c.execute_command, "PULL", h)
     expect_error("NOTFOUND", c.execute_command, "SEEK", h, "EARLIEST")
     assert c.execute_command("ACK", h, "1") == 0
     assert text(c.execute_command("UNSUB", h)) == "OK"
+
+
+def test_a_handle_made_up_by_a_client_is_noperm_before_any_fence_runs(w):
+    from fencemq.model.keys import Handle, QueueRef
+
+    c = client(w.port, 2, "forger")
+    forged = Handle(QueueRef("orders"), "g", "forger").encode()
+    # (a fence would answer NOTFOUND: it never joined; NOPERM is the worker's, before any fence)
+    for verb, *args in (["PULL"], ["SEEK", "EARLIEST"], ["ACK", "1"], ["UNSUB"], ["TAKE"]):
+        with pytest.raises(redis.ResponseError, match="not issued by this broker"):
+            c.execute_command(verb, forged, *args)
 
 
 # -- HEARTBEAT and notices ------------------------------------------------------------------
