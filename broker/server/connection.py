@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 RECEIVE_SIZE = 65536
 # Commands parsed and run in one go: the replies of one batch are one write, so
 # this bounds what a pipelining client makes the worker hold for it at once.
-MAX_PIPELINE = 1024
+MAX_PIPELINE = 256
 STREAM_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
@@ -157,6 +157,9 @@ class ClientConnection:
                 await self.send(encode_many(replies, session.proto))
             self._set_frame_limits()
             self.idle = True
+            # A batch of commands that never waited (PINGs, say) must not keep the event loop
+            # from every other connection while this client's buffer lasts.
+            await anyio.lowlevel.checkpoint()
 
     async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:
         """While a verb waits, keep reading: buffer what comes (up to max_read_ahead), notice a hang-up.
