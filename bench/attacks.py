@@ -105,6 +105,11 @@ class GoodClient(threading.Thread):
             self.failure = repr(exc)[:300]
 
 
+def handle_of(sub_reply: bytes) -> bytes:
+    """The handle in a RESP2 SUB reply (a flat map: *8, $6 handle, $n <handle>, ...)."""
+    return sub_reply.split(b"\r\n")[4]
+
+
 def connect(port: int) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     return s
@@ -221,7 +226,7 @@ def flood_behind_long_poll(port: int, scale: float) -> dict[str, Any]:
     s.sendall(cmd("HELLO", "2", "SETNAME", "flooder"))
     s.recv(4096)
     s.sendall(cmd("SUB", "flood", "GROUP", "g"))
-    handle = s.recv(4096).split(b"\r\n")[2]
+    handle = handle_of(s.recv(4096))
     total = int(420 * MiB * scale)
     chunk = cmd("PING", "x" * 1000) * 1000
     s.sendall(cmd("PULL", handle, "BLOCK", "3000"))
@@ -242,7 +247,7 @@ def pipelined_pings_behind_long_poll(port: int, scale: float) -> dict[str, Any]:
     s = connect(port)
     auth(s)
     s.sendall(cmd("SUB", "pings", "GROUP", "g"))
-    handle = s.recv(4096).split(b"\r\n")[2]
+    handle = handle_of(s.recv(4096))
     n = int(3_500_000 * scale)
     ping = b"*1\r\n$4\r\nPING\r\n"
     s.sendall(cmd("PULL", handle, "BLOCK", "3000"))

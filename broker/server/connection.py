@@ -46,6 +46,20 @@ def _addresses(stream: SocketStream) -> tuple[str, str]:
         return ("", "")
 
 
+def _transport_of(stream: Any) -> Any:
+    """The event loop transport under an anyio stream (TLS or not), or None.
+
+    anyio pauses a transport's reading only after a receive had to wait: a
+    client that keeps the socket busy from the first byte is read without
+    end into anyio's own queue, whatever the connection stops asking for.
+    The connection pauses it itself after each receive (anyio resumes it when
+    a receive next has to wait), so only what is asked for is read.
+    """
+    inner = getattr(stream, "transport_stream", stream)
+    transport = getattr(inner, "_transport", None)
+    return transport if hasattr(transport, "pause_reading") and hasattr(transport, "is_reading") else None
+
+
 class ClientConnection:
     def __init__(self, services: Services, verbs: Verbs, stream: SocketStream, token: str) -> None:
         self.config = services.config
@@ -63,6 +77,14 @@ class ClientConnection:
         self._preauth = False
         self._set_frame_limits()
         self._idle_s = self.config.idle_timeout_ms / 1000 if self.config.idle_timeout_ms else float("inf")
+        self._transport = _transport_of(stream)
+
+    async def _receive(self) -> bytes:
+        data = await self.stream.receive(RECEIVE_SIZE)
+        transport = self._transport
+        if transport is not None and transport.is_reading():
+            transport.pause_reading()
+        return data
 
     def _set_frame_limits(self) -> None:
         """Tiny frames until the connection authenticates (again, after a RESET)."""
@@ -137,7 +159,7 @@ class ClientConnection:
                 try:
                     data = None
                     with anyio.move_on_after(self._idle_s):
-                        data = await self.stream.receive(RECEIVE_SIZE)
+                        data = await self._receive()
                 except STREAM_GONE:
                     return
                 if data is None:
@@ -169,7 +191,7 @@ class ClientConnection:
         """
         while self.parser.buffered < self.config.max_read_ahead:
             try:
-                data = await self.stream.receive(RECEIVE_SIZE)
+                data = await self._receive()
             except STREAM_GONE:
                 self.session.closing = True
                 scope.cancel()

@@ -10,7 +10,7 @@ import threading
 import pytest
 import trustme
 
-from tests.helpers import Err, RespConn, as_map, pipeline, wait_for, worker
+from tests.helpers import Err, RespConn, as_map, free_port, pipeline, subprocess_worker, wait_for, worker
 from tests.server.test_users_auth import add_user
 
 
@@ -33,6 +33,39 @@ def test_what_a_client_sends_behind_a_long_poll_is_buffered_up_to_max_read_ahead
         assert c.reply(timeout=10) == []
         assert c.replies(4000, timeout=20)[-1] == "x" * 1000
         sender.join(10)
+
+
+def test_a_client_flooding_from_its_first_byte_is_held_back_by_tcp_not_by_the_workers_memory(redis_url):
+    # anyio reads a socket until a receive has to wait: the worker must pause it itself. (In a
+    # process of its own, as in production: in a thread of the test the GIL makes it wait anyway.)
+    port = free_port()
+    proc = subprocess_worker(redis_url, port, max_read_ahead=64 * 1024)
+    try:
+        _flood_behind_a_long_poll(port)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _flood_behind_a_long_poll(port: int) -> None:
+    with RespConn(port, timeout=20) as c:
+        h = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
+        sent = {"bytes": 0}
+        chunk = pipeline(*[["PING", "x" * 1000] for _ in range(1000)])
+
+        def flood() -> None:
+            c.sock.sendall(pipeline(["PULL", h, "BLOCK", 1500]))
+            try:
+                while sent["bytes"] < 300 << 20:
+                    c.sock.sendall(chunk)
+                    sent["bytes"] += len(chunk)
+            except OSError:
+                pass
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert c.reply(timeout=20) == [], "the long poll ran out"
+        assert sent["bytes"] < 64 << 20, f"the worker took {sent['bytes'] >> 20} MiB behind a long poll"
+        c.close()
 
 
 def test_a_client_that_does_not_read_its_replies_is_closed_after_output_timeout_ms(redis_url):
