@@ -35,7 +35,7 @@ from fencemq.server.embedded import EmbeddedRedis
 
 MiB = 1 << 20
 PASSWORD = "bench secret"
-SETTINGS = dict(password=PASSWORD, auth_timeout_ms=2000, idle_timeout_ms=4000, output_timeout_ms=2000,
+SETTINGS = dict(password=PASSWORD, auth_timeout_ms=2000, request_timeout_ms=2000, output_timeout_ms=2000,
                 tls_handshake_timeout_ms=2000)
 
 
@@ -311,6 +311,21 @@ def slowloris(port: int, scale: float) -> dict[str, Any]:
     return {"connections": 300, "open_after_auth_timeout": still_open}
 
 
+def slowloris_after_auth(port: int, scale: float) -> dict[str, Any]:
+    """300 authenticated connections that each begin a request and never finish it."""
+    socks = []
+    for _ in range(300):
+        s = connect(port)
+        auth(s)
+        s.sendall(b"*3\r\n$3\r\nPUB\r\n$6\r\norders\r\n$1000\r\nab")
+        socks.append(s)
+    time.sleep(SETTINGS["request_timeout_ms"] / 1000 + 1)
+    still_open = sum(not closed(s, timeout=0.05) for s in socks)
+    for s in socks:
+        s.close()
+    return {"connections": 300, "open_after_request_timeout": still_open}
+
+
 def not_reading(port: int, scale: float) -> dict[str, Any]:
     """A client that asks for 100 MB of replies and never reads them."""
     s = connect(port)
@@ -351,6 +366,7 @@ ATTACKS: list[tuple[str, Callable[[int, float], dict[str, Any]], int]] = [
     ("pipelined_pings_behind_long_poll", pipelined_pings_behind_long_poll, 2 * (Config().max_read_ahead + 65_536)),
     ("auth_guessing", auth_guessing, 8 * MiB),
     ("slowloris", slowloris, 300 * 64 * 1024),
+    ("slowloris_after_auth", slowloris_after_auth, 300 * 64 * 1024),
     ("not_reading", not_reading, 2 * Config().max_read_ahead + 64 * 1024 * 1024),
 ]
 SLACK = 48 * MiB  # allocator and interpreter noise: Python does not give every freed page back at once

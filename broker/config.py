@@ -77,7 +77,11 @@ class Config:
     # A client that does not read its replies: a write still waiting for room after
     # this long closes the connection (the worker holds one batch of replies at most).
     output_timeout_ms: int = 30_000
-    idle_timeout_ms: int = 600_000  # no command for this long closes a connection (not while it long-polls; 0 = never)
+    # A request begun and not finished within this closes the connection (slowloris);
+    # a connection between requests may idle for idle_timeout_ms (0 = for ever, as
+    # Redis: SDK clients hold connections open without traffic).
+    request_timeout_ms: int = 30_000
+    idle_timeout_ms: int = 0
     tls_handshake_timeout_ms: int = 10_000
     max_subscriptions: int = 10_000  # subscriptions one session holds, lite ones (see lite_quota) apart
 

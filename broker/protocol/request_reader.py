@@ -64,6 +64,13 @@ class RequestReader:
             self._exact.max_bulk, self._exact.max_args = max_bulk, max_args
 
     @property
+    def mid_request(self) -> bool:
+        """Part of a request was received and it is not complete yet (or not parsed yet)."""
+        if self._exact is not None:
+            return self._exact.mid_request
+        return len(self._buf) > self._pos
+
+    @property
     def buffered(self) -> int:
         if self._exact is not None:
             return self._exact.buffered

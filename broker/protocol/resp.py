@@ -127,6 +127,11 @@ class RequestParser:
         """Bytes received and not yet returned (a payload being streamed sits in hiredis, not here)."""
         return len(self._buf) - self._pos
 
+    @property
+    def mid_request(self) -> bool:
+        """Part of a request was received (its payload may already be streamed on to hiredis)."""
+        return self._state != _START or self._pos < len(self._buf)
+
     def rest_at_boundary(self) -> bytes | None:
         """At a request boundary, the bytes not yet read (the parser is then done with); else None."""
         if self._failed is not None or self._state != _START:

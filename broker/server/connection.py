@@ -11,6 +11,7 @@ closes that connection only.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import anyio
@@ -78,6 +79,17 @@ class ClientConnection:
         self._set_frame_limits()
         self._idle_s = self.config.idle_timeout_ms / 1000 if self.config.idle_timeout_ms else float("inf")
         self._transport = _transport_of(stream)
+        self._request_s = self.config.request_timeout_ms / 1000 if self.config.request_timeout_ms else float("inf")
+        self._request_began: float | None = None
+
+    def _read_wait_s(self) -> float:
+        """How long to wait for more bytes: a begun request has request_timeout_ms from its first byte."""
+        if not self.parser.mid_request:
+            self._request_began = None
+            return self._idle_s
+        if self._request_began is None:
+            self._request_began = time.monotonic()
+        return max(0.0, self._request_began + self._request_s - time.monotonic())
 
     async def _receive(self) -> bytes:
         data = await self.stream.receive(RECEIVE_SIZE)
@@ -158,16 +170,19 @@ class ClientConnection:
             if not commands and fatal is None:
                 try:
                     data = None
-                    with anyio.move_on_after(self._idle_s):
+                    with anyio.move_on_after(self._read_wait_s()):
                         data = await self._receive()
                 except STREAM_GONE:
                     return
                 if data is None:
-                    log.info("closing %s: idle for %d ms", session.peer, self.config.idle_timeout_ms)
+                    log.info("closing %s: %s", session.peer, "a request unfinished for "
+                             f"{self.config.request_timeout_ms} ms" if self.parser.mid_request
+                             else f"idle for {self.config.idle_timeout_ms} ms")
                     return
                 self.parser.feed(data)
                 continue
             self.idle = False
+            self._request_began = None  # what remains is a request of its own, timed from now
             try:
                 replies = await self.execute(commands) if commands else []
             except ClientGone:
