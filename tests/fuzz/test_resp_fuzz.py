@@ -142,7 +142,9 @@ class GoodClient(threading.Thread):
 def fuzzed(redis_url):
     # the worker in a process of its own: the fuzzer's Python does not slow it down, nor it the fuzzer
     port = free_port()
-    proc = subprocess_worker(redis_url, port, max_block_ms=1)
+    # No sweeps: a lease the fuzzer shortened (RENEW … LOCK 1) must not come back, and change Redis,
+    # between the two snapshots around a refused frame.
+    proc = subprocess_worker(redis_url, port, max_block_ms=1, sweep_interval_ms=3_600_000)
     good = GoodClient(port)
     good.start()
     try:
