@@ -282,6 +282,8 @@ class ClientConnection:
     def _check_arg_sizes(self, args: list[bytes]) -> None:
         """Every argument but a payload is small: names, tags, handles, options."""
         limit = self.config.max_arg_bytes
+        if max(map(len, args)) <= limit:  # the common case, without a Python step per argument
+            return
         verb = args[0][:8].upper()
         # PUB topic payload …, MPUB topic n payload… …: the payloads have max_payload
         payloads = (range(2, 3) if verb == b"PUB" else
