@@ -62,6 +62,7 @@ bench: $(VENV)/.test
 	$(PY) -m bench.lmq_memory --lmqs $(BENCH_LMQS)
 	$(PY) -m bench.scale
 	$(PY) -m bench.mqtt_share
+	$(PY) -m bench.attacks
 	$(PY) -m bench.goals
 
 serve: $(VENV)/.base

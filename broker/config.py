@@ -60,6 +60,49 @@ class Config:
     max_batch: int = 1000  # messages per MPUB, tags per ACK, COUNT per PULL
     max_args: int = 4096  # arguments in one command
     max_block_ms: int = 300_000
+    max_arg_bytes: int = 65_536  # any argument but a payload (names, tags, handles, PING's message...)
+    max_headers: int = 64  # HDR pairs on one PUB
+    max_header_bytes: int = 16_384  # their names and values together
+    max_id_bytes: int = 256  # a dedup id (PUB … ID)
+
+    # -- hostile input (docs/security.md, "Limits in force") --------------------------
+    # Framing: what one connection may make the worker hold for one request. Past
+    # these the connection is closed (the per-command limits above only refuse).
+    max_frame_bulk: int = 8 << 20  # one bulk string (at least 2 x max_payload)
+    max_frame_args: int = 65_536  # arguments in one frame (at least 2 x max_args)
+    # Before authentication a connection may only send tiny frames, as Redis 7 allows
+    # unauthenticated clients 10-element multibulks of 16 KiB bulks at most.
+    preauth_max_args: int = 10
+    preauth_max_bulk: int = 16_384
+    auth_timeout_ms: int = 10_000  # an unauthenticated connection is closed after this (0 = never)
+    auth_max_failures: int = 3  # failed AUTHs before the connection is closed
+    # Each failed AUTH from a client address makes the next one from that address
+    # wait: auth_delay_ms, doubled per recent failure, at most auth_delay_max_ms.
+    auth_delay_ms: int = 100
+    auth_delay_max_ms: int = 5_000
+    max_connections: int = 10_000  # per worker; past it a new connection is told so and closed
+    max_connections_per_user: int = 1_000  # authenticated connections of one user on one worker (0 = no limit)
+    # Bytes a client may send ahead while one of its commands waits (a long poll): past
+    # this the connection stops reading until the command is done, and TCP holds the rest.
+    max_read_ahead: int = 4 << 20
+    # A client that does not read its replies: a write still waiting for room after
+    # this long closes the connection (the worker holds one batch of replies at most).
+    output_timeout_ms: int = 30_000
+    # A request begun and not finished within this closes the connection (slowloris);
+    # a connection between requests may idle for idle_timeout_ms (0 = for ever, as
+    # Redis: SDK clients hold connections open without traffic).
+    request_timeout_ms: int = 30_000
+    idle_timeout_ms: int = 0
+    tls_handshake_timeout_ms: int = 10_000
+    max_subscriptions: int = 10_000  # subscriptions one session holds, lite ones (see lite_quota) apart
+
+    @property
+    def frame_bulk_limit(self) -> int:
+        return max(self.max_frame_bulk, 2 * self.max_payload)
+
+    @property
+    def frame_args_limit(self) -> int:
+        return max(self.max_frame_args, 2 * self.max_args)
 
     @property
     def needs_auth(self) -> bool:

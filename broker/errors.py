@@ -69,6 +69,12 @@ class TransactionAborted(FenceMQError):
     code = "EXECABORT"
 
 
+class InternalError(FenceMQError):
+    """A fence failed inside Redis with an error no fence raises on purpose (a bug, or a key of the wrong type)."""
+
+    code = "INTERNAL"
+
+
 class UnknownCommand(FenceMQError):
     """A verb the worker does not speak: Redis's own word, ``ERR``."""
 
@@ -91,6 +97,8 @@ TABLE: tuple[ErrorCode, ...] = (
     ErrorCode("LIMIT", LimitExceeded, "a size, count or quota limit was reached; nothing was changed"),
     ErrorCode("NOTFOUND", NotFound, "no such subscription, queue or member (any more)"),
     ErrorCode("EXECABORT", TransactionAborted, "EXEC found a command refused while queued; none of them ran"),
+    ErrorCode("INTERNAL", InternalError, "a fence failed inside Redis unexpectedly; the reply names it, the worker "
+              "logged it"),
 )
 
 BY_CODE: dict[str, type[FenceMQError]] = {e.code: e.exception for e in TABLE}

@@ -32,6 +32,7 @@ from redis.retry import Retry
 
 from fencemq.fences import session_index
 from fencemq.config import Config
+from fencemq.server.handles import HandleSigner
 from fencemq.model.keys import Keyspace
 from fencemq.server.runner import WorkerThread
 
@@ -344,7 +345,14 @@ def held_handles(r: redis.Redis, client: str, keys: Keyspace | None = None) -> s
         for cmd in session_index.read_commands(keys or Keyspace("fmq"), client):
             pipe.execute_command(*cmd)
         found = session_index.entries(client, pipe.execute())
-    return {h if isinstance(h, str) else h.encode() for h in found}
+    sign = signer(r, keys).sign
+    return {h if isinstance(h, str) else sign(h.encode()) for h in found}
+
+
+def signer(r: redis.Redis, keys: Keyspace | None = None) -> HandleSigner:
+    """The broker's handle signer (its secret read from Redis), to sign a handle as a worker does."""
+    secret = r.get((keys or Keyspace("fmq")).handle_secret)
+    return HandleSigner(bytes.fromhex(secret.decode() if isinstance(secret, bytes) else secret or ""))
 
 
 def pipeline(*commands: Iterable[Any]) -> bytes:

@@ -55,7 +55,7 @@ def check_name(name: str, what: str) -> str:
     if len(name) > MAX_NAME_BYTES:
         raise BadArgument(f"{what} name is longer than {MAX_NAME_BYTES} bytes; use a shorter name")
     if not _NAME_OK.match(name) or "|" in name:
-        raise BadArgument(f"{what} name {name!r} must be printable ASCII without spaces or '|'")
+        raise BadArgument(f"{what} name '{name}' must be printable ASCII without spaces or '|'")
     return name
 
 
@@ -195,6 +195,16 @@ class Keyspace:
         return f"{self.prefix}:users"
 
     @property
+    def client_owners(self) -> str:
+        """Hash: client id -> the user that first named a session with it (server/session.py)."""
+        return f"{self.prefix}:client-owners"
+
+    @property
+    def handle_secret(self) -> str:
+        """String: the key every worker signs the handles it hands out with (server/handles.py)."""
+        return f"{self.prefix}:handle-secret"
+
+    @property
     def filters(self) -> str:
         """Hash: filter subscription queue id -> msgpack [filter, share group or None, client or None]."""
         return f"{self.prefix}:filters"
@@ -256,7 +266,8 @@ class Handle:
         try:
             if not text.startswith("h"):
                 raise ValueError
-            raw = text[1:]
+            # a worker appends ".<mac>" (server/handles.py): the fields are what comes before
+            raw = text[1:].split(".", 1)[0]
             version, topic, lmq, group, member, *owner = msgpack.unpackb(
                 base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
             )
@@ -265,5 +276,5 @@ class Handle:
             if not all(isinstance(v, str) for v in (topic, group, member, *owner)) or not isinstance(lmq, (str, type(None))):
                 raise ValueError
         except Exception:
-            raise BadArgument(f"{text[:64]!r} is not a subscription handle; use the handle SUB returned") from None
+            raise BadArgument(f"'{text[:64]}' is not a subscription handle; use the handle SUB returned") from None
         return Handle(QueueRef(topic, lmq, owner[0] if owner else None), group, member)

@@ -34,7 +34,7 @@ def check_topic_name(name: str) -> str:
     """A name messages are published to: no wildcards."""
     _check_text(name, "topic name")
     if has_wildcard(name):
-        raise BadArgument(f"topic name {name!r} contains '+' or '#'; wildcards belong in filters, not in names")
+        raise BadArgument(f"topic name '{name}' contains '+' or '#'; wildcards belong in filters, not in names")
     return name
 
 
@@ -43,9 +43,9 @@ def check_filter(text: str) -> str:
     levels = text.split("/")
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != len(levels) - 1):
-            raise BadArgument(f"topic filter {text!r}: '#' must be a whole level and the last one")
+            raise BadArgument(f"topic filter '{text}': '#' must be a whole level and the last one")
         if "+" in level and level != "+":
-            raise BadArgument(f"topic filter {text!r}: '+' must be a whole level")
+            raise BadArgument(f"topic filter '{text}': '+' must be a whole level")
     return text
 
 
@@ -66,7 +66,7 @@ def parse_target(target: str) -> FilterTarget:
         if not sep or not filt:
             raise BadArgument("shared subscription must be $share/<ShareName>/<filter>; the filter is missing")
         if has_wildcard(share) or "/" in share:
-            raise BadArgument(f"ShareName {share!r} may not contain '/', '+' or '#'")
+            raise BadArgument(f"ShareName '{share}' may not contain '/', '+' or '#'")
         return FilterTarget(check_filter(filt), share)
     return FilterTarget(check_filter(target))
 

@@ -51,7 +51,7 @@ def check_password(password: str) -> str:
 
 def check_action(action: str) -> str:
     if action not in (*ACTIONS, ALL):
-        raise BadArgument(f"unknown action {action[:32]!r}; one of {', '.join((*ACTIONS, ALL))}")
+        raise BadArgument(f"unknown action '{action[:32]}'; one of {', '.join((*ACTIONS, ALL))}")
     return action
 
 
@@ -99,8 +99,8 @@ class User:
 
     def missing(self, action: str, topic: str = "#") -> str:
         """The words of a NOPERM: what this user lacks."""
-        where = "" if topic == "#" else f" on {topic[:128]!r}"
-        return f"user {self.name!r} has no permission to {action}{where}"
+        where = "" if topic == "#" else f" on '{topic[:128]}'"
+        return f"user '{self.name}' has no permission to {action}{where}"
 
 
 SUPERUSER_GRANTS = ((ALL, "#"),)
@@ -133,14 +133,14 @@ class UserStore:
                   "grants": [list(g) for g in checked]}
         # HSETNX: two admins adding the same name at once cannot overwrite each other
         if not await self.redis.hsetnx(self.key, name, json.dumps(record, separators=(",", ":"))):
-            raise BadArgument(f"user {name!r} exists; use passwd or grant")
+            raise BadArgument(f"user '{name}' exists; use passwd or grant")
         return User(name, tuple(checked))
 
     async def passwd(self, name: str, password: str) -> None:
         check_password(password)
         record = await self._record(check_user_name(name))
         if record is None:
-            raise BadArgument(f"no user {name!r}")
+            raise BadArgument(f"no user '{name}'")
         salt = os.urandom(16)
         record.update({"salt": salt.hex(), "hash": (await _derive(password, salt, **SCRYPT)).hex(), **SCRYPT})
         await self._write(name, record)
@@ -151,7 +151,7 @@ class UserStore:
     async def grant(self, name: str, action: str, filt: str) -> User:
         record = await self._record(check_user_name(name))
         if record is None:
-            raise BadArgument(f"no user {name!r}")
+            raise BadArgument(f"no user '{name}'")
         pair = [check_action(action), check_filter(filt)]
         if pair not in record["grants"]:
             record["grants"].append(pair)
@@ -161,7 +161,7 @@ class UserStore:
     async def revoke(self, name: str, action: str, filt: str) -> User:
         record = await self._record(check_user_name(name))
         if record is None:
-            raise BadArgument(f"no user {name!r}")
+            raise BadArgument(f"no user '{name}'")
         pair = [check_action(action), filt]
         record["grants"] = [g for g in record["grants"] if g != pair]
         await self._write(name, record)

@@ -57,6 +57,19 @@ class RequestReader:
         self._exact: RequestParser | None = None
         self._failed: RequestError | None = None
 
+    def set_limits(self, *, max_bulk: int, max_args: int) -> None:
+        """New limits from the next header on (tighter before authentication, wider after)."""
+        self.max_bulk, self.max_args = max_bulk, max_args
+        if self._exact is not None:
+            self._exact.max_bulk, self._exact.max_args = max_bulk, max_args
+
+    @property
+    def mid_request(self) -> bool:
+        """Part of a request was received and it is not complete yet (or not parsed yet)."""
+        if self._exact is not None:
+            return self._exact.mid_request
+        return len(self._buf) > self._pos
+
     @property
     def buffered(self) -> int:
         if self._exact is not None:

@@ -127,6 +127,11 @@ class RequestParser:
         """Bytes received and not yet returned (a payload being streamed sits in hiredis, not here)."""
         return len(self._buf) - self._pos
 
+    @property
+    def mid_request(self) -> bool:
+        """Part of a request was received (its payload may already be streamed on to hiredis)."""
+        return self._state != _START or self._pos < len(self._buf)
+
     def rest_at_boundary(self) -> bytes | None:
         """At a request boundary, the bytes not yet read (the parser is then done with); else None."""
         if self._failed is not None or self._state != _START:
@@ -165,7 +170,7 @@ class RequestParser:
                 self._state, self._pos, self._mb_start = _START, pos, pos
                 cmd = self._reader.gets()
                 if not isinstance(cmd, list):  # cannot happen: the framing was validated
-                    raise ProtocolError(f"unexpected request element {cmd!r}")
+                    raise ProtocolError(f"unexpected request element of type {type(cmd).__name__}")
                 return cmd
             if pos >= end:
                 break
@@ -235,11 +240,22 @@ class SimpleString(str):
         return super().__new__(cls, text)
 
 
+MAX_ERROR_CHARS = 512
+
+
 class ErrorReply(str):
-    """A ``-CODE message`` reply; CR/LF in the text become spaces."""
+    """A ``-CODE message`` reply: one line, printable, at most MAX_ERROR_CHARS (then ``…``).
+
+    Whatever an error quotes of a client's input, the reply stays small and
+    safe to print: line breaks become spaces, other control characters ``?``.
+    """
 
     def __new__(cls, text: str) -> ErrorReply:
-        return super().__new__(cls, text.replace("\r\n", " ").replace("\r", " ").replace("\n", " "))
+        cut = len(text) > MAX_ERROR_CHARS
+        text = text[:MAX_ERROR_CHARS].replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+        if not text.isprintable():
+            text = "".join(c if c.isprintable() else "?" for c in text)
+        return super().__new__(cls, text + "…" if cut else text)
 
 
 class Verbatim(str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 import anyio
@@ -22,8 +23,9 @@ from redis.exceptions import RedisError
 from fencemq.errors import FenceMQError, LimitExceeded
 from fencemq.protocol.commands import Request, parse
 from fencemq.protocol.request_reader import RequestReader
-from fencemq.protocol.resp import ErrorReply, Push, RequestError, encode_many
+from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
 from fencemq.server import metrics
+from fencemq.server.guard import redis_failure
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 from fencemq.server.verbs import ClientGone, Verbs
@@ -31,10 +33,9 @@ from fencemq.server.verbs import ClientGone, Verbs
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 65536
-# What a client may send ahead while one of its commands waits (a long poll): past
-# this the connection stops reading until the command is done, so a client that
-# floods behind a BLOCK is held back by TCP instead of by the worker's memory.
-READ_AHEAD = 4 << 20
+# Commands parsed and run in one go: the replies of one batch are one write, so
+# this bounds what a pipelining client makes the worker hold for it at once.
+MAX_PIPELINE = 256
 STREAM_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
@@ -45,6 +46,20 @@ def _addresses(stream: SocketStream) -> tuple[str, str]:
                      for a in (SocketAttribute.remote_address, SocketAttribute.local_address))
     except (anyio.TypedAttributeLookupError, TypeError):  # a Unix socket, a wrapper without the attribute
         return ("", "")
+
+
+def _transport_of(stream: Any) -> Any:
+    """The event loop transport under an anyio stream (TLS or not), or None.
+
+    anyio pauses a transport's reading only after a receive had to wait: a
+    client that keeps the socket busy from the first byte is read without
+    end into anyio's own queue, whatever the connection stops asking for.
+    The connection pauses it itself after each receive (anyio resumes it when
+    a receive next has to wait), so only what is asked for is read.
+    """
+    inner = getattr(stream, "transport_stream", stream)
+    transport = getattr(inner, "_transport", None)
+    return transport if hasattr(transport, "pause_reading") and hasattr(transport, "is_reading") else None
 
 
 class ClientConnection:
@@ -60,7 +75,40 @@ class ClientConnection:
         # The parser's limits only guard memory (the connection is closed past
         # them); payload and batch limits are checked per command, so a client
         # that sends one oversize payload gets LIMIT and keeps its connection.
-        self.parser = RequestReader(max_bulk=max(64 << 20, 2 * self.config.max_payload), max_args=1_000_000)
+        self.parser = RequestReader(max_bulk=self.config.frame_bulk_limit, max_args=self.config.frame_args_limit)
+        self._preauth = False
+        self._set_frame_limits()
+        self._idle_s = self.config.idle_timeout_ms / 1000 if self.config.idle_timeout_ms else float("inf")
+        self._transport = _transport_of(stream)
+        self._request_s = self.config.request_timeout_ms / 1000 if self.config.request_timeout_ms else float("inf")
+        self._request_began: float | None = None
+
+    def _read_wait_s(self) -> float:
+        """How long to wait for more bytes: a begun request has request_timeout_ms from its first byte."""
+        if not self.parser.mid_request:
+            self._request_began = None
+            return self._idle_s
+        if self._request_began is None:
+            self._request_began = time.monotonic()
+        return max(0.0, self._request_began + self._request_s - time.monotonic())
+
+    async def _receive(self) -> bytes:
+        data = await self.stream.receive(RECEIVE_SIZE)
+        transport = self._transport
+        if transport is not None and transport.is_reading():
+            transport.pause_reading()
+        return data
+
+    def _set_frame_limits(self) -> None:
+        """Tiny frames until the connection authenticates (again, after a RESET)."""
+        preauth = not self.session.authed
+        if preauth != self._preauth:
+            self._preauth = preauth
+            config = self.config
+            if preauth:
+                self.parser.set_limits(max_bulk=config.preauth_max_bulk, max_args=config.preauth_max_args)
+            else:
+                self.parser.set_limits(max_bulk=config.frame_bulk_limit, max_args=config.frame_args_limit)
 
     @property
     def token(self) -> str:
@@ -82,8 +130,17 @@ class ClientConnection:
         with self.scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._send_pushes, self.session.outbox)
+                if not self.session.authed and self.config.auth_timeout_ms:
+                    tg.start_soon(self._close_unless_authenticated)
                 await self._serve_requests()
                 tg.cancel_scope.cancel()
+
+    async def _close_unless_authenticated(self) -> None:
+        """A connection that never authenticates holds nothing for long (slowloris)."""
+        await anyio.sleep(self.config.auth_timeout_ms / 1000)
+        if not self.session.authed:
+            log.info("closing %s: not authenticated within %d ms", self.session.peer, self.config.auth_timeout_ms)
+            self.cut()
 
     async def _send_pushes(self, pushes: MemoryObjectReceiveStream[Push]) -> None:
         async with pushes:
@@ -91,11 +148,18 @@ class ClientConnection:
                 await self.send(encode_many([push], 3))
 
     def _parsed(self) -> tuple[list[list[bytes]], RequestError | None]:
+        # Before authentication one command at a time: what follows an AUTH is
+        # read with the limits that AUTH's outcome sets.
+        most = 1 if self._preauth else MAX_PIPELINE
         commands: list[list[bytes]] = []
         try:
-            while (cmd := self.parser.gets()) is not None:
+            while len(commands) < most and (cmd := self.parser.gets()) is not None:
                 commands.append(cmd)
         except RequestError as exc:
+            if self._preauth and isinstance(exc, RequestTooLarge):
+                exc = RequestError(f"NOAUTH before authentication a frame holds at most "
+                                   f"{self.config.preauth_max_args} arguments of at most "
+                                   f"{self.config.preauth_max_bulk} bytes; authenticate first")
             return commands, exc
         return commands, None
 
@@ -106,11 +170,20 @@ class ClientConnection:
             commands, fatal = self._parsed()
             if not commands and fatal is None:
                 try:
-                    self.parser.feed(await self.stream.receive(RECEIVE_SIZE))
+                    data = None
+                    with anyio.move_on_after(self._read_wait_s()):
+                        data = await self._receive()
                 except STREAM_GONE:
                     return
+                if data is None:
+                    log.info("closing %s: %s", session.peer, "a request unfinished for "
+                             f"{self.config.request_timeout_ms} ms" if self.parser.mid_request
+                             else f"idle for {self.config.idle_timeout_ms} ms")
+                    return
+                self.parser.feed(data)
                 continue
             self.idle = False
+            self._request_began = None  # what remains is a request of its own, timed from now
             try:
                 replies = await self.execute(commands) if commands else []
             except ClientGone:
@@ -120,13 +193,21 @@ class ClientConnection:
                 session.closing = True
             if replies:
                 await self.send(encode_many(replies, session.proto))
+            self._set_frame_limits()
             self.idle = True
+            # A batch of commands that never waited (PINGs, say) must not keep the event loop
+            # from every other connection while this client's buffer lasts.
+            await anyio.lowlevel.checkpoint()
 
     async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:
-        """While a verb waits, keep reading: buffer what comes (up to READ_AHEAD), notice a hang-up."""
-        while self.parser.buffered < READ_AHEAD:
+        """While a verb waits, keep reading: buffer what comes (up to max_read_ahead), notice a hang-up.
+
+        Past the budget it stops reading: the socket's own back-pressure holds
+        the client back, and a hang-up is noticed once the verb is done.
+        """
+        while self.parser.buffered < self.config.max_read_ahead:
             try:
-                data = await self.stream.receive(RECEIVE_SIZE)
+                data = await self._receive()
             except STREAM_GONE:
                 self.session.closing = True
                 scope.cancel()
@@ -136,9 +217,18 @@ class ClientConnection:
     async def send(self, data: bytes) -> None:
         async with self.send_lock:
             try:
-                await self.stream.send(data)
+                with anyio.move_on_after(self.config.output_timeout_ms / 1000) as waited:
+                    await self.stream.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self.session.closing = True
+                return
+            if waited.cancelled_caught:
+                # The client has not read its earlier replies for output_timeout_ms: as
+                # Redis' client-output-buffer-limit, close it rather than hold more for it.
+                log.info("closing %s: it has not read its replies for %d ms", self.session.peer,
+                         self.config.output_timeout_ms)
+                self.session.closing = True
+                self.cut()
 
     async def close(self) -> None:
         try:
@@ -163,6 +253,7 @@ class ClientConnection:
                     raise LimitExceeded(
                         f"{len(args)} arguments exceed the limit of {self.config.max_args}; split the command"
                     )
+                self._check_arg_sizes(args)
                 requests.append(parse(args))
             except FenceMQError as exc:
                 requests.append(exc)
@@ -194,14 +285,27 @@ class ClientConnection:
                 break
         return replies
 
+    def _check_arg_sizes(self, args: list[bytes]) -> None:
+        """Every argument but a payload is small: names, tags, handles, options."""
+        limit = self.config.max_arg_bytes
+        if max(map(len, args)) <= limit:  # the common case, without a Python step per argument
+            return
+        verb = args[0][:8].upper()
+        # PUB topic payload …, MPUB topic n payload… …: the payloads have max_payload
+        payloads = (range(2, 3) if verb == b"PUB" else
+                    range(3, len(args)) if verb == b"MPUB" else range(0))
+        for i, arg in enumerate(args):
+            if len(arg) > limit and i not in payloads:
+                raise LimitExceeded(f"an argument of {len(arg)} bytes exceeds max_arg_bytes ({limit}); "
+                                    f"only payloads may be larger")
+
     async def _run_one(self, req: Request) -> Any:
         try:
             return await self.verbs.run(self.session, req)
         except FenceMQError as exc:
             return self._error(exc)
         except RedisError as exc:
-            log.warning("%s failed against Redis: %s", req.verb, exc)
-            return self._error(FenceMQError(f"the broker's Redis did not answer ({exc}); retry"))
+            return self._error(redis_failure(self.session.services, req.verb, exc))
 
     def _error(self, exc: FenceMQError) -> ErrorReply:
         metrics.ERRORS.labels(exc.code).inc()

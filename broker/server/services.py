@@ -17,6 +17,8 @@ from fencemq.fences.core import Core
 from fencemq.fences.sessions import RedisClock, Sessions
 from fencemq.model.keys import Keyspace
 from fencemq.ops.users import UserStore
+from fencemq.server.guard import AuthThrottle
+from fencemq.server.handles import HandleSigner
 from fencemq.server.roster import Roster
 from fencemq.server.wakeups import Wakeups
 
@@ -33,6 +35,8 @@ class Services:
     wakeups: Wakeups
     users: UserStore
     roster: Roster = field(default_factory=Roster)
+    throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(0.1, 5.0))
+    handles: HandleSigner = field(default_factory=HandleSigner)  # its secret is loaded when the worker starts
 
     @classmethod
     def over(cls, redis: Redis | RedisCluster, config: Config, worker_id: str) -> Services:
@@ -48,4 +52,5 @@ class Services:
             sessions=core.sessions,
             wakeups=Wakeups(redis, f"{config.prefix}:worker:{worker_id}"),
             users=UserStore(redis, core.keys.users),
+            throttle=AuthThrottle(config.auth_delay_ms / 1000, config.auth_delay_max_ms / 1000),
         )

@@ -64,6 +64,7 @@ class Session:
         self.bound = False  # this connection holds its session
         self.authed = not services.config.needs_auth
         self.user: User | None = None  # who AUTH proved; None while no authentication is asked for
+        self.auth_failures = 0  # failed AUTHs on this connection (closed at config.auth_max_failures)
         self.quit = False  # QUIT ends a named session too, not only the connection
         self.closing = False  # the connection ends once the commands in hand are answered
         self.farewell: Push | None = None  # a last notice to send before the connection closes
@@ -78,12 +79,17 @@ class Session:
         return int(self.token.rsplit(":", 1)[1])
 
     @property
+    def peer_host(self) -> str:
+        """The client's address without its port: what AUTH throttling counts failures by."""
+        return self.peer.rsplit(":", 1)[0]
+
+    @property
     def anonymous_id(self) -> str:
         return "anon-" + self.token.replace(":", "-")
 
     def own(self, text: str) -> Handle:
-        """The handle, if it belongs to this session's client."""
-        handle = Handle.decode(text)
+        """The handle, if this broker issued it and it belongs to this session's client."""
+        handle = self.services.handles.verify(text)
         if handle.member != self.client_id:
             if self.anonymous:
                 raise NoPermission(
@@ -134,6 +140,8 @@ class Session:
         if self.bound and self.client_id != client_id:
             raise BadArgument("this connection already has a client id; open a new connection for another")
         services = self.services
+        if not anonymous:
+            await self._claim(client_id)
         following = self.client_id == client_id and self.bound
         self.client_id, self.anonymous = client_id, anonymous
         if not following:
@@ -148,6 +156,27 @@ class Session:
         self.bound = True
         if not anonymous:
             await services.sessions.set_presence(client_id, online=True)
+
+    async def _claim(self, client_id: str) -> None:
+        """A client id belongs to the user that first named a session with it: NOPERM for any other.
+
+        Without authentication (no password, no users) there is nobody to tell
+        apart; with the legacy password alone every connection is ``default``.
+        An anonymous id embeds this connection's token, so nobody else can name it.
+        """
+        if self.user is None:
+            return
+        if client_id.startswith("anon-") and client_id != self.anonymous_id:
+            raise NoPermission("client ids starting with 'anon-' name other connections' anonymous sessions; "
+                               "choose another id")
+        redis, key = self.services.redis, self.services.keys.client_owners
+        if await redis.hsetnx(key, client_id, self.user.name):
+            return
+        owner = await redis.hget(key, client_id)
+        owner = owner.decode("utf-8", "replace") if isinstance(owner, bytes) else owner
+        if owner != self.user.name:
+            raise NoPermission(f"client id '{client_id}' belongs to another user; "
+                               f"user '{self.user.name}' may not name or take over its session")
 
     async def release(self) -> None:
         """The connection is over: stop hearing the session; end it, or leave it to its lease.
@@ -197,6 +226,6 @@ class Session:
             return
         if self.proto == 3 and not self.closing:
             try:
-                self._outbox.send_nowait(Push(["notice", notice]))
+                self._outbox.send_nowait(Push(["notice", self.services.handles.sign_notice(notice)]))
             except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # never block the pub/sub reader; the notice stays queued for HEARTBEAT

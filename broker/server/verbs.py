@@ -11,6 +11,7 @@ for a hang-up meanwhile.
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from fencemq.protocol.commands import COMMANDS, TABLE, Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
 from fencemq.protocol.resp import ErrorReply, Prebuilt, SimpleString, Verbatim, encode_bulk_array
 from fencemq.server import metrics
+from fencemq.server.guard import redis_failure
 from fencemq.server.introspection import client_line, info_text
 from fencemq.server.services import Services
 from fencemq.server.session import Session, Transaction
@@ -68,6 +70,8 @@ class Verbs:
             if len(args.get("payloads", ())) > self.config.max_batch or \
                     len(args.get("tags", ())) > self.config.max_batch:
                 raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
+            if request.verb == "PUB":
+                self._check_pub_extras(args)
             metrics.COMMANDS.labels(request.verb).inc()
             if not session.authed and request.verb not in BEFORE_AUTH:
                 raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
@@ -77,6 +81,20 @@ class Verbs:
             session.refused(exc)
             raise
         return await self.handlers[request.verb](session, **args)
+
+    def _check_pub_extras(self, args: dict[str, Any]) -> None:
+        """Headers and dedup ids are stored with the message: they have limits of their own."""
+        config = self.config
+        for dedup_id in args.get("dedup_ids") or ():
+            if len(dedup_id.encode()) > config.max_id_bytes:
+                raise LimitExceeded(f"a dedup id of {len(dedup_id.encode())} bytes exceeds max_id_bytes "
+                                    f"({config.max_id_bytes})")
+        headers = args.get("headers") or {}
+        if len(headers) > config.max_headers:
+            raise LimitExceeded(f"{len(headers)} headers exceed max_headers ({config.max_headers})")
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in headers.items())
+        if size > config.max_header_bytes:
+            raise LimitExceeded(f"headers of {size} bytes exceed max_header_bytes ({config.max_header_bytes})")
 
     # -- transactions ----------------------------------------------------------------
 
@@ -111,7 +129,7 @@ class Verbs:
             try:
                 replies.append(await self.handlers[request.verb](session, **request.args))
             except RedisError as exc:
-                replies.append(ErrorReply(f"ERR the broker's Redis did not answer ({exc}); retry"))
+                replies.append(ErrorReply(redis_failure(self.services, request.verb, exc).resp()))
             except FenceMQError as exc:
                 metrics.ERRORS.labels(exc.code).inc()
                 replies.append(ErrorReply(exc.resp()))
@@ -142,11 +160,32 @@ class Verbs:
         if not self.config.needs_auth:
             raise FenceMQError("AUTH called without any password configured for this worker")
         name, password = (b"default", argv[0]) if len(argv) == 1 else (argv[0], argv[1])
+        throttle, address = self.services.throttle, session.peer_host
+        await anyio.sleep(throttle.wait(address, time.monotonic()))
         user = await self._authenticate(name.decode("utf-8", "replace"), password)
         if user is None:
+            throttle.failed(address, time.monotonic())
+            session.auth_failures += 1
+            if session.auth_failures >= self.config.auth_max_failures:
+                session.closing = True  # the reply goes out, then the connection closes
+                raise WrongPassword(f"invalid username-password pair or user is disabled; "
+                                    f"{session.auth_failures} failures, closing the connection")
             raise WrongPassword("invalid username-password pair or user is disabled.")
+        if user.name != DEFAULT_USER or self.config.users:
+            self._check_user_connections(session, user)
+        throttle.succeeded(address)
         session.authed, session.user = True, user
         return OK
+
+    def _check_user_connections(self, session: Session, user: User) -> None:
+        limit = self.config.max_connections_per_user
+        if not limit:
+            return
+        held = sum(1 for s in self.services.roster.sessions.values()
+                   if s is not session and s.user is not None and s.user.name == user.name)
+        if held >= limit:
+            raise LimitExceeded(f"user '{user.name}' already holds {held} connections on this worker "
+                                f"(max_connections_per_user {limit}); close one first")
 
     async def _authenticate(self, name: str, password: bytes) -> User | None:
         expected = self.config.password
@@ -240,7 +279,8 @@ class Verbs:
         if sync is not None:
             topic, group, lmqs = sync
             await self.services.sessions.resync(client, topic, group, lmqs)
-        return await self.services.sessions.drain_notices(client)
+        sign = self.services.handles.sign_notice
+        return [sign(n) for n in await self.services.sessions.drain_notices(client)]
 
     # -- publishing ------------------------------------------------------------------
 
@@ -294,6 +334,8 @@ class Verbs:
             if not session.user.may_subscribe(filt):
                 raise NoPermission(session.user.missing("subscribe", filt))
         client = await session.ensure()
+        if options.get("lmq") is None:
+            await self._check_subscription_count(client)
         if is_filter_target(topic):
             if options.get("lmq") is not None or options.get("group") is not None or options.get("mode"):
                 raise BadArgument("a topic filter takes no LMQ, GROUP or MODE; share it as $share/<group>/<filter>")
@@ -301,7 +343,7 @@ class Verbs:
             extra = set(options) - allowed
             if extra:
                 raise BadArgument(f"a topic filter subscription does not take {', '.join(sorted(extra)).upper()}")
-            return (await self.services.core.shared.subscribe(client, topic, **options)).as_reply()
+            return self._signed((await self.services.core.shared.subscribe(client, topic, **options)).as_reply())
         sub = await self.services.core.subscriptions.subscribe(client, topic, **options)
         if sub.evicted:
             metrics.PREEMPTIONS.inc()
@@ -309,7 +351,22 @@ class Verbs:
             mine = Handle.decode(sub.handle)
             evicted = Handle(mine.queue, mine.group, sub.evicted)
             await self.services.sessions.notify(sub.evicted, unsubscribe_notice(evicted, client))
-        return sub.as_reply()
+        return self._signed(sub.as_reply())
+
+    def _signed(self, reply: dict[str, Any]) -> dict[str, Any]:
+        reply["handle"] = self.services.handles.sign(reply["handle"])
+        return reply
+
+    async def _check_subscription_count(self, client: str) -> None:
+        """LIMIT once the session holds max_subscriptions (lite ones are lite_quota's).
+
+        Checked before the fence, not inside it: connections of one session
+        subscribing at the same instant may pass it by a few.
+        """
+        held = await self.services.redis.scard(self.services.keys.session_handles(client))
+        if held >= self.config.max_subscriptions:
+            raise LimitExceeded(f"this session holds {held} subscriptions (max_subscriptions "
+                                f"{self.config.max_subscriptions}); UNSUB some first")
 
     async def pull(self, session: Session, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
         h = session.own(handle)
@@ -382,7 +439,7 @@ class Verbs:
         epoch, cursor, clamped = await self.services.core.seek.move(h, kind, arg)
         if clamped:
             # The reply stays the epoch (the contract); the client is told apart.
-            notice = {"type": "seek_clamped", "handle": handle, "topic": h.queue.topic, "epoch": epoch,
+            notice = {"type": "seek_clamped", "handle": h.encode(), "topic": h.queue.topic, "epoch": epoch,
                       "cursor": str(cursor), "reason": "the target is older than the oldest retained message"}
             await self.services.sessions.notify(h.member, notice)
         return epoch

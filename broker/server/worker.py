@@ -54,6 +54,25 @@ def client_tls(config: Config) -> ssl.SSLContext | None:
     return context
 
 
+class QuietTLSListener(TLSListener):
+    """A failed or stalled handshake is one log line (who, why), never a traceback."""
+
+    @staticmethod
+    async def handle_handshake_error(exc: BaseException, stream: Any) -> None:
+        peer = ""
+        try:
+            peer = ":".join(map(str, stream.extra(SocketAttribute.remote_address)[:2]))
+        except Exception:  # noqa: BLE001 - only for the log line: a socket already gone has no address
+            pass
+        with anyio.CancelScope(shield=True):
+            await anyio.aclose_forcefully(stream)
+        if isinstance(exc, anyio.get_cancelled_exc_class()) or not isinstance(exc, Exception):
+            raise exc
+        why = "no handshake within the timeout" if isinstance(exc, TimeoutError) else \
+            (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        log.info("TLS handshake with %s failed: %s", peer or "a client", why)
+
+
 class Worker:
     def __init__(self, config: Config) -> None:
         if not config.redis_url:
@@ -72,6 +91,7 @@ class Worker:
         redis = await open_redis(self.config.redis_url)
         try:
             self.services = services = Services.over(redis, self.config, self.id)
+            await services.handles.load(redis, services.keys.handle_secret)
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
@@ -79,7 +99,8 @@ class Worker:
             if self.tls is not None:
                 # the handshake runs in the connection's own task: a client that
                 # fails it is logged and dropped, nobody else waits on it
-                listener = TLSListener(listener, self.tls, standard_compatible=False)
+                listener = QuietTLSListener(listener, self.tls, standard_compatible=False,
+                                            handshake_timeout=self.config.tls_handshake_timeout_ms / 1000)
             # Schedule writes run beside replies; their group outlives the background tasks
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:
@@ -141,6 +162,15 @@ class Worker:
         self._draining.set()
 
     async def _serve_connection(self, stream: SocketStream) -> None:
+        if len(self.connections) >= self.config.max_connections:
+            # as Redis: say why, then close, before anything is allocated for it
+            with anyio.move_on_after(1):
+                try:
+                    await stream.send(b"-ERR max number of clients reached\r\n")
+                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+            await anyio.aclose_forcefully(stream)
+            return
         conn = ClientConnection(self.services, self.verbs, stream, f"{self.id}:{next(self._numbers)}")
         self.connections[conn.token] = conn
         metrics.CONNECTIONS.inc()

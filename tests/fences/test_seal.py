@@ -16,7 +16,7 @@ from fencemq.errors import BadArgument
 from fencemq.fences.leases import RENEW
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from tests.helpers import direct, direct_async
-from tests.helpers import as_map, client, deliveries, error_code, text, worker
+from tests.helpers import as_map, client, deliveries, error_code, signer, text, worker
 
 KEYS = Keyspace("fmq")
 
@@ -138,7 +138,9 @@ def test_hole_2_a_handle_built_for_a_group_never_joined_cannot_seek_it(w) -> Non
     hv = sub(victim, "orders", "GROUP", "billing")
     for group, queue in (("billing", QueueRef("orders")), ("~victim", QueueRef("orders"))):
         forged = Handle(queue, group, "mallory").encode()
-        refused("NOTFOUND", mallory, "SEEK", forged, "LATEST")
+        refused("NOPERM", mallory, "SEEK", forged, "LATEST")  # a worker issued no such handle
+        # and were it signed (a leaked secret), the fence still refuses it: mallory never joined
+        refused("NOTFOUND", mallory, "SEEK", signer(direct(w.config.redis_url)).sign(forged), "LATEST")
     assert [d["payload"] for d in pull(victim, hv, "COUNT", 10)] == ["a", "b", "c"]
 
 

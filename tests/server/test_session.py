@@ -19,6 +19,7 @@ from fencemq.errors import NoPermission
 from fencemq.model.keys import Handle, QueueRef
 from fencemq.protocol.commands import TABLE
 from fencemq.protocol.resp import Push
+from fencemq.server.handles import HandleSigner
 from fencemq.server.roster import Roster
 from fencemq.server.session import Session
 from fencemq.server.verbs import Verbs
@@ -45,9 +46,12 @@ class StandIns:
         self.ended += 1
 
 
+SIGNER = HandleSigner(b"a test secret")
+
+
 def session_with(config: Config | None = None) -> tuple[Session, StandIns]:
     lent = StandIns()
-    services = SimpleNamespace(config=config or Config(), roster=Roster())
+    services = SimpleNamespace(config=config or Config(), roster=Roster(), handles=SIGNER)
     lent.session = Session(services, "w1:7", watch_for_hangup=lent.watch_for_hangup,  # type: ignore[arg-type]
                            end_connection=lent.end_connection)
     return lent.session, lent
@@ -83,11 +87,23 @@ def test_a_wait_that_ends_by_itself_stops_the_watch_and_leaves_the_connection_op
 def test_a_handle_is_the_sessions_only_when_its_member_is_the_sessions_client():
     session, _ = session_with()
     session.client_id = "alice"
-    mine = Handle(QueueRef("orders"), "g", "alice").encode()
-    theirs = Handle(QueueRef("orders"), "g", "bob").encode()
+    mine = SIGNER.sign(Handle(QueueRef("orders"), "g", "alice").encode())
+    theirs = SIGNER.sign(Handle(QueueRef("orders"), "g", "bob").encode())
     assert session.own(mine).member == "alice"
     with pytest.raises(NoPermission):
         session.own(theirs)
+
+
+def test_a_handle_the_broker_did_not_sign_is_refused_even_when_it_names_the_sessions_client():
+    session, _ = session_with()
+    session.client_id = "alice"
+    bare = Handle(QueueRef("orders"), "g", "alice").encode()
+    for forged in (bare, bare + ".AAAAAAAAAAAAAAAA", HandleSigner(b"another broker").sign(bare)):
+        with pytest.raises(NoPermission, match="not issued by this broker"):
+            session.own(forged)
+    other_queue = Handle(QueueRef("payroll"), "g", "alice").encode()
+    with pytest.raises(NoPermission):  # a MAC moved onto other fields is no MAC of theirs
+        session.own(other_queue + "." + SIGNER.sign(bare).split(".")[1])
 
 
 def test_a_takeover_by_another_connection_ends_this_one_and_gives_up_the_session():
@@ -107,7 +123,7 @@ def test_a_notice_is_pushed_to_a_resp3_client_only():
         session.outbox.receive_nowait()
     session.proto = 3
     session._on_message(msgpack.packb(notice))
-    assert session.outbox.receive_nowait() == Push(["notice", notice])
+    assert session.outbox.receive_nowait() == Push(["notice", {**notice, "handle": SIGNER.sign("h")}])
 
 
 def test_a_session_starts_authenticated_only_when_the_worker_has_no_password():

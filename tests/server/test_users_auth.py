@@ -5,6 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from fencemq.model.keys import Keyspace
 from fencemq.ops.users import UserStore
@@ -54,7 +56,8 @@ def test_redis_py_logs_in_as_a_user_with_username_and_password(w) -> None:
     r = redis.Redis(port=w.port, username="svc", password="service secret")
     assert r.execute_command("PUB", "orders/eu", "x") == b"1"
     with pytest.raises(redis.AuthenticationError):
-        redis.Redis(port=w.port, username="svc", password="wrong secret").execute_command("PING")
+        redis.Redis(port=w.port, username="svc", password="wrong secret",
+                    retry=Retry(NoBackoff(), 0)).execute_command("PING")
 
 
 def test_a_wrong_password_or_an_unknown_user_is_wrongpass_and_leaves_the_connection_unauthenticated(w) -> None:

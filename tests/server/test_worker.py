@@ -17,8 +17,6 @@ import msgpack
 import pytest
 import redis
 
-import fencemq.server.connection
-
 from tests.helpers import (
     Err,
     Push,
@@ -450,11 +448,22 @@ def test_commands_on_a_handle_never_subscribed_are_notfound_or_settle_nothing(w)
     from fencemq.model.keys import Handle, QueueRef
 
     c = client(w.port, 2, "nobody")
-    h = Handle(QueueRef("orders"), "g", "nobody").encode()
+    h = w.worker.services.handles.sign(Handle(QueueRef("orders"), "g", "nobody").encode())
     expect_error("NOTFOUND", c.execute_command, "PULL", h)
     expect_error("NOTFOUND", c.execute_command, "SEEK", h, "EARLIEST")
     assert c.execute_command("ACK", h, "1") == 0
     assert text(c.execute_command("UNSUB", h)) == "OK"
+
+
+def test_a_handle_made_up_by_a_client_is_noperm_before_any_fence_runs(w):
+    from fencemq.model.keys import Handle, QueueRef
+
+    c = client(w.port, 2, "forger")
+    forged = Handle(QueueRef("orders"), "g", "forger").encode()
+    # (a fence would answer NOTFOUND: it never joined; NOPERM is the worker's, before any fence)
+    for verb, *args in (["PULL"], ["SEEK", "EARLIEST"], ["ACK", "1"], ["UNSUB"], ["TAKE"]):
+        with pytest.raises(redis.ResponseError, match="not issued by this broker"):
+            c.execute_command(verb, forged, *args)
 
 
 # -- HEARTBEAT and notices ------------------------------------------------------------------
@@ -820,10 +829,9 @@ def test_a_pipeline_of_mixed_commands_is_answered_in_order(w, proto):
         assert err.code == "ERR"
 
 
-def test_a_client_pipelining_far_past_the_read_ahead_behind_a_long_poll_gets_every_reply_in_order(
-        w, monkeypatch):
-    monkeypatch.setattr(fencemq.server.connection, "READ_AHEAD", 1024)  # so 2,000 PINGs overflow it
-    with RespConn(w.port) as c:
+def test_a_client_pipelining_far_past_the_read_ahead_behind_a_long_poll_gets_every_reply_in_order(redis_url):
+    # a read-ahead of 1 KiB, so 2,000 PINGs overflow it
+    with worker(redis_url, max_read_ahead=1024) as w, RespConn(w.port) as c:
         h = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
         c.send_raw(pipeline(["PULL", h, "BLOCK", 300], *[["PING", f"p{i}"] for i in range(2000)]))
         first, *pongs = c.replies(2001)

@@ -1,0 +1,88 @@
+"""Holding hostile clients back: failed AUTHs per client address, and what a failure in Redis may tell.
+
+The throttle has no I/O and no clock of its own (``now`` is passed in), so
+its policy is testable without waiting. One worker's view: a guesser spreading its
+attempts over workers meets each worker's delay, and each connection is
+still closed after ``auth_max_failures`` failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from fencemq.errors import FenceMQError, InternalError
+
+log = logging.getLogger(__name__)
+
+_SHA = re.compile(r"(?:script: |f_)([0-9a-f]{40})")
+_logged: set[tuple[str, str]] = set()  # (fence, first words of the error) already logged by this process
+
+
+def redis_failure(services: Any, verb: str, exc: Exception) -> FenceMQError:
+    """The reply to a command that failed in Redis with no code of ours.
+
+    A script's runtime error (a bug, a key of the wrong type) is INTERNAL and
+    names the fence, logged once per fence and error; anything else (a
+    timeout, a lost connection) says Redis did not answer.
+    """
+    text = " ".join(str(exc).split())
+    if isinstance(exc, ResponseError):
+        match = _SHA.search(text)
+        sha = match.group(1) if match else ""
+        fence = next((name for name, script in services.core.fences.scripts.items() if script.sha == sha),
+                     "a Redis command")
+        key = (fence, text[:80])
+        if key not in _logged and len(_logged) < 1000:
+            _logged.add(key)
+            log.error("fence %s failed inside Redis during %s: %s", fence, verb, text[:500])
+        return InternalError(f"fence {fence} failed inside Redis during {verb}; the worker logged it "
+                             f"({text[:160]})")
+    log.warning("%s failed against Redis: %s", verb, text[:500])
+    return FenceMQError(f"the broker's Redis did not answer ({text[:160]}); retry")
+
+
+ADDRESSES = 10_000  # addresses remembered; the least recently failed are forgotten first
+FORGET_AFTER_S = 600.0  # an address that has not failed for this long starts afresh
+
+
+class AuthThrottle:
+    """Serializes the AUTHs of an address that failed recently, each ``delay`` apart, doubling per failure."""
+
+    def __init__(self, base_s: float, max_s: float) -> None:
+        self.base_s, self.max_s = base_s, max_s
+        self._by_address: OrderedDict[str, tuple[int, float, float]] = OrderedDict()  # failures, last, next slot
+
+    def wait(self, address: str, now: float) -> float:
+        """Seconds an AUTH from ``address`` waits before it is checked (0 for one without recent failures)."""
+        entry = self._by_address.get(address)
+        if entry is None:
+            return 0.0
+        failures, last, slot = entry
+        if now - last > FORGET_AFTER_S:
+            del self._by_address[address]
+            return 0.0
+        # Each attempt takes the next slot: attempts on parallel connections queue up, not run together.
+        start = max(now, slot)
+        self._by_address[address] = (failures, last, start + self.delay(failures))
+        return start - now
+
+    def delay(self, failures: int) -> float:
+        return min(self.max_s, self.base_s * 2 ** max(0, failures - 1)) if failures else 0.0
+
+    def failed(self, address: str, now: float) -> None:
+        failures, _, slot = self._by_address.pop(address, (0, now, now))
+        self._by_address[address] = (failures + 1, now, max(slot, now + self.delay(failures + 1)))
+        while len(self._by_address) > ADDRESSES:
+            self._by_address.popitem(last=False)
+
+    def succeeded(self, address: str) -> None:
+        self._by_address.pop(address, None)
+
+    def failures(self, address: str) -> int:
+        entry = self._by_address.get(address)
+        return entry[0] if entry else 0
