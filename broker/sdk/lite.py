@@ -61,7 +61,7 @@ from typing import Any, Self
 
 from fencemq.sdk.client import Client, ConnectionLost, Subscription
 from fencemq.errors import FenceMQError, NotFound
-from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.keys import Handle
 from fencemq.model.messages import Delivery
 
 __all__ = ["LiteSubscriptions"]
@@ -312,7 +312,12 @@ class LiteSubscriptions:
             by_lmq.setdefault(d.lmq, []).append(d.tag)
         settled = 0
         for lmq, tags in by_lmq.items():
-            settled += int(await self.client.execute("ACK", self._handle(lmq), *tags))
+            sub = self._subs.get(lmq)
+            if sub is None:
+                # Removed, evicted or gone: its checkouts went back or are the new owner's, so an
+                # ACK would settle nothing (and only the handle SUB returned is one the worker takes).
+                continue
+            settled += int(await self.client.execute("ACK", sub.handle, *tags))
         return settled
 
     async def iter(self, count: int = 64, idle_s: float = 0.05) -> AsyncIterator[Delivery]:
@@ -342,14 +347,6 @@ class LiteSubscriptions:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this LiteSubscriptions was closed")
-
-    def _handle(self, lmq: str) -> str:
-        sub = self._subs.get(lmq)
-        if sub is not None:
-            return sub.handle
-        if self.client.id is None:
-            raise FenceMQError("the client id is not known yet; add() an lmq first")
-        return Handle(QueueRef(self.topic, lmq), self.group, self.client.id).encode()
 
     def _hint(self, notice: Notice) -> None:
         """A notice named one of our lmqs: stop pulling it and let a SYNC tell whether it is marked."""

@@ -86,6 +86,23 @@ def test_add_and_remove_keep_the_local_set_and_the_servers_subscriptions(url, r)
     run(main())
 
 
+def test_acking_a_delivery_of_an_lmq_no_longer_held_settles_nothing_and_asks_nothing(url, r):
+    async def main() -> None:
+        async with await Client.connect(url, client_id="sdk-late") as c, \
+                await Client.connect(url, client_id="sdk-late-p") as p, \
+                LiteSubscriptions(c, "sdk-late", interval=30) as lite:
+            await lite.add("a")
+            await lite.add("b")
+            await p.publish("sdk-late", b"a1", lmq="a")
+            await p.publish("sdk-late", b"b1", lmq="b")
+            got = await lite.pull(10)
+            assert sorted(d.lmq for d in got) == ["a", "b"]
+            await lite.remove("a")  # a's checkout went back with the UNSUB
+            assert await lite.ack(*got) == 1  # b's settled; a's is not ours to settle (no forged handle sent)
+
+    run(main())
+
+
 def test_the_heartbeat_task_syncs_the_full_set_every_interval(url, r):
     async def main() -> None:
         async with await Client.connect(url, client_id="sdk-hb") as c, \
