@@ -39,6 +39,7 @@ def _list(command: str, redis_url: str | None, prefix: str | None, cluster: bool
         flt = ops.QueueFilter(**flt_args)
         if flt.topic is not None:
             check_topic(flt.topic)
+            ctx.topic = flt.topic
     except BadArgument as exc:
         ctx.fail(exc.message, EXIT_USAGE)
     with _progress(f"{command}: queues found", enabled=not as_json) as progress:

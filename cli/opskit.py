@@ -21,7 +21,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NotFound
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission, NotFound, WrongPassword
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.topics import SHARE_PREFIX, has_wildcard, parse_target
 from fencemq.cli.common import (
@@ -37,8 +37,13 @@ from fencemq.cli.common import (
 
 T = TypeVar("T")
 
-EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_DENIED = 0, 1, 2, 4
 ENV_PREFIX = "FENCEMQ_PREFIX"
+# Once the broker has users, operator commands act as one of them (docs/security.md, "Operators").
+ENV_USER, ENV_USER_PASSWORD = "FENCEMQ_USER", "FENCEMQ_USER_PASSWORD"
+# The permission (ops/users.py ACTIONS) each operator command needs, on its topic ('#' when it names none).
+PERMISSION_OF = {"inspect": "inspect", "queues": "inspect", "lmqs": "inspect", "top": "inspect", "dlq": "dlq",
+                 "evict": "evict", "seek": "seek", "purge": "purge", "sweep": "admin", "user": "admin"}
 ROOT = Path(__file__).resolve().parent.parent
 
 # -- shared options -------------------------------------------------------------------------
@@ -75,6 +80,33 @@ class Ctx:
         except BadArgument as exc:
             self.fail(f"bad prefix {self.prefix!r}: {exc}", EXIT_USAGE)
         self.cluster = cluster
+        self.topic = "#"  # what the command acts on, for its permission (set by _queue, or by the command)
+        self._authorized = False
+
+    async def authorize(self, client: Any) -> None:
+        """Once the broker has an administrator (a user with the ``admin`` permission), the operator
+        (FENCEMQ_USER, FENCEMQ_USER_PASSWORD) must be a user with this command's permission on its
+        topic. Before that, Redis's own credentials are the only gate, as for any tool that reaches
+        Redis directly: which is how the first administrator is added."""
+        action = PERMISSION_OF.get(self.command)
+        if self._authorized or action is None:
+            return
+        from fencemq.ops.users import UserStore, grants_cover
+
+        store = UserStore(client, self.keys.users)
+        if not any(grants_cover(u, "admin", "#") for u in await store.list()):
+            self._authorized = True
+            return
+        name, password = os.environ.get(ENV_USER), os.environ.get(ENV_USER_PASSWORD)
+        if not name or password is None:
+            raise NoPermission(f"this broker has users: set {ENV_USER} and {ENV_USER_PASSWORD} to those of a user "
+                               f"with the '{action}' permission (fencemq user grant NAME {action} FILTER)")
+        user = await store.authenticate(name, password)
+        if user is None:
+            raise WrongPassword(f"{ENV_USER}/{ENV_USER_PASSWORD}: invalid username-password pair")
+        if not grants_cover(user, action, self.topic):
+            raise NoPermission(user.missing(action, self.topic))
+        self._authorized = True
 
     def fail(self, message: str, code: int) -> None:
         fail(self.command, CliError(message, code))
@@ -105,6 +137,7 @@ class Ctx:
             client = (RedisCluster.from_url(self.url, socket_connect_timeout=3, socket_timeout=30) if cluster
                       else Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=30))
             try:
+                await self.authorize(client)
                 return await body(client, self.keys)
             finally:
                 await client.aclose()
@@ -113,6 +146,8 @@ class Ctx:
             return asyncio.run(main())
         except NotFound as exc:
             self.fail(exc.message, EXIT_NOT_FOUND)
+        except (NoPermission, WrongPassword) as exc:
+            self.fail(exc.resp(), EXIT_DENIED)
         except (BadArgument, LimitExceeded) as exc:
             self.fail(exc.message, EXIT_USAGE)
         except FenceMQError as exc:
@@ -139,6 +174,7 @@ def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> Q
             target = parse_target(topic)  # says how a malformed one is written
             if lmq is not None or owner is not None:
                 raise BadArgument(f"{topic} names a shared group's queue already; drop --lmq and --owner")
+            ctx.topic = target.filter
             return QueueRef(target.filter, None, SHARE_PREFIX + str(target.share))
         if has_wildcard(topic) and owner is None:
             raise BadArgument(
@@ -153,6 +189,7 @@ def _queue(ctx: Ctx, topic: str, lmq: str | None, owner: str | None = None) -> Q
             raise BadArgument("--owner is empty")
     except BadArgument as exc:
         ctx.fail(exc.message, EXIT_USAGE)
+    ctx.topic = topic
     return QueueRef(topic, lmq, owner)
 
 

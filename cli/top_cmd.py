@@ -101,6 +101,7 @@ def top(
     """
     ctx = Ctx("top", redis_url, prefix, cluster)
     flt = ops.QueueFilter(topic=topic) if topic else None
+    ctx.topic = topic or "#"
     state = maintenance.TopState()
 
     async def loop(r: Any, k: Keyspace) -> None:

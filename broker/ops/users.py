@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from fencemq.errors import BadArgument
-from fencemq.model.topics import check_filter, matches
+from fencemq.model.topics import check_filter, has_wildcard, matches
 
 # What a grant may name. publish/subscribe are the application's; the rest are the operator's.
 ACTIONS = ("publish", "subscribe", "inspect", "evict", "seek", "purge", "dlq", "admin")
@@ -101,6 +101,13 @@ class User:
         """The words of a NOPERM: what this user lacks."""
         where = "" if topic == "#" else f" on '{topic[:128]}'"
         return f"user '{self.name}' has no permission to {action}{where}"
+
+
+def grants_cover(user: User, action: str, target: str) -> bool:
+    """``user`` may do ``action`` on ``target``: a topic name, or a filter (then on every topic it can match)."""
+    if not has_wildcard(target):
+        return user.may(action, target)
+    return any(granted in (action, ALL) and covers(filt, target) for granted, filt in user.grants)
 
 
 SUPERUSER_GRANTS = ((ALL, "#"),)

@@ -1,0 +1,66 @@
+"""Operator commands act as a FenceMQ user, with that user's permissions, once the broker has an administrator."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from fencemq.model.keys import Keyspace, QueueRef
+from tests.cli.test_cli_ops import invoke
+
+pytestmark = pytest.mark.standalone
+
+
+@pytest.fixture
+def url(redis_url: str) -> list[str]:
+    r = redis.Redis.from_url(redis_url)
+    for topic in ("orders/eu", "payments"):
+        r.hset(Keyspace().queue(QueueRef(topic)).meta, mapping={"seq": 0, "first": 1, "groups": ""})
+    r.close()
+    return ["--redis-url", redis_url]
+
+
+def as_user(monkeypatch: pytest.MonkeyPatch, name: str, password: str) -> None:
+    monkeypatch.setenv("FENCEMQ_USER", name)
+    monkeypatch.setenv("FENCEMQ_USER_PASSWORD", password)
+
+
+def test_before_an_administrator_exists_redis_credentials_are_the_only_gate(url: list[str]) -> None:
+    assert invoke("user", "add", "app", "--password-stdin", "--grant", "publish:orders/#", *url,
+                  input="app password\n").exit_code == 0
+    assert invoke("inspect", "queue", "payments", *url).exit_code == 0  # app users make no operators
+    assert invoke("user", "add", "root", "--password-stdin", "--grant", "all:#", *url,
+                  input="root password\n").exit_code == 0  # the first administrator
+
+
+def test_once_an_administrator_exists_each_command_needs_its_permission_on_its_topic(
+        url: list[str], monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    invoke("user", "add", "root", "--password-stdin", "--grant", "all:#", *url, input="root password\n")
+    as_user(monkeypatch, "root", "root password")
+    assert invoke("user", "add", "alice", "--password-stdin", "--grant", "inspect:orders/#", "--grant",
+                  "evict:orders/#", *url, input="alice password\n").exit_code == 0
+
+    monkeypatch.delenv("FENCEMQ_USER")
+    anonymous = invoke("queues", *url)
+    assert anonymous.exit_code == 4 and "FENCEMQ_USER" in anonymous.output
+
+    as_user(monkeypatch, "alice", "not her password")
+    assert invoke("queues", "--topic", "orders/eu", *url).exit_code == 4
+
+    as_user(monkeypatch, "alice", "alice password")
+    assert invoke("inspect", "queue", "orders/eu", *url).exit_code == 0
+    refused = invoke("inspect", "queue", "payments", *url)
+    assert refused.exit_code == 4 and "no permission to inspect on 'payments'" in refused.output
+    assert invoke("queues", *url).exit_code == 4  # every topic: inspect on '#' is needed
+    assert invoke("queues", "--topic", "orders/eu", *url).exit_code == 0
+    purge = invoke("purge", "orders/eu", "--yes", *url)
+    assert purge.exit_code == 4 and "purge" in purge.output
+    r = redis.Redis.from_url(redis_url)
+    assert r.exists(Keyspace().queue(QueueRef("orders/eu")).meta)  # refused: nothing changed
+    r.close()
+    assert invoke("user", "add", "mallory", "--password-stdin", *url, input="mallory password\n").exit_code == 4
+    assert "mallory" not in invoke("user", "list", "--json", *url).stdout  # (alice may not even list)
+
+    as_user(monkeypatch, "root", "root password")
+    assert '"alice"' in invoke("user", "list", "--json", *url).stdout
+    assert invoke("inspect", "queue", "payments", *url).exit_code == 0
