@@ -122,8 +122,8 @@ async def sessions_page(redis: Any, keys: Keyspace, *, start: int = 0, limit: in
     lease first), ``next`` the rank of the next page. With ``match``: the clients
     whose id contains it, found by ZSCAN from ``cursor`` (``next`` the cursor to go
     on from; None at the end), so a search among millions reads a page at a time.
-    ``user`` is the session hash's ``user`` field: None where the worker records
-    none (lua/session_bind.lua writes conn, worker, since and lease).
+    ``user`` is the user that owns the client id (``client-owners``: the first user that
+    named it; None for a session named without users).
     """
     now = await now_ms(redis)
     total = int(await redis.zcard(keys.sessions))
@@ -146,12 +146,14 @@ async def sessions_page(redis: Any, keys: Keyspace, *, start: int = 0, limit: in
         counting = [session_index.count_commands(keys, _s(member)) for member, _ in chunk]
         async with redis.pipeline(transaction=False) as pipe:
             for (member, _), commands in zip(chunk, counting, strict=True):
-                pipe.hmget(keys.session(_s(member)), "worker", "conn", "since", "user")
+                pipe.hmget(keys.session(_s(member)), "worker", "conn", "since")
+                pipe.hget(keys.client_owners, _s(member))
                 for cmd in commands:
                     pipe.execute_command(*cmd)
             replies = iter(await pipe.execute())
         for (member, score), commands in zip(chunk, counting, strict=True):
-            worker, conn, since, user = next(replies)
+            worker, conn, since = next(replies)
+            user = next(replies)
             subs = sum(int(next(replies)) for _ in commands)
             deadline = int(score)
             out.append({"client": _s(member), "user": _s(user) if user is not None else None, "worker": _s(worker) if worker is not None else None,
