@@ -65,6 +65,9 @@ REFUSED = 0x80  # the SUBACK reason code "unspecified error"
 SUB_FIELD = "mqtt-sub:"  # session hash field per subscription: the options a resumed session needs
 MAILBOX_DRAIN_ROUNDS = 64  # batches handed back from a departing shared member's mailbox, at most
 INFLIGHT_FIELD = "mqtt-inflight"  # session hash field: the packet ids of what was unacknowledged at disconnect
+# session hash field: QoS 2 deliveries the client had received (PUBREC) but not completed (PUBCOMP) at
+# disconnect: a resumed session resends their PUBREL, never the message (MQTT-4.3.3, MQTT-4.4.0-1)
+RELEASING_FIELD = "mqtt-releasing"
 
 
 @dataclass(slots=True)
@@ -98,6 +101,8 @@ class MqttConnection:
         self.subscriptions: dict[str, MqttSubscription] = {}  # by topic filter as the client sent it
         self.in_flight: dict[int, tuple[Handle, str, str]] = {}  # packet id -> handle, tag, message id
         self.resumed_ids: dict[str, int] = {}  # "<handle>|<message id>" -> the packet id it was sent with
+        # QoS 2 deliveries the client received (PUBREC): settled in FenceMQ, awaiting PUBCOMP
+        self.releasing: set[int] = set()
         self.tasks: anyio.abc.TaskGroup | None = None
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
@@ -158,11 +163,13 @@ class MqttConnection:
             self.session.quit = True
             await self.session.release()
             return
-        if self.in_flight and not self.taken_over:
-            # a resumed session sends them again with their original packet ids (MQTT-4.4.0-1)
+        if (self.in_flight or self.releasing) and not self.taken_over:
+            # a resumed session sends them again with their original packet ids (MQTT-4.4.0-1),
+            # and the PUBREL of what the client had received already
             ids = {f"{handle.encode()}|{msg}": pid for pid, (handle, _tag, msg) in self.in_flight.items()}
+            kept = {INFLIGHT_FIELD: json.dumps(ids), RELEASING_FIELD: json.dumps(sorted(self.releasing))}
             try:
-                await self.services.redis.hset(self.services.keys.session(client), INFLIGHT_FIELD, json.dumps(ids))
+                await self.services.redis.hset(self.services.keys.session(client), mapping=kept)
             except (OSError, RedisError) as exc:
                 log.info("MQTT packet ids of %r not kept (fresh ones on resume): %s", client, exc)
         await self.session.release()  # marks the client offline: a group gives it nothing new
@@ -289,8 +296,16 @@ class MqttConnection:
                 await self._acknowledged(acks)
                 acks = []
                 await self._closed(event)
-            elif isinstance(event, (PublishReleased, DeliveryReceived)):
-                pass  # the session machine keeps the QoS 2 handshake; the message is stored already
+            elif isinstance(event, DeliveryReceived):
+                # The client has the message (PUBREC): settle it now, so it is never sent again;
+                # what remains, PUBREL/PUBCOMP, is the handshake's, and a resumed session ends it.
+                held = self.in_flight.pop(event.packet_id, None)
+                self.releasing.add(event.packet_id)
+                if held is not None:
+                    handle, tag, _msg = held
+                    await self.services.core.leases.ack(handle, [tag])
+            elif isinstance(event, PublishReleased):
+                pass  # the session machine keeps the inbound QoS 2 handshake; the message is stored already
         if publishes:
             await self._published(publishes)
         if acks:
@@ -333,10 +348,12 @@ class MqttConnection:
         held = await session_index.non_lite_handles(redis, keys, event.client_id)
         fields = await redis.hgetall(keys.session(event.client_id))
         saved = {k.decode()[len(SUB_FIELD):]: v for k, v in fields.items() if k.startswith(SUB_FIELD.encode())}
-        if INFLIGHT_FIELD.encode() in fields:
-            await redis.hdel(keys.session(event.client_id), INFLIGHT_FIELD)
+        releasing: list[int] = []
+        if INFLIGHT_FIELD.encode() in fields or RELEASING_FIELD.encode() in fields:
+            await redis.hdel(keys.session(event.client_id), INFLIGHT_FIELD, RELEASING_FIELD)
             if not event.clean_start:
-                self.resumed_ids = json.loads(fields[INFLIGHT_FIELD.encode()])
+                self.resumed_ids = json.loads(fields.get(INFLIGHT_FIELD.encode()) or b"{}")
+                releasing = json.loads(fields.get(RELEASING_FIELD.encode()) or b"[]")
         if event.clean_start:
             for handle in held:
                 await self.services.core.subscriptions.unsubscribe(handle)
@@ -344,7 +361,12 @@ class MqttConnection:
             if saved:
                 await redis.hdel(keys.session(event.client_id), *[SUB_FIELD + f for f in saved])
             saved = {}
-        pipelined = self.mqtt.accept(time.monotonic(), session_present=bool(held))
+        pipelined = self.mqtt.accept(time.monotonic(), session_present=bool(held or releasing))
+        for packet_id in releasing:  # received before the connection dropped: complete the handshake
+            self.mqtt.resend_release(packet_id)
+            self.releasing.add(packet_id)
+        if releasing:
+            await self._flush()
         for handle in held:  # a resumed session: its subscriptions deliver again, with their options
             owner = handle.queue.owner or ""
             shared = owner.startswith("$share/")
@@ -441,6 +463,9 @@ class MqttConnection:
         settled: dict[Handle, list[str]] = {}
         refused: dict[Handle, list[str]] = {}
         for event in events:
+            if event.packet_id in self.releasing:  # PUBCOMP of a delivery settled at its PUBREC
+                self.releasing.discard(event.packet_id)
+                continue
             held = self.in_flight.pop(event.packet_id, None)
             if held is not None:
                 handle, tag, _msg = held

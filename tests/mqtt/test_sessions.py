@@ -203,3 +203,67 @@ def test_MQTT_3_14_2_a_disconnect_that_sets_the_session_expiry_to_0_ends_the_ses
         assert again.session_present is False
     finally:
         again.close()
+
+
+class RawClient:
+    """An MQTT 5 client spoken with FenceMQ's own codec: it sends exactly what a test says, nothing else."""
+
+    def __init__(self, port: int, client_id: str, *, clean_start: bool, expiry: int) -> None:
+        import socket
+
+        from fencemq.protocol.mqtt_codec import encode
+        from fencemq.protocol.mqtt_packets import Connect
+        from fencemq.protocol.mqtt_properties import Properties
+        from fencemq.protocol.mqtt_stream import MqttStreamDecoder
+
+        self.encode = encode
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.decoder = MqttStreamDecoder(protocol_level=5)
+        self.send(Connect(client_id=client_id, clean_start=clean_start, keep_alive=30,
+                          properties=Properties(session_expiry_interval=expiry)))
+        self.connack = self.next()
+
+    def send(self, packet) -> None:
+        self.sock.sendall(self.encode(packet))
+
+    def next(self, timeout: float = 10.0):
+        self.sock.settimeout(timeout)
+        while (got := self.decoder.next_packet()) is None:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.decoder.feed(chunk)
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_MQTT_4_3_3_a_qos2_delivery_received_before_the_connection_dropped_is_released_on_resume_not_sent_again(
+        w) -> None:
+    import socket
+
+    from fencemq.protocol.mqtt_packets import Pubcomp, Publish, Pubrec, Pubrel, Subscribe, SubscriptionOptions
+    from tests.helpers import client
+
+    first = RawClient(w.worker.mqtt_port, "q2-resume", clean_start=True, expiry=300)
+    first.send(Subscribe(1, (("q2/+", SubscriptionOptions(qos=2)),)))
+    first.next()  # SUBACK
+    producer = client(w.port)
+    producer.execute_command("PUB", "q2/a", "once", "HDR", "mqtt-qos", "2")
+    publish = first.next()
+    assert isinstance(publish, Publish) and publish.qos == 2 and publish.payload == b"once"
+    first.send(Pubrec(publish.packet_id))
+    pubrel = first.next()
+    assert isinstance(pubrel, Pubrel) and pubrel.packet_id == publish.packet_id
+    first.close()  # gone before its PUBCOMP
+
+    again = RawClient(w.worker.mqtt_port, "q2-resume", clean_start=False, expiry=300)
+    assert again.connack.session_present
+    released = again.next()
+    assert isinstance(released, Pubrel) and released.packet_id == publish.packet_id  # not the message again
+    again.send(Pubcomp(publish.packet_id))
+    with pytest.raises(socket.timeout):
+        again.next(timeout=1.5)  # nothing more: the message is settled, never redelivered
+    again.close()
+    producer.close()
