@@ -228,16 +228,22 @@ def analyze(
     else:
         console = Console(highlight=False)
         colour = "green" if audit["verdict"] == "PASS" else "red"
-        console.print(f"fence audit: [bold {colour}]{audit['verdict']}[/] — evicted_out={audit['evicted_out']}, "
-                      f"stale_epoch={audit['stale_epoch']}, double_ack={audit['double_ack']}")
+        console.print(f"fence audit: [bold {colour}]{audit['verdict']}[/]")
+        for c in audit["checks"]:
+            mark = "[green]ok[/]" if not c["violations"] else f"[red]{c['violations']:,} violations[/]"
+            console.print(f"  {mark}  {c['fence']}: {c['what']} — {c['kind']} check on {c['queues']:,} queues "
+                          f"({c['over']})")
         t = summary["totals"]
-        if t["not_audited"]:
-            console.print(f"[yellow]{t['not_audited']:,} queues have no journal and were not audited[/] "
-                          "(lmqs: set FENCEMQ_LITE_JOURNAL_CAP)")
+        skipped = audit["scope"]["history_not_checked"]
+        if skipped:
+            console.print("[yellow]history checks not run on " + ", ".join(
+                f"{n:,} {kind} queues" for kind, n in skipped.items()) + "[/] (no journal: state checks and "
+                "churn counters only; FENCEMQ_LITE_JOURNAL_CAP turns lmq journals on)")
         console.print(f"{t['queues']:,} queues ({t['lmqs']:,} lmqs), {t['groups']:,} groups, "
                       f"{t['journal_events']:,} journal events; backlog {t['backlog']:,}; "
                       f"redeliveries {t['redeliveries']:,}; lock expiries {t['timeouts']:,}; "
-                      f"preemptions {t['preemptions']:,}; seeks {t['seeks']:,}")
+                      f"preemptions {t['preemptions']:,}, evictions {t['evictions']:,} "
+                      f"({t['lmqs_with_churn']:,} lmqs churned); seeks {t['seeks']:,}")
         console.print(f"results: {summary['out']}" + (f"  report: {summary['report']}" if summary["report"] else ""))
     if audit["verdict"] != "PASS":
         raise typer.Exit(EXIT_AUDIT_FAILED)
