@@ -297,6 +297,7 @@ def render(out: Path, summary: dict[str, Any], manifest: dict[str, Any], data: d
     hist = data["age_histogram"]
     parts.append(plots.bar("Oldest unacked message age: subscriptions per bucket", [h[0] for h in hist],
                            [h[1] for h in hist], "subscriptions", horizontal=False, color="#dd8452"))
+    parts.append(_table([{"age": label, "subscriptions": n} for label, n in hist]))
     parts.append("<h3>Per topic / group</h3>")
     parts.append(_table(data["backlog_by_topic"]))
     parts.append("<h3>Largest backlogs (per topic / lmq / group)</h3>")
