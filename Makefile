@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-cluster test-stateful bench serve lint clean venv
+.PHONY: demo test test-cluster test-stateful test-spark-cluster bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
 QUIETLY = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -39,6 +39,11 @@ test-cluster: $(VENV)/.test
 # The model-based test of all five guarantees, 1,000 sequences (make test runs 30).
 test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful -q $(PYTEST_ARGS)
+
+# `fencemq analyze --master spark://…` on a standalone Spark master + worker started from pyspark's own
+# distribution (a minute or more: two JVMs, then the job's); skipped, saying why, without Java.
+test-spark-cluster: $(VENV)/.test
+	FENCEMQ_SPARK_CLUSTER=1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest tests/spark/test_standalone_cluster.py -q $(PYTEST_ARGS)
 
 # Every speed goal of issue #14 in one run: bench/results/*.json, e2e.png and goals.json/goals.png (pass/fail).
 BENCH_LMQS ?= 1000000
