@@ -116,6 +116,9 @@ def generate(out: Path, lmqs: int, events: int, seed: int = 7) -> dict[str, int]
                                                  pa.array([f"bench-{t}" for t in range(10)])).cast(pa.string())
     lmq_names = _strings("lmq-", q)
     seq_last = np.full(lmqs, 6, np.int64)
+    # half the lmqs hold id 3 checked out; not those that sought after taking it (kind 1: a seek returns
+    # every checkout of the group)
+    has_co = (kind < 10) & (kind != 1)
     counts = {}
 
     counts["queues"] = _write(out, "queues", {
@@ -124,9 +127,9 @@ def generate(out: Path, lmqs: int, events: int, seed: int = 7) -> dict[str, int]
         "tag": pa.array(np.full(lmqs, 4, np.int64)), "created_ms": pa.array(base_ms + q),
         "last_write_ms": pa.array(base_ms + q + 1000), "snapshot_ms": pa.array(np.full(lmqs, snap_ms)),
         "groups": pa.array(np.where(q % 10 == 0, 2, 1).astype(np.int32)),
-        "checkouts": pa.array((kind < 10).astype(np.int64)), "ready": pa.array(np.zeros(lmqs, np.int64)),
+        "checkouts": pa.array(has_co.astype(np.int64)), "ready": pa.array(np.zeros(lmqs, np.int64)),
         "delayed": pa.array(np.zeros(lmqs, np.int64)), "dead_letters": pa.array(np.zeros(lmqs, np.int64)),
-        "owned": pa.array((kind < 10).astype(np.int64)), "push_members": pa.array(np.zeros(lmqs, np.int32)),
+        "owned": pa.array(has_co.astype(np.int64)), "push_members": pa.array(np.zeros(lmqs, np.int32)),
         "journal_cap": pa.array(np.full(lmqs, 10_000)), "journal_length": pa.array(np.full(lmqs, per)),
         "journal_rows": pa.array(np.full(lmqs, per)),
     })
@@ -164,9 +167,9 @@ def generate(out: Path, lmqs: int, events: int, seed: int = 7) -> dict[str, int]
         "delivered": pa.array(np.full(lmqs, 3, np.int64)), "suspected": pa.array(kind == 2),
         "suspected_since_ms": pa.array(np.full(lmqs, snap_ms - 1000), mask=kind != 2),
         "qos": pa.array(np.ones(lmqs, np.int32)), "ended": pa.array(np.zeros(lmqs, bool)),
-        "checkouts": pa.array((kind < 10).astype(np.int64)),
+        "checkouts": pa.array(has_co.astype(np.int64)),
     })
-    co = q[kind < 10]
+    co = q[has_co]
     counts["checkouts"] = _write(out, "checkouts", {
         "queue": _strings("l:bench:lmq-", co), "tag": _const("4", len(co), pa.string()),
         "group": _const("default", len(co), pa.string()), "member": _strings("c", co),
@@ -406,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             "jvm_cpu_seconds": round(jvm_cpu, 1), "load_average_before": load_before[0],
             "load_average_after": load_after[0],
             "audit": {k: v for k, v in summary["audit"].items() if k not in ("checks", "scope")},
+            "timings": summary.get("timings"),
             "result_tables": summary["tables"], "totals": summary["totals"],
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

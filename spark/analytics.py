@@ -187,6 +187,7 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
+    timings: dict[str, float] = {}  # seconds per step (summary.json: where the time goes)
     snapshot_dir = Path(snapshot_dir)
     out = Path(out_dir) if out_dir is not None else snapshot_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)
@@ -200,7 +201,9 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
     try:
         results = compute(tables, partitions, persisted)
         for name in RESULT_TABLES:
+            t0 = time.perf_counter()
             results[name].write.mode("overwrite").parquet(str(out / name))
+            timings[f"write {name}"] = round(time.perf_counter() - t0, 2)
     finally:
         for df in persisted:
             df.unpersist()
@@ -208,6 +211,7 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
             spark.conf.unset(co_partition)
         else:
             spark.conf.set(co_partition, before)
+    t0 = time.perf_counter()
     res = {name: spark.read.parquet(str(out / name)) for name in RESULT_TABLES}
     every = None  # every table's row count in one job (Parquet footers), not one job per table
     for name in RESULT_TABLES:
@@ -272,6 +276,8 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
         "chain": manifest.get("chain"),
     }
 
+    timings["summary"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
     if report:
         try:
             from fencemq.spark import report as html
@@ -301,6 +307,8 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
         for name in AUDITS:
             data[name] = _rows(res[name].orderBy("queue", "group", *order.get(name, ["seq"])), report_rows)
         html.render(out, summary, manifest, data)
+    timings["report"] = round(time.perf_counter() - t0, 2)
+    summary["timings"] = timings
     summary["seconds"] = round(time.perf_counter() - started, 3)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
