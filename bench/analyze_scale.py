@@ -43,6 +43,7 @@ from fencemq.ops.snapshot import SCHEMA_VERSION, SCHEMAS
 
 PER_LMQ = 10  # journal events per lmq in the template below
 ROW_GROUP = 1 << 20
+JOURNAL_CHUNK = 1_000_000  # lmqs per journal batch in generate
 
 
 def _strings(prefix: str, values: np.ndarray) -> pa.Array:
@@ -56,6 +57,13 @@ def _const(value, n: int, typ: pa.DataType) -> pa.Array:
     return pa.array(np.full(n, value)) if value is not None and typ != pa.string() else (
         pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value], typ)).cast(typ)
         if value is not None else pa.nulls(n, typ))
+
+
+def _table(name: str, columns: dict[str, pa.Array]) -> pa.Table:
+    schema = SCHEMAS[name]
+    n = len(next(iter(columns.values())))
+    arrays = [columns[f.name].cast(f.type) if f.name in columns else pa.nulls(n, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _write(out: Path, name: str, columns: dict[str, pa.Array]) -> int:
@@ -97,6 +105,73 @@ def _churn(gq: np.ndarray, lmqs: int, kind: np.ndarray, base_ms: int) -> dict[st
         "churn_clients_capped": pa.array(np.zeros(ng, bool)),
         "first_churn_ms": pa.array(ms, mask=~churned), "last_churn_ms": pa.array(ms, mask=~churned),
     }
+
+
+def _journal_chunk(q: np.ndarray, kind: np.ndarray, per: int, base_ms: int) -> pa.Table:
+    """The journal rows of the lmqs ``q`` (consecutive numbers; ``kind``: their variants)."""
+    lmqs = len(q)
+    # journal: per lmq, PER_LMQ template events (then padding 'pub' events if --events asks for more)
+    #   0-2 pub 1..3 | 3 sub c | 4 out 1 | 5 out 2 | 6 ack 1 | 7 ack 2 | 8 out 3 | 9 variant:
+    #   kind 0 preempt (new owner d, extra c) | 1 seek earliest (epoch 1) | 2 timeout 3 | 3 nack 3 | 4 fenced
+    #   else ack 3
+    ev_names = ["pub", "sub", "out", "ack", "preempt", "seek", "timeout", "nack", "fenced"]
+    template = np.array([0, 0, 0, 1, 2, 2, 3, 3, 2, 3], np.int8)
+    variant = np.select([kind == 0, kind == 1, kind == 2, kind == 3, kind == 4], [4, 5, 6, 7, 8], 3).astype(np.int8)
+    ev = np.tile(template, lmqs).reshape(lmqs, PER_LMQ)
+    ev[:, 9] = variant
+    ids = np.tile(np.array([1, 2, 3, 1, 1, 2, 1, 2, 3, 3], np.int64), (lmqs, 1))
+    ids[variant == 5, 9] = 1  # seek: the new cursor
+    has_id = np.ones((lmqs, PER_LMQ), bool)
+    has_id[:, 9] = np.isin(variant, [5, 6, 7, 3])
+    tags = np.tile(np.array([0, 0, 0, 0, 1, 2, 1, 2, 3, 3], np.int8), (lmqs, 1))
+    tags[~np.isin(variant, [6, 7, 3]), 9] = 0
+    epoch = np.zeros((lmqs, PER_LMQ), np.int64)
+    epoch[variant == 5, 9] = 1
+    extra_code = np.zeros((lmqs, PER_LMQ), np.int8)  # 0 null, 1 acquisitions, 2 mode, 3 evicted / marker, 4 kind
+    extra_code[:, [4, 5, 8]] = 1
+    extra_code[:, 3] = 2
+    extra_code[variant == 4, 9] = 3
+    extra_code[variant == 5, 9] = 4
+    extra_code[variant == 8, 9] = 3
+    pad = per - PER_LMQ
+    if pad:
+        ev = np.hstack([ev, np.zeros((lmqs, pad), np.int8)])
+        ids = np.hstack([ids, np.tile(np.arange(4, 4 + pad, dtype=np.int64), (lmqs, 1))])
+        has_id = np.hstack([has_id, np.ones((lmqs, pad), bool)])
+        tags = np.hstack([tags, np.zeros((lmqs, pad), np.int8)])
+        epoch = np.hstack([epoch, np.zeros((lmqs, pad), np.int64)])
+        extra_code = np.hstack([extra_code, np.zeros((lmqs, pad), np.int8)])
+    n = lmqs * per
+    ev, ids, has_id, tags, epoch, extra_code = (a.reshape(n) for a in (ev, ids, has_id, tags, epoch, extra_code))
+    owner_q = np.repeat(q, per)
+    pos = np.tile(np.arange(per, dtype=np.int64), lmqs)
+    is_pub = ev == 0
+    preempt = ev == 4
+    # client names: dictionary c0000000.., d0000000.. (the preempting owner of lmq q is d<q>)
+    q0 = int(q[0])
+    clients = pa.array([f"{p}{i:07d}" for p in "cd" for i in range(q0, q0 + lmqs)], pa.string())
+    local_q = owner_q - q0
+    member_idx = np.where(preempt, lmqs + local_q, local_q).astype(np.int32)
+    members = pa.DictionaryArray.from_arrays(pa.array(member_idx, mask=is_pub), clients).cast(pa.string())
+    # extra: 1 '1' (acquisitions) | 2 'exclusive' | 3 the evicted client c<q> (preempt) or 'ops' (fenced) | 4 'earliest'
+    fixed = ["1", "exclusive", "earliest", "ops"]
+    extra_idx = np.select([extra_code == 1, extra_code == 2, extra_code == 4, (extra_code == 3) & preempt,
+                           extra_code == 3], [0, 1, 2, 4 + local_q, 3], 0).astype(np.int32)
+    extra = pa.DictionaryArray.from_arrays(
+        pa.array(extra_idx, mask=extra_code == 0),
+        pa.concat_arrays([pa.array(fixed, pa.string()), clients.slice(0, lmqs)])).cast(pa.string())
+    tag_dict = pa.array(["1", "2", "3"], pa.string())
+    return _table("journal", {
+        "queue": _strings("l:bench:lmq-", owner_q), "seq": pa.array(pos),
+        "ms": pa.array(base_ms + owner_q + pos * 10),
+        "event": pa.DictionaryArray.from_arrays(pa.array(ev.astype(np.int32)), pa.array(ev_names)).cast(pa.string()),
+        "group": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32), mask=is_pub),
+                                       pa.array(["default"])).cast(pa.string()),
+        "member": members, "id": pa.array(ids, mask=~has_id),
+        "tag": pa.DictionaryArray.from_arrays(pa.array((tags - 1).astype(np.int32), mask=tags == 0),
+                                              tag_dict).cast(pa.string()),
+        "epoch": pa.array(epoch, mask=is_pub), "extra": extra,
+    })
 
 
 def generate(out: Path, lmqs: int, events: int, seed: int = 7) -> dict[str, int]:
@@ -180,66 +255,14 @@ def generate(out: Path, lmqs: int, events: int, seed: int = 7) -> dict[str, int]
     counts["ready"] = _write(out, "ready", {"queue": pa.array([], pa.string())})
     counts["messages"] = _write(out, "messages", {"queue": pa.array([], pa.string())})
 
-    # journal: per lmq, PER_LMQ template events (then padding 'pub' events if --events asks for more)
-    #   0-2 pub 1..3 | 3 sub c | 4 out 1 | 5 out 2 | 6 ack 1 | 7 ack 2 | 8 out 3 | 9 variant:
-    #   kind 0 preempt (new owner d, extra c) | 1 seek earliest (epoch 1) | 2 timeout 3 | 3 nack 3 | 4 fenced
-    #   else ack 3
-    ev_names = ["pub", "sub", "out", "ack", "preempt", "seek", "timeout", "nack", "fenced"]
-    template = np.array([0, 0, 0, 1, 2, 2, 3, 3, 2, 3], np.int8)
-    variant = np.select([kind == 0, kind == 1, kind == 2, kind == 3, kind == 4], [4, 5, 6, 7, 8], 3).astype(np.int8)
-    ev = np.tile(template, lmqs).reshape(lmqs, PER_LMQ)
-    ev[:, 9] = variant
-    ids = np.tile(np.array([1, 2, 3, 1, 1, 2, 1, 2, 3, 3], np.int64), (lmqs, 1))
-    ids[variant == 5, 9] = 1  # seek: the new cursor
-    has_id = np.ones((lmqs, PER_LMQ), bool)
-    has_id[:, 9] = np.isin(variant, [5, 6, 7, 3])
-    tags = np.tile(np.array([0, 0, 0, 0, 1, 2, 1, 2, 3, 3], np.int8), (lmqs, 1))
-    tags[~np.isin(variant, [6, 7, 3]), 9] = 0
-    epoch = np.zeros((lmqs, PER_LMQ), np.int64)
-    epoch[variant == 5, 9] = 1
-    extra_code = np.zeros((lmqs, PER_LMQ), np.int8)  # 0 null, 1 acquisitions, 2 mode, 3 evicted / marker, 4 kind
-    extra_code[:, [4, 5, 8]] = 1
-    extra_code[:, 3] = 2
-    extra_code[variant == 4, 9] = 3
-    extra_code[variant == 5, 9] = 4
-    extra_code[variant == 8, 9] = 3
-    pad = per - PER_LMQ
-    if pad:
-        ev = np.hstack([ev, np.zeros((lmqs, pad), np.int8)])
-        ids = np.hstack([ids, np.tile(np.arange(4, 4 + pad, dtype=np.int64), (lmqs, 1))])
-        has_id = np.hstack([has_id, np.ones((lmqs, pad), bool)])
-        tags = np.hstack([tags, np.zeros((lmqs, pad), np.int8)])
-        epoch = np.hstack([epoch, np.zeros((lmqs, pad), np.int64)])
-        extra_code = np.hstack([extra_code, np.zeros((lmqs, pad), np.int8)])
-    n = lmqs * per
-    ev, ids, has_id, tags, epoch, extra_code = (a.reshape(n) for a in (ev, ids, has_id, tags, epoch, extra_code))
-    owner_q = np.repeat(q, per)
-    pos = np.tile(np.arange(per, dtype=np.int64), lmqs)
-    is_pub = ev == 0
-    preempt = ev == 4
-    # client names: dictionary c0000000.., d0000000.. (the preempting owner of lmq q is d<q>)
-    clients = pa.array([f"{p}{i:07d}" for p in "cd" for i in range(lmqs)], pa.string())
-    member_idx = np.where(preempt, lmqs + owner_q, owner_q).astype(np.int32)
-    members = pa.DictionaryArray.from_arrays(pa.array(member_idx, mask=is_pub), clients).cast(pa.string())
-    # extra: 1 '1' (acquisitions) | 2 'exclusive' | 3 the evicted client c<q> (preempt) or 'ops' (fenced) | 4 'earliest'
-    fixed = ["1", "exclusive", "earliest", "ops"]
-    extra_idx = np.select([extra_code == 1, extra_code == 2, extra_code == 4, (extra_code == 3) & preempt,
-                           extra_code == 3], [0, 1, 2, 4 + owner_q, 3], 0).astype(np.int32)
-    extra = pa.DictionaryArray.from_arrays(
-        pa.array(extra_idx, mask=extra_code == 0),
-        pa.concat_arrays([pa.array(fixed, pa.string()), clients.slice(0, lmqs)])).cast(pa.string())
-    tag_dict = pa.array(["1", "2", "3"], pa.string())
-    counts["journal"] = _write(out, "journal", {
-        "queue": _strings("l:bench:lmq-", owner_q), "seq": pa.array(pos),
-        "ms": pa.array(base_ms + owner_q + pos * 10),
-        "event": pa.DictionaryArray.from_arrays(pa.array(ev.astype(np.int32)), pa.array(ev_names)).cast(pa.string()),
-        "group": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32), mask=is_pub),
-                                       pa.array(["default"])).cast(pa.string()),
-        "member": members, "id": pa.array(ids, mask=~has_id),
-        "tag": pa.DictionaryArray.from_arrays(pa.array((tags - 1).astype(np.int32), mask=tags == 0),
-                                              tag_dict).cast(pa.string()),
-        "epoch": pa.array(epoch, mask=is_pub), "extra": extra,
-    })
+    # the journal, a million lmqs at a time (100,000,000 events do not fit in memory at once)
+    writer = pq.ParquetWriter(out / "journal.parquet", SCHEMAS["journal"])
+    counts["journal"] = 0
+    for lo in range(0, lmqs, JOURNAL_CHUNK):
+        chunk = _journal_chunk(q[lo:lo + JOURNAL_CHUNK], kind[lo:lo + JOURNAL_CHUNK], per, base_ms)
+        writer.write_table(chunk, row_group_size=ROW_GROUP)
+        counts["journal"] += chunk.num_rows
+    writer.close()
     manifest = {
         "schema_version": SCHEMA_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source": "synthetic (spark/bench_analyze.py)", "prefix": "fmq", "nodes": 1, "queues": lmqs,
