@@ -93,6 +93,12 @@ def duration(ms: Any) -> str:
     return f"{sign}{s // 86400} d {s % 86400 // 3600} h"
 
 
+def wants_log_scale(values: list[float]) -> bool:
+    """A plot's values span two orders of magnitude or more (zeros aside): linear would hide the small ones."""
+    shown = [v for v in values if v and v > 0]
+    return bool(shown) and max(shown) / min(shown) >= 100
+
+
 def when(ms: Any) -> str:
     if ms is None:
         return ""
@@ -104,7 +110,7 @@ def _cell(column: str, value: Any) -> tuple[str, bool]:
     if value is None:
         return "", False
     if isinstance(value, bool):
-        return ("yes" if value else ""), False
+        return ("yes" if value else "no"), False
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value), False
     if isinstance(value, int):
@@ -171,8 +177,7 @@ class Plots:
             return ""
         plt, ticker = self.plt, self.ticker
         fig, ax = plt.subplots(figsize=(8, 0.7 + 0.3 * max(len(labels), 3)) if horizontal else (8, 3.6))
-        shown = [v for v in values if v and v > 0]
-        log = bool(shown) and max(shown) / min(shown) >= 100  # spans two orders of magnitude or more
+        log = wants_log_scale(values)
         if not labels:
             ax.text(0.5, 0.5, "nothing to show", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
