@@ -643,6 +643,14 @@ def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: P
     human = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(tmp_path / "again")])
     assert human.exit_code == 0, human.output
     assert "5 queues from 1 master(s)" in human.stdout
+    since = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(tmp_path / "next"),
+                                "--since", str(snap), "--json"])
+    assert since.exit_code == 0, since.output
+    # t:orders has a push member: read in full; the lmqs are as snap read them
+    assert pick(json.loads(since.stdout), "queues", "unchanged", "base") == dict(queues=5, unchanged=4, base="../snap")
+    missing = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(tmp_path / "x"),
+                                  "--since", str(tmp_path / "nothing")])
+    assert missing.exit_code == 1 and "no snapshot at" in missing.stderr and not (tmp_path / "x").exists()
 
     res = runner.invoke(cli, ["analyze", str(snap), "--out", str(tmp_path / "out"), "--json"])
     assert res.exit_code == 0, res.output
