@@ -232,7 +232,8 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
     p = res["preemptions"].agg(
         F.sum("preemptions").alias("preemptions"), F.sum("evictions").alias("evictions"),
         F.sum("fenced_pulls").alias("fenced_pulls"),
-        F.count(F.when(col("lmq").isNotNull(), True)).alias("lmqs_with_churn")).first().asDict()
+        F.count(F.when(col("lmq").isNotNull(), True)).alias("lmqs_with_churn"),
+        F.count(F.lit(1)).alias("groups_with_churn")).first().asDict()
     c = res["consumers"].agg(F.sum("suspicions").alias("suspicions"),
                              F.count(F.when(col("suspected_now"), True)).alias("suspected_now")).first().asDict()
     # a queue whose journal is off (lmqs by default) has no history for the audit to read

@@ -52,7 +52,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "nacks": ("nacks", "count"), "discards": ("discards", "count"), "dead_letters": ("dead letters", "count"),
     "timeouts": ("lock expiries", "count"), "seeks": ("seeks", "count"), "preemptions": ("preemptions", "count"),
     "evictions": ("operator evictions", "count"), "fenced_pulls": ("fenced pulls", "count"),
-    "lmqs_with_churn": ("lmqs with churn", "count"), "suspicions": ("suspicions", "count"),
+    "lmqs_with_churn": ("lmqs with churn", "count"), "groups_with_churn": ("subscriptions with churn", "count"), "suspicions": ("suspicions", "count"),
     "suspected_now": ("consumers suspected now", "count"),
 }
 
@@ -341,8 +341,9 @@ def render(out: Path, summary: dict[str, Any], manifest: dict[str, Any], data: d
     # 5. churn
     parts.append("<h2>5. Preemption churn</h2>")
     parts.append(f"<p>{count(t.get('preemptions'))} preemptions, {count(t.get('evictions'))} operator "
-                 f"evictions and {count(t.get('fenced_pulls'))} fenced pulls on "
-                 f"{count(t.get('lmqs_with_churn'))} lmqs. From the counters every lmq keeps in its meta hash "
+                 f"evictions and {count(t.get('fenced_pulls'))} fenced pulls in "
+                 f"{count(t.get('groups_with_churn'))} subscriptions, {count(t.get('lmqs_with_churn'))} of them on "
+                 "lmqs. From the counters every lmq keeps in its meta hash "
                  "once churn happens (source <i>meta</i>), and from journals where queues keep one.</p>")
     pre = data["preemptions"][:15]
     parts.append(plots.bar("Churn per lmq / group (preemptions + evictions)", [_label(r) for r in pre],

@@ -569,7 +569,8 @@ def test_lite_churn_without_a_journal_is_in_the_report_and_the_audit_says_what_i
 
     html = (tmp_path / "out" / "report.html").read_text()
     churn_section = html[html.index("5. Preemption churn"):html.index("6. Seeks")]
-    assert "4 preemptions, 1 operator evictions and 1 fenced pulls on 3 lmqs" in churn_section
+    assert "4 preemptions, 1 operator evictions and 1 fenced pulls in 3 subscriptions, 3 of them on lmqs" in \
+        churn_section
     assert "ann, ben" in churn_section and "nothing to show" not in churn_section
     assert "did not run on 3 lmq queues" in html
     human = CliRunner().invoke(cli, ["analyze", str(snap), "--out", str(tmp_path / "out2")])
