@@ -383,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--shuffle-partitions", type=int, default=8)
     parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --keep: analyse the snapshot an earlier run generated there, if any")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark configuration (repeatable), e.g. spark.driver.extraJavaOptions=...")
     parser.add_argument("--snapshot-lmqs", type=int, default=0, help="also time take_snapshot on N real lmqs")
     parser.add_argument("--keep", type=Path, help="keep the synthetic snapshot and results here")
     parser.add_argument("--results", type=Path, default=Path("bench/results/analyze.json"))
@@ -393,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
     snap, out = work / "snapshot", work / "analysis"
     try:
         t = time.perf_counter()
-        counts = generate(snap, args.lmqs, args.events)
+        if args.reuse and (snap / "manifest.json").is_file():
+            counts = json.loads((snap / "manifest.json").read_text())["counts"]
+        else:
+            counts = generate(snap, args.lmqs, args.events)
         generated = time.perf_counter() - t
         print(f"generated {counts['queues']:,} lmqs, {counts['journal']:,} journal events in {generated:.1f} s",
               flush=True)
@@ -404,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
 
         t = time.perf_counter()
         spark = build_session(args.master, shuffle_partitions=args.shuffle_partitions,
-                              driver_memory=args.driver_memory, conf={"spark.ui.showConsoleProgress": "false"})
+                              driver_memory=args.driver_memory, conf={"spark.ui.showConsoleProgress": "false",
+                                                                      **dict(c.split("=", 1) for c in args.conf)})
         started = time.perf_counter() - t
         load_before = os.getloadavg()
         t = time.perf_counter()
@@ -424,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "analyze",
             "lmqs": counts["queues"], "journal_events": counts["journal"], "rows": counts,
             "master": args.master, "shuffle_partitions": args.shuffle_partitions,
-            "driver_memory": args.driver_memory, "spark": spark_version,
+            "driver_memory": args.driver_memory, "spark": spark_version, "conf": args.conf,
             "generate_seconds": round(generated, 1), "session_start_seconds": round(started, 1),
             "analyze_seconds": round(analyzed, 1), "goal_seconds": goal, "within_goal": analyzed <= goal,
             "peak_driver_jvm_rss_mib": round(peak.jvm / 2**20), "peak_python_rss_mib": round(peak.python / 2**20),
