@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-cluster test-stateful test-ui ui-screenshots bench serve lint clean venv
+.PHONY: demo test test-cluster test-stateful test-ui ui-screenshots test-spark-cluster bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
 QUIETLY = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -52,6 +52,11 @@ test-ui: $(VENV)/.ui-test
 
 ui-screenshots: $(VENV)/.ui-test
 	FENCEMQ_TEST_BROWSER=1 FENCEMQ_UI_SCREENSHOTS=docs/ui $(PY) -m pytest tests/ui -m browser -k renders -q
+
+# `fencemq analyze --master spark://…` on a standalone Spark master + worker started from pyspark's own
+# distribution (a minute or more: two JVMs, then the job's); skipped, saying why, without Java.
+test-spark-cluster: $(VENV)/.test
+	FENCEMQ_SPARK_CLUSTER=1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest tests/spark/test_standalone_cluster.py -q $(PYTEST_ARGS)
 
 # Every speed goal of issue #14 in one run: bench/results/*.json, e2e.png and goals.json/goals.png (pass/fail).
 BENCH_LMQS ?= 1000000

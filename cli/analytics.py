@@ -46,7 +46,7 @@ def _is_cluster(client: redis.Redis) -> bool:
 
 
 async def _snapshot(url: str, cluster: bool, prefix: str, out: Path, batch: int, log_entries: int,
-                    journal_entries: int, progress: Any) -> Any:
+                    journal_entries: int, progress: Any, since: Path | None = None) -> Any:
     from redis.asyncio import Redis, RedisCluster
 
     from fencemq.ops.snapshot import take_snapshot  # needs pyarrow (checked by the command)
@@ -54,7 +54,7 @@ async def _snapshot(url: str, cluster: bool, prefix: str, out: Path, batch: int,
     client = RedisCluster.from_url(url) if cluster else Redis.from_url(url, socket_connect_timeout=5)
     try:
         return await take_snapshot(client, Keyspace(prefix), out, progress, batch=batch, log_entries=log_entries,
-                                   journal_entries=journal_entries, source=safe_url(url))
+                                   journal_entries=journal_entries, source=safe_url(url), since=since)
     finally:
         await client.aclose()
 
@@ -76,12 +76,18 @@ def snapshot(
     journal_entries: Annotated[int, typer.Option(
         "--journal-entries", min=-1, help="Per queue, export the newest N journal events (-1 = all kept).")] = -1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON (no progress display).")] = False,
+    since: Annotated[Optional[Path], typer.Option(
+        "--since", metavar="BASE", show_default=False,
+        help="Incremental: build on the snapshot in BASE; a queue whose state is as BASE read it is not read "
+             "again (analyze follows the chain back to a full snapshot).")] = None,
 ) -> None:
     """Snapshot every queue's whole state (one atomic Lua call per queue) to Parquet + manifest.json.
 
     Read-only and safe against a live broker: each queue is consistent in
     itself (its rows come from one atomic call); queues are read one after
     another, so the snapshot is not one instant of the whole broker.
+    With --since BASE, only queues whose state changed since BASE are written
+    (every fence write changes a queue's state digest).
     """
     url = redis_url_given(redis_url)
     if not url:
@@ -110,11 +116,16 @@ def snapshot(
         fail("snapshot", exc)
         raise typer.Exit(exc.code) from None
 
+    if since is not None and not (since / "manifest.json").is_file():
+        fail("snapshot", CliError(f"no snapshot at {since} to build on (manifest.json missing)"))
+        raise typer.Exit(1)
+    from fencemq.ops.snapshot import SnapshotError
+
     err = Console(stderr=True, highlight=False)
     try:
         if as_json:
             manifest = asyncio.run(_snapshot(url, cluster, key_prefix, out, batch, log_entries, journal_entries,
-                                             None))
+                                             None, since))
         else:
             from rich.progress import (
                 Progress,
@@ -128,7 +139,10 @@ def snapshot(
                 task = bar.add_task("snapshot", total=None)
                 manifest = asyncio.run(_snapshot(
                     url, cluster, key_prefix, out, batch, log_entries, journal_entries,
-                    lambda done, _total: bar.update(task, completed=done)))
+                    lambda done, _total: bar.update(task, completed=done), since))
+    except SnapshotError as exc:
+        fail("snapshot", CliError(str(exc)))
+        raise typer.Exit(1) from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         fail("snapshot", CliError(unreachable_message(url, exc)))
         raise typer.Exit(EXIT_UNREACHABLE) from None
@@ -148,7 +162,9 @@ def snapshot(
         console.print(table)
         console.print(f"{manifest.queues:,} queues from {manifest.nodes} master(s) in {manifest.duration_s:.2f} s "
                       f"({manifest.queues_per_s:,.0f} queues/s)"
-                      + (f"; {manifest.vanished} vanished meanwhile" if manifest.vanished else ""))
+                      + (f"; {manifest.vanished} vanished meanwhile" if manifest.vanished else "")
+                      + (f"; {manifest.unchanged:,} unchanged since {since} (not read again)"
+                         if since is not None else ""))
     if manifest.error_count:
         fail("snapshot", CliError(f"{manifest.error_count} queue(s) could not be read (first: "
                                   f"{manifest.errors[0]}); see {out / 'manifest.json'}"))
@@ -212,16 +228,22 @@ def analyze(
     else:
         console = Console(highlight=False)
         colour = "green" if audit["verdict"] == "PASS" else "red"
-        console.print(f"fence audit: [bold {colour}]{audit['verdict']}[/] — evicted_out={audit['evicted_out']}, "
-                      f"stale_epoch={audit['stale_epoch']}, double_ack={audit['double_ack']}")
+        console.print(f"fence audit: [bold {colour}]{audit['verdict']}[/]")
+        for c in audit["checks"]:
+            mark = "[green]ok[/]" if not c["violations"] else f"[red]{c['violations']:,} violations[/]"
+            console.print(f"  {mark}  {c['fence']}: {c['what']} — {c['kind']} check on {c['queues']:,} queues "
+                          f"({c['over']})")
         t = summary["totals"]
-        if t["not_audited"]:
-            console.print(f"[yellow]{t['not_audited']:,} queues have no journal and were not audited[/] "
-                          "(lmqs: set FENCEMQ_LITE_JOURNAL_CAP)")
+        skipped = audit["scope"]["history_not_checked"]
+        if skipped:
+            console.print("[yellow]history checks not run on " + ", ".join(
+                f"{n:,} {kind} queues" for kind, n in skipped.items()) + "[/] (no journal: state checks and "
+                "churn counters only; FENCEMQ_LITE_JOURNAL_CAP turns lmq journals on)")
         console.print(f"{t['queues']:,} queues ({t['lmqs']:,} lmqs), {t['groups']:,} groups, "
                       f"{t['journal_events']:,} journal events; backlog {t['backlog']:,}; "
                       f"redeliveries {t['redeliveries']:,}; lock expiries {t['timeouts']:,}; "
-                      f"preemptions {t['preemptions']:,}; seeks {t['seeks']:,}")
+                      f"preemptions {t['preemptions']:,}, evictions {t['evictions']:,} "
+                      f"({t['lmqs_with_churn']:,} lmqs churned); seeks {t['seeks']:,}")
         console.print(f"results: {summary['out']}" + (f"  report: {summary['report']}" if summary["report"] else ""))
     if audit["verdict"] != "PASS":
         raise typer.Exit(EXIT_AUDIT_FAILED)

@@ -22,7 +22,7 @@
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, m = A.group, A.member
 if redis.call('HEXISTS', K.meta, mf(g, m, DELIVERED)) == 0 then return -1 end
-local returned = #mark_evicted(K, g, m, A.by)
+local returned = #mark_evicted(K, g, m, A.by, CHURN_EVICT)
 if redis.call('HGET', K.meta, gf(g, OWNER)) == m then redis.call('HDEL', K.meta, gf(g, OWNER)) end
 journal(now_ms(), 'evict', g, m, nil, nil, nil, A.by)
 flush_journal(K)

@@ -17,6 +17,9 @@
 -- ARGV[1] max_log         log entries to list, oldest first (0 = none): ids,
 --   publish ms and stored size only, never the bodies
 -- ARGV[2] max_journal     entries, the newest (0 = none, -1 = all)
+-- ARGV[3] digest          the queue's state digest in the snapshot an
+--   incremental one builds on ('' = none): when the state still has it, only
+--   {now ms, 'unchanged', digest} is returned (`fencemq snapshot --since`)
 -- Errors: BADARG when a limit is not an integer.
 -- Returns: (nothing is written)
 --   { now ms (Redis TIME),
@@ -33,7 +36,10 @@
 --       out, returned, delayed, or not yet read (cursor ≤ seq); groups with
 --       nothing pending are left out,
 --     log entries (flat: id, publish ms, stored body bytes),
---     journal entries (oldest first, format in _common.lua `journal`) }
+--     journal entries (oldest first, format in _common.lua `journal`),
+--     digest (SHA-1 hex of everything above but the time, the log entries
+--     listed and the journal: of the journal, its length and newest entry) }
+--   or, when the digest passed is this one, {now ms, 'unchanged', digest}.
 --   An empty meta (the queue vanished after the SCAN that found it) returns
 --   the same shape with empty parts.
 -- Consistent: every part is read in this one call, so every invariant of the
@@ -70,6 +76,11 @@ local counts = {redis.call('HLEN', K.log), redis.call('ZCARD', K.owned), redis.c
                 redis.call('LLEN', K.journal)}
 local mailboxes = {}
 for _, box in ipairs(K.mailboxes) do mailboxes[#mailboxes + 1] = redis.call('LLEN', box) end
+-- Every write of a fence changes one of these (a state seen before hashes the
+-- same; the same state read in another hash order only costs a full read).
+local digest = redis.sha1hex(cmsgpack.pack({stored, co, dl, rd, dly, counts, mailboxes,
+                                            redis.call('LINDEX', K.journal, -1) or ''}))
+if A.digest ~= '' and A.digest == digest then return {now, 'unchanged', digest} end
 
 local seq, first = tonumber(f.seq or '0'), tonumber(f.first or '1')
 local low = {}
@@ -121,4 +132,4 @@ local jr = {}
 if max_journal < 0 then jr = redis.call('LRANGE', K.journal, 0, -1)
 elseif max_journal > 0 then jr = redis.call('LRANGE', K.journal, -max_journal, -1) end
 
-return {now, meta, co, dl, rd, dly, counts, mailboxes, oldest, entries, jr}
+return {now, meta, co, dl, rd, dly, counts, mailboxes, oldest, entries, jr, digest}

@@ -139,7 +139,7 @@ end
 local evicted = ''
 if mode == 'exclusive' and owner and owner ~= m then
   evicted = owner
-  returned = returned + #mark_evicted(K, g, owner, m)
+  returned = returned + #mark_evicted(K, g, owner, m, CHURN_PREEMPT)
   local onpre = f[10]  -- the group exists (it has an owner): read with the rest
   if onpre == 'earliest' then cur = first
   elseif onpre == 'latest' then cur = seq + 1 end

@@ -32,9 +32,29 @@ except ImportError:  # run as a file (spark-submit spark/analytics.py): its dire
 
 __all__ = ["AGE_BUCKETS", "RESULT_TABLES", "AnalyticsError", "analyze", "build_session", "load_tables", "main"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READS_VERSIONS = (1, 2)  # version 1 lacks the churn columns (read as null) and incremental snapshots
 SNAPSHOT_TABLES = ("queues", "groups", "members", "checkouts", "ready", "journal")
-AUDITS = ("audit_evicted_out", "audit_stale_epoch", "audit_double_ack")
+AUDITS = ("audit_evicted_out", "audit_stale_epoch", "audit_double_ack", "audit_marked_holding",
+          "audit_stale_checkout")
+# (audit table, the guarantee it checks, what it checks, on what: "history" = queues with a journal,
+#  "state" = every queue)
+AUDIT_CHECKS = (
+    ("audit_evicted_out", "eviction fence", "no checkout handed to a client after its eviction, before it "
+                                            "subscribed again", "history"),
+    ("audit_marked_holding", "eviction fence", "no evicted (marked) client holds a checkout", "state"),
+    ("audit_stale_epoch", "epoch fence", "no checkout under an epoch lower than one its group had reached",
+     "history"),
+    ("audit_stale_checkout", "epoch fence", "no checkout under an epoch below its group's", "state"),
+    ("audit_double_ack", "ack-once", "no message acknowledged twice in a group without a rewind between",
+     "history"),
+)
+# columns a version-1 snapshot lacks: read as null
+ADDED_IN_2 = {"groups": (("preemptions", "bigint"), ("evictions", "bigint"), ("fenced_pulls", "bigint"),
+                         ("churn_clients", "array<string>"), ("churn_clients_capped", "boolean"),
+                         ("first_churn_ms", "bigint"), ("last_churn_ms", "bigint")),
+              "queues": (("digest", "string"),)}
+MAX_CHAIN = 10_000
 AGE_BUCKETS = ((1_000, "< 1 s"), (10_000, "1-10 s"), (60_000, "10 s-1 min"), (600_000, "1-10 min"),
                (3_600_000, "10 min-1 h"), (86_400_000, "1 h-1 d"), (None, "> 1 d"))
 
@@ -63,6 +83,12 @@ def build_session(master: str | None = "local[*]", *, shuffle_partitions: int = 
                .config("spark.sql.adaptive.enabled", "true"))
     if driver_memory:
         builder = builder.config("spark.driver.memory", driver_memory)
+    # The job is a batch of scans, shuffles and aggregations: the throughput collector spends less CPU
+    # than G1's concurrent work (1M lmqs / 10M events on 2 CPUs: 142 JVM CPU seconds instead of 194,
+    # bench/results/analyze.json). A JVM already running (spark-submit's driver) keeps its own.
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        if key not in (conf or {}):
+            builder = builder.config(key, "-XX:+UseParallelGC")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -70,24 +96,77 @@ def build_session(master: str | None = "local[*]", *, shuffle_partitions: int = 
     return spark
 
 
-def load_tables(spark, snapshot_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(manifest, {table: DataFrame}) of a finished snapshot."""
-    root = Path(snapshot_dir)
+def _load_one(spark, root: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """(manifest, {table: DataFrame}, unchanged queues or None) of one snapshot, not following its base."""
+    from pyspark.sql import functions as F
+
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():
         raise AnalyticsError(f"no snapshot at {root} (manifest.json missing); take one with "
                              f"`fencemq snapshot --out {root}`")
     manifest = json.loads(manifest_path.read_text())
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise AnalyticsError(f"snapshot at {root} has schema version {manifest.get('schema_version')!r}; "
-                             f"this job reads version {SCHEMA_VERSION}")
+    version = manifest.get("schema_version")
+    if version not in READS_VERSIONS:
+        raise AnalyticsError(f"snapshot at {root} has schema version {version!r}; "
+                             f"this job reads versions {', '.join(map(str, READS_VERSIONS))}")
     tables = {}
     for name in SNAPSHOT_TABLES:
         path = root / manifest.get("tables", {}).get(name, f"{name}.parquet")
         if not path.exists():
             raise AnalyticsError(f"snapshot at {root} lacks table {name} ({path.name})")
-        tables[name] = spark.read.parquet(str(path))
-    return manifest, tables
+        df = spark.read.parquet(str(path))
+        for column, typ in ADDED_IN_2.get(name, ()):
+            if column not in df.columns:
+                df = df.withColumn(column, F.lit(None).cast(typ))
+        tables[name] = df
+    unchanged = None
+    if manifest.get("base"):
+        path = root / manifest.get("tables", {}).get("unchanged", "unchanged.parquet")
+        if not path.exists():
+            raise AnalyticsError(f"incremental snapshot at {root} lacks table unchanged ({path.name})")
+        unchanged = spark.read.parquet(str(path)).select("queue", "snapshot_ms")
+    return manifest, tables, unchanged
+
+
+def load_tables(spark, snapshot_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(manifest, {table: DataFrame}) of a finished snapshot; an incremental one with its chain.
+
+    An incremental snapshot (``fencemq snapshot --since BASE``) holds rows of the
+    queues that changed and names the others in ``unchanged``: their rows are
+    taken from the base (which may be incremental too, back to a full
+    snapshot), with this snapshot's time (``snapshot_ms``: an unchanged queue's
+    oldest message is older now). The manifest returned is the newest one,
+    with ``chain``: every directory read, newest first.
+    """
+    chain: list[tuple[dict[str, Any], dict[str, Any], Any]] = []
+    root = Path(snapshot_dir)
+    seen: set[Path] = set()
+    while True:
+        if root.resolve() in seen or len(chain) >= MAX_CHAIN:
+            raise AnalyticsError(f"snapshot chain loops or is too long at {root}")
+        seen.add(root.resolve())
+        manifest, tables, unchanged = _load_one(spark, root)
+        chain.append((manifest, tables, unchanged))
+        if not manifest.get("base"):
+            break
+        root = root / manifest["base"]
+        if not (root / "manifest.json").is_file():
+            raise AnalyticsError(f"the base of snapshot {chain[-1][0].get('created')} is gone: no snapshot at "
+                                 f"{root} (an incremental snapshot needs its whole chain)")
+    # fold from the oldest: each step keeps its own rows and takes the unchanged queues' from the one before
+    _, tables, _ = chain[-1]
+    for manifest, newer, unchanged in reversed(chain[:-1]):
+        merged = {}
+        for name in SNAPSHOT_TABLES:
+            carried = tables[name].join(unchanged, "queue", "left_semi") if name not in ("queues", "groups") else (
+                tables[name].drop("snapshot_ms").join(unchanged, "queue")
+                .select(*newer[name].columns))
+            merged[name] = newer[name].unionByName(carried)
+        tables = merged
+    newest = dict(chain[0][0])
+    newest["chain"] = [str(Path(snapshot_dir))] + [m.get("base") for m, _, _ in chain[:-1]]
+    newest["chain_length"] = len(chain)
+    return newest, tables
 
 
 def _age_bucket(col):
@@ -114,6 +193,7 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
+    timings: dict[str, float] = {}  # seconds per step (summary.json: where the time goes)
     snapshot_dir = Path(snapshot_dir)
     out = Path(out_dir) if out_dir is not None else snapshot_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +207,9 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
     try:
         results = compute(tables, partitions, persisted)
         for name in RESULT_TABLES:
+            t0 = time.perf_counter()
             results[name].write.mode("overwrite").parquet(str(out / name))
+            timings[f"write {name}"] = round(time.perf_counter() - t0, 2)
     finally:
         for df in persisted:
             df.unpersist()
@@ -135,6 +217,7 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
             spark.conf.unset(co_partition)
         else:
             spark.conf.set(co_partition, before)
+    t0 = time.perf_counter()
     res = {name: spark.read.parquet(str(out / name)) for name in RESULT_TABLES}
     every = None  # every table's row count in one job (Parquet footers), not one job per table
     for name in RESULT_TABLES:
@@ -150,19 +233,44 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
         F.max("oldest_unacked_age_ms").alias("max_oldest_unacked_age_ms"),
         F.countDistinct("topic").alias("topics")).first().asDict()
     a = res["group_activity"].agg(*[F.sum(c).alias(c) for c in (
-        "outs", "redeliveries", "acks", "nacks", "discards", "dead_letters", "timeouts", "preemptions",
-        "evictions", "fenced_pulls", "seeks")]).first().asDict()
+        "outs", "redeliveries", "acks", "nacks", "discards", "dead_letters", "timeouts", "seeks")]).first().asDict()
+    # churn from the preemptions table: the meta counters (every lmq) and the journal, merged per group
+    p = res["preemptions"].agg(
+        F.sum("preemptions").alias("preemptions"), F.sum("evictions").alias("evictions"),
+        F.sum("fenced_pulls").alias("fenced_pulls"),
+        F.count(F.when(col("lmq").isNotNull(), True)).alias("lmqs_with_churn"),
+        F.count(F.lit(1)).alias("groups_with_churn")).first().asDict()
     c = res["consumers"].agg(F.sum("suspicions").alias("suspicions"),
                              F.count(F.when(col("suspected_now"), True)).alias("suspected_now")).first().asDict()
-    # a queue whose journal is off (lmqs by default) has nothing for the audit to read
+    # a queue whose journal is off (lmqs by default) has no history for the audit to read
     q = tables["queues"].agg(F.count(F.lit(1)).alias("queues"),
                              F.count(F.when(col("kind") == "lmq", True)).alias("lmqs"),
-                             F.count(F.when(col("journal_cap") == 0, True)).alias("not_audited")).first().asDict()
-    totals = {**q, "groups": counts["backlog"], "members": tables["members"].count(),
-              "journal_events": tables["journal"].count(), **b, **a, **c}
+                             F.count(F.when(F.coalesce(col("journal_cap"), F.lit(0)) == 0, True))
+                             .alias("not_audited")).first().asDict()
+    coverage = _rows(res["audit_coverage"].orderBy("kind", "journal"))
+    totals = {**q, "groups": counts["backlog"], "members": tables["members"].count(), "journal_events": sum(r["journal_events"] or 0 for r in coverage),
+              **b, **a, **p, **c}
     totals = {k: (0 if v is None and k != "max_oldest_unacked_age_ms" else v) for k, v in totals.items()}
-    audit = {name[len("audit_"):]: counts[name] for name in AUDITS}
+    audit: dict[str, Any] = {name[len("audit_"):]: counts[name] for name in AUDITS}
     verdict = "PASS" if not any(audit.values()) else "FAIL"
+    history = [r for r in coverage if r["journal"]]
+    scope = {
+        "history": {"queues": sum(r["queues"] for r in history),
+                    "journal_events": sum(r["journal_events"] or 0 for r in history),
+                    "by_kind": {r["kind"]: r["queues"] for r in history}},
+        "state": {"queues": sum(r["queues"] for r in coverage), "checkouts": sum(r["checkouts"] for r in coverage),
+                  "marked_members": sum(r["marked_members"] for r in coverage),
+                  "by_kind": {k: sum(r["queues"] for r in coverage if r["kind"] == k)
+                              for k in sorted({r["kind"] for r in coverage})}},
+        "history_not_checked": {r["kind"]: r["queues"] for r in coverage if not r["journal"]},
+    }
+    checks = []
+    for table, fence, what, kind in AUDIT_CHECKS:
+        on = scope[kind]
+        checks.append({"check": table[len("audit_"):], "fence": fence, "what": what, "kind": kind,
+                       "queues": on["queues"], "over": (f"{on['journal_events']} journal events" if kind == "history"
+                                                        else f"{on['checkouts']} checkouts"),
+                       "violations": counts[table], "table": table})
     summary: dict[str, Any] = {
         "snapshot": str(snapshot_dir),
         "snapshot_created": manifest.get("created"),
@@ -171,9 +279,12 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
         "report": str(out / "report.html") if report else None,
         "tables": counts,
         "totals": totals,
-        "audit": {"verdict": verdict, **audit},
+        "audit": {"verdict": verdict, **audit, "checks": checks, "scope": scope},
+        "chain": manifest.get("chain"),
     }
 
+    timings["summary"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
     if report:
         try:
             from fencemq.spark import report as html
@@ -196,10 +307,15 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
             "seeks": _rows(res["seeks"].orderBy(col("seeks").desc(), "queue", "group"), report_rows),
             "backlog_by_topic": _rows(res["backlog_by_topic"].orderBy(col("backlog").desc()), report_rows),
         }
+        data["redeliveries"] = _rows(res["redeliveries"].where(col("redeliveries") > 0)
+                                     .orderBy(col("redeliveries").desc(), "queue", "group"), report_rows)
+        data["audit_coverage"] = coverage
+        order = {"audit_double_ack": ["first_seq"], "audit_marked_holding": ["tag"], "audit_stale_checkout": ["tag"]}
         for name in AUDITS:
-            data[name] = _rows(res[name].orderBy("queue", "group", *(
-                ["first_seq"] if name == "audit_double_ack" else ["seq"])), report_rows)
+            data[name] = _rows(res[name].orderBy("queue", "group", *order.get(name, ["seq"])), report_rows)
         html.render(out, summary, manifest, data)
+    timings["report"] = round(time.perf_counter() - t0, 2)
+    summary["timings"] = timings
     summary["seconds"] = round(time.perf_counter() - started, 3)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
@@ -237,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=2, default=str))
     else:
         audit = summary["audit"]
-        print(f"fence audit: {audit['verdict']} (evicted_out={audit['evicted_out']}, "
-              f"stale_epoch={audit['stale_epoch']}, double_ack={audit['double_ack']})")
+        print(f"fence audit: {audit['verdict']} (" + ", ".join(
+            f"{c['check']}={c['violations']}" for c in audit["checks"]) + ")")
         print(f"results in {summary['out']}" + (f"; report {summary['report']}" if summary["report"] else ""))
     return 0 if summary["audit"]["verdict"] == "PASS" else 3
 

@@ -16,13 +16,29 @@ The result tables (one Parquet directory each under the job's ``--out``):
 * ``consumers``             per (queue, group, member): checkouts, acks, nacks,
   lock expiries (``timeout`` events), suspicions (sweeps that timed it out:
   distinct ``timeout`` ms), suspected now, eviction marker, delivered.
-* ``preemptions``           per (queue, group) with any: preemptions,
-  operator evictions, fenced pulls, distinct owners, first/last ms;
-  ``preemptions_by_group`` per (topic, group).
+* ``preemptions``           per (queue, group) with any churn: preemptions,
+  operator evictions, fenced pulls, owners (clients seen around the churn),
+  first/last ms, and where from (``source``: ``meta`` = the counters every
+  lmq keeps in its meta hash, journal or not; ``journal``; ``meta+journal``).
+  Each figure is the larger of the two: the counters count since the group's
+  first churn, the journal only its newest events, but a queue churned before
+  the counters existed has only the journal; ``preemptions_by_group`` per
+  (topic, group).
 * ``seeks``                 per (queue, group) with any: seeks by kind, last
   seek ms, current epoch.
 * ``events``                journal events per type.
-* The **fence audit** (each must be empty on a healthy broker), in the
+* ``audit_coverage``        what the audit could prove, per queue kind and
+  whether the queue keeps a journal: queues, journal events, checkouts,
+  marked (evicted) members. History checks need a journal; state checks run
+  on every queue.
+* The **fence audit** (each must be empty on a healthy broker). State
+  checks, on every queue (journal or not), at its snapshot instant:
+  ``audit_marked_holding`` a checkout held by a member with an eviction
+  marker (an evicted client must hold nothing: its checkouts go back when it
+  is marked, and it is handed nothing until it subscribes again);
+  ``audit_stale_checkout`` a checkout whose epoch is below its group's (a
+  seek returns every checkout of the group). History checks, on queues with
+  a journal, in the
   journal's commit order (its ``seq`` column: position in the queue's list,
   never ms, which ties within a millisecond):
   ``audit_evicted_out``  an ``out`` to a client after its eviction committed
@@ -43,8 +59,8 @@ from typing import Any
 
 RESULT_TABLES = (
     "backlog", "backlog_by_topic", "group_activity", "redeliveries", "delivery_counts", "consumers",
-    "preemptions", "preemptions_by_group", "seeks", "events",
-    "audit_evicted_out", "audit_stale_epoch", "audit_double_ack",
+    "preemptions", "preemptions_by_group", "seeks", "events", "audit_coverage",
+    "audit_evicted_out", "audit_stale_epoch", "audit_double_ack", "audit_marked_holding", "audit_stale_checkout",
 )
 # journal event -> small int code inside the job (0: any other event)
 EVENT_CODES = {name: code for code, name in enumerate((
@@ -169,14 +185,34 @@ def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None
         *QG, "outs", "redeliveries", "messages", "max_acquisitions"))
 
     who = j.where(churn).groupBy(*QG).agg(
-        F.countDistinct(when(is_("preempt"), col("member"))).alias("owners"),
+        F.size(F.array_compact(F.array_distinct(F.flatten(F.collect_list(F.array(
+            col("member"), when(is_("preempt"), col("extra")))))))).alias("owners"),
         F.countDistinct(when(is_("preempt"), col("extra")).otherwise(col("member"))).alias("evicted"))
-    out["preemptions"] = named(
-        activity.where((col("preemptions") + col("evictions") + col("fenced_pulls")) > 0)
-        .join(who, QG, "left").select(
-            *QG, "preemptions", "evictions", "fenced_pulls", F.coalesce("owners", lit(0)).alias("owners"),
-            F.coalesce("evicted", lit(0)).alias("evicted"),
-            col("first_preempt_ms").alias("first_ms"), col("last_preempt_ms").alias("last_ms")))
+    from_journal = (activity.where((col("preemptions") + col("evictions") + col("fenced_pulls")) > 0)
+                    .join(who, QG, "left").select(
+                        *Q, "group", col("preemptions").alias("j_p"), col("evictions").alias("j_e"),
+                        col("fenced_pulls").alias("j_f"), F.coalesce("owners", lit(0)).alias("j_o"),
+                        col("evicted").alias("j_evicted"), col("first_preempt_ms").alias("j_first"),
+                        col("last_preempt_ms").alias("j_last")))
+    # the counters in meta: every lmq has them, journal or not (lua/lib/lite.lua count_churn)
+    from_meta = groups.where((col("preemptions") + col("evictions") + col("fenced_pulls")) > 0).select(
+        F.xxhash64("queue").alias("qk"), "queue", "group", col("preemptions").alias("m_p"),
+        col("evictions").alias("m_e"), col("fenced_pulls").alias("m_f"),
+        F.size("churn_clients").alias("m_o"), col("churn_clients_capped").alias("m_capped"),
+        col("first_churn_ms").alias("m_first"), col("last_churn_ms").alias("m_last"), "churn_clients")
+    both = from_meta.join(from_journal, QG, "full")
+
+    def larger(a: str, b: str):
+        return F.greatest(F.coalesce(col(a), lit(0)), F.coalesce(col(b), lit(0)))
+
+    out["preemptions"] = named(both.select(
+        *QG, larger("m_p", "j_p").alias("preemptions"), larger("m_e", "j_e").alias("evictions"),
+        larger("m_f", "j_f").alias("fenced_pulls"), larger("m_o", "j_o").alias("owners"),
+        F.coalesce("m_capped", lit(False)).alias("owners_capped"),
+        col("churn_clients").alias("clients"), F.coalesce("j_evicted", lit(0)).alias("evicted"),
+        F.least("m_first", "j_first").alias("first_ms"), F.greatest("m_last", "j_last").alias("last_ms"),
+        when(col("m_p").isNotNull() & col("j_p").isNotNull(), lit("meta+journal"))
+        .when(col("m_p").isNotNull(), lit("meta")).otherwise(lit("journal")).alias("source")))
     out["preemptions_by_group"] = out["preemptions"].groupBy("topic", "group").agg(
         count(lit(1)).alias("queues"), F.sum("preemptions").alias("preemptions"),
         F.sum("evictions").alias("evictions"), F.sum("fenced_pulls").alias("fenced_pulls"))
@@ -271,4 +307,27 @@ def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None
     out["audit_double_ack"] = named(doubles.select(
         *QG, "id", "acks", "first_seq", "last_seq", col("by_seq.member").alias("members"),
         col("by_seq.tag").alias("tags")))
+
+    # -- state checks, on every queue (an lmq without a journal too): the snapshot's own rows --------
+    checkouts = tables["checkouts"]
+    marked = members.where(col("marker").isNotNull()).select("queue", "group", "member", "marker")
+    out["audit_marked_holding"] = named(
+        checkouts.join(marked, ["queue", "group", "member"])
+        .select("queue", "group", "member", "marker", "tag", "id", "epoch", "deadline_ms"))
+    out["audit_stale_checkout"] = named(
+        checkouts.join(groups.select("queue", "group", col("epoch").alias("group_epoch")), ["queue", "group"])
+        .where(col("epoch") < col("group_epoch"))
+        .select("queue", "group", "member", "tag", "id", "epoch", "group_epoch"))
+
+    queues = tables["queues"]
+    per_queue_co = checkouts.groupBy("queue").agg(count(lit(1)).alias("n_co"))
+    per_queue_mk = marked.groupBy("queue").agg(count(lit(1)).alias("n_mk"))
+    out["audit_coverage"] = (
+        queues.select("queue", "kind", (F.coalesce(col("journal_cap"), lit(0)) > 0).alias("journal"),
+                      F.coalesce(col("journal_rows"), lit(0)).alias("rows"))
+        .join(per_queue_co, "queue", "left").join(per_queue_mk, "queue", "left")
+        .groupBy("kind", "journal").agg(
+            count(lit(1)).alias("queues"), F.sum("rows").alias("journal_events"),
+            F.sum(F.coalesce("n_co", lit(0))).alias("checkouts"),
+            F.sum(F.coalesce("n_mk", lit(0))).alias("marked_members")))
     return out

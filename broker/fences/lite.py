@@ -11,6 +11,7 @@ Lua side: lua/lib/lite.lua. Protocol: docs/protocol.md, "Lite queues".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fencemq.fences import session_index
@@ -75,3 +76,37 @@ class Lite:
     def _session_keys(self, handle: Handle) -> dict[str, str]:
         keys = self.ctx.keys
         return {"bucket": session_index.bucket_key(keys, handle), "counts": keys.session_lite_counts(handle.member)}
+
+
+# -- churn, kept without the journal (lua/lib/lite.lua `count_churn`) ---------------------------------
+
+CHURN = "ch"  # group field: "preemptions,evictions,fenced pulls,first ms,last ms"
+CHURN_WHO = "chw"  # group field: the clients around the churn, newline-separated
+CHURN_WHO_MAX = 8  # at most this many distinct clients are named
+
+
+@dataclass(frozen=True)
+class Churn:
+    """A group's churn counters, since its first preemption / eviction (all zero: none)."""
+
+    preemptions: int = 0
+    evictions: int = 0
+    fenced_pulls: int = 0
+    first_ms: int | None = None
+    last_ms: int | None = None
+    clients: tuple[str, ...] = ()
+
+    @property
+    def clients_capped(self) -> bool:
+        """True when more clients may have taken part than the ones named."""
+        return len(self.clients) >= CHURN_WHO_MAX
+
+
+def churn_of(group_fields: dict[str, Any]) -> Churn:
+    """The churn of a group from its meta fields (``g|<group>|…`` names stripped)."""
+    raw = group_fields.get(CHURN)
+    if not raw:
+        return Churn()
+    p, e, f, first, last = (int(x) for x in text(raw).split(","))
+    who = text(group_fields.get(CHURN_WHO) or "")
+    return Churn(p, e, f, first, last, tuple(w for w in who.split("\n") if w))

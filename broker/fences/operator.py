@@ -11,5 +11,5 @@ from fencemq.fences.registry import fence
 PURGE = fence("purge", "meta log checkouts owned ready delayed dedup dedup_ids journal", "idle_ttl_ms")
 REPLAY_DEAD = fence("replay_dead", "meta log checkouts ready delayed dead dedup dedup_ids wake journal",
                     "count scan_limit idle_ttl_ms")
-SNAPSHOT = fence("snapshot", "meta log checkouts deadlines owned ready delayed dead journal", "max_log max_journal",
+SNAPSHOT = fence("snapshot", "meta log checkouts deadlines owned ready delayed dead journal", "max_log max_journal digest",
                  keys_rest="mailboxes")

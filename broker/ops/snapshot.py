@@ -16,6 +16,17 @@ kept only if its own meta names exactly the same members (up to
 kept with null mailbox depths and counted in the manifest). Queues without
 push members cost one call.
 
+Incremental snapshots (``since``: an earlier snapshot's directory): every
+queue is still visited (SCAN finds the queues that exist now), but each fence
+call carries the digest of the queue's state as the base snapshot read it;
+a queue whose state still hashes the same answers with its digest alone and
+gets one row in ``unchanged`` instead of its rows. Every fence write changes
+the state it hashes, whichever fence it was (a publish, a pull, an ack, a
+sweep, a preemption), so this is exact where a write time kept by some
+fences only would not be. The manifest names its ``base``; the analytics
+job reads the chain (spark/analytics.py ``load_tables``). A queue with push
+members is always read in full (its first call cannot name its mailboxes).
+
 The tables, their schemas and how a fence reply becomes rows: broker/ops/snapshot_tables.py.
 """
 
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -48,6 +60,26 @@ Progress = Callable[[int, "int | None"], None]
 
 class SnapshotError(Exception):
     pass
+
+
+def base_digests(base: str | Path) -> dict[str, str]:
+    """Each queue's state digest in a finished snapshot (the queues it read and the ones it found unchanged)."""
+    import pyarrow.parquet as pq
+
+    root = Path(base)
+    if not (root / "manifest.json").is_file():
+        raise SnapshotError(f"no finished snapshot at {root} (manifest.json missing)")
+    found = Manifest.load(root)
+    if found.schema_version != SCHEMA_VERSION:
+        raise SnapshotError(f"snapshot at {root} has schema version {found.schema_version}; an incremental "
+                            f"snapshot builds on version {SCHEMA_VERSION}: take a full one first")
+    digests: dict[str, str] = {}
+    for table in ("queues", "unchanged"):
+        path = root / f"{table}.parquet"
+        if path.exists():
+            t = pq.read_table(path, columns=["queue", "digest"])
+            digests.update(zip(t.column("queue").to_pylist(), t.column("digest").to_pylist(), strict=True))
+    return digests
 
 
 def _source_of(redis: Any) -> str:
@@ -105,6 +137,11 @@ class _Fence:
         return results  # pragma: no cover
 
 
+def _relative(base: str | Path, out: Path) -> str:
+    """The base as a path relative to the new snapshot (a chain moves as one directory tree)."""
+    return os.path.relpath(Path(base).resolve(), out.resolve())
+
+
 async def take_snapshot(
     redis: Any,
     keyspace: Keyspace,
@@ -115,6 +152,7 @@ async def take_snapshot(
     log_entries: int = 0,
     journal_entries: int = -1,
     source: str | None = None,
+    since: str | Path | None = None,
 ) -> Manifest:
     """Snapshot every queue under ``keyspace`` into ``out_dir``; returns the manifest.
 
@@ -123,11 +161,16 @@ async def take_snapshot(
     is called after each pipeline round (total is None: SCAN does not know it).
     ``log_entries``: per queue, list this many log entries (oldest first) in
     ``messages``; ``journal_entries``: the newest this many journal events per
-    queue (-1 = all that Redis keeps).
+    queue (-1 = all that Redis keeps). ``since``: a finished snapshot to build
+    on (incremental: queues whose state it read as it is now are not read
+    again; see the module docstring).
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
     out = Path(out_dir)
+    digests = base_digests(since) if since is not None else {}
+    if since is not None and Path(since).resolve() == out.resolve():
+        raise SnapshotError("an incremental snapshot cannot replace its own base: give it another directory")
     out.mkdir(parents=True, exist_ok=True)
     stale = out / "manifest.json"
     if stale.exists():
@@ -137,24 +180,24 @@ async def take_snapshot(
     await fence.load()
     writer = TableWriter(out, journal_entries)
     nodes = await primaries(redis)
-    done = vanished = unsettled = 0
+    done = vanished = unsettled = same = 0
     errors: list[str] = []
     error_count = 0
     first_ms: int | None = None
     last_ms: int | None = None
-    args = [log_entries, journal_entries]
-
     def calls_for(qids: list[str], guess: dict[str, list[tuple[str, str]]]) -> list[tuple[list[str], list[Any]]]:
         calls = []
         for qid in qids:
             k = keyspace.queue_by_id(qid)
             boxes = [k.mailbox(g, m) for g, m in guess.get(qid, [])]
-            calls.append((SNAPSHOT.key_list(k, {}, boxes), args))
+            # a second call (mailboxes named) must read in full: the first found a change
+            calls.append((SNAPSHOT.key_list(k, {}, boxes),
+                          [log_entries, journal_entries, "" if qid in guess else digests.get(qid, "")]))
         return calls
 
     async def finish(qids: list[str], fetching: asyncio.Task) -> None:
         """Decode one batch (and read again the queues whose push members it did not know)."""
-        nonlocal done, vanished, unsettled, error_count, first_ms, last_ms
+        nonlocal done, vanished, unsettled, same, error_count, first_ms, last_ms
         guess: dict[str, list[tuple[str, str]]] = {}
         todo, results = qids, await fetching
         for attempt in range(MAILBOX_ATTEMPTS):
@@ -164,6 +207,14 @@ async def take_snapshot(
                     error_count += 1
                     if len(errors) < MAX_ERRORS_LISTED:
                         errors.append(f"{qid}: {type(res).__name__}: {res}")
+                    continue
+                if len(res) == 3 and res[1] == b"unchanged":
+                    now = int(res[0])
+                    writer.unchanged(qid, now, _s(res[2]))
+                    done += 1
+                    same += 1
+                    first_ms = now if first_ms is None else min(first_ms, now)
+                    last_ms = now if last_ms is None else max(last_ms, now)
                     continue
                 q = decode_reply(qid, res)
                 if q is None:
@@ -239,6 +290,8 @@ async def take_snapshot(
         mailbox_unsettled=unsettled,
         errors=errors,
         error_count=error_count,
+        base=_relative(since, out) if since is not None else None,
+        unchanged=same,
     )
     tmp = out / "manifest.json.tmp"
     tmp.write_text(manifest.to_json() + "\n")

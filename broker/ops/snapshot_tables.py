@@ -11,12 +11,17 @@ Tables (one row per ...):
   (seq = last id, first = first retained id), retained, last tag,
   created/last-write ms, snapshot ms (Redis clock, inside the fence), counts
   (groups, checkouts, ready, delayed, dead letters, owned entries, push
-  members, journal cap / length kept in Redis / rows exported).
+  members, journal cap / length kept in Redis / rows exported), the state
+  digest (what ``--since`` compares).
 * ``groups``      subscription (queue, group): mode, policy, on_preempt,
   cursor (clamped to first), epoch, owner, members, unread = max(0, seq -
   cursor + 1), ready (returned, waiting for redelivery), delayed, checkouts,
   backlog = unread + ready (as ``fencemq status``), the oldest pending
-  retained message (id, publish ms).
+  retained message (id, publish ms); churn, kept in meta whether or not the
+  queue keeps a journal (lua/lib/lite.lua ``count_churn``): preemptions,
+  evictions, fenced pulls, the clients around them (``churn_clients``: at
+  most 8 named; ``churn_clients_capped`` when more may have been), first and
+  last churn ms.
 * ``members``     member: position (arrival order), delivered, max, lock,
   suspected (since ms), marker (who evicted it), capacity, qos, ended,
   mailbox depth (LLEN, the EOS sentinel included; null without a mailbox),
@@ -33,6 +38,9 @@ Tables (one row per ...):
   member, id, tag (string: a QoS 0 delivery's starts with 'q'), epoch, extra
   (format: records.JournalLine, a batch entry expanded by records.journal_events;
   empty fields are null).
+* ``unchanged``   queue an incremental snapshot (``--since``) found in the
+  state its base snapshot read: snapshot ms, digest. Its rows are in the
+  base (``manifest.base``, itself maybe incremental: a chain).
 """
 
 from __future__ import annotations
@@ -46,13 +54,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fencemq.fences.lite import churn_of
 from fencemq.model import meta
 from fencemq.model.keys import queue_ref
 from fencemq.model.records import Checkout, ReadyEntry, journal_events
 from fencemq.model.values import integer
 from fencemq.model.values import text as _s
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: groups' churn columns, queues' digest, the unchanged table, manifest.base
 
 S, I64, I32, B = pa.string(), pa.int64(), pa.int32(), pa.bool_()
 
@@ -62,13 +71,15 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("retained", I64),
         ("tag", I64), ("created_ms", I64), ("last_write_ms", I64), ("snapshot_ms", I64), ("groups", I32),
         ("checkouts", I64), ("ready", I64), ("delayed", I64), ("dead_letters", I64), ("owned", I64),
-        ("push_members", I32), ("journal_cap", I64), ("journal_length", I64), ("journal_rows", I64),
+        ("push_members", I32), ("journal_cap", I64), ("journal_length", I64), ("journal_rows", I64), ("digest", S),
     ]),
     "groups": pa.schema([
         ("queue", S), ("topic", S), ("lmq", S), ("group", S), ("mode", S), ("policy", S), ("on_preempt", S),
         ("cursor", I64), ("epoch", I64), ("owner", S), ("members", I32), ("unread", I64), ("ready", I64),
         ("delayed", I64), ("checkouts", I64), ("backlog", I64), ("oldest_pending_id", I64),
-        ("oldest_pending_ms", I64), ("snapshot_ms", I64),
+        ("oldest_pending_ms", I64), ("snapshot_ms", I64), ("preemptions", I64), ("evictions", I64),
+        ("fenced_pulls", I64), ("churn_clients", pa.list_(S)), ("churn_clients_capped", B),
+        ("first_churn_ms", I64), ("last_churn_ms", I64),
     ]),
     "members": pa.schema([
         ("queue", S), ("topic", S), ("lmq", S), ("group", S), ("member", S), ("position", I32),
@@ -87,6 +98,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("queue", S), ("seq", I64), ("ms", I64), ("event", S), ("group", S), ("member", S), ("id", I64),
         ("tag", S), ("epoch", I64), ("extra", S),
     ]),
+    "unchanged": pa.schema([("queue", S), ("snapshot_ms", I64), ("digest", S)]),
 }
 
 
@@ -116,6 +128,8 @@ class Manifest:
     mailbox_unsettled: int = 0  # queues whose push members kept changing: mailbox depths null
     errors: list[str] = field(default_factory=list)
     error_count: int = 0
+    base: str | None = None  # an incremental snapshot's base directory (relative to this one when inside ..)
+    unchanged: int = 0  # queues found as the base read them (rows in the base)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(asdict(self), indent=indent, sort_keys=False)
@@ -170,6 +184,10 @@ class QueueReply:
     push: list[tuple[str, str]]  # members with a mailbox (a capacity field), sorted
     raw: list[Any]
 
+    @property
+    def digest(self) -> str:
+        return _s(self.raw[11])
+
 
 def decode_reply(qid: str, raw: list[Any]) -> QueueReply | None:
     """None when the queue vanished before its fence call (an empty meta)."""
@@ -201,11 +219,14 @@ class TableWriter:
             t.close()
         return {name: t.rows for name, t in self.tables.items()}
 
+    def unchanged(self, qid: str, now: int, digest: str) -> None:
+        self.tables["unchanged"].add((qid, now, digest))
+
     def add(self, q: QueueReply, mailboxes: dict[tuple[str, str], int] | None) -> None:
         t = self.tables
         ref = queue_ref(q.qid)
         topic, lmq = ref.topic, ref.lmq
-        _, _, co, dl, rd, dly, counts, _depths, oldest, entries, journal = q.raw
+        _, _, co, dl, rd, dly, counts, _depths, oldest, entries, journal, digest = q.raw
         f = q.state.fields
         seq, first = _int(f.get(meta.SEQ), 0), _int(f.get(meta.FIRST), 1)
 
@@ -235,10 +256,13 @@ class TableWriter:
             n_members = len(set(mem) | {m for (gg, m) in q.state.members if gg == g})
             ready = per_group_rd[g]
             old_id, old_ms = oldest_by_group.get(g, (None, None))
+            ch = churn_of(gfields)
             t["groups"].add((q.qid, topic, lmq, g, gfields.get(meta.MODE), gfields.get(meta.POLICY),
                              gfields.get(meta.ON_PREEMPT), cursor, _int(gfields.get(meta.EPOCH), 0),
                              gfields.get(meta.OWNER) or None, n_members, unread, ready, per_group_dly[g],
-                             per_group_co[g], unread + ready, old_id, old_ms, q.now))
+                             per_group_co[g], unread + ready, old_id, old_ms, q.now, ch.preemptions,
+                             ch.evictions, ch.fenced_pulls, list(ch.clients), ch.clients_capped, ch.first_ms,
+                             ch.last_ms))
             positions = {m: i for i, m in enumerate(mem)}
             for m in mem + sorted(m for (gg, m) in q.state.members if gg == g and m not in positions):
                 mf = q.state.members.get((g, m), {})
@@ -267,4 +291,4 @@ class TableWriter:
         t["queues"].add((q.qid, kind, topic, lmq, ref.owner, seq, first, retained, _int(f.get(meta.TAG), 0),
                          _int(f.get(meta.CREATED)), _int(f.get(meta.LAST_WRITE)), q.now, len(q.group_order),
                          len(co) // 2, len(rd), len(dly) // 2, dead, owned, len(q.push),
-                         _int(f.get(meta.JOURNAL_CAP)), jlen, len(events)))
+                         _int(f.get(meta.JOURNAL_CAP)), jlen, len(events), _s(digest)))

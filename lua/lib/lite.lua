@@ -5,11 +5,48 @@
 -- reclaimed after an idle TTL, revived by a write.
 --@include lib/leases.lua
 
+-- Churn, kept without the journal (lmqs keep none by default, and the
+-- analytics must still see preemptions): two group fields, written only
+-- when churn happens, so an lmq that never churns carries nothing more.
+-- CHURN = "preemptions,evictions,fenced pulls,first ms,last ms" (counters
+-- since the group's first churn; a fenced pull counts once per eviction, as
+-- the journal logs it); CHURN_WHO = the clients that held or took the group
+-- around its churn, newline-separated, the first CHURN_WHO_MAX distinct ones
+-- (a group flapping between two clients shows two). Read by the snapshot
+-- (broker/fences/lite.py decodes it).
+local CHURN, CHURN_WHO, CHURN_WHO_MAX = 'ch', 'chw', 8
+local CHURN_PREEMPT, CHURN_EVICT, CHURN_FENCED = 1, 2, 3
+
+local function count_churn(K, g, kind, now, names)
+  local f = redis.call('HMGET', K.meta, gf(g, CHURN), gf(g, CHURN_WHO))
+  local c = {0, 0, 0, now, now}
+  if f[1] then
+    local p = split(f[1], ',')
+    for i = 1, 5 do c[i] = tonumber(p[i]) or c[i] end
+  end
+  c[kind] = c[kind] + 1
+  c[5] = now
+  local who = f[2] and split(f[2], '\n') or {}
+  local seen = {}
+  for _, w in ipairs(who) do seen[w] = true end
+  for _, w in ipairs(names) do
+    if w ~= '' and not seen[w] and #who < CHURN_WHO_MAX then
+      who[#who + 1] = w
+      seen[w] = true
+    end
+  end
+  redis.call('HSET', K.meta, gf(g, CHURN), string.format('%d,%d,%d,%d,%d', c[1], c[2], c[3], c[4], c[5]),
+    gf(g, CHURN_WHO), table.concat(who, '\n'))
+end
+
 -- Fence a member off: it is marked (by = who evicted it) and what it holds
--- goes back to the group. Returns the tags returned.
-local function mark_evicted(K, g, m, by)
+-- goes back to the group; the churn is counted (kind: CHURN_PREEMPT when
+-- `by` is the new owner, CHURN_EVICT for an operator's eviction). Returns
+-- the tags returned.
+local function mark_evicted(K, g, m, by, kind)
   local returned = return_member_checkouts(K, g, m)
   redis.call('HSET', K.meta, mf(g, m, MARKER), by)
+  count_churn(K, g, kind, now_ms(), kind == CHURN_PREEMPT and {m, by} or {m})
   return returned
 end
 
@@ -26,7 +63,9 @@ local function fenced_off(K, g, m, ep, by)
   return_member_checkouts(K, g, m)
   expand_meta(K.meta)
   if redis.call('HSETNX', K.meta, mf(g, m, FENCE_LOGGED), 1) == 1 then
-    journal(now_ms(), 'fenced', g, m, nil, nil, ep, by)
+    local now = now_ms()
+    journal(now, 'fenced', g, m, nil, nil, ep, by)
+    count_churn(K, g, CHURN_FENCED, now, {m})
   end
 end
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 import redis
 from redis.asyncio import Redis
 
@@ -184,7 +185,7 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
 
     # manifest
     on_disk = json.loads((out / "manifest.json").read_text())
-    assert on_disk["schema_version"] == 1 and on_disk["queues"] == 5 and on_disk["nodes"] == 1
+    assert on_disk["schema_version"] == 2 and on_disk["queues"] == 5 and on_disk["nodes"] == 1
     assert on_disk["source"] == redis_url and on_disk["error_count"] == 0
     for table, schema in SCHEMAS.items():
         t = pq.read_table(out / f"{table}.parquet")
@@ -226,6 +227,7 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
         assert row["journal_rows"] == sum(len(journal_events(e)) for e in r.lrange(k.journal, 0, -1))
         assert row["journal_cap"] == int(meta[compact_meta.JOURNAL_CAP])
         assert abs(row["snapshot_ms"] - int(r.time()[0]) * 1000) < 60_000
+        assert len(row["digest"]) == 40 and int(row["digest"], 16) >= 0
 
         group_names = decode_names(meta.get(compact_meta.GROUPS))
         assert row["groups"] == len(group_names)
@@ -240,13 +242,18 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
             unread = max(0, seq - cursor + 1)
             n_ready = sum(1 for m in rd if m.group == g)
             mem = decode_names(gf[compact_meta.MEMBERS])
+            raw_churn = meta.get(compact_meta.group_field(g, "ch"))
+            p, e, fp, c_first, c_last = [int(x) for x in raw_churn.split(",")] if raw_churn else [0, 0, 0, None, None]
+            who = [w for w in (meta.get(compact_meta.group_field(g, "chw")) or "").split("\n") if w]
             exp_groups[(qid, g)] = dict(
                 queue=qid, topic=ref.topic, lmq=ref.lmq, group=g, mode=gf[compact_meta.MODE],
                 policy=gf[compact_meta.POLICY], on_preempt=gf[compact_meta.ON_PREEMPT], cursor=cursor,
                 epoch=int(gf[compact_meta.EPOCH]), owner=gf[compact_meta.OWNER], members=len(mem), unread=unread,
                 ready=n_ready, delayed=sum(1 for m, _ in dly if m.group == g),
                 checkouts=sum(1 for c in co.values() if c.group == g), backlog=unread + n_ready,
-                oldest_pending_id=oldest, oldest_pending_ms=oldest_ms, snapshot_ms=row["snapshot_ms"])
+                oldest_pending_id=oldest, oldest_pending_ms=oldest_ms, snapshot_ms=row["snapshot_ms"],
+                preemptions=p, evictions=e, fenced_pulls=fp, churn_clients=who, churn_clients_capped=len(who) >= 8,
+                first_churn_ms=c_first, last_churn_ms=c_last)
             for pos, m in enumerate(mem):
                 f = {name: meta.get(compact_meta.member_field(g, m, name)) for name in MEMBER_FIELDS}.get
                 exp_members[(qid, g, m)] = dict(
@@ -286,6 +293,11 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
     assert members[("l:chat:room1", "default", "alice")]["marker"] == "bob"
     assert members[("l:chat:room2", "default", "alice")]["marker"] == "ops"
     assert groups[("l:chat:room1", "default")]["owner"] == "bob"
+    # churn is in the groups table whether or not the lmq keeps a journal
+    churn = {q: (g["preemptions"], g["evictions"], g["fenced_pulls"], g["churn_clients"])
+             for (q, _), g in groups.items() if q.startswith("l:")}
+    assert churn["l:chat:room1"] == (1, 0, 1, ["alice", "bob"])
+    assert churn["l:chat:room2"] == (0, 1, 1, ["alice"])
     assert queues["t:orders"]["dead_letters"] == 1 and queues["t:orders"]["delayed"] == 1
     assert groups[("t:orders", "replay")]["epoch"] == 1
     assert groups[("t:orders", "audit")]["ready"] == 3  # the expired leases came back
@@ -321,6 +333,46 @@ def test_snapshot_limits_and_empty(redis_url: str, tmp_path: Path) -> None:
     r.close()
     none = run(snapshot_to(redis_url, tmp_path / "nojr", journal_entries=0))
     assert none.counts["journal"] == 0
+
+
+def test_an_incremental_snapshot_reads_again_only_the_queues_written_since(redis_url: str, tmp_path: Path) -> None:
+    redis.Redis.from_url(redis_url).flushall()
+    run(run_workload(redis_url))
+    full = run(snapshot_to(redis_url, tmp_path / "full"))
+    assert full.base is None and full.unchanged == 0 and full.queues == 5
+
+    quiet = run(snapshot_to(redis_url, tmp_path / "quiet", since=tmp_path / "full"))
+    # p1's push mailbox makes t:orders a queue that is always read in full (its first call cannot name it)
+    assert (quiet.queues, quiet.unchanged, quiet.base) == (5, 4, "../full")
+    assert {row["queue"] for row in read(tmp_path / "quiet", "queues")} == {"t:orders"}
+    assert {row["queue"] for row in read(tmp_path / "quiet", "unchanged")} == {
+        "l:chat:room1", "l:chat:room2", "l:chat:room3", "l:chat:room4"}
+
+    async def touch() -> None:
+        # a publish to one lmq, and a pull + ack on another: neither changes the write time of room4
+        r = Redis.from_url(redis_url)
+        q = Core(r, Config(redis_url=redis_url))
+        try:
+            await q.publishing.publish("chat", [b"late"], lmq="room3")
+            b4 = Handle.decode((await q.subscriptions.subscribe("bob", "chat", lmq="room4")).handle)
+            got = (await q.leases.pull(b4, 1)).deliveries
+            assert await q.leases.ack(b4, [got[0].tag]) == 1
+        finally:
+            await r.aclose()
+
+    run(touch())
+    later = run(snapshot_to(redis_url, tmp_path / "later", since=tmp_path / "quiet"))
+    assert {row["queue"] for row in read(tmp_path / "later", "queues")} == {"t:orders", "l:chat:room3", "l:chat:room4"}
+    assert {row["queue"] for row in read(tmp_path / "later", "unchanged")} == {"l:chat:room1", "l:chat:room2"}
+    assert later.base == "../quiet"
+
+
+def test_an_incremental_snapshot_needs_a_finished_base(redis_url: str, tmp_path: Path) -> None:
+    from fencemq.ops.snapshot import SnapshotError
+
+    with pytest.raises(SnapshotError, match="manifest.json missing"):
+        run(snapshot_to(redis_url, tmp_path / "next", since=tmp_path / "nothing"))
+    assert not (tmp_path / "next").exists(), "nothing written"
 
 
 def test_snapshot_is_consistent_per_queue_under_load(redis_url: str, tmp_path: Path) -> None:

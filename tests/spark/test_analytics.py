@@ -9,7 +9,9 @@ on a clean snapshot (all zero) and on one seeded with violations.
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import shutil
 import sys
 from collections import Counter, defaultdict
@@ -21,7 +23,12 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 import typer
+from redis.asyncio import Redis
 from typer.testing import CliRunner
+
+from fencemq.config import Config
+from fencemq.fences.core import Core
+from fencemq.model.keys import Handle
 
 from fencemq.server.embedded import free_port
 from tests.ops.test_snapshot import run, run_workload, snapshot_to
@@ -199,12 +206,13 @@ class Reference:
             r = out.setdefault((e["queue"], e["group"]), dict(preemptions=0, evictions=0, fenced_pulls=0,
                                                                 owners=set(), evicted=set(), first_ms=None,
                                                                 last_ms=None))
+            r["owners"].add(e["member"])  # every client around the churn, as the meta counters name them
             if e["event"] == "fenced":
                 r["fenced_pulls"] += 1
                 continue
             if e["event"] == "preempt":
                 r["preemptions"] += 1
-                r["owners"].add(e["member"])
+                r["owners"].add(e["extra"])
                 r["evicted"].add(e["extra"])
             else:
                 r["evictions"] += 1
@@ -213,6 +221,21 @@ class Reference:
             r["last_ms"] = e["ms"] if r["last_ms"] is None else max(r["last_ms"], e["ms"])
         for r in out.values():
             r["owners"], r["evicted"] = len(r["owners"]), len(r["evicted"])
+            r["source"] = "journal"
+        # the counters in meta (every lmq, journal or not): each figure is the larger of the two
+        for g in self.groups:
+            if not (g["preemptions"] or g["evictions"] or g["fenced_pulls"]):
+                continue
+            key = (g["queue"], g["group"])
+            j = out.get(key)
+            m = dict(preemptions=g["preemptions"], evictions=g["evictions"], fenced_pulls=g["fenced_pulls"],
+                     owners=len(g["churn_clients"]), evicted=0, first_ms=g["first_churn_ms"],
+                     last_ms=g["last_churn_ms"], source="meta")
+            if j is not None:
+                m = {k: max(m[k], j[k]) for k in ("preemptions", "evictions", "fenced_pulls", "owners", "evicted")} | dict(
+                    first_ms=min(x for x in (m["first_ms"], j["first_ms"]) if x is not None),
+                    last_ms=max(x for x in (m["last_ms"], j["last_ms"]) if x is not None), source="meta+journal")
+            out[key] = m
         return out
 
     def seeks(self) -> dict[tuple, dict[str, Any]]:
@@ -360,8 +383,11 @@ def test_every_figure_matches_an_independent_computation(analysis, snapshot_dir:
         assert t[k] == sum(x[k] for x in b.values()), k
     assert t["max_oldest_unacked_age_ms"] == max(x["oldest_unacked_age_ms"] for x in b.values()
                                                  if x["oldest_unacked_age_ms"] is not None)
-    for k in ("outs", "redeliveries", "acks", "nacks", "timeouts", "preemptions", "evictions", "seeks"):
+    for k in ("outs", "redeliveries", "acks", "nacks", "timeouts", "seeks"):
         assert t[k] == sum(x[k] for x in a.values()), k
+    churn = ref.preemptions()
+    for k in ("preemptions", "evictions", "fenced_pulls"):
+        assert t[k] == sum(x[k] for x in churn.values()), k
     cons = ref.consumers()
     assert t["suspicions"] == sum(c["suspicions"] for c in cons.values())
     assert t["suspected_now"] == sum(1 for c in cons.values() if c["suspected_now"])
@@ -376,10 +402,11 @@ def test_figures_reflect_the_workload(analysis) -> None:
     assert consumers[("l:chat:room1", "default", "alice")]["evicted_by"] == "bob"
     preemptions = keyed(result(out, "preemptions"), "queue", "group")
     room1, room2 = preemptions[("l:chat:room1", "default")], preemptions[("l:chat:room2", "default")]
-    assert (room1["preemptions"], room1["evictions"], room1["fenced_pulls"], room1["owners"]) == (1, 0, 1, 1)
+    assert (room1["preemptions"], room1["evictions"], room1["fenced_pulls"], room1["owners"]) == (1, 0, 1, 2)
+    assert room1["clients"] == ["alice", "bob"] and room1["source"] == "meta+journal"
     assert (room2["preemptions"], room2["evictions"], room2["fenced_pulls"]) == (0, 1, 1)
     room4 = preemptions[("l:chat:room4", "default")]
-    assert (room4["preemptions"], room4["owners"], room4["evicted"]) == (1, 1, 1)
+    assert (room4["preemptions"], room4["owners"], room4["evicted"]) == (1, 2, 1)
     activity = keyed(result(out, "group_activity"), "queue", "group")
     assert activity[("l:chat:room4", "default")]["acks"] == 3  # id 1 acked again after the rewind: legitimate
     seeks = keyed(result(out, "seeks"), "queue", "group")
@@ -389,7 +416,8 @@ def test_figures_reflect_the_workload(analysis) -> None:
     backlog = keyed(result(out, "backlog"), "queue", "group")
     assert backlog[("t:orders", "audit")]["ready"] == 3 and backlog[("t:orders", "billing")]["delayed"] == 1
     assert all(b["oldest_unacked_age_ms"] >= 0 for b in backlog.values() if b["oldest_unacked_age_ms"] is not None)
-    assert summary["audit"] == {"verdict": "PASS", "evicted_out": 0, "stale_epoch": 0, "double_ack": 0}
+    assert verdicts(summary) == {"verdict": "PASS", "evicted_out": 0, "stale_epoch": 0, "double_ack": 0,
+                                 "marked_holding": 0, "stale_checkout": 0}
 
 
 def test_clean_snapshot_passes_the_audit_and_the_report_shows_it(analysis, snapshot_dir: Path) -> None:
@@ -398,14 +426,25 @@ def test_clean_snapshot_passes_the_audit_and_the_report_shows_it(analysis, snaps
                                                                    "double_ack": set()}
     html = (out / "report.html").read_text()
     assert "<div class='verdict PASS'>PASS</div>" in html
-    pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["backlog_top.png", "delivery_counts.png", "journal_events.png", "lock_expiries_top.png",
-                    "oldest_unacked_age.png", "preemptions_top.png"]
-    for png in pngs:
-        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert f"src='{png}'" in html
+    # one file that opens offline: every plot inlined, nothing fetched
+    images = re.findall(r"src='([^']*)'", html)
+    assert len(images) == 6 and all(src.startswith("data:image/png;base64,") for src in images)
+    for src in images:
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not re.search(r"(href|src)=['\"]?(https?:|//)", html) and "<script" not in html
+    assert not list(out.glob("*.png"))
     assert json.loads((out / "summary.json").read_text())["audit"]["verdict"] == "PASS"
     assert all(label.replace("<", "&lt;").replace(">", "&gt;") in html for _, label in AGE_BUCKETS)
+    # the audit comes first, then the sections in reading order
+    order = [html.index(h) for h in ("1. Fence audit", "2. Backlog", "3. Redeliveries", "4. Consumers",
+                                     "5. Preemption churn", "6. Seeks")]
+    assert order == sorted(order)
+
+
+def verdicts(summary: dict[str, Any]) -> dict[str, Any]:
+    audit = summary["audit"]
+    return {k: audit[k] for k in ("verdict", "evicted_out", "stale_epoch", "double_ack", "marked_holding",
+                                  "stale_checkout")}
 
 
 def seed_violations(src: Path, dst: Path) -> dict[str, set[tuple]]:
@@ -462,7 +501,8 @@ def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir
     res = CliRunner().invoke(cli, ["analyze", str(seeded), "--out", str(tmp_path / "out"), "--json"])
     assert res.exit_code == 3, res.output  # audit failed
     summary = json.loads(res.stdout)
-    assert summary["audit"] == {"verdict": "FAIL", "evicted_out": 1, "stale_epoch": 1, "double_ack": 1}
+    assert verdicts(summary) == {"verdict": "FAIL", "evicted_out": 1, "stale_epoch": 1, "double_ack": 1,
+                                 "marked_holding": 0, "stale_checkout": 0}
     assert spark_audit(tmp_path / "out") == expected
     row = result(tmp_path / "out", "audit_evicted_out")[0]
     assert (row["evicted_by"], row["topic"], row["lmq"]) == ("bob", "chat", "room1")
@@ -475,23 +515,119 @@ def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir
         assert f"{tag}</td>" in html
 
 
-def test_queues_without_a_journal_are_counted_as_not_audited(cli: typer.Typer, snapshot_dir: Path,
-                                                             tmp_path: Path) -> None:
-    snap = tmp_path / "lite-journal-off"
-    shutil.copytree(snapshot_dir, snap)
-    queues = pq.read_table(snap / "queues.parquet").to_pylist()
-    for q in queues:  # as the default config leaves lmqs: journal off
-        if q["kind"] == "lmq":
-            q["journal_cap"] = 0
-    pq.write_table(pa.Table.from_pylist(queues, schema=pq.read_schema(snap / "queues.parquet")), snap / "queues.parquet")
-    lmqs = sum(1 for q in queues if q["kind"] == "lmq")
-    assert lmqs > 0
+async def lite_churn_workload(url: str) -> None:
+    """What a new user tries, with the default config (lmqs keep no journal): 4 lmq preemptions
+    (two of them one room flapping between two clients) and an operator eviction."""
+    r = Redis.from_url(url)
+    q = Core(r, Config(redis_url=url))
+    try:
+        for room in ("r1", "r2", "r3"):
+            await q.publishing.publish("rooms", [b"hello", b"again"], lmq=room)
+        await q.subscriptions.subscribe("ann", "rooms", lmq="r1")
+        await q.subscriptions.subscribe("ben", "rooms", lmq="r1")  # 1
+        await q.subscriptions.subscribe("ann", "rooms", lmq="r1")  # 2
+        await q.subscriptions.subscribe("ben", "rooms", lmq="r1")  # 3
+        ann2 = Handle.decode((await q.subscriptions.subscribe("ann", "rooms", lmq="r2")).handle)
+        await q.leases.pull(ann2, 1)
+        await q.subscriptions.subscribe("cat", "rooms", lmq="r2")  # 4: ann's checkout goes back
+        assert (await q.leases.pull(ann2, 1)).status == "evicted"  # a fenced pull
+        dan3 = Handle.decode((await q.subscriptions.subscribe("dan", "rooms", lmq="r3")).handle)
+        assert await q.lite.evict(dan3, by="ops") == 0  # the operator's eviction
+    finally:
+        await r.aclose()
+
+
+def test_lite_churn_without_a_journal_is_in_the_report_and_the_audit_says_what_it_proved(
+        cli: typer.Typer, redis_url: str, tmp_path: Path) -> None:
+    run(lite_churn_workload(redis_url))
+    snap = tmp_path / "snap"
+    run(snapshot_to(redis_url, snap))
+    assert pq.read_table(snap / "journal.parquet").num_rows == 0, "no journal: lmqs keep none by default"
 
     res = CliRunner().invoke(cli, ["analyze", str(snap), "--out", str(tmp_path / "out"), "--json"])
-    assert json.loads(res.stdout)["totals"]["not_audited"] == lmqs
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    t = summary["totals"]
+    assert (t["preemptions"], t["evictions"], t["fenced_pulls"], t["lmqs_with_churn"]) == (4, 1, 1, 3)
+    churn = keyed(result(tmp_path / "out", "preemptions"), "lmq")
+    assert pick(churn[("r1",)], "preemptions", "evictions", "owners", "clients", "source") == dict(
+        preemptions=3, evictions=0, owners=2, clients=["ann", "ben"], source="meta")
+    assert pick(churn[("r2",)], "preemptions", "fenced_pulls", "clients") == dict(
+        preemptions=1, fenced_pulls=1, clients=["ann", "cat"])
+    assert pick(churn[("r3",)], "preemptions", "evictions", "clients") == dict(
+        preemptions=0, evictions=1, clients=["dan"])
+    assert all(r["first_ms"] <= r["last_ms"] for r in churn.values())
+
+    # the audit: state checks on all 3 lmqs, history checks on none of them, said plainly
+    audit = summary["audit"]
+    assert audit["verdict"] == "PASS"
+    assert audit["scope"]["history_not_checked"] == {"lmq": 3}
+    assert audit["scope"]["state"]["marked_members"] == 3  # ann in r1 and r2, dan in r3 (ben's went with his SUB)
+    by_check = {c["check"]: c for c in audit["checks"]}
+    assert (by_check["marked_holding"]["queues"], by_check["marked_holding"]["kind"]) == (3, "state")
+    assert (by_check["evicted_out"]["queues"], by_check["evicted_out"]["kind"]) == (0, "history")
+
+    html = (tmp_path / "out" / "report.html").read_text()
+    churn_section = html[html.index("5. Preemption churn"):html.index("6. Seeks")]
+    assert "4 preemptions, 1 operator evictions and 1 fenced pulls in 3 subscriptions, 3 of them on lmqs" in \
+        churn_section
+    assert "ann, ben" in churn_section and "nothing to show" not in churn_section
+    assert "did not run on 3 lmq queues" in html
     human = CliRunner().invoke(cli, ["analyze", str(snap), "--out", str(tmp_path / "out2")])
-    assert f"{lmqs} queues have no journal and were not audited" in human.stdout
-    assert f"{lmqs} queues have no journal and were not audited" in (tmp_path / "out" / "report.html").read_text()
+    assert "history checks not run on 3 lmq queues" in human.stdout
+    assert "preemptions 4, evictions 1 (3 lmqs churned)" in human.stdout
+
+
+def test_an_evicted_client_holding_a_checkout_fails_the_state_audit(cli: typer.Typer, snapshot_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    seeded = tmp_path / "seeded"
+    shutil.copytree(snapshot_dir, seeded)
+    path = seeded / "checkouts.parquet"
+    rows = pq.read_table(path).to_pylist()
+    # alice was preempted in room1 (her marker says bob): holding a checkout there is a breach
+    rows.append(dict(queue="l:chat:room1", tag="999", group="default", member="alice", id=3, epoch=0,
+                     acquisitions=1, failures=0, deadline_ms=None))
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(path)), path)
+    res = CliRunner().invoke(cli, ["analyze", str(seeded), "--out", str(tmp_path / "out"), "--json"])
+    assert res.exit_code == 3, res.output
+    assert verdicts(json.loads(res.stdout)) == {"verdict": "FAIL", "evicted_out": 0, "stale_epoch": 0,
+                                                "double_ack": 0, "marked_holding": 1, "stale_checkout": 0}
+    row = result(tmp_path / "out", "audit_marked_holding")[0]
+    assert pick(row, "lmq", "member", "marker", "tag") == dict(lmq="room1", member="alice", marker="bob", tag="999")
+
+
+def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(redis_url: str, spark,
+                                                                               tmp_path: Path) -> None:
+    run(lite_churn_workload(redis_url))
+    run(snapshot_to(redis_url, tmp_path / "s0"))
+
+    async def more() -> None:
+        r = Redis.from_url(redis_url)
+        q = Core(r, Config(redis_url=redis_url))
+        try:
+            await q.subscriptions.subscribe("ann", "rooms", lmq="r2")  # a 5th preemption
+            await q.publishing.publish("rooms", [b"new"], lmq="r4")
+        finally:
+            await r.aclose()
+
+    s1 = run(snapshot_to(redis_url, tmp_path / "s1", since=tmp_path / "s0"))
+    run(more())
+    s2 = run(snapshot_to(redis_url, tmp_path / "s2", since=tmp_path / "s1"))
+    assert s1.unchanged == 3 and s2.unchanged == 2 and s2.counts["groups"] == 1  # r2 read again, r4 new
+    run(snapshot_to(redis_url, tmp_path / "full"))
+
+    chained = analyze(spark, tmp_path / "s2", tmp_path / "a-chain")
+    full = analyze(spark, tmp_path / "full", tmp_path / "a-full")
+    assert chained["totals"]["preemptions"] == 5 and chained["chain"] == [str(tmp_path / "s2"), "../s1", "../s0"]
+    def same(totals: dict[str, Any]) -> dict[str, Any]:  # the oldest message's age grows between the two
+        return {k: v for k, v in totals.items() if k != "max_oldest_unacked_age_ms"}
+
+    assert same(chained["totals"]) == same(full["totals"])
+    for name in ("backlog", "preemptions", "consumers"):
+        def rows(out: Path) -> list[tuple]:
+            return sorted(tuple(sorted((k, str(v)) for k, v in r.items() if k != "oldest_unacked_age_ms"))
+                          for r in result(out, name))
+        assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
 
 
 def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: Path) -> None:
@@ -501,13 +637,21 @@ def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: P
     res = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(snap), "--json"])
     assert res.exit_code == 0, res.output
     manifest = json.loads(res.stdout)
-    assert manifest["queues"] == 5 and manifest["schema_version"] == 1 and manifest["source"] == redis_url
+    assert manifest["queues"] == 5 and manifest["schema_version"] == 2 and manifest["source"] == redis_url
     for name, rows in manifest["counts"].items():
         assert pq.read_table(snap / f"{name}.parquet").num_rows == rows
 
     human = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(tmp_path / "again")])
     assert human.exit_code == 0, human.output
     assert "5 queues from 1 master(s)" in human.stdout
+    since = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(tmp_path / "next"),
+                                "--since", str(snap), "--json"])
+    assert since.exit_code == 0, since.output
+    # t:orders has a push member: read in full; the lmqs are as snap read them
+    assert pick(json.loads(since.stdout), "queues", "unchanged", "base") == dict(queues=5, unchanged=4, base="../snap")
+    missing = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(tmp_path / "x"),
+                                  "--since", str(tmp_path / "nothing")])
+    assert missing.exit_code == 1 and "no snapshot at" in missing.stderr and not (tmp_path / "x").exists()
 
     res = runner.invoke(cli, ["analyze", str(snap), "--out", str(tmp_path / "out"), "--json"])
     assert res.exit_code == 0, res.output
@@ -537,10 +681,10 @@ def test_cli_errors(cli: typer.Typer, tmp_path: Path) -> None:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "no snapshot at" in lines[0] and "manifest.json" in lines[0]
 
-    (tmp_path / "v2").mkdir()
-    (tmp_path / "v2" / "manifest.json").write_text(json.dumps({"schema_version": 2}))
-    res = runner.invoke(cli, ["analyze", str(tmp_path / "v2")])
-    assert res.exit_code == 1 and "schema version 2" in res.stderr
+    (tmp_path / "v3").mkdir()
+    (tmp_path / "v3" / "manifest.json").write_text(json.dumps({"schema_version": 3}))
+    res = runner.invoke(cli, ["analyze", str(tmp_path / "v3")])
+    assert res.exit_code == 1 and "schema version 3" in res.stderr
 
 
 def test_python_dash_m_spark_help() -> None:
