@@ -90,7 +90,8 @@ class Sessions:
     def _session_keys(self, client: str) -> dict[str, str]:
         return {"session": self.keys.session(client), "ending": self.keys.session_ending(client)}
 
-    async def bind(self, client: str, connection: str, worker: str, *, takeover: bool = False) -> int:
+    async def bind(self, client: str, connection: str, worker: str, *, takeover: bool = False,
+                   fresh: bool = False) -> int:
         """Bind the session to this connection; waits out a session's end in progress, then binds fresh.
 
         The connection joins the others that share the session (a client's
@@ -113,7 +114,9 @@ class Sessions:
             pipe.zadd(self.keys.sessions, {client: deadline}, gt=True)
 
         if takeover:
-            told = msgpack.packb({"type": "takeover", "conn": connection})
+            # ``fresh``: the new connection starts the session afresh (MQTT Clean Start), which ends
+            # the old one's session: its MQTT will goes at once rather than after its delay
+            told = msgpack.packb({"type": "takeover", "conn": connection, "fresh": int(fresh)})
             await pipeline_then_publish(self.redis, writes, self.keys.session_channel(client), told)
         else:
             await self.redis.zadd(self.keys.sessions, {client: deadline}, gt=True)

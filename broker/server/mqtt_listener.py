@@ -213,6 +213,8 @@ class MqttConnection:
             return
         will, delay = self.will
         delay = min(delay, self.expiry)
+        if self.session.taken_over_afresh:
+            delay = 0  # a new connection with Clean Start ended this session: the will goes now (MQTT-3.1.3-9)
         if delay > 0:
             try:
                 await anyio.sleep(delay)
@@ -335,7 +337,7 @@ class MqttConnection:
                 return
             session.authed, session.user = True, user
         try:
-            await session.bind(event.client_id, anonymous=False, takeover=True)
+            await session.bind(event.client_id, anonymous=False, takeover=True, fresh=event.clean_start)
         except FenceMQError as exc:
             log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
             self.mqtt.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)

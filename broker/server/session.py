@@ -68,6 +68,7 @@ class Session:
         self.quit = False  # QUIT ends a named session too, not only the connection
         self.closing = False  # the connection ends once the commands in hand are answered
         self.farewell: Push | None = None  # a last notice to send before the connection closes
+        self.taken_over_afresh = False  # taken over by a connection that started the session anew
         self._watch_for_hangup = watch_for_hangup
         self._end_connection = end_connection
         self._outbox, self.outbox = anyio.create_memory_object_stream[Push](OUTBOX_SIZE)
@@ -134,7 +135,7 @@ class Session:
         assert self.client_id is not None
         return self.client_id
 
-    async def bind(self, client_id: str, anonymous: bool, *, takeover: bool = False) -> None:
+    async def bind(self, client_id: str, anonymous: bool, *, takeover: bool = False, fresh: bool = False) -> None:
         """Join the client id's session (sharing it with its other connections), or take it over."""
         check_name(client_id, "client")
         if self.bound and self.client_id != client_id:
@@ -147,7 +148,7 @@ class Session:
         if not following:
             await services.wakeups.follow(services.keys.session_channel(client_id), self._on_message)
         try:
-            await services.sessions.bind(client_id, self.token, services.worker_id, takeover=takeover)
+            await services.sessions.bind(client_id, self.token, services.worker_id, takeover=takeover, fresh=fresh)
         except BaseException:
             if not following:
                 with anyio.CancelScope(shield=True):
@@ -221,6 +222,7 @@ class Session:
                 # The same client id connected elsewhere: that connection owns the session now.
                 self.bound = False
                 self.closing = True
+                self.taken_over_afresh = bool(notice.get("fresh"))
                 self.farewell = Push(["notice", {"type": "session_taken_over", "client": self.client_id}])
                 self._end_connection()
             return

@@ -143,6 +143,22 @@ def test_MQTT_3_1_3_9_no_will_when_the_session_is_taken_up_again_within_the_will
         back.close(), watcher.close()
 
 
+@pytest.mark.parametrize("clean_start", [True, False])
+def test_MQTT_3_1_2_5_a_takeover_sends_the_old_connections_will_unless_it_resumes_within_the_will_delay(
+        w, clean_start: bool) -> None:
+    watcher = Client(w.worker.mqtt_port, f"will-watch-t{clean_start}")
+    watcher.subscribe("wills/#")
+    old = Client(w.worker.mqtt_port, f"twin-{clean_start}", expiry=60, clean=False,
+                 will=(f"wills/twin-{clean_start}", b"replaced", {"WillDelayInterval": 30}))
+    new = Client(w.worker.mqtt_port, f"twin-{clean_start}", expiry=60, clean=clean_start)  # takes the session
+    try:
+        got = [m.payload for m in watcher.take(1, timeout=3.0)]
+        # Clean Start 1 ends the old session: its will now, not after 30 s; Clean Start 0 resumes it: none
+        assert got == ([b"replaced"] if clean_start else [])
+    finally:
+        new.close(), old.close(), watcher.close()
+
+
 def test_MQTT_3_1_3_9_the_will_comes_after_its_delay_with_its_properties(w) -> None:
     watcher = Client(w.worker.mqtt_port, "will-watch2")
     watcher.subscribe("wills/#")
