@@ -135,6 +135,11 @@ class InboundFlows:
             return 2
         raise ValueError(f"no publish with packet identifier {packet_id} awaits an acknowledgement")
 
+    def awaiting_release(self) -> set[int]:
+        """The client's QoS 2 publishes recorded (PUBREC sent) and not yet released: what a resumed
+        session must remember, so a retransmission is never handed up twice (MQTT-4.3.3-10)."""
+        return {pid for pid, state in self.flows.items() if state is Inbound.QOS2_RECORDED} | self.restored
+
     def on_pubrel(self, packet_id: int) -> bool:
         """True when the PUBREL completes a recorded QoS 2 publish; False for an unknown identifier."""
         if packet_id in self.restored:

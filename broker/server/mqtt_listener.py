@@ -68,6 +68,9 @@ INFLIGHT_FIELD = "mqtt-inflight"  # session hash field: the packet ids of what w
 # session hash field: QoS 2 deliveries the client had received (PUBREC) but not completed (PUBCOMP) at
 # disconnect: a resumed session resends their PUBREL, never the message (MQTT-4.3.3, MQTT-4.4.0-1)
 RELEASING_FIELD = "mqtt-releasing"
+# session hash field: the client's QoS 2 publishes stored and PUBRECed but not yet released (PUBREL) at
+# disconnect: a resumed session knows them, so a retransmission is not stored twice (MQTT-4.3.3-10)
+RECORDED_FIELD = "mqtt-recorded"
 
 
 @dataclass(slots=True)
@@ -163,11 +166,14 @@ class MqttConnection:
             self.session.quit = True
             await self.session.release()
             return
-        if (self.in_flight or self.releasing) and not self.taken_over:
+        recorded = self.mqtt.inbound_flows.awaiting_release()
+        if (self.in_flight or self.releasing or recorded) and not self.taken_over:
             # a resumed session sends them again with their original packet ids (MQTT-4.4.0-1),
-            # and the PUBREL of what the client had received already
+            # the PUBREL of what the client had received already, and knows the client's QoS 2
+            # publishes it stored
             ids = {f"{handle.encode()}|{msg}": pid for pid, (handle, _tag, msg) in self.in_flight.items()}
-            kept = {INFLIGHT_FIELD: json.dumps(ids), RELEASING_FIELD: json.dumps(sorted(self.releasing))}
+            kept = {INFLIGHT_FIELD: json.dumps(ids), RELEASING_FIELD: json.dumps(sorted(self.releasing)),
+                    RECORDED_FIELD: json.dumps(sorted(recorded))}
             try:
                 await self.services.redis.hset(self.services.keys.session(client), mapping=kept)
             except (OSError, RedisError) as exc:
@@ -351,11 +357,13 @@ class MqttConnection:
         fields = await redis.hgetall(keys.session(event.client_id))
         saved = {k.decode()[len(SUB_FIELD):]: v for k, v in fields.items() if k.startswith(SUB_FIELD.encode())}
         releasing: list[int] = []
-        if INFLIGHT_FIELD.encode() in fields or RELEASING_FIELD.encode() in fields:
-            await redis.hdel(keys.session(event.client_id), INFLIGHT_FIELD, RELEASING_FIELD)
+        recorded: list[int] = []
+        if any(f.encode() in fields for f in (INFLIGHT_FIELD, RELEASING_FIELD, RECORDED_FIELD)):
+            await redis.hdel(keys.session(event.client_id), INFLIGHT_FIELD, RELEASING_FIELD, RECORDED_FIELD)
             if not event.clean_start:
                 self.resumed_ids = json.loads(fields.get(INFLIGHT_FIELD.encode()) or b"{}")
                 releasing = json.loads(fields.get(RELEASING_FIELD.encode()) or b"[]")
+                recorded = json.loads(fields.get(RECORDED_FIELD.encode()) or b"[]")
         if event.clean_start:
             for handle in held:
                 await self.services.core.subscriptions.unsubscribe(handle)
@@ -363,7 +371,8 @@ class MqttConnection:
             if saved:
                 await redis.hdel(keys.session(event.client_id), *[SUB_FIELD + f for f in saved])
             saved = {}
-        pipelined = self.mqtt.accept(time.monotonic(), session_present=bool(held or releasing))
+        pipelined = self.mqtt.accept(time.monotonic(), session_present=bool(held or releasing or recorded),
+                                     inbound_releases=frozenset(recorded))
         for packet_id in releasing:  # received before the connection dropped: complete the handshake
             self.mqtt.resend_release(packet_id)
             self.releasing.add(packet_id)

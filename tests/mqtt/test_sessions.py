@@ -283,3 +283,26 @@ def test_MQTT_4_3_3_a_qos2_delivery_received_before_the_connection_dropped_is_re
         again.next(timeout=1.5)  # nothing more: the message is settled, never redelivered
     again.close()
     producer.close()
+
+
+def test_MQTT_4_3_3_10_a_qos2_publish_retransmitted_on_a_resumed_session_is_stored_once(w) -> None:
+    from fencemq.protocol.mqtt_packets import Pubcomp, Publish, Pubrec, Pubrel
+    from tests.helpers import client, deliveries
+
+    first = RawClient(w.worker.mqtt_port, "q2-pub", clean_start=True, expiry=300)
+    first.send(Publish("q2in/a", b"exactly once", qos=2, packet_id=7))
+    assert isinstance(first.next(), Pubrec)
+    first.close()  # gone before its PUBREL: the client will send the PUBLISH again (DUP)
+
+    again = RawClient(w.worker.mqtt_port, "q2-pub", clean_start=False, expiry=300)
+    assert again.connack.session_present
+    again.send(Publish("q2in/a", b"exactly once", qos=2, packet_id=7, dup=True))
+    assert isinstance(again.next(), Pubrec)  # recorded: acknowledged again, not stored again
+    again.send(Pubrel(7))
+    assert isinstance(again.next(), Pubcomp)
+    again.close()
+    reader = client(w.port)
+    handle = reader.execute_command("SUB", "q2in/a", "GROUP", "g", "FROM", "EARLIEST")[1]
+    got = deliveries(reader.execute_command("PULL", handle, "COUNT", 10))
+    assert [d["payload"] for d in got] == ["exactly once"]
+    reader.close()
