@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import anyio
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -339,8 +340,13 @@ def create_app(ui: UI) -> Starlette:
         return ui.render(request, "done.html", page="done", action=name, ref=ref, args=args, back=back,
                          result=json.dumps(result, indent=2, default=str))
 
+    async def metrics(_request: Request) -> Response:
+        # the process's Prometheus metrics beside the pages: a worker's own with `serve --http-port`
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
     routes = [
         Route("/", route("overview")),
+        Route("/metrics", metrics),
         Route("/queues", route("queues")),
         Route("/queue", route("queue")),
         Route("/lmqs", route("lmqs")),

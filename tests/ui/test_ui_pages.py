@@ -213,6 +213,8 @@ def test_a_worker_serves_the_ui_beside_its_port_with_http_port(redis_url: str) -
         page = httpx.get(f"http://127.0.0.1:{http_port}/", timeout=10)
         assert page.status_code == 200
         assert re.search(r"Workers (\d+) alive of 1", text(page.text))
+        metrics = httpx.get(f"http://127.0.0.1:{http_port}/metrics", timeout=10)  # beside the pages
+        assert metrics.status_code == 200 and "fencemq_connections" in metrics.text
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=20)
