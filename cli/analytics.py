@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -22,15 +21,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fencemq.errors import BadArgument
 from fencemq.model.keys import Keyspace
 from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
     CliError,
+    broker_redis,
     connect,
     fail,
-    redis_url_given,
     safe_url,
     unreachable_message,
 )
@@ -89,17 +87,7 @@ def snapshot(
     With --since BASE, only queues whose state changed since BASE are written
     (every fence write changes a queue's state digest).
     """
-    url = redis_url_given(redis_url)
-    if not url:
-        fail("snapshot", CliError(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis",
-                                  EXIT_UNREACHABLE))
-        raise typer.Exit(EXIT_UNREACHABLE)
-    key_prefix = prefix or os.environ.get("FENCEMQ_PREFIX") or "fmq"
-    try:
-        Keyspace(key_prefix)
-    except BadArgument as exc:
-        fail("snapshot", CliError(f"bad prefix {key_prefix!r}: {exc}"))
-        raise typer.Exit(1) from None
+    url, key_prefix = broker_redis("snapshot", redis_url, prefix)
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:

@@ -32,6 +32,26 @@ def redis_url_given(flag: str | None) -> str | None:
     return flag or os.environ.get(ENV_REDIS_URL) or None
 
 
+def broker_redis(command: str, flag: str | None, prefix: str | None) -> tuple[str, str]:
+    """The Redis URL and key prefix a command works on, or its one-line error and exit (2: no URL, 1: a bad
+    prefix)."""
+    from fencemq.errors import BadArgument
+    from fencemq.model.keys import Keyspace
+
+    url = redis_url_given(flag)
+    if not url:
+        fail(command, CliError(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis",
+                               EXIT_UNREACHABLE))
+        raise SystemExit(EXIT_UNREACHABLE)
+    key_prefix = prefix or os.environ.get("FENCEMQ_PREFIX") or "fmq"
+    try:
+        Keyspace(key_prefix)
+    except BadArgument as exc:
+        fail(command, CliError(f"bad prefix {key_prefix!r}: {exc}"))
+        raise SystemExit(1) from None
+    return url, key_prefix
+
+
 def safe_url(url: str) -> str:
     """The URL without its password, for messages and logs."""
     try:

@@ -14,9 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from fencemq.cli.common import ENV_REDIS_URL, EXIT_UNREACHABLE, CliError, connect, fail, redis_url_given, safe_url
-from fencemq.errors import BadArgument
-from fencemq.model.keys import Keyspace
+from fencemq.cli.common import ENV_REDIS_URL, CliError, broker_redis, connect, fail, safe_url
 
 DEFAULT_PORT = 7380
 
@@ -45,17 +43,7 @@ def dashboard(
     from fencemq.ui.app import UI
     from fencemq.ui.serving import serve_dashboard
 
-    url = redis_url_given(redis_url)
-    if not url:
-        fail("dashboard", CliError(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis",
-                                   EXIT_UNREACHABLE))
-        raise typer.Exit(EXIT_UNREACHABLE)
-    key_prefix = prefix or os.environ.get("FENCEMQ_PREFIX") or "fmq"
-    try:
-        Keyspace(key_prefix)
-    except BadArgument as exc:
-        fail("dashboard", CliError(f"bad prefix {key_prefix!r}: {exc}"))
-        raise typer.Exit(1) from None
+    url, key_prefix = broker_redis("dashboard", redis_url, prefix)
     try:
         connect(url).close()
     except CliError as exc:

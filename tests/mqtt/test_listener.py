@@ -16,8 +16,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.helpers import RespConn, as_map, worker
+from tests.mqtt.clients import VERSIONS, Client
 
-VERSIONS = {"3.1.1": mqtt.MQTTv311, "5.0": mqtt.MQTTv5}
 
 
 @pytest.fixture
@@ -26,49 +26,11 @@ def w(redis_url):
         yield started
 
 
-class Paho:
-    """A paho client on its own network thread; received messages land in ``inbox``."""
-
-    def __init__(self, port: int, client_id: str, version: str = "5.0", *, clean: bool = True,
-                 auto_ack: bool = True, will: tuple[str, bytes] | None = None) -> None:
-        self.inbox: queue.Queue[Any] = queue.Queue()
-        self.connected = threading.Event()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=VERSIONS[version],
-                             clean_session=clean if version == "3.1.1" else None)
-        self.c.manual_ack_set(not auto_ack)
-        self.c.on_message = lambda _c, _u, msg: self.inbox.put(msg)
-        self.c.on_connect = lambda *_a: self.connected.set()
-        if will:
-            self.c.will_set(will[0], will[1], qos=1)
-        kwargs = {"clean_start": clean} if version == "5.0" else {}
-        self.c.connect("127.0.0.1", port, keepalive=30, **kwargs)
-        self.c.loop_start()
-        assert self.connected.wait(10), "no CONNACK"
-
-    def subscribe(self, filt: str, qos: int = 1) -> None:
-        done = threading.Event()
-        self.c.on_subscribe = lambda *_a: done.set()
-        self.c.subscribe(filt, qos=qos)
-        assert done.wait(10), "no SUBACK"
-
-    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
-        self.c.publish(topic, payload, qos=qos, retain=retain).wait_for_publish(10)
-
-    def take(self, n: int, timeout: float = 10.0) -> list[Any]:
-        got, deadline = [], time.monotonic() + timeout
-        while len(got) < n and time.monotonic() < deadline:
-            try:
-                got.append(self.inbox.get(timeout=max(0.01, deadline - time.monotonic())))
-            except queue.Empty:
-                break
-        return got
-
-    def close(self, clean_disconnect: bool = True) -> None:
-        if clean_disconnect:
-            self.c.disconnect()
-        else:
-            self.c.socket().close()  # the network goes: no DISCONNECT
-        self.c.loop_stop()
+def Paho(port: int, client_id: str, version: str = "5.0", *, clean: bool = True, auto_ack: bool = True,
+         will: tuple[str, bytes] | None = None) -> Client:
+    """A paho client on its own network thread (tests/mqtt/clients.py); received messages land in ``inbox``."""
+    return Client(port, client_id, version, clean=clean, auto_ack=auto_ack,
+                  will=(will[0], will[1], {}) if will else None)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
