@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-cluster test-stateful test-ui ui-screenshots test-spark-cluster bench serve lint clean venv
+.PHONY: demo test test-fuzz test-cluster test-stateful test-ui ui-screenshots test-spark-cluster bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
 QUIETLY = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -34,8 +34,12 @@ demo: $(VENV)/.base
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check broker cli spark bench tests
 
+# The RESP fuzzer sends 6,000 frames here; `make test-fuzz` (run by .ci/run) sends its full 21,000.
 test: lint
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-100} PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fuzz: $(VENV)/.test
+	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-350} $(PY) -m pytest tests/fuzz -q $(PYTEST_ARGS)
 
 # The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot).
 test-cluster: $(VENV)/.test
