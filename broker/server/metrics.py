@@ -19,7 +19,7 @@ from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from redis.exceptions import RedisError
 
 from fencemq.model.keys import Keyspace
-from fencemq.ops.operations import queue_rows, scan_queues
+from fencemq.ops.operations import now_ms, queue_rows, scan_queues
 
 log = logging.getLogger(__name__)
 
@@ -103,17 +103,16 @@ async def oldest_pending_ms(redis: Any, keys: Keyspace, rows: list[dict[str, Any
 
 async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int) -> None:
     """Read the broker's gauges from Redis once and set them (the previous label sets are dropped)."""
-    now_s, _ = await redis.time()
-    sessions = await redis.zcount(keys.sessions, int(now_s) * 1000, "+inf")
+    now = await now_ms(redis)
+    sessions = await redis.zcount(keys.sessions, now, "+inf")
     page = await scan_queues(redis, keys, limit=scan_limit)
     rows = await queue_rows(redis, keys, page.qids)
     firsts = await oldest_pending_ms(redis, keys, rows)
-    now_ms = int(now_s) * 1000
     by_topic: dict[str, list[float]] = {}
     lmqs: list[tuple[int, str, str, float]] = []
     for row in rows:
         backlog = row["backlog"] or 0
-        age = max(0.0, (now_ms - firsts[row["qid"]]) / 1000) if row["qid"] in firsts else 0.0
+        age = max(0.0, (now - firsts[row["qid"]]) / 1000) if row["qid"] in firsts else 0.0
         total = by_topic.setdefault(row["topic"], [0, 0.0])
         total[0] += backlog
         total[1] = max(total[1], age)
@@ -141,4 +140,6 @@ async def run_sampler(redis: Any, keys: Keyspace, *, every_ms: int, scan_limit: 
             await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs)
         except (OSError, RedisError) as exc:
             log.warning("could not sample the metrics gauges: %s", exc)
+        except Exception:  # a sampling bug must never take the worker down: the gauges just go stale
+            log.exception("sampling the metrics gauges failed")
         await anyio.sleep(every_ms / 1000)
