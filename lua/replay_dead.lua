@@ -1,6 +1,9 @@
 -- replay_dead.lua: an operator puts dead letters back into their group's queue.
 --@include lib/lite.lua
 --
+-- Errors: BADARG on a bad count.
+-- Cost: O(examined + position of the last replayed dead letter).
+--
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -31,8 +34,6 @@
 -- message already in the ready set of its group is not added twice. One
 -- 'replay' journal event each (extra = acquisitions). Skipped dead letters
 -- keep their place; the walk goes past them, so they never block a replay.
--- Errors: BADARG on a bad count.
--- Cost: O(examined + position of the last replayed dead letter).
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local count = int_arg(A.count, 'count')
 local limit = int_arg(A.scan_limit, 'scan limit')

@@ -2,6 +2,12 @@
 --@include lib/seek.lua
 --@include lib/mailbox.lua
 --
+-- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor,
+--   1 if the caller became a new member else 0}
+-- Errors: BADARG (mode/policy/strategy conflict with the group, a number that
+--   is not an integer), BUSY (reject policy).
+-- Cost: O(checkouts of a preempted owner).
+--
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -32,17 +38,12 @@
 -- ARGV[16] offline        a shared group's offline members: 'queue' (QUEUE-OFFLINE), 'skip'
 --   (SKIP-OFFLINE, the default) or '' (the group's)
 -- ARGV[17] lite           1 for an lmq: its meta hash is left compact (lib/meta.lua)
--- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor,
---   1 if the caller became a new member else 0}
 -- Exclusive groups: the last subscriber wins (preempt) — in this one call the
 --   owner switches, an eviction marker is written for the old owner and its
 --   checkouts go back to the queue; with POLICY reject a second client gets
 --   BUSY instead. Subscribing again clears the caller's own marker and
 --   suspicion. The epoch never goes down: a client that knows a higher one
 --   raises the server's to it, so it never filters everything out.
--- Errors: BADARG (mode/policy/strategy conflict with the group, a number that
---   is not an integer), BUSY (reject policy).
--- Cost: O(checkouts of a preempted owner).
 local g, m = A.group, A.member
 -- Everything is validated before the first write: Redis does not roll back a
 -- script that fails half-way.
