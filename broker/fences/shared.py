@@ -37,6 +37,9 @@ from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.messages import pack_body
 from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, matches, parse_target
 
+NOT_READ = object()
+
+
 def is_filter_target(target: str) -> bool:
     return target.startswith(SHARE_PREFIX) or has_wildcard(target)
 
@@ -55,16 +58,18 @@ class FilterRegistry:
         self.redis = redis
         self.keys = keys
         self.index = FilterIndex()
-        self.version: bytes | None = None
+        # The registry's version the index was read at; None is a version too (no filter
+        # was ever registered), so "not read yet" needs a value of its own.
+        self.version: bytes | None | object = NOT_READ
 
     def invalidate(self) -> None:
-        self.version = None
+        self.version = NOT_READ
 
     async def current_version(self) -> bytes | None:
         return await self.redis.get(self.keys.filters_version)
 
     async def _refresh(self, version: bytes | None) -> None:
-        if version == self.version and version is not None:
+        if version == self.version:
             return
         index = FilterIndex()
         for qid, raw in (await self.redis.hgetall(self.keys.filters)).items():

@@ -441,3 +441,19 @@ def test_filters_registered_on_one_worker_are_matched_by_publishes_through_anoth
             assert take(c, own) == "EOS" and take(c, shared) == "EOS"  # the groups are deleted
             p.execute_command("PUB", f"x{i}/y", "after")  # at once: must not recreate them
         assert list(r.scan_iter(match="fmq:{f:*")) == [] and not r.exists(KEYS.filters)
+
+
+def test_a_worker_reads_the_filter_registry_once_while_no_filter_was_ever_registered(w, r):
+    """No filter yet is a registry version of its own: publishing to plain topics must not
+    read the whole registry on every publish (it did: an extra round trip per PUB)."""
+    p = client(w.port, 2, "pub")
+    p.execute_command("PUB", "plain/x", "warm")
+    r.config_resetstat()
+    for i in range(20):
+        p.execute_command("PUB", "plain/x", f"m{i}")
+    reads = r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
+    assert reads == 0, f"{reads} reads of the filter registry for 20 publishes"
+    c = client(w.port, 2, "c")
+    own = sub(c, "plain/+")  # the registry changes: the next publish reads it again
+    p.execute_command("PUB", "plain/x", "after")
+    assert payloads_of(take_all(c, own)) == ["after"]
