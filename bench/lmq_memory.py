@@ -79,8 +79,8 @@ class Layout:
         handle = Handle(QueueRef(TOPIC, lmq), GROUP, client)
         return [
             # lua/lite_hold.lua: the session index entry and the quota count, then the fence
-            ["EVALSHA", self.t.shas["lite_hold"], 2, session_index.bucket_key(self.keys, handle),
-             self.keys.session_lite_counts(client), session_index.field(handle), TOPIC, 1_000_000_000],
+            ["EVALSHA", self.t.shas["lite_hold"], 2, self.keys.session_lite_counts(client),
+             session_index.bucket_key(self.keys, handle), TOPIC, 1_000_000_000, session_index.field(handle)],
             self.t.call("subscribe", lmq, client),
         ]
 

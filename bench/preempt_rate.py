@@ -78,8 +78,8 @@ class Commands:
         notice = b"\x85" + b"x" * 120  # a msgpack map of the notice's size; its content does not matter here
         return [
             # lua/lite_hold.lua: quota, session index and count in one call in the client's slot
-            ["EVALSHA", self.t.shas["lite_hold"], 2, session_index.bucket_key(self.keys, handle),
-             self.keys.session_lite_counts(client), session_index.field(handle), TOPIC, self.config.lite_quota],
+            ["EVALSHA", self.t.shas["lite_hold"], 2, self.keys.session_lite_counts(client),
+             session_index.bucket_key(self.keys, handle), TOPIC, self.config.lite_quota, session_index.field(handle)],
             self.fence(i, client),
             ["RPUSH", self.keys.session_notices(evicted), notice],
             ["LTRIM", self.keys.session_notices(evicted), -1000, -1],

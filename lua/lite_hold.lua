@@ -1,25 +1,34 @@
--- lite_hold.lua: a client takes hold of one more lite subscription, within its quota.
+-- lite_hold.lua: a client takes hold of more lite subscriptions of one topic, within its quota.
 --@include lib/base.lua
 --
--- KEYS[1] bucket          the client's index bucket of the lmq (docs/data-model.md, "Sessions")
--- KEYS[2] counts          the client's lite subscriptions per topic, for the quota
--- ARGV[1] entry           the subscription's field in the bucket: group|lmq|topic
--- ARGV[2] topic
--- ARGV[3] quota           lite subscriptions one client may hold per topic
--- Returns: 1 when the client holds it now (indexed and counted), 0 when it
---   held it already (nothing written). The count is the number of the
---   client's index entries of the topic: whoever removes an entry counts it off.
--- Errors: LIMIT when the client already holds its quota of the topic's lmqs
---   (nothing written); BADARG on a bad quota.
--- Cost: O(1), one call in the client's slot for the quota check, the session
---   index and the count (the subscribe fence is another slot's call).
+-- KEYS[1] counts          the client's lite subscriptions per topic, for the quota
+-- KEYS[2..] buckets       the client's index bucket of each entry's lmq, in the entries' order (docs/data-model.md, "Sessions")
+-- ARGV[1] topic
+-- ARGV[2] quota           lite subscriptions one client may hold per topic
+-- ARGV[3..] entries       each subscription's field in its bucket: group|lmq|topic
+-- Returns: one number per entry, in order: 1 when the client holds it now
+--   (indexed and counted), 0 when it held it already, -1 when it would exceed
+--   the quota (not held; the caller answers LIMIT). Nothing is written for a
+--   0 or -1. The count is the number of the client's index entries of the
+--   topic: whoever removes an entry counts it off.
+-- Errors: BADARG on a bad quota, or keys and entries that do not pair up
+--   (nothing written).
+-- Cost: O(entries), one call in the client's slot for the quota check, the
+--   session index and the count (each subscribe fence is another slot's call).
 local quota = int_arg(A.quota, 'quota')
-if redis.call('HEXISTS', K.bucket, A.entry) == 1 then return 0 end
+if #A.entries ~= #K.buckets then raise('BADARG', 'one index bucket per entry') end
 local held = tonumber(redis.call('HGET', K.counts, A.topic) or '0')
-if held >= quota then
-  raise('LIMIT', 'the client holds ' .. int_str(held) .. ' lite subscriptions of ' .. A.topic
-    .. ', the quota; unsubscribe some first')
+local out, added = {}, 0
+for i, entry in ipairs(A.entries) do
+  local bucket = K.buckets[i]
+  if redis.call('HEXISTS', bucket, entry) == 1 then
+    out[i] = 0
+  elseif held >= quota then
+    out[i] = -1
+  else
+    redis.call('HSET', bucket, entry, '')
+    held, added, out[i] = held + 1, added + 1, 1
+  end
 end
-redis.call('HSET', K.bucket, A.entry, '')
-redis.call('HINCRBY', K.counts, A.topic, 1)
-return 1
+if added > 0 then redis.call('HINCRBY', K.counts, A.topic, added) end
+return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fencemq.errors import LimitExceeded
 from fencemq.fences import session_index
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
@@ -21,7 +22,7 @@ from fencemq.model.keys import Handle
 from fencemq.model.values import text
 
 EVICT = fence("evict", "meta log checkouts deadlines owned ready wake journal", "group member by")
-LITE_HOLD = fence("lite_hold", "bucket counts", "entry topic quota")
+LITE_HOLD = fence("lite_hold", "counts", "topic quota", keys_rest="buckets", argv_rest="entries")
 LITE_RELEASE = fence("lite_release", "bucket counts", "entry topic")
 
 
@@ -62,9 +63,30 @@ class Lite:
         """The client takes hold of a lite subscription (lua/lite_hold.lua): within its quota of
         ``lite_quota`` lmqs per topic (LIMIT otherwise, nothing written), in its session index, counted.
         True when it was not held yet. One call in the client's slot, before the subscribe fence."""
-        return bool(int(await self.ctx.fences.run(
-            LITE_HOLD, None, extra_keys=self._session_keys(handle), entry=session_index.field(handle),
-            topic=handle.queue.topic, quota=self.ctx.config.lite_quota)))
+        held = (await self.hold_many([handle]))[0]
+        if isinstance(held, Exception):
+            raise held
+        return held
+
+    async def hold_many(self, handles: list[Handle]) -> list[bool | Exception]:
+        """:meth:`hold` for many handles, one call per client and topic; a refusal (LIMIT) comes
+        back as its exception, in the handle's place."""
+        by_client_topic: dict[tuple[str, str], list[int]] = {}
+        for i, h in enumerate(handles):
+            by_client_topic.setdefault((h.member, h.queue.topic), []).append(i)
+        out: list[bool | Exception] = [False] * len(handles)
+        quota = self.ctx.config.lite_quota
+        keys = self.ctx.keys
+        for (client, topic), at in by_client_topic.items():
+            some = [handles[i] for i in at]
+            replies = await self.ctx.fences.run(
+                LITE_HOLD, None, extra_keys={"counts": keys.session_lite_counts(client)},
+                keys_rest=[session_index.bucket_key(keys, h) for h in some],
+                topic=topic, quota=quota, args_rest=[session_index.field(h) for h in some])
+            for i, reply in zip(at, replies, strict=True):
+                out[i] = LimitExceeded(f"the client holds {quota} lite subscriptions of {topic}, the quota; "
+                                       f"unsubscribe some first") if int(reply) < 0 else bool(int(reply))
+        return out
 
     async def release(self, handle: Handle) -> bool:
         """The client lets go of a lite subscription (lua/lite_release.lua): out of its index and

@@ -84,13 +84,21 @@ async def pipeline_then_publish(redis: Redis | RedisCluster, build: Callable[[An
     goes to every node, not to a slot's master), so there it follows the
     pipeline. Returns the pipeline's replies, without PUBLISH's.
     """
+    return await pipeline_then_publish_all(redis, build, [(channel, message)])
+
+
+async def pipeline_then_publish_all(redis: Redis | RedisCluster, build: Callable[[Any], None],
+                                    messages: list[tuple[str, bytes | str]]) -> list[Any]:
+    """:func:`pipeline_then_publish` with any number of (channel, message) to PUBLISH."""
     cluster = isinstance(redis, RedisCluster)
     async with redis.pipeline(transaction=False) as pipe:
         build(pipe)
         if not cluster:
-            pipe.publish(channel, message)
+            for channel, message in messages:
+                pipe.publish(channel, message)
         replies = await pipe.execute()
     if cluster:
-        await redis.publish(channel, message)
+        for channel, message in messages:
+            await redis.publish(channel, message)
         return list(replies)
-    return list(replies[:-1])
+    return list(replies[: len(replies) - len(messages)])

@@ -37,7 +37,7 @@ from fencemq.fences import session_index
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
 from fencemq.fences.lite import Lite, unsubscribe_notice
-from fencemq.fences.redis_client import pipeline_then_publish
+from fencemq.fences.redis_client import pipeline_then_publish, pipeline_then_publish_all
 from fencemq.fences.subscribe import Subscriptions
 from fencemq.model.keys import Handle
 
@@ -242,13 +242,19 @@ class Sessions:
 
         Its ``nid`` lets a client that hears it both ways (pushed, then drained by
         HEARTBEAT) act on it once."""
-        packed = msgpack.packb({**notice, "nid": secrets.token_hex(8)})
+        await self.notify_all([(client, notice)])
+
+    async def notify_all(self, notices: list[tuple[str, dict[str, Any]]]) -> None:
+        """:meth:`notify` for many (client, notice) pairs, in one round trip on one server."""
+        packed = [(client, msgpack.packb({**notice, "nid": secrets.token_hex(8)})) for client, notice in notices]
 
         def queue(pipe: Any) -> None:
-            pipe.rpush(self.keys.session_notices(client), packed)
-            pipe.ltrim(self.keys.session_notices(client), -MAX_QUEUED_NOTICES, -1)
+            for client, message in packed:
+                pipe.rpush(self.keys.session_notices(client), message)
+                pipe.ltrim(self.keys.session_notices(client), -MAX_QUEUED_NOTICES, -1)
 
-        await pipeline_then_publish(self.redis, queue, self.keys.session_channel(client), packed)
+        await pipeline_then_publish_all(self.redis, queue,
+                                        [(self.keys.session_channel(client), message) for client, message in packed])
 
     async def drain_notices(self, client: str) -> list[dict[str, Any]]:
         key = self.keys.session_notices(client)

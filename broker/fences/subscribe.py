@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fencemq.errors import BadArgument, FenceMQError
 from fencemq.fences import session_index
@@ -39,6 +40,23 @@ MODES = ("exclusive", "shared", "single-active")
 POLICIES = ("preempt", "reject")
 FROM_KINDS = ("earliest", "latest", "id", "time")
 STRATEGIES = ("round-robin", "sticky", "hash")
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribePlan:
+    """A SUB checked and ready for its fence call."""
+
+    ref: QueueRef
+    held: Handle
+    fence_args: dict[str, Any]
+    capacity: int | None
+    qos: int
+
+    def subscription(self, res: list[Any]) -> Subscription:
+        return Subscription(
+            self.held.encode(), text(res[0]), int(res[1]), text(res[2]), text(res[3]) or None, int(res[4]),
+            int(res[5]), self.qos, new_member=bool(int(res[6])),
+        )
 
 
 @dataclass(slots=True)
@@ -74,6 +92,87 @@ class Subscriptions:
         client: str,
         topic: str,
         *,
+        queue: QueueRef | None = None,
+        **options: Any,
+    ) -> Subscription:
+        """Join a subscription. ``queue`` names a filter subscription's own queue.
+
+        Options as SUB's (docs/protocol.md): lmq, group, mode, policy, start, lock_ms,
+        epoch, max_messages, capacity, qos, on_preempt, strategy, offline."""
+        plan = self._plan(client, topic, queue, **options)
+        if queue is None:
+            await self.ctx.check_topic_kind(topic, plan.ref.lite)
+        held = plan.held
+        # The session learns of the handle before the fence makes the
+        # membership: whatever fails next, its end will leave it (idempotently).
+        # A lite one within the client's quota, in one call (lua/lite_hold.lua).
+        added = await (self.lite.hold(held) if plan.ref.lite else session_index.add(self.ctx.redis, self.ctx.keys, held))
+        try:
+            res = await self.ctx.fences.run(SUBSCRIBE, self.ctx.keys.queue(plan.ref), **plan.fence_args)
+        except FenceMQError:
+            if added:  # refused (BADARG, BUSY): nothing to leave
+                await self._let_go(held)
+            raise
+        if plan.capacity is not None:
+            await self.mailboxes.dispatch_all(plan.ref)
+        return plan.subscription(res)
+
+    async def subscribe_lite_many(self, client: str, topic: str,
+                                  requests: list[dict[str, Any]]) -> list[Subscription | Exception]:
+        """Pipelined ``SUB topic LMQ …`` of one client (pull mode), in two round trips in all.
+
+        The client's holds (one call in its slot: lua/lite_hold.lua), then the subscribe
+        fences (one per lmq, pipelined), then a refused one's hold let go: the outcomes
+        of running them one by one, in order, a refusal as its exception.
+        """
+        outcomes: list[Subscription | Exception | None] = [None] * len(requests)
+        plans: list[tuple[int, SubscribePlan]] = []
+        for i, options in enumerate(requests):
+            try:
+                plan = self._plan(client, topic, None, **options)
+            except FenceMQError as exc:
+                outcomes[i] = exc
+                continue
+            if not plan.ref.lite or plan.capacity is not None:
+                raise ValueError("subscribe_lite_many takes pull subscriptions of lmqs")
+            plans.append((i, plan))
+        if plans:
+            await self.ctx.check_topic_kind(topic, True)
+        holds = await self.lite.hold_many([plan.held for _, plan in plans])
+        subscribing, over_quota = [], []
+        for (i, plan), added in zip(plans, holds, strict=True):
+            if isinstance(added, Exception):
+                outcomes[i] = added
+                over_quota.append(i)
+            else:
+                subscribing.append((i, plan, added))
+        replies = await self.ctx.fences.run_many(
+            SUBSCRIBE, [(self.ctx.keys.queue(plan.ref), {}, (), plan.fence_args) for _, plan, _ in subscribing])
+        let_go = False
+        for (i, plan, added), res in zip(subscribing, replies, strict=True):
+            if isinstance(res, Exception):
+                outcomes[i] = res
+                if added:
+                    await self._let_go(plan.held)
+                    let_go = True
+            else:
+                outcomes[i] = plan.subscription(res)
+        if let_go:
+            # One by one, a refused SUB's quota slot was free again for the SUBs after it:
+            # those refused for the quota (nothing written) run again, in order.
+            for i in over_quota:
+                try:
+                    outcomes[i] = await self.subscribe(client, topic, **requests[i])
+                except FenceMQError as exc:
+                    outcomes[i] = exc
+        return outcomes  # type: ignore[return-value]
+
+    def _plan(
+        self,
+        client: str,
+        topic: str,
+        queue: QueueRef | None,
+        *,
         lmq: str | None = None,
         group: str | None = None,
         mode: str | None = None,
@@ -87,9 +186,8 @@ class Subscriptions:
         on_preempt: str | None = None,
         strategy: str | None = None,
         offline: str | None = None,
-        queue: QueueRef | None = None,
-    ) -> Subscription:
-        """Join a subscription. ``queue`` names a filter subscription's own queue."""
+    ) -> SubscribePlan:
+        """Every option checked (BADARG, nothing written) and the subscribe fence's arguments."""
         config = self.ctx.config
         ref = queue or self.ctx.queue(topic, lmq)
         check_name(client, "client")
@@ -119,34 +217,16 @@ class Subscriptions:
             raise BadArgument("a shared group's offline members are queued for (QUEUE-OFFLINE) or skipped (SKIP-OFFLINE)")
         if strategy is not None and strategy not in STRATEGIES:
             raise BadArgument(f"STRATEGY must be one of {', '.join(STRATEGIES)}")
-        if queue is None:
-            await self.ctx.check_topic_kind(topic, lmq is not None)
-        held = Handle(ref, group, client)
-        redis, keys = self.ctx.redis, self.ctx.keys
-        # The session learns of the handle before the fence makes the
-        # membership: whatever fails next, its end will leave it (idempotently).
-        # A lite one within the client's quota, in one call (lua/lite_hold.lua).
-        added = await (self.lite.hold(held) if ref.lite else session_index.add(redis, keys, held))
         # Without GROUP the subscription is the client's own: exclusive to it.
         default_mode = "exclusive" if (lmq is not None or group.startswith("~")) else "shared"
-        try:
-            res = await self.ctx.fences.run(
-                SUBSCRIBE, keys.queue(ref), group=group, member=client, mode=opt(mode), default_mode=default_mode,
-                policy=opt(policy), from_kind=start[0], from_arg=opt(start[1]), lock_ms=opt(lock_ms),
-                epoch=opt(epoch), max=opt(max_messages), capacity=opt(capacity), qos=qos,
-                on_preempt=opt(on_preempt), journal_cap=self.ctx.journal_cap(ref), strategy=opt(strategy),
-                offline=opt(offline), lite=int(ref.lite),
-            )
-        except FenceMQError:
-            if added:  # refused (BADARG, BUSY): nothing to leave
-                await self._let_go(held)
-            raise
-        if capacity is not None:
-            await self.mailboxes.dispatch_all(ref)
-        return Subscription(
-            held.encode(), text(res[0]), int(res[1]), text(res[2]), text(res[3]) or None, int(res[4]), int(res[5]),
-            qos, new_member=bool(int(res[6])),
+        fence_args = dict(
+            group=group, member=client, mode=opt(mode), default_mode=default_mode,
+            policy=opt(policy), from_kind=start[0], from_arg=opt(start[1]), lock_ms=opt(lock_ms),
+            epoch=opt(epoch), max=opt(max_messages), capacity=opt(capacity), qos=qos,
+            on_preempt=opt(on_preempt), journal_cap=self.ctx.journal_cap(ref), strategy=opt(strategy),
+            offline=opt(offline), lite=int(ref.lite),
         )
+        return SubscribePlan(ref, Handle(ref, group, client), fence_args, capacity, qos)
 
     async def unsubscribe(self, handle: Handle, *, session_over: bool = False) -> int:
         """Leave the subscription; all checkouts go back at once. Idempotent.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fencemq.errors import BadArgument, FenceMQError, UnknownCommand
-from fencemq.model.topics import check_share_syntax
+from fencemq.model.topics import SHARE_PREFIX, check_share_syntax, has_wildcard
 from fencemq.protocol.syntax import Arg, arity, parse_syntax
 
 
@@ -23,10 +23,15 @@ class Request:
     args: dict[str, Any] = field(default_factory=dict)
 
     def batch_key(self) -> tuple[Any, ...] | None:
-        """Requests with the same key, pipelined back to back, run as one fence call."""
-        plain = not (self.args.get("dedup_ids") or self.args.get("headers") or self.args.get("retain"))
-        if self.verb in ("PUB", "MPUB") and plain:
-            return ("PUB", self.args["topic"], self.args.get("lmq"), self.args.get("qos", 1))
+        """Requests with the same key, pipelined back to back, run together: PUBs to one
+        queue as one fence call, pull SUBs of one lite topic's lmqs in a few pipelines."""
+        if self.verb in ("PUB", "MPUB"):
+            plain = not (self.args.get("dedup_ids") or self.args.get("headers") or self.args.get("retain"))
+            return ("PUB", self.args["topic"], self.args.get("lmq"), self.args.get("qos", 1)) if plain else None
+        if self.verb == "SUB" and self.args.get("lmq") is not None and not self.args.get("push"):
+            topic = self.args["topic"]
+            if not (topic.startswith(SHARE_PREFIX) or has_wildcard(topic)):  # a filter takes no LMQ: BADARG alone
+                return ("SUB-LMQ", topic)
         return None
 
 

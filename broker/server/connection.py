@@ -272,12 +272,16 @@ class ClientConnection:
                 while j < len(requests) and isinstance(requests[j], Request) and requests[j].batch_key() == key:
                     j += 1
             if j - i > 1:
+                publishing = key[0] == "PUB"  # type: ignore[index]
+                run = self.verbs.publish_batch if publishing else self.verbs.sub_lmq_batch
+                # A SUB may run twice (the same member again); a publish cut short by Redis may not.
+                again = FenceMQError if publishing else (FenceMQError, RedisError)
                 try:
-                    replies.extend(await self.verbs.publish_batch(self.session, requests[i:j]))  # type: ignore[arg-type]
-                except FenceMQError:
+                    outcomes = await run(self.session, requests[i:j])  # type: ignore[arg-type]
+                except again:
                     # One bad command must not fail its neighbours: run them one by one.
-                    for one in requests[i:j]:
-                        replies.append(await self._run_one(one))  # type: ignore[arg-type]
+                    outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
+                replies.extend(self._outcome(req, out) for req, out in zip(requests[i:j], outcomes))  # type: ignore
             else:
                 replies.append(await self._run_one(req))
             i = j
@@ -306,6 +310,14 @@ class ClientConnection:
             return self._error(exc)
         except RedisError as exc:
             return self._error(redis_failure(self.session.services, req.verb, exc))
+
+    def _outcome(self, req: Request, outcome: Any) -> Any:
+        """A batched command's reply: its value, or its refusal as an error reply."""
+        if isinstance(outcome, FenceMQError):
+            return self._error(outcome)
+        if isinstance(outcome, RedisError):
+            return self._error(redis_failure(self.session.services, req.verb, outcome))
+        return outcome
 
     def _error(self, exc: FenceMQError) -> ErrorReply:
         metrics.ERRORS.labels(exc.code).inc()

@@ -24,6 +24,7 @@ from fencemq.errors import (
 )
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
+from fencemq.fences.subscribe import Subscription
 from fencemq.model.keys import Handle
 from fencemq.model.topics import parse_target
 from fencemq.ops.users import DEFAULT_USER, User, default_user
@@ -306,6 +307,7 @@ class Verbs:
         """Pipelined PUB/MPUB to one queue: one fence call, ids handed back per command."""
         for r in requests:
             session.note_command(r.verb)
+            metrics.COMMANDS.labels(r.verb).inc()
         first = requests[0].args
         self._may(session, "publish", first["topic"])
         payloads = [p for r in requests for p in r.args["payloads"]]
@@ -346,12 +348,42 @@ class Verbs:
             return self._signed((await self.services.core.shared.subscribe(client, topic, **options)).as_reply())
         sub = await self.services.core.subscriptions.subscribe(client, topic, **options)
         if sub.evicted:
-            metrics.PREEMPTIONS.inc()
-            metrics.EVICTIONS.labels("preempted").inc()
-            mine = Handle.decode(sub.handle)
-            evicted = Handle(mine.queue, mine.group, sub.evicted)
-            await self.services.sessions.notify(sub.evicted, unsubscribe_notice(evicted, client))
+            await self.services.sessions.notify(sub.evicted, self._preempted(sub, client))
         return self._signed(sub.as_reply())
+
+    async def sub_lmq_batch(self, session: Session, requests: list[Request]) -> list[Any]:
+        """Pipelined ``SUB topic LMQ …`` (pull mode) of one topic: the holds, the subscribe
+        fences and the preempted owners' notices each in one round trip for the whole run.
+        Each reply in order; a refused SUB's as its exception."""
+        for r in requests:
+            session.note_command(r.verb)
+            metrics.COMMANDS.labels(r.verb).inc()
+        topic = requests[0].args["topic"]
+        if session.user is not None and not session.user.may_subscribe(topic):
+            raise NoPermission(session.user.missing("subscribe", topic))
+        client = await session.ensure()
+        outcomes = await self.services.core.subscriptions.subscribe_lite_many(
+            client, topic, [{k: v for k, v in r.args.items() if k != "topic"} for r in requests])
+        replies: list[Any] = []
+        notices: list[tuple[str, dict[str, Any]]] = []
+        for sub in outcomes:
+            if isinstance(sub, Exception):
+                replies.append(sub)
+                continue
+            if sub.evicted:
+                notices.append((sub.evicted, self._preempted(sub, client)))
+            replies.append(self._signed(sub.as_reply()))
+        if notices:
+            await self.services.sessions.notify_all(notices)
+        return replies
+
+    @staticmethod
+    def _preempted(sub: Subscription, by: str) -> dict[str, Any]:
+        """Counted, and the notice its evicted owner is sent."""
+        metrics.PREEMPTIONS.inc()
+        metrics.EVICTIONS.labels("preempted").inc()
+        mine = Handle.decode(sub.handle)
+        return unsubscribe_notice(Handle(mine.queue, mine.group, sub.evicted), by)
 
     def _signed(self, reply: dict[str, Any]) -> dict[str, Any]:
         reply["handle"] = self.services.handles.sign(reply["handle"])

@@ -806,3 +806,49 @@ def test_a_non_lite_handle_still_lives_in_the_subs_set(w, r):
         assert held_handles(r, "A") == {h, hl}
         assert a.call("UNSUB", h) == "OK"
         assert not r.exists(KEYS.session_handles("A"))
+
+
+# =====================================================================================
+# Pipelined SUBs of many lmqs (run together: the holds, the fences, the notices)
+
+
+def _pipelined(c: RespConn, *commands: tuple[Any, ...]) -> list[Any]:
+    c.send_raw(pipeline(*commands))
+    return [c.read() for _ in commands]
+
+
+def test_pipelined_subs_preempting_many_lmqs_each_switch_the_owner_and_notify_the_old_one_once(redis_url, r):
+    with worker(redis_url) as w, connect(w.port, "A", 2) as a, connect(w.port, "B", 2) as b:
+        for i in range(50):
+            a.call("PUB", "chat", f"m{i}", "LMQ", f"q{i}")
+        assert all(not isinstance(x, Err) for x in _pipelined(a, *(("SUB", "chat", "LMQ", f"q{i}") for i in range(50))))
+        replies = _pipelined(b, *(("SUB", "chat", "LMQ", f"q{i}") for i in range(50)))
+        assert [as_map(x)["owner"] for x in replies] == ["B"] * 50
+        notices = heartbeat(a)
+        assert sorted(n["lmq"] for n in notices) == sorted(f"q{i}" for i in range(50))
+        assert {n["by"] for n in notices} == {"B"} and len({n["nid"] for n in notices}) == 50
+        assert r.hget(KEYS.session_lite_counts("B"), "chat") == "50"
+        for i in (0, 49):
+            assert meta(r, "chat", f"q{i}")[f"g|{GROUP}|own"] == "B"
+            assert [d["payload"] for d in pull(b, as_map(replies[i])["handle"])] == [f"m{i}"]
+
+
+def test_in_a_pipelined_run_of_subs_each_refusal_is_its_own_and_holds_no_quota(redis_url, r):
+    with worker(redis_url, lite_quota=3) as w, connect(w.port, "A", 2) as a, connect(w.port, "B", 2) as b:
+        subscribe(a, "chat", "held", "POLICY", "reject")
+        replies = _pipelined(
+            b,
+            ("SUB", "chat", "LMQ", "q1"),
+            ("SUB", "chat", "LMQ", "q2", "LOCK", 0),  # BADARG: nothing written
+            ("SUB", "chat", "LMQ", "held", "POLICY", "reject"),  # BUSY: its hold let go
+            ("SUB", "chat", "LMQ", "q3"),
+            ("SUB", "chat", "LMQ", "q1"),  # held already: fine
+            ("SUB", "chat", "LMQ", "q4"),
+            ("SUB", "chat", "LMQ", "q5"),  # the fourth: over the quota of 3
+        )
+        codes = [x.code if isinstance(x, Err) else "OK" for x in replies]
+        assert codes == ["OK", "BADARG", "BUSY", "OK", "OK", "OK", "LIMIT"]
+        assert r.hget(KEYS.session_lite_counts("B"), "chat") == "3"
+        assert {h.queue.lmq for h in (Handle.decode(x) for x in held_handles(r, "B"))} == {"q1", "q3", "q4"}
+        assert meta(r, "chat", "q2") == {} and meta(r, "chat", "q5") == {}, "a refused SUB creates nothing"
+        assert meta(r, "chat", "held")[f"g|{GROUP}|own"] == "A"
