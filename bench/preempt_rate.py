@@ -53,7 +53,7 @@ from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 
-GOAL_PER_S = 20_000
+GOAL_PER_S = 30_000
 JOURNAL_ON = 10_000  # the lite journal turned on, for comparison
 TOPIC, GROUP = "pt", "default"
 CLIENTS = ("A", "B")

@@ -61,7 +61,9 @@ def install_trace() -> list:
     import struct
     import time
 
-    from fencemq.fences.core import Core
+    from fencemq.fences.context import FenceContext
+    from fencemq.fences.leases import Leases
+    from fencemq.fences.shared import Shared
     from fencemq.server.wakeups import Waiter
 
     events: list = []
@@ -78,9 +80,9 @@ def install_trace() -> list:
             return result
         return wrapper
 
-    Core.publish = timed("publish", Core.publish, lambda a, k, r: stamps(a[1]))
-    Core.pull = timed("pull", Core.pull, lambda a, k, r: stamps([d.payload for d in r.deliveries]))
-    Core.schedule = timed("schedule", Core.schedule, lambda a, k, r: [])
+    Shared.publish = timed("publish", Shared.publish, lambda a, k, r: stamps(a[1]))
+    Leases.pull = timed("pull", Leases.pull, lambda a, k, r: stamps([d.payload for d in r.deliveries]))
+    FenceContext.schedule = timed("schedule", FenceContext.schedule, lambda a, k, r: [])
     fire = Waiter.fire
 
     def traced_fire(self) -> None:

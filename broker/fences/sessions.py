@@ -76,6 +76,14 @@ class RedisClock:
         return int(local + self.offset_ms)
 
 
+def announce_many(packed: list[bytes]) -> bytes:
+    """One session-channel message for several packed notices: a msgpack array of them
+    (its header, then the notices as they are: nothing is packed twice)."""
+    n = len(packed)
+    header = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big"))
+    return header + b"".join(packed)
+
+
 class Sessions:
     def __init__(self, ctx: FenceContext, subscriptions: Subscriptions, lite: Lite, clock: RedisClock,
                  lease_ms: int) -> None:
@@ -245,16 +253,20 @@ class Sessions:
         await self.notify_all([(client, notice)])
 
     async def notify_all(self, notices: list[tuple[str, dict[str, Any]]]) -> None:
-        """:meth:`notify` for many (client, notice) pairs, in one round trip on one server."""
-        packed = [(client, msgpack.packb({**notice, "nid": secrets.token_hex(8)})) for client, notice in notices]
+        """:meth:`notify` for many (client, notice) pairs, in one round trip on one server: a
+        client's notices are queued by one RPUSH and announced by one message (a list of them)."""
+        by_client: dict[str, list[bytes]] = {}
+        for client, notice in notices:
+            by_client.setdefault(client, []).append(msgpack.packb({**notice, "nid": secrets.token_hex(8)}))
 
         def queue(pipe: Any) -> None:
-            for client, message in packed:
-                pipe.rpush(self.keys.session_notices(client), message)
+            for client, packed in by_client.items():
+                pipe.rpush(self.keys.session_notices(client), *packed)
                 pipe.ltrim(self.keys.session_notices(client), -MAX_QUEUED_NOTICES, -1)
 
-        await pipeline_then_publish_all(self.redis, queue,
-                                        [(self.keys.session_channel(client), message) for client, message in packed])
+        await pipeline_then_publish_all(self.redis, queue, [
+            (self.keys.session_channel(client), packed[0] if len(packed) == 1 else announce_many(packed))
+            for client, packed in by_client.items()])
 
     async def drain_notices(self, client: str) -> list[dict[str, Any]]:
         key = self.keys.session_notices(client)

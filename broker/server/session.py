@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import msgpack
@@ -216,7 +217,12 @@ class Session:
         self.library = {}
 
     def _on_message(self, data: bytes) -> None:
-        notice = msgpack.unpackb(data)
+        told = msgpack.unpackb(data)
+        # a batch of notices (fences/sessions.py announce_many) is a list of them
+        for notice in told if isinstance(told, list) else [told]:
+            self._on_notice(notice)
+
+    def _on_notice(self, notice: dict[str, Any]) -> None:
         if notice.get("type") == "takeover":
             if notice.get("conn") != self.token:
                 # The same client id connected elsewhere: that connection owns the session now.

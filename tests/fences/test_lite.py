@@ -814,16 +814,18 @@ def test_a_non_lite_handle_still_lives_in_the_subs_set(w, r):
 
 def _pipelined(c: RespConn, *commands: tuple[Any, ...]) -> list[Any]:
     c.send_raw(pipeline(*commands))
-    return [c.read() for _ in commands]
+    return [c.reply() for _ in commands]
 
 
 def test_pipelined_subs_preempting_many_lmqs_each_switch_the_owner_and_notify_the_old_one_once(redis_url, r):
-    with worker(redis_url) as w, connect(w.port, "A", 2) as a, connect(w.port, "B", 2) as b:
+    with worker(redis_url) as w, connect(w.port, "A", 3) as a, connect(w.port, "B", 2) as b:
         for i in range(50):
             a.call("PUB", "chat", f"m{i}", "LMQ", f"q{i}")
         assert all(not isinstance(x, Err) for x in _pipelined(a, *(("SUB", "chat", "LMQ", f"q{i}") for i in range(50))))
         replies = _pipelined(b, *(("SUB", "chat", "LMQ", f"q{i}") for i in range(50)))
         assert [as_map(x)["owner"] for x in replies] == ["B"] * 50
+        pushed = [a.next_push()[1] for _ in range(50)]  # told at once, each in a push of its own (RESP3)
+        assert sorted(n["lmq"] for n in pushed) == sorted(f"q{i}" for i in range(50))
         notices = heartbeat(a)
         assert sorted(n["lmq"] for n in notices) == sorted(f"q{i}" for i in range(50))
         assert {n["by"] for n in notices} == {"B"} and len({n["nid"] for n in notices}) == 50
