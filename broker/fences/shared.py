@@ -203,15 +203,16 @@ class Shared:
             if failure in published:
                 raise published[failure]
         ids = published["ids"]
-        bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]
         if retain:
             # The last retained message per topic; an empty payload clears it.
             if payloads[-1]:
-                await self.redis.hset(self.keys.retained, topic, bodies[-1])
+                await self.redis.hset(self.keys.retained, topic, pack_body(payloads[-1], headers, qos, producer, topic))
             else:
                 await self.redis.hdel(self.keys.retained, topic)
         refs = await self.registry.matching(topic, published["version"])
         if refs:
+            # a copy names its source topic (the filter queue's is the filter)
+            bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]
             async with anyio.create_task_group() as tg:
                 for ref in refs:
                     # the producer's dedup ids go with every copy: a repeated publish adds

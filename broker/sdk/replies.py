@@ -43,13 +43,32 @@ def _notice(raw: Any) -> dict[str, Any]:
 
 
 def _delivery(raw: Any) -> Delivery:
+    # The hot path of every PULL: fields looked up by their bytes names, not a str-keyed copy.
+    m = raw if isinstance(raw, dict) else (dict(zip(raw[::2], raw[1::2])) if isinstance(raw, list) else None)
+    if not m or not isinstance(next(iter(m)), bytes):
+        return _delivery_slowly(raw)
+    get = m.get
+    headers, lmq, producer, qos = get(b"headers"), get(b"lmq"), get(b"producer"), get(b"qos")
+    tag = m[b"tag"].decode()
+    return Delivery(
+        m[b"id"].decode(), tag, int(m[b"epoch"]), m[b"topic"].decode("utf-8", "replace"),
+        bytes(m[b"payload"]), int(get(b"deliveries", 1)), int(get(b"ts", 0)),
+        None if lmq is None else lmq.decode("utf-8", "replace"),
+        {_str(k): _str(v) for k, v in _map(headers).items()} if headers else {},
+        _granted(tag) if qos is None else int(qos),
+        None if producer is None else _str(producer),
+    )
+
+
+def _delivery_slowly(raw: Any) -> Delivery:
     m = _map(raw)
     headers = m.get("headers")
     lmq = m.get("lmq")
     producer = m.get("producer")
+    tag = _str(m["tag"])
     return Delivery(
         id=_str(m["id"]),
-        tag=_str(m["tag"]),
+        tag=tag,
         epoch=int(m["epoch"]),
         topic=_str(m["topic"]),
         payload=bytes(m["payload"]),
@@ -57,9 +76,14 @@ def _delivery(raw: Any) -> Delivery:
         ts=int(m.get("ts", 0)),
         lmq=None if lmq is None else _str(lmq),
         headers={_str(k): _str(v) for k, v in _map(headers).items()} if headers else {},
-        qos=int(m.get("qos", 1)),
+        qos=int(m["qos"]) if "qos" in m else _granted(tag),
         producer=None if producer is None else _str(producer),
     )
+
+
+def _granted(tag: str) -> int:
+    """A delivery's QoS: its tag says (docs/protocol.md: a QoS 0 delivery's tag starts with ``q``)."""
+    return 0 if tag.startswith("q") else 1
 
 
 def _tag(t: str | bytes | Delivery) -> str | bytes:
