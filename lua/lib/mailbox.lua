@@ -107,57 +107,80 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
   if not ended then fill_mailbox(K, mb, g, m, now) end
   local lock = tonumber(f[3] or f[8] or default_lock)
   local out, deadline, status = {}, -1, 'ok'
-  local skipped, topped_up = false, false
-  while #out < count do
-    local entry = redis.call('LPOP', mb)
-    if not entry and skipped and not topped_up and not ended then
+  local due_text = int_str(now + lock)  -- every lease started here ends then: made once
+  local leased = {}  -- ZADD arguments: deadline, tag, ...
+  local skipped, topped_up, at_end = false, false, false
+  -- Entries are popped, looked up and leased a chunk at a time (one LPOP, HMGET, ZMSCORE
+  -- and ZADD per chunk, not per entry); each is judged as it was one by one.
+  while #out < count and not at_end do
+    local entries = redis.call('LPOP', mb, count - #out)
+    if not entries and skipped and not topped_up and not ended then
       -- Everything left was released (a seek, a preemption): what is ready
       -- now may take the room it made.
       topped_up = true
       fill_mailbox(K, mb, g, m, now)
-      entry = redis.call('LPOP', mb)
+      entries = redis.call('LPOP', mb, count - #out)
     end
-    if not entry then
+    if not entries then
       if redis.call('HEXISTS', K.meta, mf(g, m, ENDED)) == 1 then status = 'eos' end
       break
     end
-    if entry == EOS then
-      -- A sentinel from before the member subscribed again is not its end.
-      local why = redis.call('HGET', K.meta, mf(g, m, ENDED))
-      if why then
-        redis.call('DEL', mb)
-        journal(now, 'eos', g, m)
-        status = 'eos'
-        if why == 'unsub' then
-          -- a member that cancelled has nothing left to settle: it goes now
-          remove_member(K, g, m)
-          status = 'gone'
-        else
-          release_ownership(K, g, m)
-        end
-        break
-      end
-    else
-      local p = split(string.sub(entry, 1, 200), SEP)
-      local tag, entry_ep = p[1], tonumber(p[4])
-      local qos0 = string.sub(tag, 1, 1) == 'q'  -- at most once: no lease to start
-      local current = entry_ep >= ep and (qos0 or redis.call('HEXISTS', K.checkouts, tag) == 1)
-      if current and not qos0 then
-        -- a leased entry past its deadline is the sweep's to take back, not the member's
-        local due = redis.call('ZSCORE', K.deadlines, tag)
-        current = not (due and tonumber(due) <= now)
-      end
-      if current then
-        if not qos0 then
-          deadline = now + lock
-          redis.call('ZADD', K.deadlines, deadline, tag)
-        end
-        local header = #p[1] + #p[2] + #p[3] + #p[4] + 4
-        out[#out + 1] = {tag, tonumber(p[2]), tonumber(p[3]), string.sub(entry, header + 1)}
-      else
-        skipped = true
+    local parsed, tags = {}, {}
+    for i, entry in ipairs(entries) do
+      if entry ~= EOS then
+        local p = split(string.sub(entry, 1, 200), SEP)
+        parsed[i] = p
+        -- at most once (a 'q' tag) has no lease to look up; an older epoch's entry is dropped
+        if string.sub(p[1], 1, 1) ~= 'q' and tonumber(p[4]) >= ep then tags[#tags + 1] = p[1] end
       end
     end
+    local held, dues = {}, {}
+    if #tags > 0 then
+      local recs = redis.call('HMGET', K.checkouts, unpack(tags))
+      local scores = redis.call('ZMSCORE', K.deadlines, unpack(tags))
+      for i, tag in ipairs(tags) do held[tag], dues[tag] = recs[i], scores[i] end
+    end
+    for i, entry in ipairs(entries) do
+      if entry == EOS then
+        -- A sentinel from before the member subscribed again is not its end.
+        local why = redis.call('HGET', K.meta, mf(g, m, ENDED))
+        if why then
+          redis.call('DEL', mb)
+          journal(now, 'eos', g, m)
+          status = 'eos'
+          if why == 'unsub' then
+            -- a member that cancelled has nothing left to settle: it goes now
+            remove_member(K, g, m)
+            status = 'gone'
+          else
+            release_ownership(K, g, m)
+          end
+          at_end = true
+          break
+        end
+      else
+        local p = parsed[i]
+        local tag = p[1]
+        local qos0 = string.sub(tag, 1, 1) == 'q'  -- at most once: no lease to start
+        local current = tonumber(p[4]) >= ep and (qos0 or held[tag])
+        -- a leased entry past its deadline is the sweep's to take back, not the member's
+        if current and not qos0 and dues[tag] and tonumber(dues[tag]) <= now then current = false end
+        if current then
+          if not qos0 then
+            leased[#leased + 1] = due_text
+            leased[#leased + 1] = tag
+          end
+          local header = #p[1] + #p[2] + #p[3] + #p[4] + 4
+          out[#out + 1] = {tag, tonumber(p[2]), tonumber(p[3]), string.sub(entry, header + 1)}
+        else
+          skipped = true
+        end
+      end
+    end
+  end
+  if #leased > 0 then
+    deadline = now + lock
+    redis.call('ZADD', K.deadlines, unpack(leased))
   end
   if #out > 0 and status == 'ok' then fill_mailbox(K, mb, g, m, now) end
   return out, ep, deadline, status
