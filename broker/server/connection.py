@@ -28,7 +28,8 @@ from fencemq.server import metrics
 from fencemq.server.guard import redis_failure
 from fencemq.server.services import Services
 from fencemq.server.session import Session
-from fencemq.server.verbs import ClientGone, Verbs
+from fencemq.server.messaging_verbs import ClientGone
+from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,9 @@ calls its handler with the session it acts for and the keyword arguments that
 fencemq.protocol.commands parsed; the handler returns the reply value. Errors
 are raised as FenceMQError and turned into RESP errors by the connection. A
 handler never reads the socket: a verb that waits asks its session to watch
-for a hang-up meanwhile.
+for a hang-up meanwhile. Here: transactions and the connection's and session's
+verbs; the messaging verbs (publish, subscribe, consume) are
+fencemq.server.messaging_verbs's.
 """
 
 from __future__ import annotations
@@ -20,25 +22,19 @@ from redis.exceptions import RedisError
 
 from fencemq import __version__
 from fencemq.errors import (
-    BadArgument, FenceMQError, LimitExceeded, NoAuth, NoPermission, TransactionAborted, WrongPassword,
+    BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted, WrongPassword,
 )
-from fencemq.fences.lite import unsubscribe_notice
-from fencemq.fences.shared import is_filter_target
-from fencemq.fences.subscribe import Subscription
-from fencemq.model.keys import Handle
-from fencemq.model.topics import parse_target
 from fencemq.ops.users import DEFAULT_USER, User, default_user
 from fencemq.protocol.command_docs import command_docs, command_info, known
 from fencemq.protocol.commands import COMMANDS, TABLE, Request
-from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
-from fencemq.protocol.resp import ErrorReply, Prebuilt, SimpleString, Verbatim, encode_bulk_array
+from fencemq.protocol.resp import ErrorReply, SimpleString, Verbatim
 from fencemq.server import metrics
 from fencemq.server.guard import redis_failure
 from fencemq.server.introspection import client_line, info_text
+from fencemq.server.messaging_verbs import OK, MessagingVerbs
 from fencemq.server.services import Services
 from fencemq.server.session import Session, Transaction
 
-OK = SimpleString("OK")
 QUEUED = SimpleString("QUEUED")
 BEFORE_AUTH = frozenset({"HELLO", "AUTH", "PING", "QUIT", "RESET"})
 # Run at once inside a transaction, never queued (as in Redis).
@@ -47,16 +43,7 @@ TRANSACTION_CONTROL = frozenset({"MULTI", "EXEC", "DISCARD", "RESET", "QUIT"})
 Handler = Callable[..., Awaitable[Any]]
 
 
-def id_array(ids: list[str]) -> Prebuilt:
-    """An MPUB reply: message ids (decimal, so a space never occurs in one) encoded in one go."""
-    return Prebuilt(encode_bulk_array(" ".join(ids).encode().split()))
-
-
-class ClientGone(Exception):
-    """The client hung up while its command was running."""
-
-
-class Verbs:
+class Verbs(MessagingVerbs):
     def __init__(self, services: Services) -> None:
         self.services = services
         self.config = services.config
@@ -198,13 +185,6 @@ class Verbs:
             return None
         return await self.services.users.authenticate(name, password.decode("utf-8", "replace"))
 
-    @staticmethod
-    def _may(session: Session, action: str, topic: str) -> None:
-        """NOPERM naming what is missing, when the session's user lacks ``action`` on ``topic``."""
-        user = session.user
-        if user is not None and not user.may(action, topic):
-            raise NoPermission(user.missing(action, topic))
-
     async def ping(self, session: Session, argv: list[bytes]) -> Any:
         return argv[0] if argv else SimpleString("PONG")
 
@@ -282,203 +262,3 @@ class Verbs:
             await self.services.sessions.resync(client, topic, group, lmqs)
         sign = self.services.handles.sign_notice
         return [sign(n) for n in await self.services.sessions.drain_notices(client)]
-
-    # -- publishing ------------------------------------------------------------------
-
-    async def pub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
-                  retain: bool = False, dedup_ids: list[str] | None = None,
-                  headers: dict[str, str] | None = None) -> Any:
-        self._may(session, "publish", topic)
-        ids = await self.services.core.shared.publish(
-            topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=session.client_id,
-            retain=retain,
-        )
-        metrics.PUBLISHED.inc(len(ids))
-        return ids[0]
-
-    async def mpub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None,
-                   qos: int = 1) -> Any:
-        self._may(session, "publish", topic)
-        ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, producer=session.client_id)
-        metrics.PUBLISHED.inc(len(ids))
-        return id_array(ids)
-
-    async def publish_batch(self, session: Session, requests: list[Request]) -> list[Any]:
-        """Pipelined PUB/MPUB to one queue: one fence call, ids handed back per command."""
-        for r in requests:
-            session.note_command(r.verb)
-            metrics.COMMANDS.labels(r.verb).inc()
-        first = requests[0].args
-        self._may(session, "publish", first["topic"])
-        payloads = [p for r in requests for p in r.args["payloads"]]
-        ids: list[str] = []
-        for start in range(0, len(payloads), self.config.max_batch):
-            ids += await self.services.core.shared.publish(
-                first["topic"], payloads[start : start + self.config.max_batch], lmq=first.get("lmq"),
-                qos=first.get("qos", 1), producer=session.client_id,
-            )
-        metrics.PUBLISHED.inc(len(ids))
-        replies: list[Any] = []
-        at = 0
-        for r in requests:
-            n = len(r.args["payloads"])
-            replies.append(id_array(ids[at : at + n]) if r.verb == "MPUB" else ids[at])
-            at += n
-        return replies
-
-    # -- subscribing and consuming ---------------------------------------------------
-
-    async def sub(self, session: Session, topic: str, push: bool = False, **options: Any) -> Any:
-        if push:
-            options["capacity"] = options.get("capacity") or self.config.mailbox_capacity
-        if session.user is not None:
-            filt = parse_target(topic).filter if is_filter_target(topic) else topic
-            if not session.user.may_subscribe(filt):
-                raise NoPermission(session.user.missing("subscribe", filt))
-        client = await session.ensure()
-        if options.get("lmq") is None:
-            await self._check_subscription_count(client)
-        if is_filter_target(topic):
-            if options.get("lmq") is not None or options.get("group") is not None or options.get("mode"):
-                raise BadArgument("a topic filter takes no LMQ, GROUP or MODE; share it as $share/<group>/<filter>")
-            allowed = {"qos", "capacity", "max_messages", "lock_ms", "strategy", "offline", "epoch"}
-            extra = set(options) - allowed
-            if extra:
-                raise BadArgument(f"a topic filter subscription does not take {', '.join(sorted(extra)).upper()}")
-            return self._signed((await self.services.core.shared.subscribe(client, topic, **options)).as_reply())
-        sub = await self.services.core.subscriptions.subscribe(client, topic, **options)
-        if sub.evicted:
-            await self.services.sessions.notify(sub.evicted, self._preempted(sub, client))
-        return self._signed(sub.as_reply())
-
-    async def sub_lmq_batch(self, session: Session, requests: list[Request]) -> list[Any]:
-        """Pipelined ``SUB topic LMQ …`` (pull mode) of one topic: the holds, the subscribe
-        fences and the preempted owners' notices each in one round trip for the whole run.
-        Each reply in order; a refused SUB's as its exception."""
-        for r in requests:
-            session.note_command(r.verb)
-            metrics.COMMANDS.labels(r.verb).inc()
-        topic = requests[0].args["topic"]
-        if session.user is not None and not session.user.may_subscribe(topic):
-            raise NoPermission(session.user.missing("subscribe", topic))
-        client = await session.ensure()
-        outcomes = await self.services.core.subscriptions.subscribe_lite_many(
-            client, topic, [{k: v for k, v in r.args.items() if k != "topic"} for r in requests])
-        replies: list[Any] = []
-        notices: list[tuple[str, dict[str, Any]]] = []
-        for sub in outcomes:
-            if isinstance(sub, Exception):
-                replies.append(sub)
-                continue
-            if sub.evicted:
-                notices.append((sub.evicted, self._preempted(sub, client)))
-            replies.append(self._signed(sub.as_reply()))
-        if notices:
-            await self.services.sessions.notify_all(notices)
-        return replies
-
-    @staticmethod
-    def _preempted(sub: Subscription, by: str) -> dict[str, Any]:
-        """Counted, and the notice its evicted owner is sent."""
-        metrics.PREEMPTIONS.inc()
-        metrics.EVICTIONS.labels("preempted").inc()
-        mine = Handle.decode(sub.handle)
-        return unsubscribe_notice(Handle(mine.queue, mine.group, sub.evicted), by)
-
-    def _signed(self, reply: dict[str, Any]) -> dict[str, Any]:
-        reply["handle"] = self.services.handles.sign(reply["handle"])
-        return reply
-
-    async def _check_subscription_count(self, client: str) -> None:
-        """LIMIT once the session holds max_subscriptions (lite ones are lite_quota's).
-
-        Checked before the fence, not inside it: connections of one session
-        subscribing at the same instant may pass it by a few.
-        """
-        held = await self.services.redis.scard(self.services.keys.session_handles(client))
-        if held >= self.config.max_subscriptions:
-            raise LimitExceeded(f"this session holds {held} subscriptions (max_subscriptions "
-                                f"{self.config.max_subscriptions}); UNSUB some first")
-
-    async def pull(self, session: Session, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
-        h = session.own(handle)
-        leases = self.services.core.leases
-        result = await leases.pull(h, count)
-        if not result.deliveries and block_ms is not None:
-            # A fenced member (evicted, suspected, standby, ended) waits like any long
-            # poll: woken when it may receive again, not answered at once to spin.
-            result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
-                                           lambda r: bool(r.deliveries))
-        metrics.DELIVERED.inc(len(result.deliveries))
-        return Prebuilt(encode_deliveries(result.deliveries, session.proto))
-
-    async def take(self, session: Session, handle: str, block_ms: int | None = None) -> Any:
-        h = session.own(handle)
-        mailboxes = self.services.core.mailboxes
-        result = await mailboxes.take(h)
-        if result is None and block_ms is not None:
-            result = await self._long_poll(session, h, block_ms, lambda: mailboxes.take(h), lambda r: r is not None)
-        if result == "EOS":
-            return SimpleString("EOS")
-        if result is None:
-            return None
-        metrics.DELIVERED.inc()
-        return Prebuilt(encode_delivery(result, session.proto))
-
-    async def _long_poll(self, session: Session, h: Handle, block_ms: int, attempt: Callable[[], Awaitable[Any]],
-                         done: Callable[[Any], bool]) -> Any:
-        """Wait on the queue's wake channel, looking again after each wake-up.
-
-        The subscription is confirmed before the first look, so a publish
-        between a look and the wait is never missed; BLOCK 0 waits up to
-        max_block_ms.
-        """
-        timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
-        result = None
-        async with session.until_hangup():
-            with anyio.move_on_after(timeout):
-                async with self.services.wakeups.watching(self.services.keys.queue(h.queue).wake) as waiter:
-                    while True:
-                        result = await attempt()
-                        if done(result):
-                            break
-                        await waiter.wait()
-        if session.closing:
-            # The client hung up while it waited: nothing more is checked out to it.
-            raise ClientGone
-        return result if result is not None else await attempt()
-
-    async def ack(self, session: Session, handle: str, tags: list[str]) -> Any:
-        n = await self.services.core.leases.ack(session.own(handle), tags)
-        metrics.ACKED.inc(n)
-        return n
-
-    async def nack(self, session: Session, handle: str, tags: list[str], delay_ms: int = 0,
-                   discard: bool = False, release: bool = False) -> Any:
-        returned, dead = await self.services.core.leases.nack_counted(session.own(handle), tags, delay_ms=delay_ms,
-                                                                      discard=discard, release=release)
-        metrics.NACKED.inc(returned)
-        metrics.DEAD_LETTERED.inc(dead)
-        return returned
-
-    async def renew(self, session: Session, handle: str, tags: list[str], lock_ms: int | None = None) -> Any:
-        n = await self.services.core.leases.renew(session.own(handle), tags, lock_ms=lock_ms)
-        metrics.RENEWALS.inc(n)
-        return n
-
-    async def seek(self, session: Session, handle: str, kind: str, arg: int | None) -> Any:
-        h = session.own(handle)
-        epoch, cursor, clamped = await self.services.core.seek.move(h, kind, arg)
-        if clamped:
-            # The reply stays the epoch (the contract); the client is told apart.
-            notice = {"type": "seek_clamped", "handle": h.encode(), "topic": h.queue.topic, "epoch": epoch,
-                      "cursor": str(cursor), "reason": "the target is older than the oldest retained message"}
-            await self.services.sessions.notify(h.member, notice)
-        return epoch
-
-    async def unsub(self, session: Session, handle: str, max_messages: int | None = None) -> Any:
-        if max_messages is not None:
-            await self.services.core.mailboxes.end_after(session.own(handle), max_messages)
-            return OK
-        await self.services.core.subscriptions.unsubscribe(session.own(handle))
-        return OK
