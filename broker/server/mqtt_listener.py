@@ -23,7 +23,9 @@ operations, so MQTT clients get the same guarantees as RESP ones and share one t
 `--mqtt-ws-port` serves the same over WebSocket (server/mqtt_websocket.py).
 
 Only `accept`ed sessions touch Redis; each subscription has a task that pulls from its mailbox
-in batches as the client's Receive Maximum allows and waits on the queue's wake channel.
+in batches as the client's Receive Maximum allows and waits on the queue's wake channel
+(server/mqtt_delivery.py); the connection's end — in-flight handed back, the session ended or
+lingering, the will — is server/mqtt_departure.py's.
 """
 
 from __future__ import annotations
@@ -31,15 +33,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.streams.tls import TLSListener
-from redis.exceptions import RedisError
 
-from fencemq.errors import FenceMQError, NoPermission, NotFound
+from fencemq.errors import FenceMQError, NoPermission
 from fencemq.fences import session_index
 from fencemq.model.keys import Handle
 from fencemq.model.topics import matches
@@ -48,48 +48,23 @@ from fencemq.protocol.mqtt_events import (
     MessagePublished, MqttEvent, MqttServerLimits, PublishReleased, SubscribeRequested, UnsubscribeRequested,
 )
 from fencemq.protocol.mqtt_packets import Will
-from fencemq.protocol.mqtt_properties import NO_PROPERTIES
 from fencemq.protocol.mqtt_reasons import ReasonCode
 from fencemq.protocol.mqtt_session import MqttServerSession
 from fencemq.server.mqtt_messages import (
-    QOS, RETAIN, RETAINED, as_sent_for_subscribe, headers_of, properties_of, remaining_expiry,
+    as_sent_for_subscribe, headers_of,
 )
+from fencemq.server.mqtt_delivery import MqttDelivery, MqttSubscription
+from fencemq.server.mqtt_departure import INFLIGHT_FIELD, RECORDED_FIELD, RELEASING_FIELD, MqttDeparture
 from fencemq.server.session import Session
 
 log = logging.getLogger(__name__)
 
-BATCH = 64  # deliveries fetched per pull, at most (and at most the client's send quota)
-IDLE_LOOK_S = 1.0  # a subscription with nothing to send looks again at least this often
 READ_SIZE = 65536
 REFUSED = 0x80  # the SUBACK reason code "unspecified error"
 SUB_FIELD = "mqtt-sub:"  # session hash field per subscription: the options a resumed session needs
-MAILBOX_DRAIN_ROUNDS = 64  # batches handed back from a departing shared member's mailbox, at most
-INFLIGHT_FIELD = "mqtt-inflight"  # session hash field: the packet ids of what was unacknowledged at disconnect
-# session hash field: QoS 2 deliveries the client had received (PUBREC) but not completed (PUBCOMP) at
-# disconnect: a resumed session resends their PUBREL, never the message (MQTT-4.3.3, MQTT-4.4.0-1)
-RELEASING_FIELD = "mqtt-releasing"
-# session hash field: the client's QoS 2 publishes stored and PUBRECed but not yet released (PUBREL) at
-# disconnect: a resumed session knows them, so a retransmission is not stored twice (MQTT-4.3.3-10)
-RECORDED_FIELD = "mqtt-recorded"
 
 
-@dataclass(slots=True)
-class MqttSubscription:
-    """One filter of the client: its FenceMQ subscription and the MQTT options that shape delivery."""
-
-    handle: Handle
-    qos: int
-    shared: bool
-    no_local: bool = False
-    retain_as_published: bool = False
-    identifier: int | None = None
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-
-    def saved(self) -> str:
-        return json.dumps([self.qos, self.no_local, self.retain_as_published, self.identifier])
-
-
-class MqttConnection:
+class MqttConnection(MqttDelivery, MqttDeparture):
     def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str) -> None:
         self.worker, self.services, self.verbs = worker, worker.services, worker.verbs
         self.config = worker.config
@@ -153,95 +128,6 @@ class MqttConnection:
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
                 await self._session_over()
-
-    async def _session_over(self) -> None:
-        """The connection is gone: what it held in flight goes back, the session ends or lingers."""
-        client = self.session.client_id
-        if not self.session.bound or client is None:
-            await self.session.release()
-            return
-        if self.expiry == 0 and not self.taken_over:
-            # Session Expiry 0 (3.1.1: clean session): the session ends with its connection, and
-            # its end hands every checkout back to its queue or group
-            self.session.quit = True
-            await self.session.release()
-            return
-        recorded = self.mqtt.inbound_flows.awaiting_release()
-        if (self.in_flight or self.releasing or recorded) and not self.taken_over:
-            # a resumed session sends them again with their original packet ids (MQTT-4.4.0-1),
-            # the PUBREL of what the client had received already, and knows the client's QoS 2
-            # publishes it stored
-            ids = {f"{handle.encode()}|{msg}": pid for pid, (handle, _tag, msg) in self.in_flight.items()}
-            kept = {INFLIGHT_FIELD: json.dumps(ids), RELEASING_FIELD: json.dumps(sorted(self.releasing)),
-                    RECORDED_FIELD: json.dumps(sorted(recorded))}
-            try:
-                await self.services.redis.hset(self.services.keys.session(client), mapping=kept)
-            except (OSError, RedisError) as exc:
-                log.info("MQTT packet ids of %r not kept (fresh ones on resume): %s", client, exc)
-        await self.session.release()  # marks the client offline: a group gives it nothing new
-        # Unacknowledged deliveries go back at once (no failure counted), not after their lock:
-        # a shared group gives them to another member (Mosquitto #2662), a resumed session gets
-        # them again with DUP (MQTT-3.3.1-1).
-        held: dict[Handle, list[str]] = {}
-        for handle, tag, _msg in self.in_flight.values():
-            held.setdefault(handle, []).append(tag)
-        self.in_flight.clear()
-        for handle, tags in held.items():
-            try:
-                await self.services.core.leases.nack(handle, tags, release=True)
-            except FenceMQError as exc:
-                log.info("MQTT deliveries of %r not released (they return after their lock): %s", client, exc)
-        # What a group dispatched to the member before it was marked offline waits in its
-        # mailbox, never sent: that goes back too, rather than after its lock (or the session).
-        for sub in list(self.subscriptions.values()):
-            if sub.shared and sub.qos:
-                await self._hand_back_mailbox(sub.handle)
-        if not self.taken_over:  # the new connection owns the session and its lease
-            await self.services.sessions.linger(client, self.expiry * 1000)
-
-    async def _hand_back_mailbox(self, handle: Handle) -> None:
-        leases = self.services.core.leases
-        try:
-            for _ in range(MAILBOX_DRAIN_ROUNDS):
-                result = await leases.pull(handle, BATCH)
-                tags = [d.tag for d in result.deliveries if not d.tag.startswith("q")]
-                if tags:
-                    await leases.nack(handle, tags, release=True)
-                if len(result.deliveries) < BATCH:
-                    return
-        except FenceMQError as exc:
-            log.info("MQTT mailbox of %s not handed back (it returns after its lock): %s", handle.queue, exc)
-
-    async def will_after_delay(self) -> None:
-        """Publish the will after its Will Delay Interval, or when the session ends if sooner,
-        unless the session was taken up again by a new connection first (MQTT-3.1.3-9)."""
-        if self.will is None:
-            return
-        will, delay = self.will
-        delay = min(delay, self.expiry)
-        if self.session.taken_over_afresh:
-            delay = 0  # a new connection with Clean Start ended this session: the will goes now (MQTT-3.1.3-9)
-        if delay > 0:
-            try:
-                await anyio.sleep(delay)
-            except anyio.get_cancelled_exc_class():
-                with anyio.CancelScope(shield=True):  # the worker stops: the will goes now, not never
-                    await self._publish_will(will)
-                raise
-            held_by = await self.services.redis.hget(self.services.keys.session(self.session.client_id), "conn")
-            if held_by is not None and held_by.decode() != self.token:
-                return  # a new connection took the session up again
-        await self._publish_will(will)
-
-    async def _publish_will(self, will: Will) -> None:
-        try:
-            now_ms = await self.services.clock.now_ms()
-            await self.services.core.shared.publish(
-                will.topic, [will.payload], qos=min(will.qos, 1),
-                headers=headers_of(will.qos, will.retain, will.properties, now_ms), retain=will.retain,
-                producer=self.session.client_id)
-        except FenceMQError as exc:
-            log.info("MQTT will of %r not published: %s", self.session.client_id, exc)
 
     async def _read(self) -> None:
         while not self.mqtt.closed:
@@ -499,75 +385,6 @@ class MqttConnection:
             self.will = None  # DISCONNECT 0x00 deleted it (MQTT-3.1.2-10)
         elif self.will is not None:
             self.will = (event.will, self.will[1])
-
-    # -- deliveries ----------------------------------------------------------------------------
-
-    def _start_delivery(self, filt: str, sub: MqttSubscription) -> None:
-        old = self.subscriptions.pop(filt, None)
-        if old is not None:
-            old.scope.cancel()
-        self.subscriptions[filt] = sub
-        assert self.tasks is not None
-        self.tasks.start_soon(self._deliver, sub)
-
-    async def _deliver(self, sub: MqttSubscription) -> None:
-        leases, wakeups = self.services.core.leases, self.services.wakeups
-        handle = sub.handle
-        with sub.scope:
-            async with wakeups.watching(self.services.keys.queue(handle.queue).wake) as waiter:
-                while not self.mqtt.closed:
-                    quota = self.mqtt.send_quota if sub.qos else BATCH
-                    if quota <= 0:
-                        self.quota_freed = anyio.Event()
-                        await self.quota_freed.wait()
-                        continue
-                    try:
-                        result = await leases.pull(handle, min(quota, BATCH))
-                    except NotFound:
-                        log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
-                        return  # the subscription is gone (its queue dropped): nothing more to send
-                    if not result.deliveries:
-                        with anyio.move_on_after(IDLE_LOOK_S):
-                            await waiter.wait()
-                        continue
-                    await self._send(sub, result.deliveries)
-
-    async def _send(self, sub: MqttSubscription, deliveries: list[Any]) -> None:
-        settle_now = []
-        me = self.session.client_id
-        now_ms = await self.services.clock.now_ms()
-        async with self.write_lock:
-            for d in deliveries:
-                headers = d.headers or {}
-                expiry = remaining_expiry(headers, now_ms)
-                if (expiry is not None and expiry <= 0) or (sub.no_local and not sub.shared and d.producer == me):
-                    # expired (MQTT-3.3.2-5), or the client's own publish to a No Local
-                    # subscription (MQTT-3.8.3-3): done with, never sent
-                    if not d.tag.startswith("q"):
-                        settle_now.append(d.tag)
-                    continue
-                granted = min(sub.qos, int(headers.get(QOS, d.qos)))
-                retain = headers.get(RETAINED) == "subscribe" or (sub.retain_as_published and RETAIN in headers)
-                props = properties_of(headers, expiry, sub.identifier) if self.protocol_level == 5 else NO_PROPERTIES
-                packet_id = None
-                if self.resumed_ids and granted:
-                    packet_id = self.resumed_ids.pop(f"{sub.handle.encode()}|{d.id}", None)
-                    if packet_id in self.mqtt.outbound_flows.inflight:
-                        packet_id = None  # taken by a delivery sent since: a fresh one
-                sent = self.mqtt.deliver(d.topic, d.payload, granted, retain, props,
-                                         dup=d.deliveries > 1 and granted > 0, packet_id=packet_id)
-                if sent.packet_id is not None:
-                    self.in_flight[sent.packet_id] = (sub.handle, d.tag, d.id)
-                elif not d.tag.startswith("q"):
-                    settle_now.append(d.tag)  # QoS 0 to this client, or too big for it: done
-            data = self.mqtt.outbound()
-            if data:
-                try:
-                    await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass  # the reader sees the connection go; what is in flight goes back then
-        if settle_now:
-            await self.services.core.leases.ack(sub.handle, settle_now)
 
 
 async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | None = None,

@@ -1,0 +1,128 @@
+"""What an MQTT connection sends: a task per subscription pulls from its mailbox and sends.
+
+A mixin of fencemq.server.mqtt_listener.MqttConnection. Each subscription's task pulls
+in batches as the client's Receive Maximum allows (its send quota) and waits on the
+queue's wake channel between; each delivery is shaped by the subscription's options
+(No Local, Retain As Published, the identifier) and its message's expiry, and what is
+not sent as QoS 1/2 (QoS 0, expired, the client's own under No Local) is settled at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from fencemq.errors import NotFound
+from fencemq.model.keys import Handle
+from fencemq.protocol.mqtt_properties import NO_PROPERTIES
+from fencemq.protocol.mqtt_session import MqttServerSession
+from fencemq.server.mqtt_messages import QOS, RETAIN, RETAINED, properties_of, remaining_expiry
+from fencemq.server.services import Services
+from fencemq.server.session import Session
+
+log = logging.getLogger(__name__)
+
+BATCH = 64  # deliveries fetched per pull, at most (and at most the client's send quota)
+IDLE_LOOK_S = 1.0  # a subscription with nothing to send looks again at least this often
+
+
+@dataclass(slots=True)
+class MqttSubscription:
+    """One filter of the client: its FenceMQ subscription and the MQTT options that shape delivery."""
+
+    handle: Handle
+    qos: int
+    shared: bool
+    no_local: bool = False
+    retain_as_published: bool = False
+    identifier: int | None = None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+
+    def saved(self) -> str:
+        return json.dumps([self.qos, self.no_local, self.retain_as_published, self.identifier])
+
+
+class MqttDelivery:
+    services: Services
+    session: Session
+    mqtt: MqttServerSession
+    stream: anyio.abc.ByteStream
+    subscriptions: dict[str, MqttSubscription]
+    in_flight: dict[int, tuple[Handle, str, str]]
+    resumed_ids: dict[str, int]
+    tasks: anyio.abc.TaskGroup | None
+    write_lock: anyio.Lock
+    quota_freed: anyio.Event
+    protocol_level: int
+
+    def _start_delivery(self, filt: str, sub: MqttSubscription) -> None:
+        old = self.subscriptions.pop(filt, None)
+        if old is not None:
+            old.scope.cancel()
+        self.subscriptions[filt] = sub
+        assert self.tasks is not None
+        self.tasks.start_soon(self._deliver, sub)
+
+    async def _deliver(self, sub: MqttSubscription) -> None:
+        leases, wakeups = self.services.core.leases, self.services.wakeups
+        handle = sub.handle
+        with sub.scope:
+            async with wakeups.watching(self.services.keys.queue(handle.queue).wake) as waiter:
+                while not self.mqtt.closed:
+                    quota = self.mqtt.send_quota if sub.qos else BATCH
+                    if quota <= 0:
+                        self.quota_freed = anyio.Event()
+                        await self.quota_freed.wait()
+                        continue
+                    try:
+                        result = await leases.pull(handle, min(quota, BATCH))
+                    except NotFound:
+                        log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
+                        return  # the subscription is gone (its queue dropped): nothing more to send
+                    if not result.deliveries:
+                        with anyio.move_on_after(IDLE_LOOK_S):
+                            await waiter.wait()
+                        continue
+                    await self._send(sub, result.deliveries)
+
+    async def _send(self, sub: MqttSubscription, deliveries: list[Any]) -> None:
+        settle_now = []
+        me = self.session.client_id
+        now_ms = await self.services.clock.now_ms()
+        async with self.write_lock:
+            for d in deliveries:
+                headers = d.headers or {}
+                expiry = remaining_expiry(headers, now_ms)
+                if (expiry is not None and expiry <= 0) or (sub.no_local and not sub.shared and d.producer == me):
+                    # expired (MQTT-3.3.2-5), or the client's own publish to a No Local
+                    # subscription (MQTT-3.8.3-3): done with, never sent
+                    if not d.tag.startswith("q"):
+                        settle_now.append(d.tag)
+                    continue
+                granted = min(sub.qos, int(headers.get(QOS, d.qos)))
+                retain = headers.get(RETAINED) == "subscribe" or (sub.retain_as_published and RETAIN in headers)
+                props = properties_of(headers, expiry, sub.identifier) if self.protocol_level == 5 else NO_PROPERTIES
+                packet_id = None
+                if self.resumed_ids and granted:
+                    packet_id = self.resumed_ids.pop(f"{sub.handle.encode()}|{d.id}", None)
+                    if packet_id in self.mqtt.outbound_flows.inflight:
+                        packet_id = None  # taken by a delivery sent since: a fresh one
+                sent = self.mqtt.deliver(d.topic, d.payload, granted, retain, props,
+                                         dup=d.deliveries > 1 and granted > 0, packet_id=packet_id)
+                if sent.packet_id is not None:
+                    self.in_flight[sent.packet_id] = (sub.handle, d.tag, d.id)
+                elif not d.tag.startswith("q"):
+                    settle_now.append(d.tag)  # QoS 0 to this client, or too big for it: done
+            data = self.mqtt.outbound()
+            if data:
+                try:
+                    await self.stream.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # the reader sees the connection go; what is in flight goes back then
+        if settle_now:
+            await self.services.core.leases.ack(sub.handle, settle_now)

@@ -1,0 +1,139 @@
+"""An MQTT connection's end: what it held goes back, its session ends or lingers, its will.
+
+A mixin of fencemq.server.mqtt_listener.MqttConnection. When the connection is gone, its
+unacknowledged deliveries and a shared member's unsent mailbox go back at once (no
+failure counted); a session with an expiry interval lingers that long (its in-flight
+packet ids kept for a resume), one without ends; the will goes after its delay, or at
+once when a new connection with Clean Start ends the session, unless the session was
+taken up again first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import anyio
+from redis.exceptions import RedisError
+
+from fencemq.errors import FenceMQError
+from fencemq.model.keys import Handle
+from fencemq.protocol.mqtt_packets import Will
+from fencemq.protocol.mqtt_session import MqttServerSession
+from fencemq.server.mqtt_delivery import BATCH, MqttSubscription
+from fencemq.server.mqtt_messages import headers_of
+from fencemq.server.services import Services
+from fencemq.server.session import Session
+
+log = logging.getLogger(__name__)
+
+MAILBOX_DRAIN_ROUNDS = 64  # batches handed back from a departing shared member's mailbox, at most
+INFLIGHT_FIELD = "mqtt-inflight"  # session hash field: the packet ids of what was unacknowledged at disconnect
+# session hash field: QoS 2 deliveries the client had received (PUBREC) but not completed (PUBCOMP) at
+# disconnect: a resumed session resends their PUBREL, never the message (MQTT-4.3.3, MQTT-4.4.0-1)
+RELEASING_FIELD = "mqtt-releasing"
+# session hash field: the client's QoS 2 publishes stored and PUBRECed but not yet released (PUBREL) at
+# disconnect: a resumed session knows them, so a retransmission is not stored twice (MQTT-4.3.3-10)
+RECORDED_FIELD = "mqtt-recorded"
+
+
+class MqttDeparture:
+    services: Services
+    session: Session
+    mqtt: MqttServerSession
+    subscriptions: dict[str, MqttSubscription]
+    in_flight: dict[int, tuple[Handle, str, str]]
+    releasing: set[int]
+    expiry: int
+    taken_over: bool
+    token: str
+    will: tuple[Will, int] | None
+
+    async def _session_over(self) -> None:
+        """The connection is gone: what it held in flight goes back, the session ends or lingers."""
+        client = self.session.client_id
+        if not self.session.bound or client is None:
+            await self.session.release()
+            return
+        if self.expiry == 0 and not self.taken_over:
+            # Session Expiry 0 (3.1.1: clean session): the session ends with its connection, and
+            # its end hands every checkout back to its queue or group
+            self.session.quit = True
+            await self.session.release()
+            return
+        recorded = self.mqtt.inbound_flows.awaiting_release()
+        if (self.in_flight or self.releasing or recorded) and not self.taken_over:
+            # a resumed session sends them again with their original packet ids (MQTT-4.4.0-1),
+            # the PUBREL of what the client had received already, and knows the client's QoS 2
+            # publishes it stored
+            ids = {f"{handle.encode()}|{msg}": pid for pid, (handle, _tag, msg) in self.in_flight.items()}
+            kept = {INFLIGHT_FIELD: json.dumps(ids), RELEASING_FIELD: json.dumps(sorted(self.releasing)),
+                    RECORDED_FIELD: json.dumps(sorted(recorded))}
+            try:
+                await self.services.redis.hset(self.services.keys.session(client), mapping=kept)
+            except (OSError, RedisError) as exc:
+                log.info("MQTT packet ids of %r not kept (fresh ones on resume): %s", client, exc)
+        await self.session.release()  # marks the client offline: a group gives it nothing new
+        # Unacknowledged deliveries go back at once (no failure counted), not after their lock:
+        # a shared group gives them to another member (Mosquitto #2662), a resumed session gets
+        # them again with DUP (MQTT-3.3.1-1).
+        held: dict[Handle, list[str]] = {}
+        for handle, tag, _msg in self.in_flight.values():
+            held.setdefault(handle, []).append(tag)
+        self.in_flight.clear()
+        for handle, tags in held.items():
+            try:
+                await self.services.core.leases.nack(handle, tags, release=True)
+            except FenceMQError as exc:
+                log.info("MQTT deliveries of %r not released (they return after their lock): %s", client, exc)
+        # What a group dispatched to the member before it was marked offline waits in its
+        # mailbox, never sent: that goes back too, rather than after its lock (or the session).
+        for sub in list(self.subscriptions.values()):
+            if sub.shared and sub.qos:
+                await self._hand_back_mailbox(sub.handle)
+        if not self.taken_over:  # the new connection owns the session and its lease
+            await self.services.sessions.linger(client, self.expiry * 1000)
+
+    async def _hand_back_mailbox(self, handle: Handle) -> None:
+        leases = self.services.core.leases
+        try:
+            for _ in range(MAILBOX_DRAIN_ROUNDS):
+                result = await leases.pull(handle, BATCH)
+                tags = [d.tag for d in result.deliveries if not d.tag.startswith("q")]
+                if tags:
+                    await leases.nack(handle, tags, release=True)
+                if len(result.deliveries) < BATCH:
+                    return
+        except FenceMQError as exc:
+            log.info("MQTT mailbox of %s not handed back (it returns after its lock): %s", handle.queue, exc)
+
+    async def will_after_delay(self) -> None:
+        """Publish the will after its Will Delay Interval, or when the session ends if sooner,
+        unless the session was taken up again by a new connection first (MQTT-3.1.3-9)."""
+        if self.will is None:
+            return
+        will, delay = self.will
+        delay = min(delay, self.expiry)
+        if self.session.taken_over_afresh:
+            delay = 0  # a new connection with Clean Start ended this session: the will goes now (MQTT-3.1.3-9)
+        if delay > 0:
+            try:
+                await anyio.sleep(delay)
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):  # the worker stops: the will goes now, not never
+                    await self._publish_will(will)
+                raise
+            held_by = await self.services.redis.hget(self.services.keys.session(self.session.client_id), "conn")
+            if held_by is not None and held_by.decode() != self.token:
+                return  # a new connection took the session up again
+        await self._publish_will(will)
+
+    async def _publish_will(self, will: Will) -> None:
+        try:
+            now_ms = await self.services.clock.now_ms()
+            await self.services.core.shared.publish(
+                will.topic, [will.payload], qos=min(will.qos, 1),
+                headers=headers_of(will.qos, will.retain, will.properties, now_ms), retain=will.retain,
+                producer=self.session.client_id)
+        except FenceMQError as exc:
+            log.info("MQTT will of %r not published: %s", self.session.client_id, exc)
