@@ -256,7 +256,7 @@ class PipelinedConnection:
             raise self._broken
         if self._reader is None:
             raise ConnectionLost("client is not connected; use `await Client.connect(...)`")
-        packed = self._conn.pack_command(*args)
+        packed = self._pack(args)
         fut: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
         writer = self._conn._writer
         async with self._wlock:  # type: ignore[union-attr]
@@ -279,6 +279,16 @@ class PipelinedConnection:
         except asyncio.CancelledError:
             fut.cancel()  # the reader will discard the reply (after its bookkeeping)
             raise
+
+    def _pack(self, args: Iterable[Any]) -> list[bytes]:
+        """A command's RESP bytes: hiredis packs them in C (an MPUB of 100 payloads ~5x faster than
+        redis-py's Python); what it does not take (a memoryview, say) redis-py packs."""
+        if _HIREDIS:
+            try:
+                return [hiredis.pack_command(tuple(args))]
+            except TypeError:
+                pass
+        return self._conn.pack_command(*args)
 
     async def _read_loop(self) -> None:
         conn, pending = self._conn, self._pending
