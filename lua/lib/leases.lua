@@ -164,16 +164,11 @@ local function next_tags(meta, n)
   return top
 end
 
--- Check out up to `count` messages for member m: returned ones first, in id
--- order, then new ones from the group's cursor. Each gets a fresh tag, a
--- record and an ownership entry; a deadline only when `deadline` is given (a
--- push mailbox starts the lease when the consumer TAKEs the message).
--- Granted QoS is min(member's, message's): a QoS 0 delivery is at most once —
--- no record, no lease, never redelivered — and its tag starts with 'q'.
--- Returns a list of {tag, id, acquisitions, body, failures, id as text}.
--- O(count + due delayed); what the batch shares (epoch, time, the record's
--- tail for a first delivery, the journal entry) is built once per call.
-local function check_out(K, g, m, count, ep, now, deadline, member_qos)
+-- The next `count` messages of group g, taken off it: returned ones first, in
+-- id order, then new ones from the group's cursor (which moves past them).
+-- Returns a list of {nil, id, acquisitions, body, failures, id as text}: what
+-- lease_out then checks out to a member. O(count + due delayed).
+local function take_next(K, g, count, now)
   promote_delayed(K, now)
   local taken = {}
   local returned = redis.call('ZRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1', 'LIMIT', 0, count)
@@ -202,6 +197,18 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
     end
     redis.call('HSET', K.meta, gf(g, CURSOR), cur + want)
   end
+  return taken
+end
+
+-- Check `taken` (from take_next) out to member m: each message gets a fresh
+-- tag, a record and an ownership entry; a deadline only when `deadline` is
+-- given (a push mailbox starts the lease when the consumer TAKEs it).
+-- Granted QoS is min(member's, message's): a QoS 0 delivery is at most once —
+-- no record, no lease, never redelivered — and its tag starts with 'q'.
+-- Fills in each entry's tag and returns `taken`. O(#taken); what the batch
+-- shares (epoch, time, the record's tail for a first delivery, the journal
+-- entry) is built once per call.
+local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
   local n_taken = #taken
   if n_taken == 0 then return taken end
 
@@ -246,6 +253,12 @@ local function check_out(K, g, m, count, ep, now, deadline, member_qos)
   if deadline then redis.call('ZADD', K.deadlines, unpack(deadlines)) end
   redis.call('ZADD', K.owned, unpack(owned))
   return taken
+end
+
+-- Check out up to `count` messages for member m (take_next, then lease_out).
+-- Returns a list of {tag, id, acquisitions, body, failures, id as text}.
+local function check_out(K, g, m, count, ep, now, deadline, member_qos)
+  return lease_out(K, g, m, take_next(K, g, count, now), ep, now, deadline, member_qos)
 end
 
 local function lock_of(K, member, default)

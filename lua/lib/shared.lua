@@ -20,6 +20,42 @@ local function peek_next(K, g)
   return nil
 end
 
+-- Who gets each of the next messages under round-robin or sticky, known before
+-- they are read: a list of members (one per message) and, for round-robin, the
+-- pointer after each pick. Sticky may switch the group's member first.
+local function plan_picks(K, g, strategy, members, state, rr, sticky)
+  local picks, pointer_after = {}, {}
+  if strategy == 'sticky' then
+    -- The sticky member keeps the group until it leaves or ends; while its
+    -- mailbox is full the group waits (that is what keeps the order).
+    local gone = not sticky or redis.call('HEXISTS', K.meta, mf(g, sticky, DELIVERED)) == 0
+      or redis.call('HEXISTS', K.meta, mf(g, sticky, ENDED)) == 1
+    if gone then
+      sticky = nil
+      for _, m in ipairs(members) do if state[m].room > 0 then sticky = m; break end end
+      if sticky then redis.call('HSET', K.meta, gf(g, STICKY), sticky) end
+    end
+    if sticky and state[sticky] then
+      for i = 1, state[sticky].room do picks[i] = sticky end
+    end
+    return picks, pointer_after, sticky
+  end
+  local n, room, at = #members, {}, rr
+  for _, m in ipairs(members) do room[m] = state[m].room end
+  while true do
+    local pick
+    for step = 1, n do
+      local i = ((at + step - 1) % n) + 1
+      if room[members[i]] > 0 then pick = members[i]; at = i; break end
+    end
+    if not pick then break end
+    picks[#picks + 1] = pick
+    pointer_after[#picks] = at  -- the pointer moves only past a member that was actually served
+    room[pick] = room[pick] - 1
+  end
+  return picks, pointer_after, sticky
+end
+
 -- Shared group dispatch: each message goes to exactly one member, chosen by
 -- the group's strategy among members with room in their mailbox:
 --   round-robin  the next member after the last one served (arrival order)
@@ -36,6 +72,9 @@ end
 -- alone keeps its mailbox unleased until it TAKEs (exactly-N still holds
 -- with nobody consuming). boxes: member -> mailbox key. Returns messages
 -- sent and the earliest lease deadline made (-1 when none).
+-- Round-robin and sticky take the next messages in one go and lease them out
+-- per member (one lease_out and one RPUSH each); hash decides from each
+-- message's body, one at a time.
 local function dispatch_group(K, g, boxes, now, default_lock)
   local f = redis.call('HMGET', K.meta, gf(g, STRATEGY), gf(g, QUEUE_OFFLINE), gf(g, RR_POINTER), gf(g, STICKY))
   local strategy, skip_offline, rr, sticky = f[1] or 'round-robin', f[2] ~= '1', tonumber(f[3] or '0'), f[4]
@@ -57,49 +96,60 @@ local function dispatch_group(K, g, boxes, now, default_lock)
   local n = #members
   if n == 0 then return 0 end
   local sent = 0
-  while true do
-    local pick, next_rr
-    if strategy == 'sticky' then
-      -- The sticky member keeps the group until it leaves or ends; while its
-      -- mailbox is full the group waits (that is what keeps the order).
-      local gone = not sticky or redis.call('HEXISTS', K.meta, mf(g, sticky, DELIVERED)) == 0
-        or redis.call('HEXISTS', K.meta, mf(g, sticky, ENDED)) == 1
-      if gone then
-        sticky = nil
-        for _, m in ipairs(members) do if state[m].room > 0 then sticky = m; break end end
-        if sticky then redis.call('HSET', K.meta, gf(g, STICKY), sticky) end
+
+  -- Hands `share` (checked out of the group, in id order) to member m.
+  local function hand_out(m, share)
+    local s = state[m]
+    local deadline = leased and now + lock_of(K, s.member, default_lock) or nil
+    lease_out(K, g, m, share, s.ep, now, deadline, s.member.qos)
+    local entries = {}
+    for i, t in ipairs(share) do
+      entries[i] = mailbox_entry(t, s.ep)
+      if deadline and string.sub(t[1], 1, 1) ~= 'q' and (first_deadline < 0 or deadline < first_deadline) then
+        first_deadline = deadline
       end
-      if sticky and state[sticky] and state[sticky].room > 0 then pick = sticky end
-    elseif strategy == 'hash' then
+    end
+    redis.call('RPUSH', boxes[m], unpack(entries))
+    sent = sent + #share
+    s.room = s.room - #share
+    s.member.delivered = s.member.delivered + #share
+    if s.member.max and s.member.delivered >= tonumber(s.member.max) then
+      seat_sentinel(K, boxes[m], g, m, tonumber(s.member.cap))
+      s.room = 0
+      return true  -- ended
+    end
+    return false
+  end
+
+  if strategy == 'hash' then
+    while true do
       local id, body = peek_next(K, g)
       if not id then break end
       local bucket = tonumber(string.match(body, '^%d+:%d:(%d+):') or '0')
-      local m = members[(bucket % n) + 1]
-      if state[m].room > 0 then pick = m end
-    else
-      for step = 1, n do
-        local at = ((rr + step - 1) % n) + 1
-        if state[members[at]].room > 0 then pick = members[at]; next_rr = at; break end
+      local pick = members[(bucket % n) + 1]
+      if state[pick].room <= 0 then break end
+      local taken = take_next(K, g, 1, now)
+      if #taken == 0 then break end
+      hand_out(pick, taken)
+    end
+  else
+    -- a sticky member ended by its MAX hands the group over: another pass, at most one per member
+    for _ = 1, n do
+      local picks, pointer_after
+      picks, pointer_after, sticky = plan_picks(K, g, strategy, members, state, rr, sticky)
+      local taken = take_next(K, g, #picks, now)
+      if #taken > 0 and pointer_after[#taken] then rr = pointer_after[#taken] end
+      local shares, order = {}, {}
+      for i, t in ipairs(taken) do
+        local m = picks[i]
+        if not shares[m] then shares[m] = {}; order[#order + 1] = m end
+        shares[m][#shares[m] + 1] = t
       end
-    end
-    if not pick then break end
-    local s = state[pick]
-    local deadline = leased and now + lock_of(K, s.member, default_lock) or nil
-    local taken = check_out(K, g, pick, 1, s.ep, now, deadline, s.member.qos)
-    if deadline and taken[1] and string.sub(taken[1][1], 1, 1) ~= 'q' and (first_deadline < 0 or deadline < first_deadline) then
-      first_deadline = deadline
-    end
-    if #taken == 0 then break end
-    -- the pointer moves only past a member that was actually served
-    if next_rr then rr = next_rr end
-    local t = taken[1]
-    redis.call('RPUSH', boxes[pick], mailbox_entry(t, s.ep))
-    s.room = s.room - 1
-    sent = sent + 1
-    s.member.delivered = s.member.delivered + 1
-    if s.member.max and s.member.delivered >= tonumber(s.member.max) then
-      seat_sentinel(K, boxes[pick], g, pick, tonumber(s.member.cap))
-      s.room = 0
+      local ended = false
+      for _, m in ipairs(order) do
+        if hand_out(m, shares[m]) then ended = true end
+      end
+      if not (strategy == 'sticky' and ended and #taken == #picks) then break end
     end
   end
   if strategy == 'round-robin' then redis.call('HSET', K.meta, gf(g, RR_POINTER), rr) end

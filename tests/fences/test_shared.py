@@ -143,6 +143,28 @@ def test_sticky_gives_everything_in_order_to_one_member_until_it_leaves_then_ano
     assert payloads_of(rest[holders[0]]) == [str(i) for i in range(2, 9)]  # in order, redeliveries first
 
 
+def test_a_sticky_member_that_reaches_its_max_hands_the_rest_of_a_batch_to_another_member_at_once(w):
+    a, b = client(w.port, 2, "a"), client(w.port, 2, "b")
+    ha = sub(a, "$share/mx/k/#", "STRATEGY", "sticky", "MAX", 3)
+    hb = sub(b, "$share/mx/k/#", "STRATEGY", "sticky")
+    client(w.port, 2, "pub").execute_command("MPUB", "k/x", 10, *[str(i) for i in range(10)])
+    got_a = [take(a, ha, 100) for _ in range(4)]
+    assert payloads_of(got_a[:3]) == ["0", "1", "2"] and got_a[3] == "EOS"
+    assert payloads_of(take_all(b, hb)) == [str(i) for i in range(3, 10)]
+
+
+@pytest.mark.parametrize("members", [2, 3])
+def test_round_robin_hands_a_batch_out_in_arrival_order_one_message_per_member_in_turn(w, members):
+    conns = [client(w.port, 2, f"rr{i}") for i in range(members)]
+    handles = [sub(c, "$share/turn/t/#") for c in conns]
+    client(w.port, 2, "pub").execute_command("MPUB", "t/x", 12, *[str(i) for i in range(12)])
+    got = [payloads_of(take_all(c, h)) for c, h in zip(conns, handles)]
+    assert sorted(sum(got, [])) == sorted(str(i) for i in range(12))
+    firsts = sorted(got, key=lambda g: int(g[0]))
+    for k, share in enumerate(firsts):  # member k of the turn gets messages k, k + n, k + 2n, ...
+        assert share == [str(i) for i in range(int(share[0]), 12, members)], got
+
+
 def test_a_member_joining_a_sticky_group_does_not_take_it_over_from_the_current_member(w):
     a, b = client(w.port, 2, "a"), client(w.port, 2, "b")
     ha = sub(a, "$share/st/j/#", "STRATEGY", "sticky")
