@@ -12,11 +12,14 @@ Lua side: lua/lib/leases.lua. Protocol: docs/protocol.md, "Leases".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from fencemq.errors import BadArgument
+from redis.exceptions import RedisError
+
+from fencemq.errors import BadArgument, FenceMQError, Stale
 from fencemq.fences.context import FenceContext
 from fencemq.fences.mailbox import Mailboxes
-from fencemq.fences.registry import fence
+from fencemq.fences.registry import Fences, fence
 from fencemq.model.keys import Handle
 from fencemq.model.messages import Delivery, unpack_delivery
 from fencemq.model.values import text
@@ -59,8 +62,16 @@ class Leases:
             raise BadArgument(f"COUNT must be between 1 and {config.max_batch}")
         k = self.ctx.keys.queue(handle.queue)
         res = await self.ctx.under_intent(handle.queue.qid, lambda intent: self.ctx.fences.run(
-            PULL, k, extra_keys={"mailbox": k.mailbox(handle.group, handle.member)}, group=handle.group,
-            member=handle.member, count=count, default_lock_ms=config.default_lock_ms, **intent))
+            PULL, k, **self._pull_args(handle, count, intent)))
+        return await self._pulled(handle, res)
+
+    def _pull_args(self, handle: Handle, count: int, intent: dict[str, int]) -> dict[str, Any]:
+        k = self.ctx.keys.queue(handle.queue)
+        return {"extra_keys": {"mailbox": k.mailbox(handle.group, handle.member)}, "group": handle.group,
+                "member": handle.member, "count": count, "default_lock_ms": self.ctx.config.default_lock_ms,
+                **intent}
+
+    async def _pulled(self, handle: Handle, res: list[Any]) -> PullResult:
         epoch, deadline, status, refill = int(res[0]), int(res[1]), text(res[2]), int(res[3])
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [
@@ -78,6 +89,33 @@ class Leases:
         return int(await self.ctx.fences.run(ACK, k, group=handle.group, member=handle.member,
                                              idle_ttl_ms=self.ctx.idle_ttl(handle.queue),
                                              args_rest=self.ctx.tags(tags)))
+
+    async def ack_then_pull(self, handle: Handle, tags: list[str],
+                            count: int) -> tuple[int | Exception, PullResult | Exception]:
+        """ACK, then PULL, of one member in one round trip (a client that pipelines them: the
+        consume loop). Once anything ran, each outcome comes back, a refusal as its exception
+        (bad arguments are raised before: then nothing ran). In Redis they run in this order,
+        as one after the other would."""
+        config = self.ctx.config
+        if not 0 < count <= config.max_batch:
+            raise BadArgument(f"COUNT must be between 1 and {config.max_batch}")
+        k = self.ctx.keys.queue(handle.queue)
+        tags = self.ctx.tags(tags)
+        intent = {"intent_at": await self.ctx.lease_intent(handle.queue.qid),
+                  "intent_ms": config.lease_intent_ms}
+        pull_args = self._pull_args(handle, count, intent)
+        acked, pulled = await self.ctx.fences.run_each([
+            (ACK, k, {}, (), {"group": handle.group, "member": handle.member,
+                              "idle_ttl_ms": self.ctx.idle_ttl(handle.queue)}, tags),
+            (PULL, k, pull_args.pop("extra_keys"), (), pull_args, ()),
+        ])
+        ack_outcome = acked if isinstance(acked, Exception) else int(acked)
+        try:
+            if isinstance(pulled, Stale):  # an old intent: the PULL alone again, under a fresh one
+                return ack_outcome, await self.pull(handle, count)
+            return ack_outcome, await self._pulled(handle, Fences.check(pulled))
+        except (FenceMQError, RedisError) as exc:
+            return ack_outcome, exc
 
     async def nack(self, handle: Handle, tags: list[str], *, delay_ms: int = 0, discard: bool = False,
                    release: bool = False) -> int:

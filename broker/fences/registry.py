@@ -287,26 +287,46 @@ class Fences:
         """Many calls of one fence in one pipeline (keys, extra keys, variadic keys, arguments each).
 
         Replies in order; a call's coded error comes back as its FenceMQError,
-        not raised. NOSCRIPT (a restart, a failover) loads the fence and
-        runs the pipeline again (fences are written to be run again safely).
+        not raised. NOSCRIPT (a restart, a failover) loads the fence and runs
+        the calls that met it again.
         """
-        script = self.scripts[spec.name]
+        return await self.run_each([(spec, keys, extra, rest, args, ()) for keys, extra, rest, args in calls])
+
+    async def run_each(self, calls: Sequence[tuple[FenceSpec, Any, Mapping[str, str], Sequence[str],
+                                                   Mapping[str, Any], Sequence[Any]]]) -> list[Any]:
+        """:meth:`run_many` for calls of any fences (spec, keys, extra keys, variadic keys, arguments,
+        variadic arguments).
+
+        On NOSCRIPT only the calls that met it run again (once their fences are
+        loaded): a call that ran is never run twice."""
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
         for attempt in range(3):
             pipe = self.redis.pipeline(transaction=False)
-            for keys, extra, rest, args in calls:
+            for i in todo:
+                spec, keys, extra, rest, args, args_rest = calls[i]
                 key_list = spec.key_list(keys, extra, rest)
                 # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
-                pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, ()))
+                pipe.execute_command("EVALSHA", self.scripts[spec.name].sha, len(key_list), *key_list,
+                                     *spec.arg_list(args, args_rest))
             started = perf_counter()
-            results = await pipe.execute(raise_on_error=False)
+            replies = await pipe.execute(raise_on_error=False)
             if self.observe is not None:
-                self.observe(spec.name, perf_counter() - started)
-            if attempt < 2 and any(isinstance(r, NoScriptError) or (isinstance(r, ResponseError) and "NOSCRIPT" in str(r))
-                                   for r in results):
-                await self.redis.script_load(script.script)
-                continue
-            return [(translate(r) or r) if isinstance(r, ResponseError) else r for r in results]
-        return []  # not reached
+                for name in {calls[i][0].name for i in todo}:
+                    self.observe(name, perf_counter() - started)
+            again = []
+            for i, reply in zip(todo, replies, strict=True):
+                if attempt < 2 and (isinstance(reply, NoScriptError)
+                                    or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply))):
+                    again.append(i)
+                else:
+                    results[i] = (translate(reply) or reply) if isinstance(reply, ResponseError) else reply
+            if not again:
+                break
+            for name in {calls[i][0].name for i in again}:
+                await self.redis.script_load(self.scripts[name].script)
+            todo = again
+        return results
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         started = perf_counter()

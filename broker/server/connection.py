@@ -267,7 +267,21 @@ class ClientConnection:
                 replies.append(self._error(req))
                 i += 1
                 continue
-            key = req.batch_key() if self.session.authed and self.session.transaction is None else None
+            batching = self.session.authed and self.session.transaction is None
+            if batching and self._ack_then_pull(requests, i):
+                ack, pull = requests[i], requests[i + 1]
+                try:
+                    outcomes = await self.verbs.ack_then_pull(self.session, ack, pull)  # type: ignore[arg-type]
+                except FenceMQError:  # refused before anything ran (a bad tag list, COUNT, handle)
+                    outcomes = [await self._run_one(ack), await self._run_one(pull)]  # type: ignore[arg-type]
+                except RedisError as exc:
+                    outcomes = [exc, exc]
+                replies.extend(self._outcome(r, out) for r, out in zip((ack, pull), outcomes))  # type: ignore
+                i += 2
+                if self.session.quit:
+                    break
+                continue
+            key = req.batch_key() if batching else None
             j = i + 1
             if key is not None:
                 while j < len(requests) and isinstance(requests[j], Request) and requests[j].batch_key() == key:
@@ -289,6 +303,15 @@ class ClientConnection:
             if self.session.quit:
                 break
         return replies
+
+    @staticmethod
+    def _ack_then_pull(requests: list[Request | FenceMQError], i: int) -> bool:
+        """``ACK h …`` followed by ``PULL h …`` of the same handle: one round trip to Redis for both."""
+        if i + 1 >= len(requests):
+            return False
+        a, b = requests[i], requests[i + 1]
+        return (isinstance(a, Request) and isinstance(b, Request) and a.verb == "ACK" and b.verb == "PULL"
+                and a.args.get("handle") == b.args.get("handle"))
 
     def _check_arg_sizes(self, args: list[bytes]) -> None:
         """Every argument but a payload is small: names, tags, handles, options."""

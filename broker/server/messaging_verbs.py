@@ -179,6 +179,26 @@ class MessagingVerbs:
         metrics.DELIVERED.inc(len(result.deliveries))
         return Prebuilt(encode_deliveries(result.deliveries, session.proto))
 
+    async def ack_then_pull(self, session: Session, ack: Request, pull: Request) -> list[Any]:
+        """``ACK h tags…`` pipelined with ``PULL h …`` (the consume loop): both fence calls in one
+        round trip to Redis, in this order. The two outcomes, a refusal as its exception."""
+        h = session.own(ack.args["handle"])
+        count, block_ms = pull.args.get("count", 1), pull.args.get("block_ms")
+        leases = self.services.core.leases
+        acked, result = await leases.ack_then_pull(h, ack.args["tags"], count)
+        for r in (ack, pull):  # (counted once they ran: a refusal before runs them one by one)
+            session.note_command(r.verb)
+            metrics.COMMANDS.labels(r.verb).inc()
+        if not isinstance(acked, Exception):
+            metrics.ACKED.inc(acked)
+        if isinstance(result, Exception):
+            return [acked, result]
+        if not result.deliveries and block_ms is not None:
+            result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
+                                           lambda r: bool(r.deliveries))
+        metrics.DELIVERED.inc(len(result.deliveries))
+        return [acked, Prebuilt(encode_deliveries(result.deliveries, session.proto))]
+
     async def take(self, session: Session, handle: str, block_ms: int | None = None) -> Any:
         h = session.own(handle)
         mailboxes = self.services.core.mailboxes

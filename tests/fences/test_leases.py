@@ -10,6 +10,7 @@ compared with Redis's own clock, the one the fences use.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -470,3 +471,69 @@ def test_ids_and_tags_stay_whole_and_in_order_across_thousands_and_the_journal_n
     for kind in ("out", "ack"):
         assert sorted(int(e.tag) for e in events if e.event == kind) == tags, kind
     assert direct.llen(ORDERS.journal) < 20, "one entry per call, not one per message"
+
+
+# -- ACK pipelined with PULL (the consume loop): one round trip to Redis for both ------------------
+
+
+def _ack_then_pull(c, handle: str, tags: list[str], *pull_opts) -> list:
+    pipe = c.pipeline(transaction=False)
+    pipe.execute_command("ACK", handle, *tags)
+    pipe.execute_command("PULL", handle, *pull_opts)
+    return pipe.execute(raise_on_error=False)
+
+
+def test_an_ack_pipelined_with_a_pull_settles_first_and_the_pull_gets_the_next_batch(w, direct, monkeypatch):
+    leases, paired = w.worker.core.leases, []
+    ack_then_pull = leases.ack_then_pull
+
+    async def counted(*args, **kwargs):
+        paired.append(args[0])
+        return await ack_then_pull(*args, **kwargs)
+
+    monkeypatch.setattr(leases, "ack_then_pull", counted)
+    c = client(w.port, 2, "c")
+    h = join(c, "GROUP", "g")
+    c.execute_command("MPUB", "orders", 6, *[f"m{i}" for i in range(6)])
+    first = take(c, h, 3)
+    acked, reply = _ack_then_pull(c, h, [d["tag"] for d in first], "COUNT", 3)
+    assert acked == 3 and payloads(deliveries(reply)) == ["m3", "m4", "m5"]
+    assert direct.hlen(KEYS.queue(QueueRef("orders")).checkouts) == 3, "the acked three are gone, three held"
+    acked, reply = _ack_then_pull(c, h, [d["tag"] for d in deliveries(reply)], "COUNT", 3)
+    assert acked == 3 and deliveries(reply) == []
+    assert len(paired) == 2, "each pair ran as one round trip"
+
+
+def test_a_refused_ack_in_the_pair_still_lets_the_pull_run_as_one_after_the_other_would(w):
+    c = client(w.port, 2, "c")
+    h = join(c, "GROUP", "g")
+    c.execute_command("MPUB", "orders", 2, "a", "b")
+    (d,) = take(c, h, 1)
+    stale, reply = _ack_then_pull(c, h, ["123456"], "COUNT", 5)  # a tag never handed out: settles nothing
+    assert stale == 0 and payloads(deliveries(reply)) == ["b"]
+    too_many, reply = _ack_then_pull(c, h, [str(i) for i in range(1001)], "COUNT", 5)
+    assert isinstance(too_many, redis.ResponseError) and "LIMIT" in str(too_many) and deliveries(reply) == []
+    acked, bad_count = _ack_then_pull(c, h, [d["tag"]], "COUNT", 0)  # refused before anything ran
+    assert acked == 1 and isinstance(bad_count, redis.ResponseError) and "BADARG" in str(bad_count)
+
+
+def test_a_pipelined_blocking_pull_waits_after_its_ack_and_wakes_on_publish(w):
+    c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
+    h = join(c, "GROUP", "g")
+    p.execute_command("PUB", "orders", "one")
+    (d,) = take(c, h, 1)
+    threading.Timer(0.3, lambda: p.execute_command("PUB", "orders", "two")).start()
+    started = time.monotonic()
+    acked, reply = _ack_then_pull(c, h, [d["tag"]], "COUNT", 10, "BLOCK", 5000)
+    assert acked == 1 and payloads(deliveries(reply)) == ["two"]
+    assert 0.2 < time.monotonic() - started < 4
+
+
+def test_the_pair_runs_each_fence_once_when_the_script_cache_was_flushed(w, direct):
+    c = client(w.port, 2, "c")
+    h = join(c, "GROUP", "g")
+    c.execute_command("MPUB", "orders", 4, "a", "b", "c", "d")
+    got = take(c, h, 2)
+    direct.script_flush()
+    acked, reply = _ack_then_pull(c, h, [d["tag"] for d in got], "COUNT", 2)
+    assert acked == 2 and payloads(deliveries(reply)) == ["c", "d"], "NOSCRIPT: the ACK not run twice"
