@@ -45,9 +45,9 @@ class Client(PipelinedConnection):
         return int(value) if value is not None else None
 
     async def close(self) -> None:
-        """Hand back what iterators fetched and never handed out, then close the connection."""
+        """Hand back what iterators fetched (or prefetched) and never handed out, then close the connection."""
         if not self.closed:
-            held = [sub for sub in self._subscriptions if sub._held]
+            held = [sub for sub in self._subscriptions if sub._held or sub._prefetched is not None]
             if held:
                 await asyncio.wait([asyncio.ensure_future(sub.release_held()) for sub in held],
                                    timeout=RELEASE_TIMEOUT_S)
@@ -105,6 +105,7 @@ class Client(PipelinedConnection):
         on_preempt: Literal["keep", "earliest", "latest"] | None = None,
         strategy: Literal["round-robin", "sticky", "hash"] | None = None,
         offline: Literal["queue", "skip"] | None = None,
+        prefetch: bool = False,
     ) -> Subscription:
         """SUB: join a topic (``lmq``: one of its lite queues; a ``+``/``#`` filter or ``$share/g/filter``).
 
@@ -113,6 +114,8 @@ class Client(PipelinedConnection):
         mailbox of ``capacity``, ``max`` end after n deliveries, ``on_preempt`` where a preempting owner
         starts, ``strategy`` how a shared group spreads messages, ``offline`` whether a member whose
         session has no connection keeps receiving ('queue') or is passed over ('skip'). docs/protocol.md.
+        ``prefetch`` (pull subscriptions): once the caller settles the whole of a full batch, the next
+        PULL goes out with that ACK, in one round trip (docs/sdk.md, "Prefetch").
         """
         args: list[Any] = ["SUB", topic]
         for word, value in (("LMQ", lmq), ("GROUP", group), ("MODE", mode), ("POLICY", policy)):
@@ -170,7 +173,7 @@ class Client(PipelinedConnection):
             mode=_str(reply.get("mode", mode or "")),
             owner=None if owner is None else _str(owner),
             qos=int(reply.get("qos", 1 if qos is None else qos)),
-            topic=topic, lmq=lmq, group=group, push=push, lock_ms=lock_ms,
+            topic=topic, lmq=lmq, group=group, push=push, lock_ms=lock_ms, prefetch=prefetch and not push,
         )
         self._subscriptions.add(sub)
         return sub

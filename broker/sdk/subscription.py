@@ -28,6 +28,12 @@ DEFAULT_LOCK_MS = 30_000  # a worker's default lease, when its HELLO did not say
 RELEASE_TIMEOUT_S = 2.0  # how long closing waits to hand back what it fetched and never handed out
 
 
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """A prefetch nobody takes (the subscription left) must not log "exception never retrieved"."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class Caller(Protocol):
     """What a subscription needs of its client (fencemq.sdk.client.Client), which imports this module."""
 
@@ -60,6 +66,7 @@ class Subscription:
     def __init__(
         self, client: Caller, handle: str, epoch: _Epoch, *, mode: str, owner: str | None, qos: int,
         topic: str, lmq: str | None, group: str | None, push: bool, lock_ms: int | None = None,
+        prefetch: bool = False,
     ) -> None:
         self.client = client
         self.handle = handle
@@ -77,6 +84,13 @@ class Subscription:
         self.ended = False  # a push subscription's TAKE returned EOS
         # Fetched by the iterator but not yet handed out: NACKed when the iteration stops early.
         self._held: list[Delivery] = []
+        # Prefetch: once the caller has settled the whole of a full batch, the next PULL of that
+        # size goes out right behind the ACK (one write; the worker runs both fences in one round
+        # trip) and the next pull() takes its reply.
+        self.prefetch = prefetch
+        self._unsettled: set[str] = set()  # tags of the last full batch not settled yet
+        self._full_count = 0  # its size (0: the last pull was not full: nothing to prefetch)
+        self._prefetched: tuple[asyncio.Future[Any], int, float] | None = None  # (PULL, count, sent at)
 
     def __repr__(self) -> str:
         return f"<Subscription {self.topic!r} lmq={self.lmq!r} mode={self.mode} epoch={self.epoch}>"
@@ -122,12 +136,49 @@ class Subscription:
 
     async def pull(self, count: int = 1, block_ms: int | None = None) -> list[Delivery]:
         """PULL handle [COUNT n] [BLOCK ms]; [] when none, on timeout, or when fenced."""
+        if self._prefetched is not None:
+            batch = await self._take_prefetched(count)
+            if batch:
+                return batch
         args: list[Any] = ["PULL", self.handle]
         if count != 1:
             args += ["COUNT", count]
         if block_ms is not None:
             args += ["BLOCK", block_ms]
-        return self._fence(await self.client._call(args, self._read_batch))
+        return self._pulled(self._fence(await self.client._call(args, self._read_batch)), count)
+
+    def _pulled(self, batch: list[Delivery], count: int) -> list[Delivery]:
+        """With prefetch, a full batch is followed by the next once the caller settles all of it."""
+        full = self.prefetch and count > 1 and len(batch) == count
+        self._full_count = count if full else 0
+        self._unsettled = {d.tag for d in batch} if full else set()
+        return batch
+
+    def _settling(self, tags: list[str | bytes]) -> None:
+        """Called right after an ACK or NACK of ``tags`` is sent: when they finish the last full
+        batch, the next PULL goes out behind it (the caller's next pull() takes the reply)."""
+        if not self._full_count or self._prefetched is not None or self.closed:
+            return
+        self._unsettled.difference_update(t.decode() if isinstance(t, bytes) else t for t in tags)
+        if self._unsettled:
+            return
+        count, self._full_count = self._full_count, 0
+        fut = asyncio.ensure_future(self.client._call(["PULL", self.handle, "COUNT", count], self._read_batch))
+        fut.add_done_callback(_retrieved)
+        self._prefetched = (fut, count, asyncio.get_running_loop().time())
+
+    async def _take_prefetched(self, count: int) -> list[Delivery]:
+        """The prefetched batch, if it fits ``count`` and its leases are fresh (fetched within a third
+        of the lock); else it goes back (NACK … RELEASE: no failure counted) and [] asks for a new one."""
+        fut, fetched, sent_at = self._prefetched  # type: ignore[misc]
+        self._prefetched = None
+        batch = self._fence(await fut)
+        fresh = asyncio.get_running_loop().time() - sent_at < self.effective_lock_ms / 3000
+        if batch and (fetched > count or not fresh):
+            self._held = [*batch, *self._held]
+            await self.release_held()
+            return []
+        return self._pulled(batch, fetched)
 
     async def take(self, block_ms: int | None = None) -> Delivery | None:
         """TAKE handle [BLOCK ms]: a delivery, None on timeout; raises EndOfStream at (and after) the end."""
@@ -156,7 +207,16 @@ class Subscription:
         """ACK handle tag...: checkouts settled (a stale tag settles nothing)."""
         if not tags:
             return 0
-        return int(await self.client._call(["ACK", self.handle, *map(_tag, tags)]))
+        settled = list(map(_tag, tags))
+        return await self._settle(["ACK", self.handle, *settled], settled)
+
+    async def _settle(self, args: list[Any], tags: list[str | bytes]) -> int:
+        """Send an ACK or NACK; with prefetch, the next PULL may follow it in the same write."""
+        if not self._full_count:
+            return int(await self.client._call(args))
+        sent = asyncio.ensure_future(self.client._call(args))  # first in line for the connection
+        self._settling(tags)
+        return int(await sent)
 
     async def nack(self, *tags: str | Delivery, delay_ms: int | None = None, discard: bool = False,
                    release: bool = False) -> int:
@@ -171,7 +231,8 @@ class Subscription:
             args.append("DISCARD")
         if release:
             args.append("RELEASE")
-        return int(await self.client._call(args))
+            return int(await self.client._call(args))
+        return await self._settle(args, args[2 : 2 + len(tags)])
 
     async def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
         if not tags:
@@ -203,6 +264,8 @@ class Subscription:
         if max is not None:
             args += ["MAX", max]
         await self.client._call(args)
+        if max is None:  # what was prefetched went back with the UNSUB
+            self._prefetched, self._full_count = None, 0
         if max is None and not self.push:
             # A push member ends at the EOS the server seated: its iterator
             # runs on to TAKE it, which closes the handle server-side too.
@@ -213,6 +276,13 @@ class Subscription:
     async def release_held(self) -> int:
         """Hand back what the iterator fetched but never handed out (``NACK … RELEASE``: straight back
         to the group, no failure counted); how many went back."""
+        if self._prefetched is not None:
+            fut = self._prefetched[0]
+            self._prefetched = None
+            try:
+                self._held = [*self._held, *self._fence(await asyncio.wait_for(fut, RELEASE_TIMEOUT_S))]
+            except (ConnectionLost, TimeoutError, FenceMQError):
+                pass  # the leases run out instead: the messages come back all the same
         held, self._held = self._held, []
         if not held or self.client.closed:
             return 0

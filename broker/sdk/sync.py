@@ -111,11 +111,13 @@ class SyncClient:
         on_preempt: Literal["keep", "earliest", "latest"] | None = None,
         strategy: Literal["round-robin", "sticky", "hash"] | None = None,
         offline: Literal["queue", "skip"] | None = None,
+        prefetch: bool = False,
     ) -> SyncSubscription:
         """SUB, as :meth:`fencemq.sdk.client.Client.subscribe`."""
         return SyncSubscription(self, self._run(self._client.subscribe(
             topic, lmq=lmq, group=group, mode=mode, policy=policy, start=start, qos=qos, lock_ms=lock_ms, push=push,
-            capacity=capacity, max=max, epoch=epoch, on_preempt=on_preempt, strategy=strategy, offline=offline)))
+            capacity=capacity, max=max, epoch=epoch, on_preempt=on_preempt, strategy=strategy, offline=offline,
+            prefetch=prefetch)))
 
     def heartbeat(self, sync: tuple[str, str, list[str]] | None = None) -> list[dict[str, Any]]:
         return self._run(self._client.heartbeat(sync))

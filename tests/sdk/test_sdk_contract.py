@@ -244,3 +244,57 @@ def test_a_delivery_carries_its_publish_time_as_ts_and_its_producer(worker_url: 
         assert unnamed.producer is None
         assert abs(named.ts - before) < 60_000
         assert not hasattr(named, "published_ms")
+
+
+# -- prefetch: the next PULL rides with the ACK that finishes a full batch -------------------------
+
+
+def checkouts(r: redis.Redis, topic: str) -> int:
+    return r.hlen(Keyspace().queue(QueueRef(topic)).checkouts)
+
+
+def test_without_prefetch_settling_a_batch_checks_nothing_out_and_with_it_the_next_batch_goes_out(
+        worker_url: str, r: redis.Redis) -> None:
+    with SyncClient.connect(worker_url, client_id="pf-p") as p, SyncClient.connect(worker_url, client_id="pf-c") as c:
+        plain = c.subscribe("pf-off", group="g", start="earliest")
+        eager = c.subscribe("pf-on", group="g", start="earliest", prefetch=True)
+        for topic in ("pf-off", "pf-on"):
+            p.mpublish(topic, [b"%d" % i for i in range(25)])
+        for sub, topic in ((plain, "pf-off"), (eager, "pf-on")):
+            assert sub.ack(*sub.pull(10)) == 10
+        assert checkouts(r, "pf-off") == 0  # the default fetches only when asked
+        assert checkouts(r, "pf-on") == 10  # the next ten went out with the ACK
+        got = [eager.pull(10), eager.pull(10)]  # the second ACK is not sent yet: no prefetch behind it
+        assert [len(b) for b in got] == [10, 5]
+        eager.ack(*got[0], *got[1])
+        assert [d.payload for d in got[0] + got[1]] == [b"%d" % i for i in range(10, 25)]
+        assert {d.deliveries for d in got[0] + got[1]} == {1}
+
+
+def test_a_prefetched_batch_a_consumer_never_takes_goes_back_at_close_counting_no_failure(
+        worker_url: str, r: redis.Redis) -> None:
+    async def main() -> None:
+        async with Client(worker_url, client_id="pfc-p") as p, Client(worker_url, client_id="pfc-b") as b:
+            async with Client(worker_url, client_id="pfc-a") as a:
+                first = await a.subscribe("pfc", group="g", start="earliest", prefetch=True, lock_ms=300_000)
+                await p.mpublish("pfc", [b"%d" % i for i in range(8)])
+                await first.ack(*await first.pull(4))  # ... and 4-7 are prefetched, never taken
+            second = await b.subscribe("pfc", group="g", lock_ms=300_000)
+            got = await second.pull(10, block_ms=2000)
+            assert sorted(d.payload for d in got) == [b"%d" % i for i in range(4, 8)]
+            assert {d.deliveries for d in got} == {2} and dead_letters(r, "pfc") == 0
+
+    run(main())
+
+
+def test_a_prefetched_batch_older_than_a_third_of_its_lock_goes_back_and_is_fetched_again(
+        worker_url: str, r: redis.Redis) -> None:
+    with SyncClient.connect(worker_url, client_id="pfs-p") as p, SyncClient.connect(worker_url, client_id="pfs-c") as c:
+        sub = c.subscribe("pfs", group="g", start="earliest", prefetch=True, lock_ms=LOCK_MS)
+        p.mpublish("pfs", [b"%d" % i for i in range(6)])
+        sub.ack(*sub.pull(3))
+        time.sleep(LOCK_MS / 1000 / 3 + 0.05)  # the prefetched leases are a third gone
+        got = sub.pull(3)
+        assert [d.payload for d in got] == [b"3", b"4", b"5"]
+        assert {d.deliveries for d in got} == {2}, "handed back and checked out afresh, its lease whole"
+        assert sub.ack(*got) == 3 and dead_letters(r, "pfs") == 0
