@@ -37,6 +37,22 @@ class Publishing:
         headers: dict[str, str] | None = None,
         producer: str | None = None,
     ) -> list[str]:
+        return (await self.publish_reading(topic, payloads, None, lmq=lmq, qos=qos, dedup_ids=dedup_ids,
+                                           headers=headers, producer=producer))[0]
+
+    async def publish_reading(
+        self,
+        topic: str,
+        payloads: list[bytes],
+        read_key: str | None,
+        *,
+        lmq: str | None = None,
+        qos: int = 1,
+        dedup_ids: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        producer: str | None = None,
+    ) -> tuple[list[str], bytes | None]:
+        """:meth:`publish`, reading ``read_key`` (another slot's) in the same round trip: the ids and its value."""
         config = self.ctx.config
         ref = self.ctx.queue(topic, lmq)
         if not payloads:
@@ -49,21 +65,30 @@ class Publishing:
             if len(p) > config.max_payload:
                 raise LimitExceeded(f"payload of {len(p)} bytes exceeds {config.max_payload}; split it")
         await self.ctx.check_topic_kind(topic, lmq is not None)
-        return await self.append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids)
+        return await self._append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids, read_key)
 
     async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str] | None = None) -> list[str]:
         """Append packed bodies to one queue and fill its push members' mailboxes."""
+        return (await self._append(ref, bodies, dedup_ids, None))[0]
+
+    async def _append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str] | None,
+                      read_key: str | None) -> tuple[list[str], bytes | None]:
         config = self.ctx.config
         messages: list[bytes | str] = []
         for body, dedup in zip(bodies, dedup_ids or [""] * len(bodies), strict=True):
             messages.append(body)
             messages.append(dedup)
-        ids, push_members = await self.ctx.fences.run(
-            PUBLISH, self.ctx.keys.queue(ref), maxlen=config.retention_maxlen,
-            maxage_ms=config.retention_maxage_ms, dedup_window_ms=config.dedup_window_ms,
-            idle_ttl_ms=self.ctx.idle_ttl(ref), journal_cap=self.ctx.journal_cap(ref), args_rest=messages,
-        )
+        args = dict(maxlen=config.retention_maxlen, maxage_ms=config.retention_maxage_ms,
+                    dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
+                    journal_cap=self.ctx.journal_cap(ref))
+        keys = self.ctx.keys.queue(ref)
+        value = None
+        if read_key is None:
+            ids, push_members = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
+        else:
+            (ids, push_members), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
+                                                                           args_rest=messages, **args)
         members = parse_push_members(push_members)
         if members:
             await self.mailboxes.dispatch(ref, members)
-        return [text(i) for i in ids]
+        return [text(i) for i in ids], value

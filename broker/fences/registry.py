@@ -328,6 +328,26 @@ class Fences:
             todo = again
         return results
 
+    async def run_reading(self, spec: FenceSpec, keys: Any, read_key: str, *, args_rest: Sequence[Any] = (),
+                          **args: Any) -> tuple[Any, Any]:
+        """A fence call and a GET of another slot's key in one round trip (a pipeline; on a
+        Cluster redis-py sends each to its master at once): (the fence's reply, the value).
+        The fence's coded error is raised; NOSCRIPT loads the fence and runs it alone again."""
+        key_list = spec.key_list(keys, {}, ())
+        script = self.scripts[spec.name]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest))
+        pipe.get(read_key)
+        started = perf_counter()
+        reply, value = await pipe.execute(raise_on_error=False)
+        if self.observe is not None:
+            self.observe(spec.name, perf_counter() - started)
+        if isinstance(value, Exception):
+            raise value
+        if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply)):
+            return await self.call(spec.name, key_list, spec.arg_list(args, args_rest)), value
+        return self.check(reply), value
+
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         started = perf_counter()
         try:

@@ -183,33 +183,19 @@ class Shared:
             return await self.publishing.publish(
                 topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
             )
-        published: dict[str, Any] = {}
-
-        async def registry_version() -> None:
-            try:
-                published["version"] = await self.registry.current_version()
-            except Exception as exc:  # re-raised below as itself, not inside an exception group
-                published["version_error"] = exc
-
-        async with anyio.create_task_group() as tg:  # two round trips at once, not one after the other
-            tg.start_soon(registry_version)
-            try:
-                published["ids"] = await self.publishing.publish(
-                    topic, payloads, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
-                )
-            except Exception as exc:
-                published["error"] = exc
-        for failure in ("error", "version_error"):
-            if failure in published:
-                raise published[failure]
-        ids = published["ids"]
+        # The registry's version is read in the publish's round trip: a filter SUB answered
+        # before this publish began has raised it already, so the copies below reach it.
+        ids, version = await self.publishing.publish_reading(
+            topic, payloads, self.keys.filters_version, qos=qos, dedup_ids=dedup_ids, headers=headers,
+            producer=producer,
+        )
         if retain:
             # The last retained message per topic; an empty payload clears it.
             if payloads[-1]:
                 await self.redis.hset(self.keys.retained, topic, pack_body(payloads[-1], headers, qos, producer, topic))
             else:
                 await self.redis.hdel(self.keys.retained, topic)
-        refs = await self.registry.matching(topic, published["version"])
+        refs = await self.registry.matching(topic, version)
         if refs:
             # a copy names its source topic (the filter queue's is the filter)
             bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]
