@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from redis.exceptions import RedisError
 
 from fencemq.config import Config
@@ -24,6 +25,7 @@ from fencemq.model.values import text
 log = logging.getLogger(__name__)
 
 LEASE_INTENT = fence("lease_intent", "schedule intents", "qid lock_ms")
+SCHEDULE_COALESCE_S = 0.001  # how long background schedule writes gather before one ZADD
 
 
 @dataclass
@@ -37,6 +39,7 @@ class FenceContext:
     spawn: Callable[..., None] | None = None
     _topic_kinds: dict[str, str] = field(init=False, default_factory=dict)
     _intents: dict[str, tuple[int, float]] = field(init=False, default_factory=dict)  # qid -> (Redis ms, monotonic)
+    _due_soon: dict[str, int] = field(init=False, default_factory=dict)  # schedule writes not flushed yet
 
     def __post_init__(self) -> None:
         self.keys = Keyspace(self.config.prefix)
@@ -118,16 +121,28 @@ class FenceContext:
         await self.redis.zadd(self.keys.schedule, {qid: due_ms}, lt=True)
 
     async def schedule_soon(self, qid: str, due_ms: int) -> None:
-        if self.spawn is not None:
-            self.spawn(self._schedule_quietly, qid, due_ms)
-        else:
-            await self.schedule(qid, due_ms)
+        """:meth:`schedule`, in the background when a worker runs us: the writes of one
+        millisecond go out together (one ZADD), after the replies that made their leases.
 
-    async def _schedule_quietly(self, qid: str, due_ms: int) -> None:
-        try:
+        Late by that millisecond is safe: the lease intent each lease-making fence ran
+        under already lists the queue in the schedule (lua/lease_intent.lua)."""
+        if self.spawn is None:
             await self.schedule(qid, due_ms)
-        except RedisError as exc:  # the session's lease expiry returns the checkouts anyway
-            log.warning("could not schedule the sweep of %s: %s", qid, exc)
+            return
+        flushing = bool(self._due_soon)
+        known = self._due_soon.get(qid)
+        if known is None or due_ms < known:
+            self._due_soon[qid] = due_ms
+        if not flushing:
+            self.spawn(self._flush_schedule)
+
+    async def _flush_schedule(self) -> None:
+        await anyio.sleep(SCHEDULE_COALESCE_S)
+        due, self._due_soon = self._due_soon, {}
+        try:
+            await self.redis.zadd(self.keys.schedule, due, lt=True)
+        except RedisError as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
+            log.warning("could not schedule the sweep of %d queues: %s", len(due), exc)
 
 
 def opt(value: object) -> object:

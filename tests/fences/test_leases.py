@@ -537,3 +537,35 @@ def test_the_pair_runs_each_fence_once_when_the_script_cache_was_flushed(w, dire
     direct.script_flush()
     acked, reply = _ack_then_pull(c, h, [d["tag"] for d in got], "COUNT", 2)
     assert acked == 2 and payloads(deliveries(reply)) == ["c", "d"], "NOSCRIPT: the ACK not run twice"
+
+
+def test_the_lease_schedule_writes_of_a_burst_of_pulls_go_out_together_and_list_every_queue(w, direct, monkeypatch):
+    redis_ = w.worker.core.redis
+    writes = []
+    zadd = redis_.zadd
+
+    async def counted(name, mapping, **kwargs):
+        writes.append(dict(mapping))
+        return await zadd(name, mapping, **kwargs)
+
+    monkeypatch.setattr(redis_, "zadd", counted)
+    c = client(w.port, 2, "c")
+    topics = [f"burst{i}" for i in range(20)]
+    handles = []
+    for t in topics:
+        c.execute_command("PUB", t, "m")
+        handles.append(as_map(c.execute_command("SUB", t, "GROUP", "g", "LOCK", 60_000))["handle"])
+    writes.clear()
+    pipe = c.pipeline(transaction=False)
+    for h in handles:
+        pipe.execute_command("PULL", h)
+    assert all(len(deliveries(r)) == 1 for r in pipe.execute())
+    wait_for(lambda: sum(len(x) for x in writes) >= 20, what="the schedule writes")
+    assert len(writes) < 20, "one ZADD per pull: nothing gathered"
+    written = {qid: due for batch in writes for qid, due in batch.items()}
+    schedule = {k.decode(): v for k, v in direct.zrange(KEYS.schedule, 0, -1, withscores=True)}
+    now = redis_ms(direct)
+    for t in topics:
+        qid = QueueRef(t).qid
+        assert now + 50_000 < written[qid] <= now + 60_000, "each lease's deadline was written"
+        assert schedule[qid] <= written[qid], "swept no later than its lease is due"
