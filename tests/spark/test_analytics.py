@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.model.keys import Handle
+from fencemq.ops.journal_buckets import bucket_of, buckets_of, spark_hash, write_buckets
 
 from fencemq.server.embedded import free_port
 from tests.ops.test_snapshot import run, run_workload, snapshot_to
@@ -452,7 +453,7 @@ def seed_violations(src: Path, dst: Path) -> dict[str, set[tuple]]:
     shutil.copytree(src, dst)
     path = dst / "journal.parquet"
     journal = pq.read_table(path)
-    rows = journal.to_pylist()
+    rows = sorted(journal.to_pylist(), key=lambda r: (r["queue"], r["seq"]))
     last = defaultdict(int)
     for r in rows:
         last[r["queue"]] = max(last[r["queue"]], r["seq"])
@@ -475,7 +476,9 @@ def seed_violations(src: Path, dst: Path) -> dict[str, set[tuple]]:
     add("l:chat:room1", event="out", group="default", member="bob", id=3, tag="905", epoch=0, extra="2")
     add("l:chat:room2", event="sub", group="default", member="alice", id=3, epoch=0, extra="exclusive")
     add("l:chat:room2", event="out", group="default", member="alice", id=3, tag="906", epoch=0, extra="1")
-    pq.write_table(pa.Table.from_pylist(rows, schema=journal.schema), path)
+    shutil.rmtree(path)  # written again in its buckets: each queue's rows where Spark looks for them
+    write_buckets(pa.Table.from_pylist(rows, schema=journal.schema), path,
+                  json.loads((dst / "manifest.json").read_text())["journal_buckets"])
     return {"evicted_out": {("l:chat:room1", "default", "alice", a)},
             "stale_epoch": {("t:orders", "replay", "c4", b)},
             "double_ack": {("t:orders", "billing", 1, 2)}}
@@ -513,6 +516,46 @@ def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir
     assert "<div class='verdict FAIL'>FAIL</div>" in html
     for tag in ("901", "902", "903"):
         assert f"{tag}</td>" in html
+
+
+def test_the_journal_buckets_put_each_queue_where_spark_hashes_it(spark) -> None:
+    from pyspark.sql import functions as F
+
+    ids = ["", "a", "ab", "abc", "abcd", "t:orders", "l:chat:room1", "l:bench:lmq-0000042", "f:c1:a/+/#",
+           "l:t%3Ax:%7Broom%7D", "l:caf\u00e9:\u00fc\u20ac\U0001f600", "x" * 41, "\x7f\x80\xff"]
+    for buckets in (1, 2, 8, 13):
+        df = spark.createDataFrame([(q,) for q in ids], "queue string")
+        rows = df.select("queue", F.hash("queue").alias("h"), F.pmod(F.hash("queue"), F.lit(buckets)).alias("b"))
+        spark_says = {r["queue"]: (r["h"], r["b"]) for r in rows.collect()}
+        assert {q: (spark_hash(q), bucket_of(q, buckets)) for q in ids} == spark_says
+        assert list(buckets_of(pa.array(ids), buckets)) == [spark_says[q][1] for q in ids]
+
+
+def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analysis, snapshot_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """A snapshot from before the buckets: the job shuffles its journal instead, to the same result."""
+    summary, out = analysis
+    assert json.loads((snapshot_dir / "manifest.json").read_text())["journal_buckets"] == 8
+    assert sorted(p.name for p in (snapshot_dir / "journal.parquet").iterdir()) == [
+        f"bucket_{b:05d}.parquet" for b in range(8)]
+    old = tmp_path / "one-file"
+    shutil.copytree(snapshot_dir, old)
+    journal = pq.read_table(old / "journal.parquet")
+    shutil.rmtree(old / "journal.parquet")
+    pq.write_table(journal, old / "journal.parquet")
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["journal_buckets"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+
+    again = analyze(spark, old, tmp_path / "out", report=False)
+    assert again["totals"] == summary["totals"] and again["audit"] == summary["audit"]
+    for name in RESULT_TABLES:
+        def rows(directory: Path) -> list[tuple]:
+            return sorted((tuple(sorted((k, repr(v)) for k, v in r.items())) for r in result(directory, name)))
+        assert rows(tmp_path / "out") == rows(out), name
+    # the job's bucketed table is gone, the snapshot's files are not
+    assert not [t for t in spark.catalog.listTables() if t.name.startswith("fencemq_journal_")]
+    assert len(list((snapshot_dir / "journal.parquet").iterdir())) == 8
 
 
 async def lite_churn_workload(url: str) -> None:
