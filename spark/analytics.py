@@ -157,12 +157,13 @@ def load_tables(spark, snapshot_dir: str | Path,
     snapshot), with this snapshot's time (``snapshot_ms``: an unchanged queue's
     oldest message is older now). The manifest returned is the newest one,
     with ``chain``: every directory read, newest first, and ``journal_bucketed``:
-    whether the journal DataFrame is one bucketed table (a single snapshot
-    written with buckets), so the job need not shuffle it. A bucketed journal
+    whether the journal DataFrame is read from bucketed tables (every snapshot
+    of the chain written with the same buckets), so the job need not shuffle it. A bucketed journal
     is a catalog table (an external one, over the snapshot's files): its name
     is appended to ``created``, for the caller to drop when done.
     """
     created = [] if created is None else created
+    created_before = len(created)
     chain: list[tuple[dict[str, Any], dict[str, Any], Any]] = []
     root = Path(snapshot_dir)
     seen: set[Path] = set()
@@ -191,7 +192,10 @@ def load_tables(spark, snapshot_dir: str | Path,
     newest = dict(chain[0][0])
     newest["chain"] = [str(Path(snapshot_dir))] + [m.get("base") for m, _, _ in chain[:-1]]
     newest["chain_length"] = len(chain)
-    newest["journal_bucketed"] = len(chain) == 1 and bool(created)
+    # Spark keeps the buckets' partitioning through the chain's unions and semi-joins (the unchanged
+    # queues are the small side), as long as every snapshot has the same buckets
+    buckets = {m.get("journal_buckets") for m, _, _ in chain}
+    newest["journal_bucketed"] = len(created) - created_before == len(chain) and len(buckets) == 1
     return newest, tables
 
 
@@ -317,6 +321,7 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
         "totals": totals,
         "audit": {"verdict": verdict, **audit, "checks": checks, "scope": scope},
         "chain": manifest.get("chain"),
+        "journal_bucketed": manifest["journal_bucketed"],  # read in its buckets, not shuffled
     }
 
     timings["summary"] = round(time.perf_counter() - t0, 2)

@@ -98,7 +98,7 @@ def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None
     exchange of it. A snapshot writes it bucketed by queue
     (``journal_bucketed``: a bucketed table, broker/ops/journal_buckets.py),
     so it is read that way and never shuffled; otherwise (an older snapshot,
-    a chain of incremental ones) it is shuffled ONCE: hash-partitioned by
+    or a chain with one) it is shuffled ONCE: hash-partitioned by
     queue into ``partitions`` and sorted by (queue, group, seq) within each
     partition, then persisted. Every key starts with ``qk`` =
     xxhash64(queue) (queue ids share long prefixes, "l:topic:…", which would

@@ -548,6 +548,7 @@ def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analy
     (old / "manifest.json").write_text(json.dumps(manifest))
 
     again = analyze(spark, old, tmp_path / "out", report=False)
+    assert summary["journal_bucketed"] and not again["journal_bucketed"]
     assert again["totals"] == summary["totals"] and again["audit"] == summary["audit"]
     for name in RESULT_TABLES:
         def rows(directory: Path) -> list[tuple]:
@@ -662,6 +663,7 @@ def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(red
     chained = analyze(spark, tmp_path / "s2", tmp_path / "a-chain")
     full = analyze(spark, tmp_path / "full", tmp_path / "a-full")
     assert chained["totals"]["preemptions"] == 5 and chained["chain"] == [str(tmp_path / "s2"), "../s1", "../s0"]
+    assert chained["journal_bucketed"] and full["journal_bucketed"]  # the chain's buckets line up
     def same(totals: dict[str, Any]) -> dict[str, Any]:  # the oldest message's age grows between the two
         return {k: v for k, v in totals.items() if k != "max_oldest_unacked_age_ms"}
 
@@ -669,6 +671,40 @@ def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(red
     for name in ("backlog", "preemptions", "consumers"):
         def rows(out: Path) -> list[tuple]:
             return sorted(tuple(sorted((k, str(v)) for k, v in r.items() if k != "oldest_unacked_age_ms"))
+                          for r in result(out, name))
+        assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
+
+
+def test_a_chain_reads_its_journals_in_their_buckets_to_the_same_tables_as_a_full_snapshot(
+        redis_url: str, spark, tmp_path: Path) -> None:
+    run(run_workload(redis_url))  # lmqs with journals: the unchanged ones' events come from the base
+    run(snapshot_to(redis_url, tmp_path / "s0"))
+
+    async def more() -> None:
+        r = Redis.from_url(redis_url)
+        q = Core(r, Config(redis_url=redis_url, lite_journal_cap=10_000))
+        try:
+            await q.publishing.publish("chat", [b"late"], lmq="room3")
+            carol = Handle.decode((await q.subscriptions.subscribe("carol", "chat", lmq="room3")).handle)
+            got = (await q.leases.pull(carol, 2)).deliveries
+            assert await q.leases.ack(carol, [got[0].tag]) == 1
+        finally:
+            await r.aclose()
+
+    run(more())
+    s1 = run(snapshot_to(redis_url, tmp_path / "s1", since=tmp_path / "s0"))
+    assert s1.unchanged == 3 and s1.journal_buckets == 8  # rooms 1, 2 and 4
+    run(snapshot_to(redis_url, tmp_path / "full"))
+
+    chained = analyze(spark, tmp_path / "s1", tmp_path / "a-chain", report=False)
+    full = analyze(spark, tmp_path / "full", tmp_path / "a-full", report=False)
+    assert chained["journal_bucketed"] and chained["totals"]["journal_events"] == full["totals"]["journal_events"]
+    aging = ("oldest_unacked_age_ms", "max_oldest_unacked_age_ms")  # grows between the two snapshots
+    assert {k: v for k, v in chained["totals"].items() if k not in aging} == {
+        k: v for k, v in full["totals"].items() if k not in aging}
+    for name in RESULT_TABLES:
+        def rows(out: Path) -> list[tuple]:
+            return sorted(tuple(sorted((k, repr(v)) for k, v in r.items() if k not in aging))
                           for r in result(out, name))
         assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
 
