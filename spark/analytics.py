@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -90,6 +91,11 @@ def build_session(master: str | None = "local[*]", *, shuffle_partitions: int = 
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         if key not in (conf or {}):
             builder = builder.config(key, "-XX:+UseParallelGC")
+    # The bucketed journal is a table in the session's catalog, whose default database Spark would
+    # otherwise make as an empty spark-warehouse/ in the current directory (no data goes there).
+    if "spark.sql.warehouse.dir" not in (conf or {}):
+        builder = builder.config("spark.sql.warehouse.dir",
+                                 str(Path(tempfile.gettempdir()) / "fencemq-spark-warehouse"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

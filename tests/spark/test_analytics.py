@@ -554,8 +554,10 @@ def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analy
         def rows(directory: Path) -> list[tuple]:
             return sorted((tuple(sorted((k, repr(v)) for k, v in r.items())) for r in result(directory, name)))
         assert rows(tmp_path / "out") == rows(out), name
-    # the job's bucketed table is gone, the snapshot's files are not
+    # the job's bucketed table is gone, the snapshot's files are not, and the catalog left no
+    # spark-warehouse/ where the job ran
     assert not [t for t in spark.catalog.listTables() if t.name.startswith("fencemq_journal_")]
+    assert not Path("spark-warehouse").exists()
     assert len(list((snapshot_dir / "journal.parquet").iterdir())) == 8
 
 
