@@ -715,10 +715,12 @@ def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: P
     run(run_workload(redis_url))
     snap = tmp_path / "snap"
     runner = CliRunner()
-    res = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(snap), "--json"])
+    res = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(snap), "--json",
+                              "--journal-buckets", "3"])
     assert res.exit_code == 0, res.output
     manifest = json.loads(res.stdout)
     assert manifest["queues"] == 5 and manifest["schema_version"] == 2 and manifest["source"] == redis_url
+    assert manifest["journal_buckets"] == 3 and len(list((snap / "journal.parquet").iterdir())) == 3
     for name, rows in manifest["counts"].items():
         assert pq.read_table(snap / f"{name}.parquet").num_rows == rows
 
@@ -740,6 +742,16 @@ def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: P
     assert summary["audit"]["verdict"] == "PASS" and summary["totals"]["queues"] == 5
     assert summary["report"] == str(tmp_path / "out" / "report.html")
     assert (tmp_path / "out" / "report.html").is_file()
+
+    # a chain whose snapshots have other buckets (3, then the default 8) is shuffled, to the same figures
+    chained = runner.invoke(cli, ["analyze", str(tmp_path / "next"), "--out", str(tmp_path / "out2"), "--json",
+                                  "--no-report"])
+    assert chained.exit_code == 0, chained.output
+    chained_summary = json.loads(chained.stdout)
+    assert summary["journal_bucketed"] and not chained_summary["journal_bucketed"]
+    aging = "max_oldest_unacked_age_ms"
+    assert {k: v for k, v in chained_summary["totals"].items() if k != aging} == {
+        k: v for k, v in summary["totals"].items() if k != aging}
 
     from pyspark import SparkContext
     assert SparkContext._active_spark_context is not None  # the CLI reused the session and left it running
