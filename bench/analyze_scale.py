@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
+from fencemq.ops.journal_buckets import DEFAULT_BUCKETS, bucket_file, buckets_of
 from fencemq.ops.snapshot import SCHEMA_VERSION, SCHEMAS
 
 PER_LMQ = 10  # journal events per lmq in the template below
@@ -174,7 +175,7 @@ def _journal_chunk(q: np.ndarray, kind: np.ndarray, per: int, base_ms: int) -> p
     })
 
 
-def generate(out: Path, lmqs: int, events: int, seed: int = 7) -> dict[str, int]:
+def generate(out: Path, lmqs: int, events: int, seed: int = 7, buckets: int = DEFAULT_BUCKETS) -> dict[str, int]:
     """A consistent synthetic snapshot; returns rows per table."""
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -255,21 +256,33 @@ def generate(out: Path, lmqs: int, events: int, seed: int = 7) -> dict[str, int]
     counts["ready"] = _write(out, "ready", {"queue": pa.array([], pa.string())})
     counts["messages"] = _write(out, "messages", {"queue": pa.array([], pa.string())})
 
-    # the journal, a million lmqs at a time (100,000,000 events do not fit in memory at once)
-    writer = pq.ParquetWriter(out / "journal.parquet", SCHEMAS["journal"])
+    # the journal, a million lmqs at a time (100,000,000 events do not fit in memory at once), in
+    # the buckets a snapshot writes (fencemq.ops.journal_buckets: each queue where Spark hashes it);
+    # buckets=0: one file, as snapshots were written before
+    if buckets:
+        journal_dir = out / "journal.parquet"
+        journal_dir.mkdir()
+        writers = [pq.ParquetWriter(journal_dir / bucket_file(b), SCHEMAS["journal"]) for b in range(buckets)]
+    else:
+        writers = [pq.ParquetWriter(out / "journal.parquet", SCHEMAS["journal"])]
     counts["journal"] = 0
     for lo in range(0, lmqs, JOURNAL_CHUNK):
-        chunk = _journal_chunk(q[lo:lo + JOURNAL_CHUNK], kind[lo:lo + JOURNAL_CHUNK], per, base_ms)
-        writer.write_table(chunk, row_group_size=ROW_GROUP)
+        chunk_q = q[lo:lo + JOURNAL_CHUNK]
+        chunk = _journal_chunk(chunk_q, kind[lo:lo + JOURNAL_CHUNK], per, base_ms)
+        row_bucket = (np.repeat(buckets_of(_strings("l:bench:lmq-", chunk_q), buckets), per) if buckets
+                      else np.zeros(chunk.num_rows, np.int32))  # hashed once per lmq: its rows are together
+        for b, writer in enumerate(writers):
+            writer.write_table(chunk.filter(pa.array(row_bucket == b)), row_group_size=ROW_GROUP)
         counts["journal"] += chunk.num_rows
-    writer.close()
+    for writer in writers:
+        writer.close()
     manifest = {
         "schema_version": SCHEMA_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source": "synthetic (spark/bench_analyze.py)", "prefix": "fmq", "nodes": 1, "queues": lmqs,
         "counts": counts, "tables": {name: f"{name}.parquet" for name in SCHEMAS},
         "first_snapshot_ms": snap_ms, "last_snapshot_ms": snap_ms, "duration_s": 0, "queues_per_s": 0,
         "log_entries": 0, "journal_entries": -1, "vanished": 0, "mailbox_unsettled": 0, "errors": [],
-        "error_count": 0,
+        "error_count": 0, "journal_buckets": buckets,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return counts
@@ -383,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--shuffle-partitions", type=int, default=8)
     parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--journal-buckets", type=int, default=DEFAULT_BUCKETS,
+                        help="the journal's buckets, as `fencemq snapshot` writes them (0: one file, as before)")
     parser.add_argument("--reuse", action="store_true",
                         help="with --keep: analyse the snapshot an earlier run generated there, if any")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -400,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.reuse and (snap / "manifest.json").is_file():
             counts = json.loads((snap / "manifest.json").read_text())["counts"]
         else:
-            counts = generate(snap, args.lmqs, args.events)
+            counts = generate(snap, args.lmqs, args.events, buckets=args.journal_buckets)
         generated = time.perf_counter() - t
         print(f"generated {counts['queues']:,} lmqs, {counts['journal']:,} journal events in {generated:.1f} s",
               flush=True)
@@ -432,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "analyze",
             "lmqs": counts["queues"], "journal_events": counts["journal"], "rows": counts,
             "master": args.master, "shuffle_partitions": args.shuffle_partitions,
+            "journal_buckets": json.loads((snap / "manifest.json").read_text()).get("journal_buckets", 0),
             "driver_memory": args.driver_memory, "spark": spark_version, "conf": args.conf,
             "generate_seconds": round(generated, 1), "session_start_seconds": round(started, 1),
             "analyze_seconds": round(analyzed, 1), "goal_seconds": goal, "within_goal": analyzed <= goal,

@@ -44,7 +44,7 @@ def _is_cluster(client: redis.Redis) -> bool:
 
 
 async def _snapshot(url: str, cluster: bool, prefix: str, out: Path, batch: int, log_entries: int,
-                    journal_entries: int, progress: Any, since: Path | None = None) -> Any:
+                    journal_entries: int, progress: Any, since: Path | None = None, journal_buckets: int = 8) -> Any:
     from redis.asyncio import Redis, RedisCluster
 
     from fencemq.ops.snapshot import take_snapshot  # needs pyarrow (checked by the command)
@@ -52,7 +52,8 @@ async def _snapshot(url: str, cluster: bool, prefix: str, out: Path, batch: int,
     client = RedisCluster.from_url(url) if cluster else Redis.from_url(url, socket_connect_timeout=5)
     try:
         return await take_snapshot(client, Keyspace(prefix), out, progress, batch=batch, log_entries=log_entries,
-                                   journal_entries=journal_entries, source=safe_url(url), since=since)
+                                   journal_entries=journal_entries, source=safe_url(url), since=since,
+                                   journal_buckets=journal_buckets)
     finally:
         await client.aclose()
 
@@ -78,6 +79,10 @@ def snapshot(
         "--since", metavar="BASE", show_default=False,
         help="Incremental: build on the snapshot in BASE; a queue whose state is as BASE read it is not read "
              "again (analyze follows the chain back to a full snapshot).")] = None,
+    journal_buckets: Annotated[int, typer.Option(
+        "--journal-buckets", min=1, max=100_000,  # 8: fencemq.ops.journal_buckets.DEFAULT_BUCKETS (numpy-free here)
+        help="Write the journal as N files bucketed by queue (analyze runs one task per bucket over it and "
+             "shuffles none of it): about the cores the analysis will have.")] = 8,
 ) -> None:
     """Snapshot every queue's whole state (one atomic Lua call per queue) to Parquet + manifest.json.
 
@@ -113,7 +118,7 @@ def snapshot(
     try:
         if as_json:
             manifest = asyncio.run(_snapshot(url, cluster, key_prefix, out, batch, log_entries, journal_entries,
-                                             None, since))
+                                             None, since, journal_buckets))
         else:
             from rich.progress import (
                 Progress,
@@ -127,7 +132,7 @@ def snapshot(
                 task = bar.add_task("snapshot", total=None)
                 manifest = asyncio.run(_snapshot(
                     url, cluster, key_prefix, out, batch, log_entries, journal_entries,
-                    lambda done, _total: bar.update(task, completed=done), since))
+                    lambda done, _total: bar.update(task, completed=done), since, journal_buckets))
     except SnapshotError as exc:
         fail("snapshot", CliError(str(exc)))
         raise typer.Exit(1) from None

@@ -21,7 +21,9 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,11 @@ def build_session(master: str | None = "local[*]", *, shuffle_partitions: int = 
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         if key not in (conf or {}):
             builder = builder.config(key, "-XX:+UseParallelGC")
+    # The bucketed journal is a table in the session's catalog, whose default database Spark would
+    # otherwise make as an empty spark-warehouse/ in the current directory (no data goes there).
+    if "spark.sql.warehouse.dir" not in (conf or {}):
+        builder = builder.config("spark.sql.warehouse.dir",
+                                 str(Path(tempfile.gettempdir()) / "fencemq-spark-warehouse"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -96,7 +103,21 @@ def build_session(master: str | None = "local[*]", *, shuffle_partitions: int = 
     return spark
 
 
-def _load_one(spark, root: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
+def _bucketed_journal(spark, path: Path, buckets: int, created: list[str]):
+    """The journal directory as a table bucketed by queue (broker/ops/journal_buckets.py wrote it the way
+    Spark hashes): Spark then knows every queue's rows are in one task and shuffles none of them."""
+    schema = spark.read.parquet(str(path)).schema
+    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
+    name = f"fencemq_journal_{uuid.uuid4().hex}"
+    location = str(path.resolve()).replace("\\", "\\\\").replace("'", "\\'")
+    # an external table (LOCATION): dropping it leaves the snapshot's files alone
+    spark.sql(f"CREATE TABLE {name} ({columns}) USING parquet CLUSTERED BY (queue) INTO {buckets} BUCKETS "
+              f"LOCATION '{location}'")
+    created.append(name)
+    return spark.table(name)
+
+
+def _load_one(spark, root: Path, created: list[str]) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """(manifest, {table: DataFrame}, unchanged queues or None) of one snapshot, not following its base."""
     from pyspark.sql import functions as F
 
@@ -110,11 +131,15 @@ def _load_one(spark, root: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
         raise AnalyticsError(f"snapshot at {root} has schema version {version!r}; "
                              f"this job reads versions {', '.join(map(str, READS_VERSIONS))}")
     tables = {}
+    buckets = int(manifest.get("journal_buckets") or 0)
     for name in SNAPSHOT_TABLES:
         path = root / manifest.get("tables", {}).get(name, f"{name}.parquet")
         if not path.exists():
             raise AnalyticsError(f"snapshot at {root} lacks table {name} ({path.name})")
-        df = spark.read.parquet(str(path))
+        if name == "journal" and buckets and path.is_dir():
+            df = _bucketed_journal(spark, path, buckets, created)
+        else:
+            df = spark.read.parquet(str(path))
         for column, typ in ADDED_IN_2.get(name, ()):
             if column not in df.columns:
                 df = df.withColumn(column, F.lit(None).cast(typ))
@@ -128,7 +153,8 @@ def _load_one(spark, root: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
     return manifest, tables, unchanged
 
 
-def load_tables(spark, snapshot_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_tables(spark, snapshot_dir: str | Path,
+                created: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(manifest, {table: DataFrame}) of a finished snapshot; an incremental one with its chain.
 
     An incremental snapshot (``fencemq snapshot --since BASE``) holds rows of the
@@ -136,8 +162,14 @@ def load_tables(spark, snapshot_dir: str | Path) -> tuple[dict[str, Any], dict[s
     taken from the base (which may be incremental too, back to a full
     snapshot), with this snapshot's time (``snapshot_ms``: an unchanged queue's
     oldest message is older now). The manifest returned is the newest one,
-    with ``chain``: every directory read, newest first.
+    with ``chain``: every directory read, newest first, and ``journal_bucketed``:
+    whether the journal DataFrame is read from bucketed tables (every snapshot
+    of the chain written with the same buckets), so the job need not shuffle it. A bucketed journal
+    is a catalog table (an external one, over the snapshot's files): its name
+    is appended to ``created``, for the caller to drop when done.
     """
+    created = [] if created is None else created
+    created_before = len(created)
     chain: list[tuple[dict[str, Any], dict[str, Any], Any]] = []
     root = Path(snapshot_dir)
     seen: set[Path] = set()
@@ -145,7 +177,7 @@ def load_tables(spark, snapshot_dir: str | Path) -> tuple[dict[str, Any], dict[s
         if root.resolve() in seen or len(chain) >= MAX_CHAIN:
             raise AnalyticsError(f"snapshot chain loops or is too long at {root}")
         seen.add(root.resolve())
-        manifest, tables, unchanged = _load_one(spark, root)
+        manifest, tables, unchanged = _load_one(spark, root, created)
         chain.append((manifest, tables, unchanged))
         if not manifest.get("base"):
             break
@@ -166,6 +198,10 @@ def load_tables(spark, snapshot_dir: str | Path) -> tuple[dict[str, Any], dict[s
     newest = dict(chain[0][0])
     newest["chain"] = [str(Path(snapshot_dir))] + [m.get("base") for m, _, _ in chain[:-1]]
     newest["chain_length"] = len(chain)
+    # Spark keeps the buckets' partitioning through the chain's unions and semi-joins (the unchanged
+    # queues are the small side), as long as every snapshot has the same buckets
+    buckets = {m.get("journal_buckets") for m, _, _ in chain}
+    newest["journal_bucketed"] = len(created) - created_before == len(chain) and len(buckets) == 1
     return newest, tables
 
 
@@ -197,15 +233,22 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
     snapshot_dir = Path(snapshot_dir)
     out = Path(out_dir) if out_dir is not None else snapshot_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)
-    manifest, tables = load_tables(spark, snapshot_dir)
+    created: list[str] = []
     persisted: list[Any] = []
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
-    # Joins on (queue, group[, member]) of frames hash-partitioned by queue alone need no shuffle.
-    co_partition = "spark.sql.requireAllClusterKeysForCoPartition"
-    before = spark.conf.get(co_partition, None)
-    spark.conf.set(co_partition, "false")
+    job_conf = {
+        # Joins on (queue, group[, member]) of frames hash-partitioned by queue alone need no shuffle.
+        "spark.sql.requireAllClusterKeysForCoPartition": "false",
+        # A bucketed journal is read as buckets even where the plan being cached (the journal's
+        # persisted projection) has no join or aggregation yet: those come in later plans over it.
+        "spark.sql.sources.bucketing.autoBucketedScan.enabled": "false",
+    }
+    before = {key: spark.conf.get(key, None) for key in job_conf}
+    for key, value in job_conf.items():
+        spark.conf.set(key, value)
     try:
-        results = compute(tables, partitions, persisted)
+        manifest, tables = load_tables(spark, snapshot_dir, created)
+        results = compute(tables, partitions, persisted, journal_bucketed=manifest["journal_bucketed"])
         for name in RESULT_TABLES:
             t0 = time.perf_counter()
             results[name].write.mode("overwrite").parquet(str(out / name))
@@ -213,10 +256,13 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
     finally:
         for df in persisted:
             df.unpersist()
-        if before is None:
-            spark.conf.unset(co_partition)
-        else:
-            spark.conf.set(co_partition, before)
+        for name in created:
+            spark.sql(f"DROP TABLE IF EXISTS {name}")  # external: the snapshot's files stay
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     t0 = time.perf_counter()
     res = {name: spark.read.parquet(str(out / name)) for name in RESULT_TABLES}
     every = None  # every table's row count in one job (Parquet footers), not one job per table
@@ -281,6 +327,7 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
         "totals": totals,
         "audit": {"verdict": verdict, **audit, "checks": checks, "scope": scope},
         "chain": manifest.get("chain"),
+        "journal_bucketed": manifest["journal_bucketed"],  # read in its buckets, not shuffled
     }
 
     timings["summary"] = round(time.perf_counter() - t0, 2)

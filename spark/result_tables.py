@@ -89,13 +89,18 @@ def _names(queue):
     return topic, lmq
 
 
-def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None = None) -> dict[str, Any]:
+def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None = None, *,
+            journal_bucketed: bool = False) -> dict[str, Any]:
     """Every result table as a (lazy) DataFrame.
 
-    The journal is shuffled ONCE: hash-partitioned by queue into ``partitions``
-    and sorted by (queue, group, seq) within each partition, then persisted.
-    Every aggregation and join over it is per queue, so Spark plans none of
-    them with another exchange of the journal. Every key starts with ``qk`` =
+    Every aggregation and join over the journal is per queue, so the journal
+    is partitioned by queue once and Spark plans none of them with another
+    exchange of it. A snapshot writes it bucketed by queue
+    (``journal_bucketed``: a bucketed table, broker/ops/journal_buckets.py),
+    so it is read that way and never shuffled; otherwise (an older snapshot,
+    or a chain with one) it is shuffled ONCE: hash-partitioned by
+    queue into ``partitions`` and sorted by (queue, group, seq) within each
+    partition, then persisted. Every key starts with ``qk`` =
     xxhash64(queue) (queue ids share long prefixes, "l:topic:…", which would
     defeat the sorter's 8-byte key prefix); ``queue`` stays in every key, so
     a hash collision costs nothing. The audit joins each check's big side
@@ -123,12 +128,15 @@ def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None
     codes = F.create_map(*[x for name, code in EVENT_CODES.items() for x in (lit(name), lit(code))])
     raw = tables["journal"]
     is_out = col("event") == "out"
-    j = keep(raw.where(col("group").isNotNull())
-             .select(F.xxhash64("queue").alias("qk"), "queue", "group", "seq", "ms",
-                     F.coalesce(codes[col("event")], lit(0)).cast("byte").alias("e"),
-                     "member", "id", "tag", "epoch", when(~is_out, col("extra")).alias("extra"),
-                     when(is_out, col("extra").cast("long")).alias("acq"))
-             .repartition(partitions, "qk").sortWithinPartitions(*QG, "seq"))
+    j = (raw.where(col("group").isNotNull())
+         .select(F.xxhash64("queue").alias("qk"), "queue", "group", "seq", "ms",
+                 F.coalesce(codes[col("event")], lit(0)).cast("byte").alias("e"),
+                 "member", "id", "tag", "epoch", when(~is_out, col("extra")).alias("extra"),
+                 when(is_out, col("extra").cast("long")).alias("acq")))
+    if not journal_bucketed:
+        j = keep(j.repartition(partitions, "qk").sortWithinPartitions(*QG, "seq"))
+    # (a bucketed journal is not cached: each use scans only the columns it needs from the buckets;
+    # caching bought nothing at 1M lmqs, 89-92 Spark JVM CPU s either way, and would hold 100M rows at 10M)
     e = col("e")
 
     def is_(*events: str):
@@ -264,7 +272,9 @@ def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None
     fenced = (evictions.join(subs_of_evicted, [*QG, "member"], "left")
               .groupBy(*QG, "member", "evicted_at", "evicted_by")
               .agg(F.min(when(col("sub_at") > col("evicted_at"), col("sub_at"))).alias("until")))
-    o, f = outs_.alias("o"), fenced.alias("f")
+    # the small side hashed, the big one streamed: no sort of every checkout (the journal's partitions
+    # are the queue's buckets, so neither side moves)
+    o, f = outs_.alias("o"), fenced.hint("shuffle_hash").alias("f")
     hits = o.join(f, [col(f"o.{k}") == col(f"f.{k}") for k in (*QG, "member")]
                   + [col("o.seq") > col("f.evicted_at"), col("f.until").isNull() | (col("o.seq") < col("f.until"))])
     out["audit_evicted_out"] = named(
@@ -277,7 +287,7 @@ def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None
     # epoch (only epochs above 0 can be higher than an out's)
     raises = j.where(is_("seek", "sub", "preempt") & (col("epoch") > 0)).select(
         *QG, col("seq").alias("raised_at"), col("epoch").alias("raised_to"))
-    o, r = outs_.alias("o"), raises.alias("r")
+    o, r = outs_.alias("o"), raises.hint("shuffle_hash").alias("r")
     stale = o.join(r, [col(f"o.{k}") == col(f"r.{k}") for k in QG]
                    + [col("r.raised_at") < col("o.seq"), col("r.raised_to") > col("o.epoch")])
     out["audit_stale_epoch"] = named(

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -47,6 +48,7 @@ from fencemq.fences.operator import SNAPSHOT
 from fencemq.fences.registry import sources
 from fencemq.model.keys import Keyspace
 from fencemq.model.values import text as _s
+from fencemq.ops.journal_buckets import DEFAULT_BUCKETS
 from fencemq.ops.operations import is_cluster_client, primaries, scan_step
 from fencemq.ops.snapshot_tables import SCHEMA_VERSION, SCHEMAS, Manifest, TableWriter, decode_reply
 
@@ -153,6 +155,7 @@ async def take_snapshot(
     journal_entries: int = -1,
     source: str | None = None,
     since: str | Path | None = None,
+    journal_buckets: int = DEFAULT_BUCKETS,
 ) -> Manifest:
     """Snapshot every queue under ``keyspace`` into ``out_dir``; returns the manifest.
 
@@ -163,7 +166,9 @@ async def take_snapshot(
     ``messages``; ``journal_entries``: the newest this many journal events per
     queue (-1 = all that Redis keeps). ``since``: a finished snapshot to build
     on (incremental: queues whose state it read as it is now are not read
-    again; see the module docstring).
+    again; see the module docstring). ``journal_buckets``: the journal is
+    written as this many files bucketed by queue (broker/ops/journal_buckets.py;
+    the analytics job runs one task per bucket).
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -175,10 +180,15 @@ async def take_snapshot(
     stale = out / "manifest.json"
     if stale.exists():
         stale.unlink()  # a half-rewritten directory must not look finished
+    journal = out / "journal.parquet"
+    if journal.is_dir():
+        shutil.rmtree(journal)  # another bucket count would leave stale buckets behind
+    elif journal.exists():
+        journal.unlink()  # a snapshot from before the buckets
     started_wall, started = datetime.now(UTC), time.perf_counter()
     fence = _Fence(redis)
     await fence.load()
-    writer = TableWriter(out, journal_entries)
+    writer = TableWriter(out, journal_entries, journal_buckets)
     nodes = await primaries(redis)
     done = vanished = unsettled = same = 0
     errors: list[str] = []
@@ -292,6 +302,7 @@ async def take_snapshot(
         error_count=error_count,
         base=_relative(since, out) if since is not None else None,
         unchanged=same,
+        journal_buckets=journal_buckets,
     )
     tmp = out / "manifest.json.tmp"
     tmp.write_text(manifest.to_json() + "\n")

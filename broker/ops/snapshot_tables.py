@@ -55,6 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fencemq.fences.lite import churn_of
+from fencemq.ops.journal_buckets import DEFAULT_BUCKETS, bucket_file, bucket_of
 from fencemq.model import meta
 from fencemq.model.keys import queue_ref
 from fencemq.model.records import Checkout, ReadyEntry, journal_events
@@ -130,6 +131,9 @@ class Manifest:
     error_count: int = 0
     base: str | None = None  # an incremental snapshot's base directory (relative to this one when inside ..)
     unchanged: int = 0  # queues found as the base read them (rows in the base)
+    # the journal is a directory of this many files bucketed by queue as Spark hashes it
+    # (broker/ops/journal_buckets.py); 0: one file (snapshots before the buckets)
+    journal_buckets: int = 0
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(asdict(self), indent=indent, sort_keys=False)
@@ -167,6 +171,30 @@ class _Table:
     def close(self) -> None:
         self.flush()
         self.writer.close()
+
+
+class _BucketedTable:
+    """A table as a directory of ``buckets`` files, each row in its queue's bucket (the first column)."""
+
+    def __init__(self, path: Path, schema: pa.Schema, buckets: int) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.buckets = buckets
+        self.files = [_Table(path / bucket_file(b), schema) for b in range(buckets)]
+        self._queue: str | None = None  # a queue's rows come together: its bucket is hashed once
+        self._bucket = 0
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    def add(self, row: tuple) -> None:
+        if row[0] != self._queue:
+            self._queue, self._bucket = row[0], bucket_of(row[0], self.buckets)
+        self.files[self._bucket].add(row)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
 
 
 def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
@@ -208,11 +236,17 @@ def decode_reply(qid: str, raw: list[Any]) -> QueueReply | None:
 
 
 class TableWriter:
-    """One Parquet file per table under ``out``; ``add`` a queue's rows to all of them."""
+    """One Parquet file per table under ``out`` (the journal: a directory of ``journal_buckets`` files);
+    ``add`` a queue's rows to all of them."""
 
-    def __init__(self, out: Path, journal_events: int = -1) -> None:
-        self.tables = {name: _Table(out / f"{name}.parquet", schema) for name, schema in SCHEMAS.items()}
+    def __init__(self, out: Path, journal_events: int = -1, journal_buckets: int = DEFAULT_BUCKETS) -> None:
+        if journal_buckets < 1:
+            raise ValueError("journal_buckets must be at least 1")
+        self.tables: dict[str, _Table | _BucketedTable] = {
+            name: _BucketedTable(out / f"{name}.parquet", schema, journal_buckets) if name == "journal"
+            else _Table(out / f"{name}.parquet", schema) for name, schema in SCHEMAS.items()}
         self.journal_events = journal_events  # the newest this many events per queue (-1 = all)
+        self.journal_buckets = journal_buckets
 
     def close(self) -> dict[str, int]:
         for t in self.tables.values():

@@ -27,6 +27,7 @@ from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle, Keyspace
 from fencemq.fences.core import Core
 from fencemq.ops.snapshot import SCHEMAS, Manifest, take_snapshot
+from fencemq.ops.journal_buckets import DEFAULT_BUCKETS, bucket_file, bucket_of
 from fencemq.model.keys import queue_ref
 
 GROUP_FIELDS = (compact_meta.CURSOR, compact_meta.MEMBERS, compact_meta.MODE, compact_meta.POLICY,
@@ -192,6 +193,12 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
         assert t.schema.equals(schema), table
         assert on_disk["counts"][table] == t.num_rows, table
     assert Manifest.load(out) == manifest
+    # the journal in buckets: each queue's events all in the file of the bucket Spark hashes it to
+    assert on_disk["journal_buckets"] == DEFAULT_BUCKETS
+    in_bucket = {b: {row["queue"] for row in pq.read_table(out / "journal.parquet" / bucket_file(b)).to_pylist()}
+                 for b in range(DEFAULT_BUCKETS)}
+    assert sum(map(len, in_bucket.values())) == len(set().union(*in_bucket.values())) > 1
+    assert all(bucket_of(queue, DEFAULT_BUCKETS) == b for b, queues in in_bucket.items() for queue in queues)
 
     queues = {row["queue"]: row for row in read(out, "queues")}
     groups = {(row["queue"], row["group"]): row for row in read(out, "groups")}

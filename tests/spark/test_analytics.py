@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.model.keys import Handle
+from fencemq.ops.journal_buckets import bucket_of, buckets_of, spark_hash, write_buckets
 
 from fencemq.server.embedded import free_port
 from tests.ops.test_snapshot import run, run_workload, snapshot_to
@@ -452,7 +453,7 @@ def seed_violations(src: Path, dst: Path) -> dict[str, set[tuple]]:
     shutil.copytree(src, dst)
     path = dst / "journal.parquet"
     journal = pq.read_table(path)
-    rows = journal.to_pylist()
+    rows = sorted(journal.to_pylist(), key=lambda r: (r["queue"], r["seq"]))
     last = defaultdict(int)
     for r in rows:
         last[r["queue"]] = max(last[r["queue"]], r["seq"])
@@ -475,7 +476,9 @@ def seed_violations(src: Path, dst: Path) -> dict[str, set[tuple]]:
     add("l:chat:room1", event="out", group="default", member="bob", id=3, tag="905", epoch=0, extra="2")
     add("l:chat:room2", event="sub", group="default", member="alice", id=3, epoch=0, extra="exclusive")
     add("l:chat:room2", event="out", group="default", member="alice", id=3, tag="906", epoch=0, extra="1")
-    pq.write_table(pa.Table.from_pylist(rows, schema=journal.schema), path)
+    shutil.rmtree(path)  # written again in its buckets: each queue's rows where Spark looks for them
+    write_buckets(pa.Table.from_pylist(rows, schema=journal.schema), path,
+                  json.loads((dst / "manifest.json").read_text())["journal_buckets"])
     return {"evicted_out": {("l:chat:room1", "default", "alice", a)},
             "stale_epoch": {("t:orders", "replay", "c4", b)},
             "double_ack": {("t:orders", "billing", 1, 2)}}
@@ -513,6 +516,49 @@ def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir
     assert "<div class='verdict FAIL'>FAIL</div>" in html
     for tag in ("901", "902", "903"):
         assert f"{tag}</td>" in html
+
+
+def test_the_journal_buckets_put_each_queue_where_spark_hashes_it(spark) -> None:
+    from pyspark.sql import functions as F
+
+    ids = ["", "a", "ab", "abc", "abcd", "t:orders", "l:chat:room1", "l:bench:lmq-0000042", "f:c1:a/+/#",
+           "l:t%3Ax:%7Broom%7D", "l:caf\u00e9:\u00fc\u20ac\U0001f600", "x" * 41, "\x7f\x80\xff"]
+    for buckets in (1, 2, 8, 13):
+        df = spark.createDataFrame([(q,) for q in ids], "queue string")
+        rows = df.select("queue", F.hash("queue").alias("h"), F.pmod(F.hash("queue"), F.lit(buckets)).alias("b"))
+        spark_says = {r["queue"]: (r["h"], r["b"]) for r in rows.collect()}
+        assert {q: (spark_hash(q), bucket_of(q, buckets)) for q in ids} == spark_says
+        assert list(buckets_of(pa.array(ids), buckets)) == [spark_says[q][1] for q in ids]
+
+
+def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analysis, snapshot_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """A snapshot from before the buckets: the job shuffles its journal instead, to the same result."""
+    summary, out = analysis
+    assert json.loads((snapshot_dir / "manifest.json").read_text())["journal_buckets"] == 8
+    assert sorted(p.name for p in (snapshot_dir / "journal.parquet").iterdir()) == [
+        f"bucket_{b:05d}.parquet" for b in range(8)]
+    old = tmp_path / "one-file"
+    shutil.copytree(snapshot_dir, old)
+    journal = pq.read_table(old / "journal.parquet")
+    shutil.rmtree(old / "journal.parquet")
+    pq.write_table(journal, old / "journal.parquet")
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["journal_buckets"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+
+    again = analyze(spark, old, tmp_path / "out", report=False)
+    assert summary["journal_bucketed"] and not again["journal_bucketed"]
+    assert again["totals"] == summary["totals"] and again["audit"] == summary["audit"]
+    for name in RESULT_TABLES:
+        def rows(directory: Path) -> list[tuple]:
+            return sorted((tuple(sorted((k, repr(v)) for k, v in r.items())) for r in result(directory, name)))
+        assert rows(tmp_path / "out") == rows(out), name
+    # the job's bucketed table is gone, the snapshot's files are not, and the catalog left no
+    # spark-warehouse/ where the job ran
+    assert not [t for t in spark.catalog.listTables() if t.name.startswith("fencemq_journal_")]
+    assert not Path("spark-warehouse").exists()
+    assert len(list((snapshot_dir / "journal.parquet").iterdir())) == 8
 
 
 async def lite_churn_workload(url: str) -> None:
@@ -619,6 +665,7 @@ def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(red
     chained = analyze(spark, tmp_path / "s2", tmp_path / "a-chain")
     full = analyze(spark, tmp_path / "full", tmp_path / "a-full")
     assert chained["totals"]["preemptions"] == 5 and chained["chain"] == [str(tmp_path / "s2"), "../s1", "../s0"]
+    assert chained["journal_bucketed"] and full["journal_bucketed"]  # the chain's buckets line up
     def same(totals: dict[str, Any]) -> dict[str, Any]:  # the oldest message's age grows between the two
         return {k: v for k, v in totals.items() if k != "max_oldest_unacked_age_ms"}
 
@@ -630,14 +677,50 @@ def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(red
         assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
 
 
+def test_a_chain_reads_its_journals_in_their_buckets_to_the_same_tables_as_a_full_snapshot(
+        redis_url: str, spark, tmp_path: Path) -> None:
+    run(run_workload(redis_url))  # lmqs with journals: the unchanged ones' events come from the base
+    run(snapshot_to(redis_url, tmp_path / "s0"))
+
+    async def more() -> None:
+        r = Redis.from_url(redis_url)
+        q = Core(r, Config(redis_url=redis_url, lite_journal_cap=10_000))
+        try:
+            await q.publishing.publish("chat", [b"late"], lmq="room3")
+            carol = Handle.decode((await q.subscriptions.subscribe("carol", "chat", lmq="room3")).handle)
+            got = (await q.leases.pull(carol, 2)).deliveries
+            assert await q.leases.ack(carol, [got[0].tag]) == 1
+        finally:
+            await r.aclose()
+
+    run(more())
+    s1 = run(snapshot_to(redis_url, tmp_path / "s1", since=tmp_path / "s0"))
+    assert s1.unchanged == 3 and s1.journal_buckets == 8  # rooms 1, 2 and 4
+    run(snapshot_to(redis_url, tmp_path / "full"))
+
+    chained = analyze(spark, tmp_path / "s1", tmp_path / "a-chain", report=False)
+    full = analyze(spark, tmp_path / "full", tmp_path / "a-full", report=False)
+    assert chained["journal_bucketed"] and chained["totals"]["journal_events"] == full["totals"]["journal_events"]
+    aging = ("oldest_unacked_age_ms", "max_oldest_unacked_age_ms")  # grows between the two snapshots
+    assert {k: v for k, v in chained["totals"].items() if k not in aging} == {
+        k: v for k, v in full["totals"].items() if k not in aging}
+    for name in RESULT_TABLES:
+        def rows(out: Path) -> list[tuple]:
+            return sorted(tuple(sorted((k, repr(v)) for k, v in r.items() if k not in aging))
+                          for r in result(out, name))
+        assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
+
+
 def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: Path) -> None:
     run(run_workload(redis_url))
     snap = tmp_path / "snap"
     runner = CliRunner()
-    res = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(snap), "--json"])
+    res = runner.invoke(cli, ["snapshot", "--redis-url", redis_url, "--out", str(snap), "--json",
+                              "--journal-buckets", "3"])
     assert res.exit_code == 0, res.output
     manifest = json.loads(res.stdout)
     assert manifest["queues"] == 5 and manifest["schema_version"] == 2 and manifest["source"] == redis_url
+    assert manifest["journal_buckets"] == 3 and len(list((snap / "journal.parquet").iterdir())) == 3
     for name, rows in manifest["counts"].items():
         assert pq.read_table(snap / f"{name}.parquet").num_rows == rows
 
@@ -659,6 +742,16 @@ def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: P
     assert summary["audit"]["verdict"] == "PASS" and summary["totals"]["queues"] == 5
     assert summary["report"] == str(tmp_path / "out" / "report.html")
     assert (tmp_path / "out" / "report.html").is_file()
+
+    # a chain whose snapshots have other buckets (3, then the default 8) is shuffled, to the same figures
+    chained = runner.invoke(cli, ["analyze", str(tmp_path / "next"), "--out", str(tmp_path / "out2"), "--json",
+                                  "--no-report"])
+    assert chained.exit_code == 0, chained.output
+    chained_summary = json.loads(chained.stdout)
+    assert summary["journal_bucketed"] and not chained_summary["journal_bucketed"]
+    aging = "max_oldest_unacked_age_ms"
+    assert {k: v for k, v in chained_summary["totals"].items() if k != aging} == {
+        k: v for k, v in summary["totals"].items() if k != aging}
 
     from pyspark import SparkContext
     assert SparkContext._active_spark_context is not None  # the CLI reused the session and left it running
