@@ -226,7 +226,10 @@ class MessagingVerbs:
             with anyio.move_on_after(timeout):
                 async with self.services.wakeups.watching(self.services.keys.queue(h.queue).wake) as waiter:
                     while True:
-                        result = await attempt()
+                        # The BLOCK time runs out in the wait, not in a look: a fence call cut
+                        # short could check messages out to a reply nobody sends.
+                        with anyio.CancelScope(shield=True):
+                            result = await attempt()
                         if done(result):
                             break
                         await waiter.wait()

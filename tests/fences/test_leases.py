@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 
+import anyio
 import pytest
 import redis
 from prometheus_client import REGISTRY
@@ -569,3 +570,21 @@ def test_the_lease_schedule_writes_of_a_burst_of_pulls_go_out_together_and_list_
         qid = QueueRef(t).qid
         assert now + 50_000 < written[qid] <= now + 60_000, "each lease's deadline was written"
         assert schedule[qid] <= written[qid], "swept no later than its lease is due"
+
+
+def test_a_long_poll_whose_block_time_ends_during_a_look_still_hands_out_what_the_look_checked_out(w, monkeypatch):
+    leases = w.worker.core.leases
+    pull = leases.pull
+
+    async def slow_after_checkout(handle, count=1):
+        result = await pull(handle, count)
+        if result.deliveries:
+            await anyio.sleep(0.4)  # Redis answered; the reply is slow to come back (a loaded worker)
+        return result
+
+    monkeypatch.setattr(leases, "pull", slow_after_checkout)
+    c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
+    h = join(c, "GROUP", "g")
+    threading.Timer(0.1, lambda: p.execute_command("PUB", "orders", "late")).start()
+    got = take(c, h, 10, "BLOCK", 300)  # its BLOCK time ends while the look that took "late" returns
+    assert payloads(got) == ["late"], "checked out to a reply that was never sent"
