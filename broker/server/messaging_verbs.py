@@ -12,9 +12,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+from redis.exceptions import RedisError
 
 from fencemq.config import Config
-from fencemq.errors import BadArgument, LimitExceeded, NoPermission
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
 from fencemq.fences.subscribe import Subscription
@@ -194,8 +195,11 @@ class MessagingVerbs:
         if isinstance(result, Exception):
             return [acked, result]
         if not result.deliveries and block_ms is not None:
-            result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
-                                           lambda r: bool(r.deliveries))
+            try:
+                result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
+                                               lambda r: bool(r.deliveries))
+            except (FenceMQError, RedisError) as exc:  # the ACK ran: only the PULL's reply is this refusal
+                return [acked, exc]
         metrics.DELIVERED.inc(len(result.deliveries))
         return [acked, Prebuilt(encode_deliveries(result.deliveries, session.proto))]
 

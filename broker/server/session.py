@@ -124,6 +124,12 @@ class Session:
                 tg.start_soon(self._watch_for_hangup, tg.cancel_scope)
                 yield
                 tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The body's own error (a fence refusing the look: NOTFOUND once the member is gone)
+            # goes to the verb as itself, not wrapped in the watcher's task group.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         finally:
             self.waiting = False
 

@@ -588,3 +588,23 @@ def test_a_long_poll_whose_block_time_ends_during_a_look_still_hands_out_what_th
     threading.Timer(0.1, lambda: p.execute_command("PUB", "orders", "late")).start()
     got = take(c, h, 10, "BLOCK", 300)  # its BLOCK time ends while the look that took "late" returns
     assert payloads(got) == ["late"], "checked out to a reply that was never sent"
+
+
+def test_a_pull_refused_while_its_pipelined_ack_waited_in_the_long_poll_leaves_the_acks_reply_alone(w):
+    c, other, p = client(w.port, 2, "c"), client(w.port, 2, "c"), client(w.port, 2, "p")
+    h = join(c, "GROUP", "g")
+    p.execute_command("PUB", "orders", "one")
+    (d,) = take(c, h, 1)
+    threading.Timer(0.3, lambda: other.execute_command("UNSUB", h)).start()  # the same session leaves meanwhile
+    acked, refused = _ack_then_pull(c, h, [d["tag"]], "COUNT", 10, "BLOCK", 3000)
+    assert acked == 1, "the ACK ran once: its reply is its own"
+    assert isinstance(refused, redis.ResponseError) and "NOTFOUND" in str(refused)
+
+
+def test_a_blocking_pull_whose_member_leaves_meanwhile_is_told_notfound_and_keeps_its_connection(w):
+    c, other = client(w.port, 2, "c"), client(w.port, 2, "c")
+    h = join(c, "GROUP", "g")
+    threading.Timer(0.3, lambda: other.execute_command("UNSUB", h)).start()
+    with pytest.raises(redis.ResponseError, match="NOTFOUND"):
+        c.execute_command("PULL", h, "BLOCK", 3000)
+    assert c.execute_command("PING") in (b"PONG", "PONG", True), "the connection was closed"
