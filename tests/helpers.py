@@ -399,3 +399,24 @@ class Terminal:
         self.proc.kill()
         self.proc.wait()
         os.close(self.fd)
+
+
+async def publish_then_settle_one(redis_url: str, config: Config, *, publish_to: str, settle_on: str, client: str,
+                                  pull: int = 1) -> None:
+    """Through the fences (no worker): publish "late" to lmq ``publish_to`` of topic chat, then
+    ``client`` subscribes lmq ``settle_on``, pulls up to ``pull`` and acks the first: writes a
+    snapshot must notice (or, for the write time, must not)."""
+    from redis.asyncio import Redis
+
+    from fencemq.fences.core import Core
+    from fencemq.model.keys import Handle
+
+    r = Redis.from_url(redis_url)
+    q = Core(r, config)
+    try:
+        await q.publishing.publish("chat", [b"late"], lmq=publish_to)
+        handle = Handle.decode((await q.subscriptions.subscribe(client, "chat", lmq=settle_on)).handle)
+        got = (await q.leases.pull(handle, pull)).deliveries
+        assert await q.leases.ack(handle, [got[0].tag]) == 1
+    finally:
+        await r.aclose()

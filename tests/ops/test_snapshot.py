@@ -29,6 +29,7 @@ from fencemq.fences.core import Core
 from fencemq.ops.snapshot import SCHEMAS, Manifest, take_snapshot
 from fencemq.ops.journal_buckets import DEFAULT_BUCKETS, bucket_file, bucket_of
 from fencemq.model.keys import queue_ref
+from tests.helpers import publish_then_settle_one
 
 GROUP_FIELDS = (compact_meta.CURSOR, compact_meta.MEMBERS, compact_meta.MODE, compact_meta.POLICY,
                 compact_meta.ON_PREEMPT, compact_meta.EPOCH, compact_meta.OWNER)
@@ -355,19 +356,9 @@ def test_an_incremental_snapshot_reads_again_only_the_queues_written_since(redis
     assert {row["queue"] for row in read(tmp_path / "quiet", "unchanged")} == {
         "l:chat:room1", "l:chat:room2", "l:chat:room3", "l:chat:room4"}
 
-    async def touch() -> None:
-        # a publish to one lmq, and a pull + ack on another: neither changes the write time of room4
-        r = Redis.from_url(redis_url)
-        q = Core(r, Config(redis_url=redis_url))
-        try:
-            await q.publishing.publish("chat", [b"late"], lmq="room3")
-            b4 = Handle.decode((await q.subscriptions.subscribe("bob", "chat", lmq="room4")).handle)
-            got = (await q.leases.pull(b4, 1)).deliveries
-            assert await q.leases.ack(b4, [got[0].tag]) == 1
-        finally:
-            await r.aclose()
-
-    run(touch())
+    # a publish to one lmq, and a pull + ack on another: neither changes the write time of room4
+    run(publish_then_settle_one(redis_url, Config(redis_url=redis_url), publish_to="room3", settle_on="room4",
+                                client="bob"))
     later = run(snapshot_to(redis_url, tmp_path / "later", since=tmp_path / "quiet"))
     assert {row["queue"] for row in read(tmp_path / "later", "queues")} == {"t:orders", "l:chat:room3", "l:chat:room4"}
     assert {row["queue"] for row in read(tmp_path / "later", "unchanged")} == {"l:chat:room1", "l:chat:room2"}

@@ -32,6 +32,7 @@ from fencemq.model.keys import Handle
 from fencemq.ops.journal_buckets import bucket_of, buckets_of, spark_hash, write_buckets
 
 from fencemq.server.embedded import free_port
+from tests.helpers import publish_then_settle_one
 from tests.ops.test_snapshot import run, run_workload, snapshot_to
 
 pyspark = pytest.importorskip("pyspark", reason="the [spark] extra (pyspark) is not installed")
@@ -682,18 +683,8 @@ def test_a_chain_reads_its_journals_in_their_buckets_to_the_same_tables_as_a_ful
     run(run_workload(redis_url))  # lmqs with journals: the unchanged ones' events come from the base
     run(snapshot_to(redis_url, tmp_path / "s0"))
 
-    async def more() -> None:
-        r = Redis.from_url(redis_url)
-        q = Core(r, Config(redis_url=redis_url, lite_journal_cap=10_000))
-        try:
-            await q.publishing.publish("chat", [b"late"], lmq="room3")
-            carol = Handle.decode((await q.subscriptions.subscribe("carol", "chat", lmq="room3")).handle)
-            got = (await q.leases.pull(carol, 2)).deliveries
-            assert await q.leases.ack(carol, [got[0].tag]) == 1
-        finally:
-            await r.aclose()
-
-    run(more())
+    run(publish_then_settle_one(redis_url, Config(redis_url=redis_url, lite_journal_cap=10_000),
+                                publish_to="room3", settle_on="room3", client="carol", pull=2))
     s1 = run(snapshot_to(redis_url, tmp_path / "s1", since=tmp_path / "s0"))
     assert s1.unchanged == 3 and s1.journal_buckets == 8  # rooms 1, 2 and 4
     run(snapshot_to(redis_url, tmp_path / "full"))
