@@ -7,7 +7,8 @@ from fencemq.errors import ConnectionLost, EndOfStream, SessionTakenOver
 from fencemq.model.messages import Delivery
 from fencemq.sdk.client import Client
 from fencemq.sdk.lite import LiteSubscriptions
-from fencemq.sdk.subscription import LockRenewer, Subscription
+from fencemq.sdk.renewal import LockRenewer
+from fencemq.sdk.subscription import Subscription
 from fencemq.sdk.sync import SyncClient, SyncSubscription
 
 __all__ = ["Client", "ConnectionLost", "Delivery", "EndOfStream", "LiteSubscriptions", "LockRenewer",

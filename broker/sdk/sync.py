@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from typing import Any, Literal, Self, TypeVar
 
 from fencemq.sdk.client import DEFAULT_URL, Client, ConnectionLost, Subscription
-from fencemq.sdk.subscription import ITER_BLOCK_MS, ITER_COUNT, LockRenewer
+from fencemq.sdk.renewal import LockRenewer
+from fencemq.sdk.subscription import ITER_BLOCK_MS, ITER_COUNT
 from fencemq.model.messages import Delivery
 
 T = TypeVar("T")
