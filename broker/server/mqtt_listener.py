@@ -37,7 +37,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSListener
 
 from fencemq.errors import FenceMQError, NoPermission
 from fencemq.fences import session_index
@@ -385,61 +384,3 @@ class MqttConnection(MqttDelivery, MqttDeparture):
             self.will = None  # DISCONNECT 0x00 deleted it (MQTT-3.1.2-10)
         elif self.will is not None:
             self.will = (event.will, self.will[1])
-
-
-async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | None = None,
-                     task_status: anyio.abc.TaskStatus[int | None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Accept MQTT connections until cancelled: over TCP on ``port``, over WebSocket on ``ws_port``
-    (either may be None: off; both with TLS when the worker has certificates). Reports the TCP
-    port it listens on and sets ``worker.mqtt_ws_port``."""
-    from anyio.abc import SocketAttribute
-
-    from fencemq.server.mqtt_websocket import MqttWebSocketStream, WebSocketRefused
-
-    numbers = iter(range(1, 1 << 62))
-
-    async def listen(at: int) -> tuple[Any, int]:
-        listener: Any = await anyio.create_tcp_listener(local_host=worker.config.host, local_port=at)
-        bound = listener.extra(SocketAttribute.local_port)
-        if tls is not None:
-            listener = TLSListener(listener, tls, standard_compatible=False)
-        return listener, bound
-
-    async def one(stream: anyio.abc.ByteStream) -> None:
-        conn = MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}")
-        worker.connections[conn.token] = conn
-        try:
-            await conn.run()
-        except Exception:
-            log.exception("MQTT connection failed")
-        finally:
-            worker.connections.pop(conn.token, None)
-        await conn.will_after_delay()
-
-    async def one_ws(stream: anyio.abc.ByteStream) -> None:
-        ws = MqttWebSocketStream(stream)
-        try:
-            with anyio.fail_after(MqttServerLimits().connect_timeout):
-                await ws.handshake()
-        except (WebSocketRefused, TimeoutError) as exc:
-            log.info("MQTT WebSocket refused: %s", exc)
-            await stream.aclose()
-            return
-        await one(ws)
-
-    listeners = []
-    tcp_bound = None
-    if port is not None:
-        listener, tcp_bound = await listen(port)
-        listeners.append((listener, one))
-    if ws_port is not None:
-        listener, worker.mqtt_ws_port = await listen(ws_port)
-        listeners.append((listener, one_ws))
-    async def serve(listener: Any, handler: Any) -> None:
-        async with listener:
-            await listener.serve(handler)
-
-    task_status.started(tcp_bound)
-    async with anyio.create_task_group() as tg:
-        for listener, handler in listeners:
-            tg.start_soon(serve, listener, handler)
