@@ -299,16 +299,21 @@ def auth_guessing(port: int, scale: float) -> dict[str, Any]:
             "closed_after_failures": sorted(set(closed_after))}
 
 
+def open_after(socks: list[socket.socket], timeout_ms: int) -> int:
+    """How many of ``socks`` the worker still holds open a second past ``timeout_ms``; all closed after."""
+    time.sleep(timeout_ms / 1000 + 1)
+    still_open = sum(not closed(s, timeout=0.05) for s in socks)
+    for s in socks:
+        s.close()
+    return still_open
+
+
 def slowloris(port: int, scale: float) -> dict[str, Any]:
     """300 connections that never authenticate (was: all held open)."""
     socks = [connect(port) for _ in range(300)]
     for s in socks:
         s.sendall(b"*2\r\n$4\r\nAUTH\r\n$5\r\nab")  # a frame never finished
-    time.sleep(SETTINGS["auth_timeout_ms"] / 1000 + 1)
-    still_open = sum(not closed(s, timeout=0.05) for s in socks)
-    for s in socks:
-        s.close()
-    return {"connections": 300, "open_after_auth_timeout": still_open}
+    return {"connections": 300, "open_after_auth_timeout": open_after(socks, SETTINGS["auth_timeout_ms"])}
 
 
 def slowloris_after_auth(port: int, scale: float) -> dict[str, Any]:
@@ -319,11 +324,7 @@ def slowloris_after_auth(port: int, scale: float) -> dict[str, Any]:
         auth(s)
         s.sendall(b"*3\r\n$3\r\nPUB\r\n$6\r\norders\r\n$1000\r\nab")
         socks.append(s)
-    time.sleep(SETTINGS["request_timeout_ms"] / 1000 + 1)
-    still_open = sum(not closed(s, timeout=0.05) for s in socks)
-    for s in socks:
-        s.close()
-    return {"connections": 300, "open_after_request_timeout": still_open}
+    return {"connections": 300, "open_after_request_timeout": open_after(socks, SETTINGS["request_timeout_ms"])}
 
 
 def not_reading(port: int, scale: float) -> dict[str, Any]:
