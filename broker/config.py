@@ -13,7 +13,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 7379
     password: str | None = None  # clients must AUTH with it when set (it is the `default` user's)
-    mqtt_port: int | None = None  # MQTT 3.1.1/5.0 listener (server/mqtt_listener.py); None: off
+    mqtt_port: int | None = None  # MQTT 3.1.1/5.0 listener (server/mqtt/listener.py); None: off
     mqtt_ws_port: int | None = None  # MQTT over WebSocket (subprotocol mqtt); None: off
     # MQTT sessions (docs/mqtt.md): the longest Session Expiry Interval granted, and what a 3.1.1
     # Clean Session 0 (a session that "never expires") gets

@@ -274,9 +274,9 @@ class Demo:
         """An MQTT 5 client, spoken with FenceMQ's own sans-I/O codec over a plain socket."""
         import socket
 
-        from fencemq.protocol.mqtt_codec import encode
-        from fencemq.protocol.mqtt_packets import Connect, Puback, Publish, Subscribe, SubscriptionOptions
-        from fencemq.protocol.mqtt_stream import MqttStreamDecoder
+        from fencemq.protocol.mqtt.codec import encode
+        from fencemq.protocol.mqtt.packets import Connect, Puback, Publish, Subscribe, SubscriptionOptions
+        from fencemq.protocol.mqtt.stream import MqttStreamDecoder
 
         self.step("6. An MQTT client on the same topics",
                   f"The worker also speaks MQTT 3.1.1/5.0 on port {self.mqtt_port}: a RESP PUB reaches an MQTT "

@@ -143,7 +143,7 @@ class Worker:
 
     async def _accept_mqtt(self, scope: anyio.CancelScope, *,
                            task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        from fencemq.server.mqtt_serving import serve_mqtt
+        from fencemq.server.mqtt.serving import serve_mqtt
 
         with scope:
             await serve_mqtt(self, self.config.mqtt_port, self.tls, ws_port=self.config.mqtt_ws_port,

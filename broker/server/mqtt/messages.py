@@ -20,7 +20,7 @@ import base64
 import json
 
 from fencemq.model.messages import _read_fragment, pack_body
-from fencemq.protocol.mqtt_properties import NO_PROPERTIES, Properties
+from fencemq.protocol.mqtt.properties import NO_PROPERTIES, Properties
 
 PREFIX = "mqtt-"
 QOS = "mqtt-qos"

@@ -1,6 +1,6 @@
 """An MQTT connection's end: what it held goes back, its session ends or lingers, its will.
 
-A mixin of fencemq.server.mqtt_listener.MqttConnection. When the connection is gone, its
+A mixin of fencemq.server.mqtt.listener.MqttConnection. When the connection is gone, its
 unacknowledged deliveries and a shared member's unsent mailbox go back at once (no
 failure counted); a session with an expiry interval lingers that long (its in-flight
 packet ids kept for a resume), one without ends; the will goes after its delay, or at
@@ -18,10 +18,10 @@ from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle
-from fencemq.protocol.mqtt_packets import Will
-from fencemq.protocol.mqtt_session import MqttServerSession
-from fencemq.server.mqtt_delivery import BATCH, MqttSubscription
-from fencemq.server.mqtt_messages import headers_of
+from fencemq.protocol.mqtt.packets import Will
+from fencemq.protocol.mqtt.session import MqttServerSession
+from fencemq.server.mqtt.delivery import BATCH, MqttSubscription
+from fencemq.server.mqtt.messages import headers_of
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 

@@ -9,10 +9,10 @@ connection must close.
 
 from __future__ import annotations
 
-from fencemq.protocol.mqtt_codec import decode_body
-from fencemq.protocol.mqtt_packets import Connect, Packet
-from fencemq.protocol.mqtt_reasons import MalformedPacket, MqttError, PacketTooLarge
-from fencemq.protocol.mqtt_wire import read_varint_prefix
+from fencemq.protocol.mqtt.codec import decode_body
+from fencemq.protocol.mqtt.packets import Connect, Packet
+from fencemq.protocol.mqtt.reasons import MalformedPacket, MqttError, PacketTooLarge
+from fencemq.protocol.mqtt.wire import read_varint_prefix
 
 MAX_PACKET_SIZE = 268_435_460  # 1 + 4 + the largest Remaining Length
 

@@ -1,6 +1,6 @@
 """What an MQTT connection sends: a task per subscription pulls from its mailbox and sends.
 
-A mixin of fencemq.server.mqtt_listener.MqttConnection. Each subscription's task pulls
+A mixin of fencemq.server.mqtt.listener.MqttConnection. Each subscription's task pulls
 in batches as the client's Receive Maximum allows (its send quota) and waits on the
 queue's wake channel between; each delivery is shaped by the subscription's options
 (No Local, Retain As Published, the identifier) and its message's expiry, and what is
@@ -19,9 +19,9 @@ import anyio.abc
 
 from fencemq.errors import NotFound
 from fencemq.model.keys import Handle
-from fencemq.protocol.mqtt_properties import NO_PROPERTIES
-from fencemq.protocol.mqtt_session import MqttServerSession
-from fencemq.server.mqtt_messages import QOS, RETAIN, RETAINED, properties_of, remaining_expiry
+from fencemq.protocol.mqtt.properties import NO_PROPERTIES
+from fencemq.protocol.mqtt.session import MqttServerSession
+from fencemq.server.mqtt.messages import QOS, RETAIN, RETAINED, properties_of, remaining_expiry
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fencemq.protocol.mqtt_events import (
+from fencemq.protocol.mqtt.events import (
     DeliveryAcknowledged,
     DeliveryReceived,
     DeliveryResult,
@@ -15,8 +15,8 @@ from fencemq.protocol.mqtt_events import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
-from fencemq.protocol.mqtt_inflight import FlowControlBlocked
-from fencemq.protocol.mqtt_packets import (
+from fencemq.protocol.mqtt.inflight import FlowControlBlocked
+from fencemq.protocol.mqtt.packets import (
     MQTT_5,
     MQTT_311,
     Connect,
@@ -31,10 +31,10 @@ from fencemq.protocol.mqtt_packets import (
     Unsuback,
     Unsubscribe,
 )
-from fencemq.protocol.mqtt_packets import SubscriptionOptions as Options
-from fencemq.protocol.mqtt_properties import Properties
-from fencemq.protocol.mqtt_reasons import ReasonCode
-from tests.protocol.test_mqtt_support import Peer
+from fencemq.protocol.mqtt.packets import SubscriptionOptions as Options
+from fencemq.protocol.mqtt.properties import Properties
+from fencemq.protocol.mqtt.reasons import ReasonCode
+from tests.protocol.mqtt.support import Peer
 
 BOTH = pytest.mark.parametrize("version", [MQTT_311, MQTT_5], ids=["3.1.1", "5.0"])
 MESSAGE_PROPERTIES = Properties(payload_format_indicator=1, message_expiry_interval=30, content_type="text/plain",

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fencemq.protocol.mqtt_codec import encode
-from fencemq.protocol.mqtt_events import (
+from fencemq.protocol.mqtt.codec import encode
+from fencemq.protocol.mqtt.events import (
     SESSION_NEVER_EXPIRES,
     ConnectionClosed,
     ConnectRequested,
@@ -15,7 +15,7 @@ from fencemq.protocol.mqtt_events import (
     MqttServerLimits,
     SubscribeRequested,
 )
-from fencemq.protocol.mqtt_packets import (
+from fencemq.protocol.mqtt.packets import (
     MQTT_5,
     MQTT_311,
     Auth,
@@ -30,11 +30,11 @@ from fencemq.protocol.mqtt_packets import (
     SubscriptionOptions,
     Will,
 )
-from fencemq.protocol.mqtt_properties import Properties
-from fencemq.protocol.mqtt_reasons import ReasonCode
-from fencemq.protocol.mqtt_session import MqttServerSession, SessionState
-from fencemq.protocol.mqtt_stream import decode_all
-from tests.protocol.test_mqtt_support import Peer
+from fencemq.protocol.mqtt.properties import Properties
+from fencemq.protocol.mqtt.reasons import ReasonCode
+from fencemq.protocol.mqtt.session import MqttServerSession, SessionState
+from fencemq.protocol.mqtt.stream import decode_all
+from tests.protocol.mqtt.support import Peer
 
 BOTH = pytest.mark.parametrize("version", [MQTT_311, MQTT_5], ids=["3.1.1", "5.0"])
 WILL = Will("status/c1", b"gone", 1, False, Properties(will_delay_interval=30))

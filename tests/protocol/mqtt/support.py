@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import strategies as st
 
-from fencemq.protocol.mqtt_codec import encode
-from fencemq.protocol.mqtt_events import ConnectRequested, MqttServerLimits
-from fencemq.protocol.mqtt_session import MqttServerSession
-from fencemq.protocol.mqtt_stream import MqttStreamDecoder
+from fencemq.protocol.mqtt.codec import encode
+from fencemq.protocol.mqtt.events import ConnectRequested, MqttServerLimits
+from fencemq.protocol.mqtt.session import MqttServerSession
+from fencemq.protocol.mqtt.stream import MqttStreamDecoder
 
-from fencemq.protocol.mqtt_packets import (
+from fencemq.protocol.mqtt.packets import (
     MQTT_5,
     MQTT_311,
     PacketType,
@@ -33,11 +33,11 @@ from fencemq.protocol.mqtt_packets import (
     Unsubscribe,
     Will,
 )
-from fencemq.protocol.mqtt_properties import (
+from fencemq.protocol.mqtt.properties import (
     BOOLEAN, NONZERO, NONZERO_WHEN_SENT, PROPERTIES, QOS_0_OR_1, Kind, Properties,
 )
-from fencemq.protocol.mqtt_reasons import CONNACK_RETURN_CODES_V311, REASONS_V5, SUBACK_RETURN_CODES_V311
-from fencemq.protocol.mqtt_wire import MAX_VARINT
+from fencemq.protocol.mqtt.reasons import CONNACK_RETURN_CODES_V311, REASONS_V5, SUBACK_RETURN_CODES_V311
+from fencemq.protocol.mqtt.wire import MAX_VARINT
 
 # MQTT strings: any Unicode scalar value but U+0000 (surrogates cannot be UTF-8)
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)

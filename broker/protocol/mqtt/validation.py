@@ -12,11 +12,11 @@ from dataclasses import replace
 
 from fencemq.errors import BadArgument
 from fencemq.model.topics import check_topic_name, has_wildcard, parse_target
-from fencemq.protocol.mqtt_events import SESSION_NEVER_EXPIRES, ConnectRequested, MqttServerLimits, SubscriptionRequest
-from fencemq.protocol.mqtt_packets import MQTT_5, Connack, Connect, SubscriptionOptions
-from fencemq.protocol.mqtt_properties import NO_PROPERTIES, Properties
-from fencemq.protocol.mqtt_reasons import MqttError, ProtocolViolation, ReasonCode
-from fencemq.protocol.mqtt_stream import MAX_PACKET_SIZE
+from fencemq.protocol.mqtt.events import SESSION_NEVER_EXPIRES, ConnectRequested, MqttServerLimits, SubscriptionRequest
+from fencemq.protocol.mqtt.packets import MQTT_5, Connack, Connect, SubscriptionOptions
+from fencemq.protocol.mqtt.properties import NO_PROPERTIES, Properties
+from fencemq.protocol.mqtt.reasons import MqttError, ProtocolViolation, ReasonCode
+from fencemq.protocol.mqtt.stream import MAX_PACKET_SIZE
 
 
 class ConnectRefused(MqttError):

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.helpers import worker
-from tests.mqtt.clients import Client
+from tests.server.mqtt.clients import Client
 
 
 @pytest.fixture
@@ -205,7 +205,7 @@ def test_MQTT_3_14_2_a_disconnect_that_sets_the_session_expiry_to_0_ends_the_ses
 
     from fencemq.model.keys import Keyspace
     from tests.helpers import wait_for
-    from tests.mqtt.clients import props
+    from tests.server.mqtt.clients import props
 
     first = Client(w.worker.mqtt_port, "changes-mind", expiry=60, clean=False)
     first.subscribe("mind/#")
@@ -227,10 +227,10 @@ class RawClient:
     def __init__(self, port: int, client_id: str, *, clean_start: bool, expiry: int) -> None:
         import socket
 
-        from fencemq.protocol.mqtt_codec import encode
-        from fencemq.protocol.mqtt_packets import Connect
-        from fencemq.protocol.mqtt_properties import Properties
-        from fencemq.protocol.mqtt_stream import MqttStreamDecoder
+        from fencemq.protocol.mqtt.codec import encode
+        from fencemq.protocol.mqtt.packets import Connect
+        from fencemq.protocol.mqtt.properties import Properties
+        from fencemq.protocol.mqtt.stream import MqttStreamDecoder
 
         self.encode = encode
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -259,7 +259,7 @@ def test_MQTT_4_3_3_a_qos2_delivery_received_before_the_connection_dropped_is_re
         w) -> None:
     import socket
 
-    from fencemq.protocol.mqtt_packets import Pubcomp, Publish, Pubrec, Pubrel, Subscribe, SubscriptionOptions
+    from fencemq.protocol.mqtt.packets import Pubcomp, Publish, Pubrec, Pubrel, Subscribe, SubscriptionOptions
     from tests.helpers import client
 
     first = RawClient(w.worker.mqtt_port, "q2-resume", clean_start=True, expiry=300)
@@ -286,7 +286,7 @@ def test_MQTT_4_3_3_a_qos2_delivery_received_before_the_connection_dropped_is_re
 
 
 def test_MQTT_4_3_3_10_a_qos2_publish_retransmitted_on_a_resumed_session_is_stored_once(w) -> None:
-    from fencemq.protocol.mqtt_packets import Pubcomp, Publish, Pubrec, Pubrel
+    from fencemq.protocol.mqtt.packets import Pubcomp, Publish, Pubrec, Pubrel
     from tests.helpers import client, deliveries
 
     first = RawClient(w.worker.mqtt_port, "q2-pub", clean_start=True, expiry=300)

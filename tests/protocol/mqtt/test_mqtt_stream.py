@@ -7,13 +7,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fencemq.protocol.mqtt_codec import encode
-from fencemq.protocol.mqtt_packets import MQTT_5, MQTT_311, Connect, Pingreq, Puback, Publish, Subscribe
-from fencemq.protocol.mqtt_packets import SubscriptionOptions as Options
-from fencemq.protocol.mqtt_properties import Properties
-from fencemq.protocol.mqtt_reasons import MalformedPacket, PacketTooLarge, ProtocolViolation, ReasonCode
-from fencemq.protocol.mqtt_stream import MqttStreamDecoder, decode_all
-from tests.protocol.test_mqtt_support import connects, packets
+from fencemq.protocol.mqtt.codec import encode
+from fencemq.protocol.mqtt.packets import MQTT_5, MQTT_311, Connect, Pingreq, Puback, Publish, Subscribe
+from fencemq.protocol.mqtt.packets import SubscriptionOptions as Options
+from fencemq.protocol.mqtt.properties import Properties
+from fencemq.protocol.mqtt.reasons import MalformedPacket, PacketTooLarge, ProtocolViolation, ReasonCode
+from fencemq.protocol.mqtt.stream import MqttStreamDecoder, decode_all
+from tests.protocol.mqtt.support import connects, packets
 
 SESSION = [
     Connect("client-1", MQTT_5, False, 30, "user", b"secret", properties=Properties(session_expiry_interval=60)),

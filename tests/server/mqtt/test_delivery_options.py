@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.helpers import RespConn, as_map, worker
-from tests.mqtt.clients import Client
+from tests.server.mqtt.clients import Client
 
 
 @pytest.fixture

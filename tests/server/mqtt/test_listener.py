@@ -16,7 +16,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.helpers import RespConn, as_map, worker
-from tests.mqtt.clients import VERSIONS, Client
+from tests.server.mqtt.clients import VERSIONS, Client
 
 
 

@@ -1,6 +1,6 @@
 """What an MQTT server session tells its shell, and the limits the shell gives it.
 
-The session (``mqtt_session``) knows MQTT, not FenceMQ: it says "the client
+The session (``mqtt/session``) knows MQTT, not FenceMQ: it says "the client
 published X", "the client wants these subscriptions", "the client acknowledged
 delivery n", "the connection is over, and here is the will"; the shell maps
 those onto fences and answers with commands on the session.
@@ -12,8 +12,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Union
 
-from fencemq.protocol.mqtt_packets import SubscriptionOptions, Will
-from fencemq.protocol.mqtt_properties import NO_PROPERTIES, Properties
+from fencemq.protocol.mqtt.packets import SubscriptionOptions, Will
+from fencemq.protocol.mqtt.properties import NO_PROPERTIES, Properties
 
 SESSION_NEVER_EXPIRES = 0xFFFF_FFFF  # MQTT 5.0 §3.1.2.11.2; also what a 3.1.1 Clean Session 0 means
 

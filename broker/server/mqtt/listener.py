@@ -1,4 +1,4 @@
-"""MQTT clients on a worker: the anyio shell around the sans-I/O session (protocol/mqtt_session.py).
+"""MQTT clients on a worker: the anyio shell around the sans-I/O session (protocol/mqtt/session.py).
 
 `fencemq serve --mqtt-port N` listens for MQTT 3.1.1 and 5.0 over TCP beside RESP. Each
 connection is one `MqttServerSession` fed by the socket; its events become FenceMQ's own
@@ -17,15 +17,15 @@ operations, so MQTT clients get the same guarantees as RESP ones and share one t
   (0: the session ends with it); what the connection had in flight goes back at once.
 * The will is published when the connection ends without DISCONNECT 0x00, after its Will Delay
   Interval or at the session's end if sooner, unless a new connection takes the session up first.
-* Message properties travel as `mqtt-*` headers (server/mqtt_messages.py); subscription options
+* Message properties travel as `mqtt-*` headers (server/mqtt/messages.py); subscription options
   (identifier, No Local, Retain As Published, Retain Handling) shape each delivery.
 
-`--mqtt-ws-port` serves the same over WebSocket (server/mqtt_websocket.py).
+`--mqtt-ws-port` serves the same over WebSocket (server/mqtt/websocket.py).
 
 Only `accept`ed sessions touch Redis; each subscription has a task that pulls from its mailbox
 in batches as the client's Receive Maximum allows and waits on the queue's wake channel
-(server/mqtt_delivery.py); the connection's end — in-flight handed back, the session ended or
-lingering, the will — is server/mqtt_departure.py's.
+(server/mqtt/delivery.py); the connection's end — in-flight handed back, the session ended or
+lingering, the will — is server/mqtt/departure.py's.
 """
 
 from __future__ import annotations
@@ -42,18 +42,18 @@ from fencemq.errors import FenceMQError, NoPermission
 from fencemq.fences import session_index
 from fencemq.model.keys import Handle
 from fencemq.model.topics import matches
-from fencemq.protocol.mqtt_events import (
+from fencemq.protocol.mqtt.events import (
     SESSION_NEVER_EXPIRES, ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived,
     MessagePublished, MqttEvent, MqttServerLimits, PublishReleased, SubscribeRequested, UnsubscribeRequested,
 )
-from fencemq.protocol.mqtt_packets import Will
-from fencemq.protocol.mqtt_reasons import ReasonCode
-from fencemq.protocol.mqtt_session import MqttServerSession
-from fencemq.server.mqtt_messages import (
+from fencemq.protocol.mqtt.packets import Will
+from fencemq.protocol.mqtt.reasons import ReasonCode
+from fencemq.protocol.mqtt.session import MqttServerSession
+from fencemq.server.mqtt.messages import (
     as_sent_for_subscribe, headers_of,
 )
-from fencemq.server.mqtt_delivery import MqttDelivery, MqttSubscription
-from fencemq.server.mqtt_departure import INFLIGHT_FIELD, RECORDED_FIELD, RELEASING_FIELD, MqttDeparture
+from fencemq.server.mqtt.delivery import MqttDelivery, MqttSubscription
+from fencemq.server.mqtt.departure import INFLIGHT_FIELD, RECORDED_FIELD, RELEASING_FIELD, MqttDeparture
 from fencemq.server.session import Session
 
 log = logging.getLogger(__name__)

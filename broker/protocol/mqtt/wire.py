@@ -9,7 +9,7 @@ standard cannot carry is a ValueError: the caller, not the peer, is wrong.
 
 from __future__ import annotations
 
-from fencemq.protocol.mqtt_reasons import MalformedPacket
+from fencemq.protocol.mqtt.reasons import MalformedPacket
 
 MAX_VARINT = 268_435_455  # four bytes of seven bits (§1.5.5)
 MAX_UTF8_BYTES = 65_535

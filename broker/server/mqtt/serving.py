@@ -1,5 +1,5 @@
 """The MQTT listeners of a worker: TCP (``--mqtt-port``) and WebSocket (``--mqtt-ws-port``),
-each connection an :class:`fencemq.server.mqtt_listener.MqttConnection`."""
+each connection an :class:`fencemq.server.mqtt.listener.MqttConnection`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import anyio
 import anyio.abc
 from anyio.streams.tls import TLSListener
 
-from fencemq.protocol.mqtt_events import MqttServerLimits
-from fencemq.server.mqtt_listener import MqttConnection
+from fencemq.protocol.mqtt.events import MqttServerLimits
+from fencemq.server.mqtt.listener import MqttConnection
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
     port it listens on and sets ``worker.mqtt_ws_port``."""
     from anyio.abc import SocketAttribute
 
-    from fencemq.server.mqtt_websocket import MqttWebSocketStream, WebSocketRefused
+    from fencemq.server.mqtt.websocket import MqttWebSocketStream, WebSocketRefused
 
     numbers = iter(range(1, 1 << 62))
 

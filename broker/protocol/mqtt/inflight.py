@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from fencemq.protocol.mqtt_reasons import MqttError, ProtocolViolation, ReasonCode
+from fencemq.protocol.mqtt.reasons import MqttError, ProtocolViolation, ReasonCode
 
 
 class Outbound(Enum):

@@ -23,7 +23,7 @@ from paho.mqtt.properties import Properties as PahoProperties  # noqa: E402
 from paho.mqtt.subscribeoptions import SubscribeOptions  # noqa: E402
 
 from fencemq.model.topics import matches  # noqa: E402
-from fencemq.protocol.mqtt_events import (  # noqa: E402
+from fencemq.protocol.mqtt.events import (  # noqa: E402
     ConnectionClosed,
     ConnectRequested,
     MessagePublished,
@@ -31,7 +31,7 @@ from fencemq.protocol.mqtt_events import (  # noqa: E402
     SubscribeRequested,
     UnsubscribeRequested,
 )
-from fencemq.protocol.mqtt_packets import (  # noqa: E402
+from fencemq.protocol.mqtt.packets import (  # noqa: E402
     MQTT_5,
     MQTT_311,
     Connect,
@@ -42,11 +42,11 @@ from fencemq.protocol.mqtt_packets import (  # noqa: E402
     Subscribe,
     Unsubscribe,
 )
-from fencemq.protocol.mqtt_properties import Properties, decode_properties, encode_properties  # noqa: E402
-from fencemq.protocol.mqtt_session import MqttServerSession  # noqa: E402
-from fencemq.protocol.mqtt_stream import MqttStreamDecoder  # noqa: E402
-from fencemq.protocol.mqtt_wire import Reader  # noqa: E402
-from tests.protocol.test_mqtt_support import properties  # noqa: E402
+from fencemq.protocol.mqtt.properties import Properties, decode_properties, encode_properties  # noqa: E402
+from fencemq.protocol.mqtt.session import MqttServerSession  # noqa: E402
+from fencemq.protocol.mqtt.stream import MqttStreamDecoder  # noqa: E402
+from fencemq.protocol.mqtt.wire import Reader  # noqa: E402
+from tests.protocol.mqtt.support import properties  # noqa: E402
 
 CARRIERS = {"CONNECT": PacketTypes.CONNECT, "CONNACK": PacketTypes.CONNACK, "PUBLISH": PacketTypes.PUBLISH,
             "WILL": PacketTypes.WILLMESSAGE, "PUBACK": PacketTypes.PUBACK, "SUBSCRIBE": PacketTypes.SUBSCRIBE,
@@ -60,7 +60,7 @@ def paho_name(identifier: int) -> str:
 
 
 def to_paho(props: Properties, carrier: str) -> PahoProperties:
-    from fencemq.protocol.mqtt_properties import BY_NAME
+    from fencemq.protocol.mqtt.properties import BY_NAME
 
     out = PahoProperties(CARRIERS[carrier])
     for name, value in props.present().items():
@@ -69,7 +69,7 @@ def to_paho(props: Properties, carrier: str) -> PahoProperties:
 
 
 def from_paho(paho: PahoProperties) -> dict:
-    from fencemq.protocol.mqtt_properties import PROPERTIES
+    from fencemq.protocol.mqtt.properties import PROPERTIES
 
     got = {}
     for spec in PROPERTIES:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fencemq.protocol.mqtt_codec import decode_body, encode
-from fencemq.protocol.mqtt_packets import (
+from fencemq.protocol.mqtt.codec import decode_body, encode
+from fencemq.protocol.mqtt.packets import (
     MQTT_5,
     MQTT_311,
     Auth,
@@ -29,17 +29,17 @@ from fencemq.protocol.mqtt_packets import (
     Unsubscribe,
     Will,
 )
-from fencemq.protocol.mqtt_properties import Properties, decode_properties, encode_properties
-from fencemq.protocol.mqtt_reasons import (
+from fencemq.protocol.mqtt.properties import Properties, decode_properties, encode_properties
+from fencemq.protocol.mqtt.reasons import (
     MalformedPacket,
     MqttError,
     ProtocolViolation,
     ReasonCode,
     UnsupportedProtocolVersion,
 )
-from fencemq.protocol.mqtt_stream import decode_all
-from fencemq.protocol.mqtt_wire import Reader, read_varint_prefix, utf8, varint
-from tests.protocol.test_mqtt_support import packet_strategies, properties
+from fencemq.protocol.mqtt.stream import decode_all
+from fencemq.protocol.mqtt.wire import Reader, read_varint_prefix, utf8, varint
+from tests.protocol.mqtt.support import packet_strategies, properties
 
 ROUND_TRIP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, NamedTuple
 
-from fencemq.protocol.mqtt_reasons import MalformedPacket, ProtocolViolation
-from fencemq.protocol.mqtt_wire import MAX_VARINT, Reader, binary, u8, u16, u32, utf8, varint
+from fencemq.protocol.mqtt.reasons import MalformedPacket, ProtocolViolation
+from fencemq.protocol.mqtt.wire import MAX_VARINT, Reader, binary, u8, u16, u32, utf8, varint
 
 
 class Kind(Enum):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from fencemq.protocol.mqtt_events import MqttServerLimits, SubscribeRequested, UnsubscribeRequested
-from fencemq.protocol.mqtt_packets import MQTT_311, Suback, Subscribe, Unsuback, Unsubscribe
-from fencemq.protocol.mqtt_reasons import REASONS_V5, MqttError, ProtocolViolation, ReasonCode
-from fencemq.protocol.mqtt_validation import subscription_request
+from fencemq.protocol.mqtt.events import MqttServerLimits, SubscribeRequested, UnsubscribeRequested
+from fencemq.protocol.mqtt.packets import MQTT_311, Suback, Subscribe, Unsuback, Unsubscribe
+from fencemq.protocol.mqtt.reasons import REASONS_V5, MqttError, ProtocolViolation, ReasonCode
+from fencemq.protocol.mqtt.validation import subscription_request
 
 
 class PendingRequests:

@@ -4,12 +4,12 @@
 reads one packet from its first byte and its body (what follows the Remaining
 Length), checking the fixed-header flags (MQTT-2.1.3-1), the packet's layout,
 and the properties its type may carry. The streaming side (where a packet
-starts and ends, size limits) is ``mqtt_stream``.
+starts and ends, size limits) is ``mqtt/stream``.
 """
 
 from __future__ import annotations
 
-from fencemq.protocol.mqtt_packets import (
+from fencemq.protocol.mqtt.packets import (
     MQTT_5,
     MQTT_311,
     PROTOCOL_NAME,
@@ -31,8 +31,8 @@ from fencemq.protocol.mqtt_packets import (
     Unsubscribe,
     Will,
 )
-from fencemq.protocol.mqtt_properties import NO_PROPERTIES, Properties, decode_properties, encode_properties
-from fencemq.protocol.mqtt_reasons import (
+from fencemq.protocol.mqtt.properties import NO_PROPERTIES, Properties, decode_properties, encode_properties
+from fencemq.protocol.mqtt.reasons import (
     CONNACK_RETURN_CODES_V311,
     REASONS_V5,
     SUBACK_RETURN_CODES_V311,
@@ -41,7 +41,7 @@ from fencemq.protocol.mqtt_reasons import (
     ProtocolViolation,
     UnsupportedProtocolVersion,
 )
-from fencemq.protocol.mqtt_wire import MAX_VARINT, Reader, binary, u8, u16, utf8, varint
+from fencemq.protocol.mqtt.wire import MAX_VARINT, Reader, binary, u8, u16, utf8, varint
 
 # The fixed-header flags each type must carry (MQTT-2.1.3-1); PUBLISH's are its own.
 REQUIRED_FLAGS = {t: 0b0010 if t in (PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE) else 0

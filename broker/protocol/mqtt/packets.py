@@ -1,6 +1,6 @@
 """The fifteen MQTT control packets as plain values, for MQTT 3.1.1 and 5.0.
 
-One class per packet; the codec (``mqtt_codec``) turns them into bytes and
+One class per packet; the codec (``mqtt/codec``) turns them into bytes and
 back. Properties are ignored by nothing: a 3.1.1 packet must carry none (the
 encoder refuses), and a 5.0 packet carries the ones its type allows.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import ClassVar, Union
 
-from fencemq.protocol.mqtt_properties import NO_PROPERTIES, Properties
+from fencemq.protocol.mqtt.properties import NO_PROPERTIES, Properties
 
 MQTT_311 = 4  # the Protocol Level byte of MQTT 3.1.1
 MQTT_5 = 5

@@ -2,7 +2,7 @@
 
 The shell feeds it what the socket read (``receive_bytes(data, now)``), writes
 what ``outbound()`` returns, calls ``tick(now)`` at ``next_deadline()``, and
-acts on the events it gets back (``mqtt_events``); it answers them with
+acts on the events it gets back (``mqtt/events``); it answers them with
 commands: ``accept``/``refuse`` a CONNECT, ``acknowledge_publish``,
 ``complete_subscribe``/``complete_unsubscribe``, ``deliver`` a message,
 ``take_over``, ``disconnect``, ``connection_lost``. No sockets, no clock: time
@@ -20,24 +20,24 @@ from dataclasses import replace
 from enum import Enum
 from typing import Sequence
 
-from fencemq.protocol.mqtt_codec import encode
-from fencemq.protocol.mqtt_events import (
+from fencemq.protocol.mqtt.codec import encode
+from fencemq.protocol.mqtt.events import (
     ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived, DeliveryResult, MessagePublished,
     MqttEvent, MqttServerLimits, PublishReleased,
 )
-from fencemq.protocol.mqtt_inflight import InboundAliases, InboundFlows, OutboundAliases, OutboundFlows
-from fencemq.protocol.mqtt_packets import (
+from fencemq.protocol.mqtt.inflight import InboundAliases, InboundFlows, OutboundAliases, OutboundFlows
+from fencemq.protocol.mqtt.packets import (
     CLIENT_TO_SERVER, MQTT_5, MQTT_311, Auth, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp, Puback,
     Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback, Unsubscribe, Will,
 )
-from fencemq.protocol.mqtt_properties import NO_PROPERTIES, Properties
-from fencemq.protocol.mqtt_reasons import (
+from fencemq.protocol.mqtt.properties import NO_PROPERTIES, Properties
+from fencemq.protocol.mqtt.reasons import (
     REASONS_V5, UNACCEPTABLE_PROTOCOL_VERSION_V311, MqttError, ProtocolViolation, ReasonCode,
     UnsupportedProtocolVersion, connack_code_v311,
 )
-from fencemq.protocol.mqtt_requests import PendingRequests
-from fencemq.protocol.mqtt_stream import MAX_PACKET_SIZE, MqttStreamDecoder
-from fencemq.protocol.mqtt_validation import (
+from fencemq.protocol.mqtt.requests import PendingRequests
+from fencemq.protocol.mqtt.stream import MAX_PACKET_SIZE, MqttStreamDecoder
+from fencemq.protocol.mqtt.validation import (
     ConnectRefused, accepting_connack, cap_session_expiry, check_published_topic, message_properties, validate_connect,
 )
 
