@@ -28,7 +28,7 @@ def w(redis_url):
 
 def Paho(port: int, client_id: str, version: str = "5.0", *, clean: bool = True, auto_ack: bool = True,
          will: tuple[str, bytes] | None = None) -> Client:
-    """A paho client on its own network thread (tests/mqtt/clients.py); received messages land in ``inbox``."""
+    """A paho client on its own network thread (tests/server/mqtt/clients.py); received messages land in ``inbox``."""
     return Client(port, client_id, version, clean=clean, auto_ack=auto_ack,
                   will=(will[0], will[1], {}) if will else None)
 
