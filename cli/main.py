@@ -27,6 +27,7 @@ from fencemq import __version__
 from fencemq.errors import BadArgument
 from fencemq.model.keys import Keyspace
 from fencemq.cli import analytics, dashboard_cmd, ops
+from fencemq.cli.helptext import HelpGroup
 from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
@@ -44,6 +45,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HelpGroup,  # help as written: no <bool>/<str>, no markup read into it (cli/helptext.py)
 )
 
 RedisUrlOption = Annotated[

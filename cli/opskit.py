@@ -297,6 +297,11 @@ def _table(title: str | None = None, drop: tuple[str, ...] = ()) -> FitTable:
     return table
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 key', '2 keys', '0 keys'."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def _when(ms: int | None) -> str:
     if ms is None:
         return "–"

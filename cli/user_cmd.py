@@ -36,7 +36,7 @@ def _store(ctx: Ctx, r) -> UserStore:
 
 @user_app.command("add")
 def user_add(name: Name, password_stdin: PasswordStdin = False,
-             grant: Annotated[list[str] | None, typer.Option("--grant", help="ACTION:FILTER, repeatable.")] = None,
+             grant: Annotated[list[str] | None, typer.Option("--grant", metavar="ACTION:FILTER", help="What the user may do on which topics, e.g. publish:orders/# (repeatable).")] = None,
              redis_url: RedisUrl = None, prefix: Prefix = None, cluster: Cluster = False) -> None:
     """Add a user (no permissions unless --grant)."""
     ctx = Ctx("user", redis_url, prefix, cluster)
