@@ -88,7 +88,7 @@ class Ctx:
         (FENCEMQ_USER, FENCEMQ_USER_PASSWORD) must be a user with this command's permission on its
         topic. Before that, Redis's own credentials are the only gate, as for any tool that reaches
         Redis directly: which is how the first administrator is added."""
-        action = PERMISSION_OF.get(self.command)
+        action = PERMISSION_OF.get(self.command.split()[0])  # "user add" needs what "user" needs
         if self._authorized or action is None:
             return
         from fencemq.ops.users import UserStore, grants_cover
