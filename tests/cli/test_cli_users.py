@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from tests.cli.test_cli_ops import invoke
-from tests.helpers import RespConn, Terminal, worker
+from tests.helpers import RespConn, Terminal, wait_for, worker
 
 FENCEMQ = [sys.executable, "-m", "fencemq.cli.main"]
 
@@ -59,7 +59,8 @@ def test_on_a_terminal_a_too_short_password_is_refused_before_it_is_asked_again(
         term.type_hidden(b"short\r")
         assert term.read_until(b"8 to 1024 characters; try again"), term.seen
         assert b"Repeat" not in term.seen
-        assert term.read_until(b"Password:", 5) and term.seen.count(b"Password:") == 2, term.seen
+        wait_for(lambda: term.read_until(b"\0never\0", 0.05) or term.seen.count(b"Password:") == 2,
+                 what=f"the password asked again: {term.seen!r}")
         term.type_hidden(b"long enough\r")
         assert term.read_until(b"Repeat the password:"), term.seen
         term.type_hidden(b"long enough\r")
