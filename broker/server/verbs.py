@@ -58,7 +58,7 @@ class Verbs(MessagingVerbs):
             if len(args.get("payloads", ())) > self.config.max_batch or \
                     len(args.get("tags", ())) > self.config.max_batch:
                 raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
-            if request.verb == "PUB":
+            if request.verb in ("PUB", "MPUB"):
                 self._check_pub_extras(args)
             metrics.COMMANDS.labels(request.verb).inc()
             if not session.authed and request.verb not in BEFORE_AUTH:
@@ -74,7 +74,7 @@ class Verbs(MessagingVerbs):
         """Headers and dedup ids are stored with the message: they have limits of their own."""
         config = self.config
         for dedup_id in args.get("dedup_ids") or ():
-            if len(dedup_id.encode()) > config.max_id_bytes:
+            if dedup_id is not None and len(dedup_id.encode()) > config.max_id_bytes:
                 raise LimitExceeded(f"a dedup id of {len(dedup_id.encode())} bytes exceeds max_id_bytes "
                                     f"({config.max_id_bytes})")
         headers = args.get("headers") or {}
