@@ -25,11 +25,11 @@ from fencemq.errors import (
     BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted, WrongPassword,
 )
 from fencemq.ops.users import DEFAULT_USER, User, default_user
+from fencemq.fences.redis_errors import redis_failure
 from fencemq.protocol.command_docs import command_docs, command_info, known
 from fencemq.protocol.commands import COMMANDS, TABLE, Request
 from fencemq.protocol.resp import ErrorReply, SimpleString, Verbatim
 from fencemq.server import metrics
-from fencemq.server.guard import redis_failure
 from fencemq.server.introspection import client_line, info_text
 from fencemq.server.messaging_verbs import OK, MessagingVerbs
 from fencemq.server.services import Services
@@ -117,7 +117,7 @@ class Verbs(MessagingVerbs):
             try:
                 replies.append(await self.handlers[request.verb](session, **request.args))
             except RedisError as exc:
-                replies.append(ErrorReply(redis_failure(self.services, request.verb, exc).resp()))
+                replies.append(ErrorReply(redis_failure(exc, request.verb, self.services.core.fences).resp()))
             except FenceMQError as exc:
                 metrics.ERRORS.labels(exc.code).inc()
                 replies.append(ErrorReply(exc.resp()))
