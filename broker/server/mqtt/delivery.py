@@ -5,6 +5,10 @@ in batches as the client's Receive Maximum allows (its send quota) and waits on 
 queue's wake channel between; each delivery is shaped by the subscription's options
 (No Local, Retain As Published, the identifier) and its message's expiry, and what is
 not sent as QoS 1/2 (QoS 0, expired, the client's own under No Local) is settled at once.
+
+The gate's output budget: the subscriptions of one connection take turns, so the worker
+holds one pulled batch for a client at a time, and a write the client has not taken
+within output_timeout_ms closes the connection (as RESP's).
 """
 
 from __future__ import annotations
@@ -57,8 +61,24 @@ class MqttDelivery:
     resumed_ids: dict[str, int]
     tasks: anyio.abc.TaskGroup | None
     write_lock: anyio.Lock
+    output_turn: anyio.Lock
     quota_freed: anyio.Event
     protocol_level: int
+    token: str
+
+    def cut(self) -> None: ...
+
+    async def _write(self, data: bytes) -> None:
+        """Send, within output_timeout_ms: a client that does not take it by then is closed."""
+        with anyio.move_on_after(self.services.gate.output_timeout_s) as waited:
+            try:
+                await self.stream.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return  # the reader sees the connection go; what is in flight goes back then
+        if waited.cancelled_caught:
+            log.info("closing MQTT connection %s: it has not read what it was sent for %d ms", self.token,
+                     self.services.config.output_timeout_ms)
+            self.cut()
 
     def _start_delivery(self, filt: str, sub: MqttSubscription) -> None:
         old = self.subscriptions.pop(filt, None)
@@ -79,16 +99,17 @@ class MqttDelivery:
                         self.quota_freed = anyio.Event()
                         await self.quota_freed.wait()
                         continue
-                    try:
-                        result = await leases.pull(handle, min(quota, BATCH))
-                    except NotFound:
-                        log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
-                        return  # the subscription is gone (its queue dropped): nothing more to send
-                    if not result.deliveries:
-                        with anyio.move_on_after(IDLE_LOOK_S):
-                            await waiter.wait()
-                        continue
-                    await self._send(sub, result.deliveries)
+                    async with self.output_turn:  # one pulled batch held for the client at a time
+                        try:
+                            result = await leases.pull(handle, min(quota, BATCH))
+                        except NotFound:
+                            log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
+                            return  # the subscription is gone (its queue dropped): nothing more to send
+                        if result.deliveries:
+                            await self._send(sub, result.deliveries)
+                            continue
+                    with anyio.move_on_after(IDLE_LOOK_S):
+                        await waiter.wait()
 
     async def _send(self, sub: MqttSubscription, deliveries: list[Any]) -> None:
         settle_now = []
@@ -120,9 +141,6 @@ class MqttDelivery:
                     settle_now.append(d.tag)  # QoS 0 to this client, or too big for it: done
             data = self.mqtt.outbound()
             if data:
-                try:
-                    await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass  # the reader sees the connection go; what is in flight goes back then
+                await self._write(data)
         if settle_now:
             await self.services.core.leases.ack(sub.handle, settle_now)

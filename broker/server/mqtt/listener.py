@@ -38,7 +38,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from fencemq.errors import FenceMQError, NoPermission
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission, WrongPassword
 from fencemq.fences import session_index
 from fencemq.model.keys import Handle
 from fencemq.model.topics import matches
@@ -54,6 +54,7 @@ from fencemq.server.mqtt.messages import (
 )
 from fencemq.server.mqtt.delivery import MqttDelivery, MqttSubscription
 from fencemq.server.mqtt.departure import INFLIGHT_FIELD, RECORDED_FIELD, RELEASING_FIELD, MqttDeparture
+from fencemq.server.gate import Pass
 from fencemq.server.session import Session
 
 log = logging.getLogger(__name__)
@@ -64,16 +65,23 @@ SUB_FIELD = "mqtt-sub:"  # session hash field per subscription: the options a re
 
 
 class MqttConnection(MqttDelivery, MqttDeparture):
-    def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str) -> None:
+    def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str, gate_pass: Pass | None = None) -> None:
         self.worker, self.services, self.verbs = worker, worker.services, worker.verbs
         self.config = worker.config
+        self.gate = self.services.gate
         self.stream = stream
-        limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s)
+        # the gate's budgets: the time to an accepted CONNECT, and its size before authentication
+        limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s,
+                                  connect_timeout=self.gate.connect_timeout_s,
+                                  maximum_connect_size=self.gate.preauth_max_bytes)
         self.mqtt = MqttServerSession(limits, now=time.monotonic())
+        self.gate_pass = gate_pass or Pass("mqtt", "")
+        self.gate_pass.shut_out = self._shut_out
         self.session = Session(self.services, token, watch_for_hangup=self._no_hangup_watch,
-                               end_connection=self._taken_over)
+                               end_connection=self._taken_over, gate_pass=self.gate_pass)
         self.token = token
         self.write_lock = anyio.Lock()
+        self.output_turn = anyio.Lock()
         self.quota_freed = anyio.Event()
         self.subscriptions: dict[str, MqttSubscription] = {}  # by topic filter as the client sent it
         self.in_flight: dict[int, tuple[Handle, str, str]] = {}  # packet id -> handle, tag, message id
@@ -91,6 +99,11 @@ class MqttConnection(MqttDelivery, MqttDeparture):
 
     def _taken_over(self) -> None:
         self._handle_later(self.mqtt.take_over())
+
+    def _shut_out(self) -> None:
+        """The gate ends this connection (its user's record changed): DISCONNECT 0x98 (5.0), then close."""
+        if self.tasks is not None and not self.mqtt.closed:
+            self.tasks.start_soon(self._disconnect, ReasonCode.ADMINISTRATIVE_ACTION)
 
     # The worker holds its MQTT connections beside its RESP ones (Worker.connections): it keeps
     # their sessions' leases alive, cuts one whose session is gone, and drains them on shutdown.
@@ -129,10 +142,24 @@ class MqttConnection(MqttDelivery, MqttDeparture):
                 await self._session_over()
 
     async def _read(self) -> None:
+        began: float | None = None  # when the packet still unfinished began (the gate's request timeout)
         while not self.mqtt.closed:
-            try:
-                data = await self.stream.receive(READ_SIZE)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            wait = float("inf")
+            if self.mqtt.mid_packet:
+                began = began or time.monotonic()
+                wait = max(0.0, began + self.gate.request_timeout_s - time.monotonic())
+            else:
+                began = None
+            data = None
+            with anyio.move_on_after(wait):
+                try:
+                    data = await self.stream.receive(READ_SIZE)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    data = b""
+            if not data:
+                if data is None:
+                    log.info("closing MQTT connection %s: a packet unfinished for %d ms", self.token,
+                             self.config.request_timeout_ms)
                 await self._handle(self.mqtt.connection_lost())
                 break
             await self._handle_and_flush(self.mqtt.receive_bytes(data, time.monotonic()))
@@ -153,10 +180,7 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         async with self.write_lock:
             data = self.mqtt.outbound()
             if data:
-                try:
-                    await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
+                await self._write(data)
 
     async def _handle_and_flush(self, events: list[MqttEvent]) -> None:
         await self._handle(events)
@@ -219,20 +243,24 @@ class MqttConnection(MqttDelivery, MqttDeparture):
 
     async def _connect(self, event: ConnectRequested) -> None:
         session = self.session
-        if self.services.config.needs_auth:
-            user = None
-            if event.password is not None:
-                user = await self.verbs._authenticate(event.username or "default", event.password)
-            if user is None:
-                self.mqtt.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD)
-                return
-            session.authed, session.user = True, user
+        refusal = await self._admitted(event)
+        if self.mqtt.closed:
+            return  # the connect timeout ran out while the gate made it wait
+        if refusal is not None:
+            self.mqtt.refuse(refusal)
+            return
         try:
-            await session.bind(event.client_id, anonymous=False, takeover=True, fresh=event.clean_start)
+            revoked = await session.bind(event.client_id, anonymous=False, takeover=True, fresh=event.clean_start,
+                                         tell_revoked=False)
         except FenceMQError as exc:
             log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
             self.mqtt.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
             return
+        if revoked:
+            log.info("MQTT session %r resumed without %d subscriptions its user may no longer hold",
+                     event.client_id, len(revoked))
+            await self.services.redis.hdel(self.services.keys.session(event.client_id),
+                                           *[SUB_FIELD + self._filter_of(h) for h in revoked])
         self.protocol_level = event.protocol_level
         self.expiry = self._granted_expiry(event.protocol_level, event.session_expiry_interval)
         if event.will is not None:
@@ -256,27 +284,55 @@ class MqttConnection(MqttDelivery, MqttDeparture):
             if saved:
                 await redis.hdel(keys.session(event.client_id), *[SUB_FIELD + f for f in saved])
             saved = {}
+        told = tuple(("subscription-revoked", self._filter_of(h)) for h in revoked)
         pipelined = self.mqtt.accept(time.monotonic(), session_present=bool(held or releasing or recorded),
-                                     inbound_releases=frozenset(recorded))
+                                     inbound_releases=frozenset(recorded), user_properties=told)
         for packet_id in releasing:  # received before the connection dropped: complete the handshake
             self.mqtt.resend_release(packet_id)
             self.releasing.add(packet_id)
         if releasing:
             await self._flush()
         for handle in held:  # a resumed session: its subscriptions deliver again, with their options
-            owner = handle.queue.owner or ""
-            shared = owner.startswith("$share/")
-            filt = f"{owner}/{handle.queue.topic}" if shared else handle.queue.topic
+            shared = (handle.queue.owner or "").startswith("$share/")
+            filt = self._filter_of(handle)
             qos, no_local, rap, ident = json.loads(saved[filt]) if filt in saved else (1, False, False, None)
             self._start_delivery(filt, MqttSubscription(handle, qos, shared, no_local, rap, ident))
         # what the client sent right behind its CONNECT (a SUBSCRIBE, say) waited for the accept
         await self._handle(pipelined)
 
+    async def _admitted(self, event: ConnectRequested) -> int | None:
+        """The gate's answer to a CONNECT: None (let in), or the CONNACK reason code that refuses it."""
+        gate = self.gate
+        user = None
+        if gate.needs_auth:
+            if event.password is None:
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            try:
+                user = await gate.log_in(self.gate_pass, event.username, event.password)
+            except WrongPassword:
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            except LimitExceeded as exc:
+                log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
+                return ReasonCode.QUOTA_EXCEEDED
+            self.session.authed = True
+        if event.will is not None and not gate.allows(user, "publish", event.will.topic):
+            # a will is a publish, checked now and again when it goes out (MQTT-3.1.2-… as Mosquitto)
+            log.info("MQTT CONNECT of %r refused: %s (its will)", event.client_id,
+                     user.missing("publish", event.will.topic) if user else "")
+            return ReasonCode.NOT_AUTHORIZED
+        return None
+
+    @staticmethod
+    def _filter_of(handle: Handle) -> str:
+        """The filter a client subscribed with, from its subscription's handle."""
+        owner = handle.queue.owner or ""
+        return f"{owner}/{handle.queue.topic}" if owner.startswith("$share/") else handle.queue.topic
+
     async def _published(self, run: list[MessagePublished]) -> None:
         first = run[0]
         reason = ReasonCode.SUCCESS
         try:
-            self.verbs._may(self.session, "publish", first.topic)
+            self.gate.check(self.session.user, "publish", first.topic)
             headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
             for start in range(0, len(run), self.services.config.max_batch):
                 part = run[start:start + self.services.config.max_batch]
@@ -296,19 +352,29 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         codes = []
         client = self.session.client_id
         assert client is not None
+        gate, user = self.gate, self.session.user
         for request in event.requests:
             if request.refusal is not None:
                 codes.append(request.refusal)
                 continue
-            user = self.session.user
-            if user is not None and not user.may_subscribe(request.filter):
-                codes.append(ReasonCode.NOT_AUTHORIZED)
-                continue
             qos, options = request.granted_qos, request.options
             shared = request.share_group is not None
             try:
+                gate.check_target(request.topic_filter)
+                gate.check(user, "subscribe", request.filter)
+                if request.topic_filter not in self.subscriptions:  # (each one granted is counted in Redis)
+                    await gate.check_subscriptions(client)
                 sub = await self.services.core.shared.subscribe(client, request.topic_filter, qos=min(qos, 1),
                                                                 retained=False)
+            except NoPermission:
+                codes.append(ReasonCode.NOT_AUTHORIZED)
+                continue
+            except LimitExceeded:
+                codes.append(ReasonCode.QUOTA_EXCEEDED)
+                continue
+            except BadArgument:
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+                continue
             except FenceMQError as exc:
                 log.info("MQTT SUBSCRIBE to %r refused: %s", request.topic_filter[:128], exc)
                 codes.append(REFUSED)

@@ -1,5 +1,9 @@
 """The MQTT listeners of a worker: TCP (``--mqtt-port``) and WebSocket (``--mqtt-ws-port``),
-each connection an :class:`fencemq.server.mqtt.listener.MqttConnection`."""
+each connection an :class:`fencemq.server.mqtt.listener.MqttConnection`.
+
+Each connection enters the worker's gate before anything is read from it (max_connections,
+counted with RESP's and the UI's), and leaves it when it closes; with TLS, the handshake is the
+gate's to time (fencemq.server.tls), and so is a WebSocket's upgrade (auth_timeout_ms)."""
 
 from __future__ import annotations
 
@@ -8,10 +12,11 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSListener
 
-from fencemq.protocol.mqtt.events import MqttServerLimits
+from fencemq.errors import LimitExceeded
+from fencemq.server.gate import client_host
 from fencemq.server.mqtt.listener import MqttConnection
+from fencemq.server.tls import guarded_tls
 
 log = logging.getLogger(__name__)
 
@@ -26,35 +31,47 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
     from fencemq.server.mqtt.websocket import MqttWebSocketStream, WebSocketRefused
 
     numbers = iter(range(1, 1 << 62))
+    gate = worker.services.gate
 
     async def listen(at: int) -> tuple[Any, int]:
         listener: Any = await anyio.create_tcp_listener(local_host=worker.config.host, local_port=at)
         bound = listener.extra(SocketAttribute.local_port)
         if tls is not None:
-            listener = TLSListener(listener, tls, standard_compatible=False)
+            listener = guarded_tls(listener, tls, gate)
         return listener, bound
 
-    async def one(stream: anyio.abc.ByteStream) -> None:
-        conn = MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}")
-        worker.connections[conn.token] = conn
+    async def one(stream: anyio.abc.ByteStream, door: str = "mqtt") -> None:
         try:
-            await conn.run()
-        except Exception:
-            log.exception("MQTT connection failed")
+            gate_pass = gate.enter(door, client_host(stream))
+        except LimitExceeded:
+            log.info("MQTT connection refused: max_connections (%d) reached", worker.config.max_connections)
+            await anyio.aclose_forcefully(stream)
+            return
+        try:
+            if door == "mqtt-ws":
+                ws = MqttWebSocketStream(stream)
+                try:
+                    with anyio.fail_after(gate.connect_timeout_s):
+                        await ws.handshake()
+                except (WebSocketRefused, TimeoutError) as exc:
+                    log.info("MQTT WebSocket refused: %s", exc)
+                    await anyio.aclose_forcefully(stream)
+                    return
+                stream = ws
+            conn = MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}", gate_pass)
+            worker.connections[conn.token] = conn
+            try:
+                await conn.run()
+            except Exception:
+                log.exception("MQTT connection failed")
+            finally:
+                worker.connections.pop(conn.token, None)
         finally:
-            worker.connections.pop(conn.token, None)
+            gate.leave(gate_pass)
         await conn.will_after_delay()
 
     async def one_ws(stream: anyio.abc.ByteStream) -> None:
-        ws = MqttWebSocketStream(stream)
-        try:
-            with anyio.fail_after(MqttServerLimits().connect_timeout):
-                await ws.handshake()
-        except (WebSocketRefused, TimeoutError) as exc:
-            log.info("MQTT WebSocket refused: %s", exc)
-            await stream.aclose()
-            return
-        await one(ws)
+        await one(stream, "mqtt-ws")
 
     listeners = []
     tcp_bound = None
