@@ -135,6 +135,14 @@ def serve(
         "--http-port", metavar="N", min=0, max=65535, show_default=False,
         help="Also serve the web UI (`fencemq dashboard`) on this port, same address as --host (default: off)")]
     = None,
+    drain_timeout_ms: Annotated[Optional[int], typer.Option(
+        "--drain-timeout-ms", metavar="MS", min=0, show_default=False,
+        help="On SIGTERM, tell clients to move and finish what is in hand within this; the rest is cut "
+             "(default: $FENCEMQ_DRAIN_TIMEOUT_MS, else 5000)")] = None,
+    server_reference: Annotated[Optional[str], typer.Option(
+        "--server-reference", metavar="HOST:PORT", show_default=False,
+        help="Where clients should go when this worker drains: MQTT 5's DISCONNECT Server Reference and the "
+             "RESP3 draining notice (default: $FENCEMQ_SERVER_REFERENCE, else none)")] = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT, then drain and exit 0.
 
@@ -153,7 +161,8 @@ def serve(
     try:
         config = Config.from_env(host=host, port=port, redis_url=redis_url, metrics_port=metrics_port,
                                  prefix=prefix, password=password, users=users or None, mqtt_port=mqtt_port, mqtt_ws_port=mqtt_ws_port, tls_cert_file=tls_cert, tls_key_file=tls_key,
-                                 tls_ca_file=tls_ca)
+                                 tls_ca_file=tls_ca, drain_timeout_ms=drain_timeout_ms,
+                                 server_reference=server_reference)
         Keyspace(config.prefix)
         client_tls(config)  # incomplete TLS settings, or a certificate that does not load
     except (OSError, ssl.SSLError) as exc:
