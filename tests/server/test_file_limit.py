@@ -6,7 +6,21 @@ import socket
 
 import pytest
 
+from fencemq.errors import BadArgument
+from fencemq.server.file_limit import RESERVED, plan
+
 from tests.helpers import Closed, Err, RespConn, direct, free_port, subprocess_worker, wait_for
+
+
+def test_open_files_are_shared_out_between_a_reserve_redis_and_clients():
+    small = plan(256)
+    assert (small.redis_pool, small.clients, small.reserved) == (24, 168, RESERVED)
+    large = plan(65_536)
+    assert large.redis_pool == 256 and large.clients == 65_536 - RESERVED - 256
+    cluster = plan(65_536, servers=3)
+    assert cluster.clients == 65_536 - RESERVED - 3 * 256, "a Cluster has a pool per master"
+    with pytest.raises(BadArgument, match="no room for clients"):
+        plan(64)
 
 
 def _log_of(proc) -> str:
