@@ -180,7 +180,7 @@ class Shared:
         *,
         lmq: str | None = None,
         qos: int = 1,
-        dedup_ids: list[str] | None = None,
+        dedup_ids: list[str | None] | None = None,
         headers: dict[str, str] | None = None,
         producer: str | None = None,
         retain: bool = False,
@@ -197,7 +197,7 @@ class Shared:
         *,
         lmq: str | None = None,
         qos: int = 1,
-        dedup_ids: list[list[str] | None] | None = None,
+        dedup_ids: list[list[str | None] | None] | None = None,
         headers: dict[str, str] | None = None,
         producer: str | None = None,
     ) -> list[list[str] | Exception]:
@@ -230,8 +230,9 @@ class Shared:
         for call in calls:
             assert ref is not None
             payloads = [p for i in call for p in commands[i]]
-            dedup = None if dedup_ids is None else [
-                d for i in call for d in (dedup_ids[i] or [""] * len(commands[i]))]
+            dedup = None  # a command without dedup ids: "" for each of its messages
+            if dedup_ids is not None and any(dedup_ids[i] for i in call):
+                dedup = [d for i in call for d in (dedup_ids[i] or [""] * len(commands[i]))]
             try:
                 ids = await self._publish_checked(ref, payloads, qos=qos, dedup_ids=dedup, headers=headers,
                                                   producer=producer)
@@ -246,7 +247,7 @@ class Shared:
         return outcomes  # type: ignore[return-value]
 
     async def _publish_checked(self, ref: QueueRef, payloads: list[bytes], *, qos: int,
-                               dedup_ids: list[str] | None, headers: dict[str, str] | None,
+                               dedup_ids: list[str | None] | None, headers: dict[str, str] | None,
                                producer: str | None, retain: bool = False) -> list[str]:
         topic = ref.topic
         if ref.lite:

@@ -21,11 +21,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError, LimitExceeded
+from fencemq.fences.redis_errors import redis_failure
 from fencemq.protocol.commands import Request, parse
 from fencemq.protocol.request_reader import RequestReader
 from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
 from fencemq.server import metrics
-from fencemq.server.guard import redis_failure
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 from fencemq.server.messaging_verbs import ClientGone
@@ -332,14 +332,14 @@ class ClientConnection:
         except FenceMQError as exc:
             return self._error(exc)
         except RedisError as exc:
-            return self._error(redis_failure(self.session.services, req.verb, exc))
+            return self._error(redis_failure(exc, req.verb, self.session.services.core.fences))
 
     def _outcome(self, req: Request, outcome: Any) -> Any:
         """A batched command's reply: its value, or its refusal as an error reply."""
         if isinstance(outcome, FenceMQError):
             return self._error(outcome)
         if isinstance(outcome, RedisError):
-            return self._error(redis_failure(self.session.services, req.verb, outcome))
+            return self._error(redis_failure(outcome, req.verb, self.session.services.core.fences))
         return outcome
 
     def _error(self, exc: FenceMQError) -> ErrorReply:

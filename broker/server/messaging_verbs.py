@@ -67,9 +67,10 @@ class MessagingVerbs:
         return ids[0]
 
     async def mpub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None,
-                   qos: int = 1) -> Any:
+                   qos: int = 1, dedup_ids: list[str | None] | None = None) -> Any:
         self._may(session, "publish", topic)
-        ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, producer=session.client_id)
+        ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids,
+                                                      producer=session.client_id)
         metrics.PUBLISHED.inc(len(ids))
         return id_array(ids)
 
@@ -90,7 +91,8 @@ class MessagingVerbs:
         first = requests[0].args
         published = await self.services.core.shared.publish_many(
             first["topic"], [requests[i].args["payloads"] for i in admitted], lmq=first.get("lmq"),
-            qos=first.get("qos", 1), producer=session.client_id)
+            qos=first.get("qos", 1), dedup_ids=[requests[i].args.get("dedup_ids") for i in admitted],
+            producer=session.client_id)
         for i, out in zip(admitted, published, strict=True):
             if isinstance(out, list):
                 metrics.PUBLISHED.inc(len(out))

@@ -71,7 +71,7 @@ def test_a_pub_with_a_bad_argument_in_a_run_fails_alone_and_its_neighbours_are_s
 
 EXAMPLES = int(os.environ.get("FENCEMQ_PIPELINE_EXAMPLES", "25"))
 PASSWORD = "pipelined runs"
-MAX_BATCH, MAX_PAYLOAD, MAX_ARG = 4, 64, 128
+MAX_BATCH, MAX_PAYLOAD, MAX_ARG, MAX_ID = 4, 64, 128, 16
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def brokers(redis_server):
         r.set(Keyspace(prefix).handle_secret, secret)
         anyio.run(add_user, prefix)
         workers.append(worker(url, prefix=prefix, users=True, max_batch=MAX_BATCH, max_payload=MAX_PAYLOAD,
-                              max_arg_bytes=MAX_ARG).start())
+                              max_arg_bytes=MAX_ARG, max_id_bytes=MAX_ID).start())
     yield workers, r
     for w in workers:
         w.stop()
@@ -119,14 +119,15 @@ def commands(draw: st.DrawFn, n: int) -> list[tuple]:
     handle = ("HANDLE",)
     tags = ("TAGS", *draw(st.lists(st.integers(-1, 30), min_size=1, max_size=MAX_BATCH + 1)))
     count = str(draw(st.integers(1, MAX_BATCH + 1)))
+    dedup = st.sampled_from([(), (), (), ("ID", "d1"), ("ID", "d2"), ("ID", "D" * (MAX_ID + 1))])
     if kind == "pubs":
         run = []
         for _ in range(draw(st.integers(1, 6))):
             if draw(st.integers(0, 3)) == 0:
                 size = draw(st.integers(1, MAX_BATCH + 1))
-                run.append(("MPUB", topic, str(size), *[draw(payloads) for _ in range(size)], *qos[:0]))
+                run.append(("MPUB", topic, str(size), *[draw(payloads) for _ in range(size)], *draw(dedup)))
             else:
-                run.append(("PUB", topic, draw(payloads), *qos))
+                run.append(("PUB", topic, draw(payloads), *qos, *draw(dedup)))
         return run
     if kind == "lite":
         lmq = draw(lmqs)
@@ -193,7 +194,7 @@ def stored_state(r: redis.Redis, prefix: str, n: int) -> dict:
         k = keys.queue(ref)
         state[str(ref)] = (
             sorted((i, body.split(b":", 1)[1]) for i, body in r.hgetall(k.log).items()),
-            sorted(r.hvals(k.checkouts)), r.zrange(k.ready, 0, -1), r.hget(k.meta, "seq"))
+            sorted(r.hvals(k.checkouts)), r.zrange(k.ready, 0, -1), r.hget(k.meta, "seq"), r.hgetall(k.dedup_ids))
     client = f"c{n}"
     state["session"] = (r.hgetall(keys.session_lite_counts(client)), sorted(r.smembers(keys.session_handles(client))),
                         [r.hgetall(keys.session_lmqs(client, b)) for b in range(16)])
