@@ -260,7 +260,8 @@ class MessagingVerbs:
         timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
         result = None
         async with session.until_hangup():
-            with anyio.move_on_after(timeout):
+            # A worker draining for a deploy ends the wait (not a look): the verb answers what it has
+            with anyio.move_on_after(timeout) as waiting, session.interruptible(waiting):
                 async with self.services.wakeups.watching(self.services.keys.queue(h.queue).wake) as waiter:
                     while True:
                         # The BLOCK time runs out in the wait, not in a look: a fence call cut
@@ -270,8 +271,9 @@ class MessagingVerbs:
                         if done(result):
                             break
                         await waiter.wait()
-        if session.closing:
-            # The client hung up while it waited: nothing more is checked out to it.
+        if session.gone:
+            # The client hung up while it waited: nothing more is checked out to it. (A connection
+            # closing because its worker drains still answers: what a look checked out is in it.)
             raise ClientGone
         return result if result is not None else await attempt()
 

@@ -151,6 +151,9 @@ class Verbs(MessagingVerbs):
             "id": session.client_id or session.anonymous_id, "worker": self.services.worker_id,
             "mode": "standalone", "role": "master", "modules": [],
             "lock_ms": self.config.default_lock_ms,  # what a client renewing its locks needs to know
+            # whether the named session was there before this connection: a client reconnecting after
+            # longer than its lease finds it "new" (every subscription gone) and says so (docs/sdk.md)
+            "session": "resumed" if session.bound and not session.anonymous and session.resumed else "new",
         }
 
     async def auth(self, session: Session, argv: list[bytes]) -> Any:

@@ -5,8 +5,11 @@ fencemq.protocol.commands, both free of I/O) over TCP or TLS (the ``tls_*`` sett
 to a single Redis or a Cluster (fencemq.fences.redis_client.open_redis), keeps no
 state that matters — everything lives in Redis — and may die at any instant.
 Pipelined PUBs to one queue are run as one fence call. SIGTERM drains: stop
-accepting, finish the commands in hand, close connections (sessions stay, to
-be resumed on another worker).
+accepting, tell the clients to move (RESP3: a ``draining`` push; MQTT 5:
+DISCONNECT 0x8B Server shutting down, with a Server Reference when
+configured), answer long polls at once, finish the commands in hand and
+close, all within ``drain_timeout_ms``; sessions stay, to be resumed on
+another worker (docs/operations.md, "Deploying").
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from fencemq.server.sweeper import Sweeper
 from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
+
+MOVE_WINDOW_S = 1.0  # how long a draining worker serves a RESP3 client it told to move, at most
 
 
 def client_tls(config: Config) -> ssl.SSLContext | None:
@@ -122,14 +127,13 @@ class Worker:
                         conns.start_soon(self._accept, listener, conns, accepting)
                         accepting_mqtt = anyio.CancelScope()
                         if self.config.mqtt_port is not None or self.config.mqtt_ws_port is not None:
-                            self.mqtt_port = await conns.start(self._accept_mqtt, accepting_mqtt)
+                            self.mqtt_port = await conns.start(self._accept_mqtt, accepting_mqtt, conns)
                         task_status.started(self.port)
                         await self._draining.wait()
                         accepting.cancel()
                         accepting_mqtt.cancel()
-                        for conn in list(self.connections.values()):
-                            conn.drain()
-                        conns.start_soon(self._cut_stragglers)
+                        self._drain_connections()
+                        conns.start_soon(self._cut_stragglers, self.config.drain_timeout_ms / 1000, conns)
                     background.cancel_scope.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
@@ -141,24 +145,39 @@ class Worker:
         with scope:
             await listener.serve(self._serve_connection, task_group=conns)
 
-    async def _accept_mqtt(self, scope: anyio.CancelScope, *,
+    async def _accept_mqtt(self, scope: anyio.CancelScope, conns: anyio.abc.TaskGroup, *,
                            task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         from fencemq.server.mqtt.serving import serve_mqtt
 
         with scope:
             await serve_mqtt(self, self.config.mqtt_port, self.tls, ws_port=self.config.mqtt_ws_port,
-                             task_status=task_status)
+                             connections=conns, task_status=task_status)
 
-    async def _cut_stragglers(self, grace_s: float = 2.0) -> None:
-        """A long-poll in progress is not worth holding a shutdown for."""
-        with anyio.move_on_after(grace_s):
+    def _drain_connections(self) -> None:
+        """Tell every client to move (RESP3: a ``draining`` push; MQTT 5: DISCONNECT 0x8B, with the
+        Server Reference when configured) and let each finish what it has in hand."""
+        bound_ms = self.config.drain_timeout_ms
+        notice: dict[str, Any] = {"type": "draining", "worker": self.id, "within_ms": bound_ms}
+        if self.config.server_reference:
+            notice["server_reference"] = self.config.server_reference
+        # A RESP3 client is served on for a moment after the push: the SDK connects elsewhere and
+        # collects its replies here meanwhile; the bound cuts whatever is left.
+        move_s = min(MOVE_WINDOW_S, bound_ms / 2000)
+        for conn in list(self.connections.values()):
+            conn.drain(notice, move_s)
+
+    async def _cut_stragglers(self, bound_s: float, conns: anyio.abc.TaskGroup) -> None:
+        """Nothing holds a shutdown longer than ``drain_timeout_ms``; what the connections left
+        behind (an MQTT will waiting out its delay: it goes now) ends with them."""
+        with anyio.move_on_after(bound_s):
             while self.connections:
                 await anyio.sleep(0.02)
         for conn in list(self.connections.values()):
             conn.cut()
+        conns.cancel_scope.cancel()
 
     def drain(self) -> None:
-        """Stop accepting; connections finish what they hold and close."""
+        """Stop accepting; tell clients to move; connections finish what they hold and close."""
         self._draining.set()
 
     async def _serve_connection(self, stream: SocketStream) -> None:

@@ -86,6 +86,7 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
         self.taken_over = False
+        self.draining = False  # the worker shuts down: nothing new is sent
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
     async def _no_hangup_watch(self, scope: anyio.CancelScope) -> None:
@@ -97,11 +98,22 @@ class MqttConnection(MqttDelivery, MqttDeparture):
     # The worker holds its MQTT connections beside its RESP ones (Worker.connections): it keeps
     # their sessions' leases alive, cuts one whose session is gone, and drains them on shutdown.
 
-    def drain(self) -> None:
-        """The worker stops: DISCONNECT 0x8B (5.0), then close; the session lingers for its expiry."""
+    def drain(self, notice: dict[str, Any] | None = None, move_s: float = 0.0) -> None:
+        """The worker stops: no new deliveries; what is in flight gets up to half of drain_timeout_ms
+        to be acknowledged (so a client that reconnects is not sent it again); then DISCONNECT 0x8B
+        Server shutting down (5.0, with the Server Reference when configured) and close. The session
+        lingers for its expiry."""
         if self.tasks is None or self.mqtt.closed:
             return  # over already, or letting go of its session right now
-        self.tasks.start_soon(self._disconnect, ReasonCode.SERVER_SHUTTING_DOWN)
+        self.draining = True
+        self.quota_freed.set()  # a delivery waiting for quota looks again, and stops
+        self.tasks.start_soon(self._leave, self.config.drain_timeout_ms / 2000)
+
+    async def _leave(self, bound_s: float) -> None:
+        with anyio.move_on_after(bound_s):
+            while self.in_flight or self.releasing:
+                await anyio.sleep(0.02)
+        await self._disconnect(ReasonCode.SERVER_SHUTTING_DOWN, self.config.server_reference)
 
     def cut(self) -> None:
         if self.tasks is not None:
@@ -110,8 +122,8 @@ class MqttConnection(MqttDelivery, MqttDeparture):
     async def close(self) -> None:
         pass  # run() let go of the session already
 
-    async def _disconnect(self, reason: int) -> None:
-        await self._handle_and_flush(self.mqtt.disconnect(reason))
+    async def _disconnect(self, reason: int, server_reference: str | None = None) -> None:
+        await self._handle_and_flush(self.mqtt.disconnect(reason, server_reference=server_reference))
         self.cut()
 
     def _handle_later(self, events: list[MqttEvent]) -> None:

@@ -17,10 +17,12 @@ log = logging.getLogger(__name__)
 
 
 async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | None = None,
+                     connections: anyio.abc.TaskGroup | None = None,
                      task_status: anyio.abc.TaskStatus[int | None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Accept MQTT connections until cancelled: over TCP on ``port``, over WebSocket on ``ws_port``
     (either may be None: off; both with TLS when the worker has certificates). Reports the TCP
-    port it listens on and sets ``worker.mqtt_ws_port``."""
+    port it listens on and sets ``worker.mqtt_ws_port``. Connections run in ``connections`` when
+    given, so they outlive the accepting (a drain stops accepting, then lets them finish)."""
     from anyio.abc import SocketAttribute
 
     from fencemq.server.mqtt.websocket import MqttWebSocketStream, WebSocketRefused
@@ -66,7 +68,7 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
         listeners.append((listener, one_ws))
     async def serve(listener: Any, handler: Any) -> None:
         async with listener:
-            await listener.serve(handler)
+            await listener.serve(handler, task_group=connections)
 
     task_status.started(tcp_bound)
     async with anyio.create_task_group() as tg:
