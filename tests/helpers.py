@@ -397,6 +397,15 @@ class Terminal:
     def type(self, keys: bytes) -> None:
         os.write(self.fd, keys)
 
+    def type_hidden(self, keys: bytes, timeout: float = 5.0) -> None:
+        """Type at a password prompt: once the program has turned echo off (getpass flushes what was
+        typed before that, so typing on seeing the prompt would be lost)."""
+        deadline = time.monotonic() + timeout
+        while termios.tcgetattr(self.fd)[3] & termios.ECHO:
+            assert time.monotonic() < deadline, f"echo never went off: {self.seen!r}"
+            time.sleep(0.01)
+        self.type(keys)
+
     def exit_code(self, timeout: float = 10.0) -> int:
         """Wait for the program to end (reading what it prints meanwhile): its exit code."""
         deadline = time.monotonic() + timeout

@@ -294,8 +294,6 @@ class ClientConnection:
                 ack, pull = requests[i], requests[i + 1]
                 try:
                     outcomes = await self.verbs.ack_then_pull(self.session, ack, pull)  # type: ignore[arg-type]
-                except FenceMQError:  # refused before anything ran (a bad tag list, COUNT, handle)
-                    outcomes = [await self._run_one(ack), await self._run_one(pull)]  # type: ignore[arg-type]
                 except RedisError as exc:
                     outcomes = [exc, exc]
                 replies.extend(self._outcome(r, out) for r, out in zip((ack, pull), outcomes))  # type: ignore
@@ -309,20 +307,16 @@ class ClientConnection:
                 while j < len(requests) and isinstance(requests[j], Request) and requests[j].batch_key() == key:
                     j += 1
             if j - i > 1:
-                publishing = key[0] == "PUB"  # type: ignore[index]
-                run = self.verbs.publish_batch if publishing else self.verbs.sub_lmq_batch
-                try:
-                    outcomes = await run(self.session, requests[i:j])  # type: ignore[arg-type]
-                except RedisError as exc:
-                    if publishing:
-                        # A publish cut short by Redis may have run: each PUB is told so (TRYAGAIN:
-                        # send it again; with an ID nothing is stored twice), never run again here.
-                        outcomes = [exc] * (j - i)
-                    else:  # a SUB may run twice (the same member again)
+                if key[0] == "PUB":  # type: ignore[index]
+                    # each command checked as alone; a refusal is its own reply, never its neighbours'
+                    outcomes = await self.verbs.publish_batch(self.session, requests[i:j])  # type: ignore[arg-type]
+                else:
+                    try:
+                        outcomes = await self.verbs.sub_lmq_batch(self.session, requests[i:j])  # type: ignore
+                    except (FenceMQError, RedisError):
+                        # refused before any SUB ran, or cut short by Redis (a SUB may run twice: the
+                        # same member again): one by one
                         outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
-                except FenceMQError:
-                    # One bad command must not fail its neighbours: run them one by one.
-                    outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
                 replies.extend(self._outcome(req, out) for req, out in zip(requests[i:j], outcomes))  # type: ignore
             else:
                 replies.append(await self._run_one(req))

@@ -37,6 +37,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError, NoPermission
 from fencemq.fences import session_index
@@ -297,22 +298,37 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         await self._handle(pipelined)
 
     async def _published(self, run: list[MessagePublished]) -> None:
+        """PUBLISHes to one topic that one read brought: published together, each packet checked as
+        if alone and acknowledged with its own reason code, in order (MQTT-4.6.0-2)."""
         first = run[0]
-        reason = ReasonCode.SUCCESS
         try:
             self.verbs._may(self.session, "publish", first.topic)
-            headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
-            for start in range(0, len(run), self.services.config.max_batch):
-                part = run[start:start + self.services.config.max_batch]
-                await self.services.core.shared.publish(
-                    first.topic, [e.payload for e in part], qos=min(first.qos, 1),
-                    headers=headers, retain=first.retain, producer=self.session.client_id)
         except NoPermission:
-            reason = ReasonCode.NOT_AUTHORIZED
-        except FenceMQError as exc:
-            log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], exc)
-            reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
-        for event in run:
+            outcomes: list[Any] = [NoPermission("")] * len(run)
+        else:
+            shared = self.services.core.shared
+            headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
+            if first.retain:  # never merged (_same_run): the last retained message is this one
+                try:
+                    outcomes = [await shared.publish(first.topic, [first.payload], qos=min(first.qos, 1),
+                                                     headers=headers, retain=True, producer=self.session.client_id)]
+                except FenceMQError as exc:
+                    outcomes = [exc]
+            else:
+                outcomes = await shared.publish_many(first.topic, [[e.payload] for e in run], qos=min(first.qos, 1),
+                                                     headers=headers, producer=self.session.client_id)
+        for event, outcome in zip(run, outcomes, strict=True):
+            if isinstance(outcome, RedisError):
+                # Unknown whether it was stored: the connection ends unacknowledged and the client
+                # sends it (and what followed it) again.
+                raise outcome
+            if isinstance(outcome, NoPermission):
+                reason = ReasonCode.NOT_AUTHORIZED
+            elif isinstance(outcome, FenceMQError):
+                log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], outcome)
+                reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+            else:
+                reason = ReasonCode.SUCCESS
             if event.packet_id is not None:
                 self.mqtt.acknowledge_publish(event.packet_id, reason)
 
