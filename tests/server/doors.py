@@ -13,7 +13,6 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import anyio

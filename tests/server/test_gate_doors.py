@@ -22,7 +22,7 @@ import pytest
 from fencemq.model.keys import QueueRef
 from tests.helpers import Err, as_map, wait_for
 from tests.server.doors import (
-    DOORS, KEYS, MQTT_DOORS, Doors, MqttWire, accepted, add_user, change_user, resp, will,
+    DOORS, KEYS, Doors, MqttWire, accepted, add_user, change_user, resp, will,
 )
 
 ROOT = ("root", "root-secret-1")

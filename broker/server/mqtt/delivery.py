@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 
 from fencemq.errors import NotFound
+from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Handle
 from fencemq.protocol.mqtt.properties import NO_PROPERTIES
 from fencemq.protocol.mqtt.session import MqttServerSession
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 BATCH = 64  # deliveries fetched per pull, at most (and at most the client's send quota)
 IDLE_LOOK_S = 1.0  # a subscription with nothing to send looks again at least this often
+REDIS_RETRY_S = 0.5  # after Redis failed a pull (a failover): the pause before the next look
 
 
 @dataclass(slots=True)
@@ -64,6 +66,7 @@ class MqttDelivery:
     output_turn: anyio.Lock
     quota_freed: anyio.Event
     protocol_level: int
+    draining: bool
     token: str
 
     def cut(self) -> None: ...
@@ -93,21 +96,31 @@ class MqttDelivery:
         handle = sub.handle
         with sub.scope:
             async with wakeups.watching(self.services.keys.queue(handle.queue).wake) as waiter:
-                while not self.mqtt.closed:
+                while not self.mqtt.closed and not self.draining:
                     quota = self.mqtt.send_quota if sub.qos else BATCH
                     if quota <= 0:
                         self.quota_freed = anyio.Event()
                         await self.quota_freed.wait()
                         continue
+                    paused = False
                     async with self.output_turn:  # one pulled batch held for the client at a time
                         try:
                             result = await leases.pull(handle, min(quota, BATCH))
+                            if result.deliveries:
+                                await self._send(sub, result.deliveries)
+                                continue
                         except NotFound:
                             log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
                             return  # the subscription is gone (its queue dropped): nothing more to send
-                        if result.deliveries:
-                            await self._send(sub, result.deliveries)
-                            continue
+                        except REDIS_FAILURES as exc:
+                            # Redis failing over: the subscription stays and looks again shortly; what was
+                            # checked out and not sent comes back when its lease runs out
+                            log.info("MQTT delivery to %r paused: %s", self.session.client_id,
+                                     redis_failure(exc, "an MQTT delivery").message[:200])
+                            paused = True
+                    if paused:
+                        await anyio.sleep(REDIS_RETRY_S)
+                        continue
                     with anyio.move_on_after(IDLE_LOOK_S):
                         await waiter.wait()
 
