@@ -45,7 +45,7 @@ def user_add(name: Name, password_stdin: PasswordStdin = False,
         action, _, filt = g.partition(":")
         grants.append((action, filt or "#"))
     password = _password(password_stdin)
-    ctx.run(lambda r, _k: _store(ctx, r).add(name, password, grants))
+    ctx.run(lambda r, _k: _store(ctx, r).add(name, password, grants), writes=True)
     _out().print(f"user {name} added")
 
 
@@ -55,7 +55,7 @@ def user_passwd(name: Name, password_stdin: PasswordStdin = False, redis_url: Re
     """Set a user's password."""
     ctx = Ctx("user", redis_url, prefix, cluster)
     password = _password(password_stdin)
-    ctx.run(lambda r, _k: _store(ctx, r).passwd(name, password))
+    ctx.run(lambda r, _k: _store(ctx, r).passwd(name, password), writes=True)
     _out().print(f"password of {name} changed")
 
 
@@ -65,7 +65,7 @@ def user_del(name: Name, yes: Yes = False, redis_url: RedisUrl = None, prefix: P
     """Delete a user (its sessions keep running until they reconnect). Asks first unless --yes."""
     ctx = Ctx("user", redis_url, prefix, cluster)
     _confirm(ctx, yes, f"Delete user {name}?", f"delete user {name}")
-    if not ctx.run(lambda r, _k: _store(ctx, r).delete(name)):
+    if not ctx.run(lambda r, _k: _store(ctx, r).delete(name), writes=True):
         ctx.fail(f"no user {name!r}", 1)
     _out().print(f"user {name} deleted")
 
@@ -75,7 +75,7 @@ def user_grant(name: Name, action: Action, filt: Filter, redis_url: RedisUrl = N
                cluster: Cluster = False) -> None:
     """Let a user do ACTION on the topics FILTER matches."""
     ctx = Ctx("user", redis_url, prefix, cluster)
-    ctx.run(lambda r, _k: _store(ctx, r).grant(name, action, filt))
+    ctx.run(lambda r, _k: _store(ctx, r).grant(name, action, filt), writes=True)
     _out().print(f"{name} may {action} on {filt}")
 
 
@@ -84,7 +84,7 @@ def user_revoke(name: Name, action: Action, filt: Filter, redis_url: RedisUrl = 
                 cluster: Cluster = False) -> None:
     """Take back a grant (the same ACTION and FILTER it was given with)."""
     ctx = Ctx("user", redis_url, prefix, cluster)
-    ctx.run(lambda r, _k: _store(ctx, r).revoke(name, action, filt))
+    ctx.run(lambda r, _k: _store(ctx, r).revoke(name, action, filt), writes=True)
     _out().print(f"{name} may no longer {action} on {filt}")
 
 

@@ -3,7 +3,10 @@
 One fence call per batch (MPUB, pipelined PUBs): ids are assigned in order,
 the publish time is Redis's, a dedup id repeated within the window returns
 the first id and stores nothing, retention trims from the head. Then the
-queue's push members get their share (fences/mailbox.py).
+queue's push members get their share (fences/mailbox.py). Every publish
+asks the memory guard first (fences/memory.py): above the watermark, or on
+a Redis that may evict keys, it is refused (FULL, EVICTING) before anything
+is written, whichever door it came through.
 Protocol: docs/protocol.md, "Publishing".
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.context import FenceContext
 from fencemq.fences.mailbox import Mailboxes, parse_push_members
+from fencemq.fences.memory import is_oom
 from fencemq.fences.registry import fence
 from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body
@@ -64,6 +68,7 @@ class Publishing:
         for p in payloads:
             if len(p) > config.max_payload:
                 raise LimitExceeded(f"payload of {len(p)} bytes exceeds {config.max_payload}; split it")
+        self.ctx.memory.check_publish()
         await self.ctx.check_topic_kind(topic, lmq is not None)
         return await self._append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids, read_key)
 
@@ -83,11 +88,17 @@ class Publishing:
                     journal_cap=self.ctx.journal_cap(ref))
         keys = self.ctx.keys.queue(ref)
         value = None
-        if read_key is None:
-            ids, push_members = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
-        else:
-            (ids, push_members), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
-                                                                           args_rest=messages, **args)
+        try:
+            if read_key is None:
+                ids, push_members = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
+            else:
+                (ids, push_members), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
+                                                                               args_rest=messages, **args)
+        except Exception as exc:
+            # Redis refuses the fence whole (it is not allow-oom): nothing was stored
+            if is_oom(exc):
+                raise self.ctx.memory.refused_by_redis(exc) from None
+            raise
         members = parse_push_members(push_members)
         if members:
             await self.mailboxes.dispatch(ref, members)

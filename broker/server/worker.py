@@ -92,6 +92,9 @@ class Worker:
         try:
             self.services = services = Services.over(redis, self.config, self.id)
             await services.handles.load(redis, services.keys.handle_secret)
+            memory = services.core.ctx.memory
+            memory.on_sample = metrics.memory_sampled
+            await memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
@@ -111,6 +114,7 @@ class Worker:
                         services.keys.filters_channel, lambda _: services.core.shared.registry.invalidate())
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
+                    background.start_soon(memory.run)
                     if self.config.metrics_port is not None:
                         services.core.fences.observe = metrics.observe_fence
                         background.start_soon(partial(
@@ -205,7 +209,7 @@ class Worker:
             pause = self.config.session_lease_ms / 3000
             try:
                 now = await services.clock.now_ms()
-                await services.redis.zadd(services.keys.workers, {self.id: now + self.config.session_lease_ms})
+                await services.core.ctx.set_scores(services.keys.workers, {self.id: now + self.config.session_lease_ms})
                 gone = set(await services.sessions.keep_alive(sorted(self.attached_clients())))
                 for conn in list(self.connections.values()):
                     if conn.session.client_id in gone and conn.session.bound:

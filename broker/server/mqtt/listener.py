@@ -38,10 +38,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from fencemq.errors import FenceMQError, NoPermission
+from fencemq.errors import EvictingRedis, FenceMQError, Full, NoPermission
 from fencemq.fences import session_index
 from fencemq.model.keys import Handle
 from fencemq.model.topics import matches
+from fencemq.protocol.mqtt.codec import MQTT_5
 from fencemq.protocol.mqtt.events import (
     SESSION_NEVER_EXPIRES, ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived,
     MessagePublished, MqttEvent, MqttServerLimits, PublishReleased, SubscribeRequested, UnsubscribeRequested,
@@ -84,6 +85,7 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
         self.taken_over = False
+        self.quota_refused = False  # a 3.1.1 PUBLISH met FULL: the connection is being closed unacknowledged
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
     async def _no_hangup_watch(self, scope: anyio.CancelScope) -> None:
@@ -274,7 +276,7 @@ class MqttConnection(MqttDelivery, MqttDeparture):
 
     async def _published(self, run: list[MessagePublished]) -> None:
         first = run[0]
-        reason = ReasonCode.SUCCESS
+        reason, why = ReasonCode.SUCCESS, None
         try:
             self.verbs._may(self.session, "publish", first.topic)
             headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
@@ -285,12 +287,23 @@ class MqttConnection(MqttDelivery, MqttDeparture):
                     headers=headers, retain=first.retain, producer=self.session.client_id)
         except NoPermission:
             reason = ReasonCode.NOT_AUTHORIZED
+        except (Full, EvictingRedis) as exc:
+            # the broker's Redis is short of memory (or may evict): held back, as a RESP PUB gets FULL
+            log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], exc.resp())
+            if self.mqtt.protocol_level != MQTT_5:
+                # 3.1.1 has no failure PUBACK: close unacknowledged, and the client sends it again
+                # once it reconnects (MQTT-4.4.0-1), by when consumers may have drained Redis
+                if not self.quota_refused and self.tasks is not None:
+                    self.quota_refused = True
+                    self.tasks.start_soon(self._disconnect, ReasonCode.QUOTA_EXCEEDED)
+                return
+            reason, why = ReasonCode.QUOTA_EXCEEDED, exc.resp()
         except FenceMQError as exc:
             log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], exc)
             reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
         for event in run:
             if event.packet_id is not None:
-                self.mqtt.acknowledge_publish(event.packet_id, reason)
+                self.mqtt.acknowledge_publish(event.packet_id, reason, why)
 
     async def _subscribe(self, event: SubscribeRequested) -> None:
         codes = []
