@@ -88,6 +88,36 @@ class InternalError(FenceMQError):
     code = "INTERNAL"
 
 
+class TryAgain(FenceMQError):
+    """The broker's Redis could not run the command now: a lost connection, a timeout, a failover or
+    restart under way (READONLY, NOREPLICAS, MASTERDOWN, LOADING, CLUSTERDOWN, TRYAGAIN, MOVED/ASK
+    past their retries). It may or may not have run: send it again (broker/fences/redis_errors.py)."""
+
+    code = "TRYAGAIN"
+
+
+class OutOfMemory(FenceMQError):
+    """The broker's Redis is at its ``maxmemory`` and refuses writes (Redis's own ``OOM``): nothing was
+    written. Consume (ACK) or purge to free memory, or raise maxmemory; then send it again."""
+
+    code = "OOM"
+
+
+class PersistenceFailing(FenceMQError):
+    """The broker's Redis refuses writes because it cannot persist (Redis's own ``MISCONF``: a failed
+    RDB/AOF write with stop-writes-on-bgsave-error): nothing was written. An operator must fix the disk."""
+
+    code = "MISCONF"
+
+
+class Unconfirmed(FenceMQError):
+    """The command ran, but the ``durability`` setting's confirmation (WAIT for replicas, WAITAOF for
+    the AOF) did not come in time: a failover may still undo it. Send it again (a PUB with the same
+    ID stores nothing twice; an ACK of a settled tag settles nothing)."""
+
+    code = "UNCONFIRMED"
+
+
 class UnknownCommand(FenceMQError):
     """A verb the worker does not speak: Redis's own word, ``ERR``."""
 
@@ -97,6 +127,8 @@ class ErrorCode:
     code: str  # the RESP error word, and the first word of a fence's error
     exception: type[FenceMQError]
     meaning: str
+    # Safe and sensible to send again unchanged after a pause: the failure was Redis's state, not the request.
+    retriable: bool = False
 
 
 TABLE: tuple[ErrorCode, ...] = (
@@ -111,13 +143,29 @@ TABLE: tuple[ErrorCode, ...] = (
     ErrorCode("NOTFOUND", NotFound, "no such subscription, queue or member (any more)"),
     ErrorCode("FULL", Full, "the broker's Redis is above its memory watermark: publishing is refused until consumers "
               "drain it below the low watermark (or an operator raises maxmemory); consuming always works; nothing "
-              "was stored"),
+              "was stored: send it again later", True),
     ErrorCode("EVICTING", EvictingRedis, "the broker's Redis may evict keys (maxmemory-policy is not noeviction): "
-              "set it to noeviction; until then workers do not start and publishing is refused"),
+              "set it to noeviction; until then workers do not start and publishing is refused: send it again once "
+              "an operator did", True),
     ErrorCode("EXECABORT", TransactionAborted, "EXEC found a command refused while queued; none of them ran"),
     ErrorCode("INTERNAL", InternalError, "a fence failed inside Redis unexpectedly; the reply names it, the worker "
               "logged it"),
+    ErrorCode("TRYAGAIN", TryAgain, "the broker's Redis is failing over, restarting or unreachable; the command "
+              "may or may not have run: send it again (a PUB with the same ID stores nothing twice)", True),
+    ErrorCode("OOM", OutOfMemory, "the broker's Redis is out of memory (maxmemory) and refuses writes; nothing "
+              "was written: consume or purge to free memory, then send it again", True),
+    ErrorCode("MISCONF", PersistenceFailing, "the broker's Redis cannot persist (RDB/AOF write failed) and refuses "
+              "writes; nothing was written: an operator must fix its disk, then send it again", True),
+    ErrorCode("UNCONFIRMED", Unconfirmed, "the command ran but the durability setting's replicas/AOF did not "
+              "confirm it in time, so a failover may undo it: send it again (the same PUB ID stores nothing "
+              "twice)", True),
 )
+
+RETRIABLE: frozenset[str] = frozenset(e.code for e in TABLE if e.retriable)
+# What a fence may raise itself; the retriable codes name Redis's state, never a fence's verdict.
+_FENCE_CODES: tuple[str, ...] = tuple(e.code for e in TABLE if not e.retriable and e.code != "ERR")
+
+_REDIS_BUSY = "BUSY Redis is busy"
 
 BY_CODE: dict[str, type[FenceMQError]] = {e.code: e.exception for e in TABLE}
 
@@ -150,17 +198,22 @@ def from_reply(text: str) -> FenceMQError:
 
 
 def translate(exc: BaseException) -> FenceMQError | None:
-    """Map a redis-py ResponseError raised by a fence to a FenceMQError, else None."""
+    """Map a redis-py ResponseError raised by a fence to a FenceMQError, else None.
+
+    Only the codes fences raise: Redis's own refusals (OOM, MISCONF, TRYAGAIN, READONLY…) are named by
+    fencemq.fences.redis_errors, with what to do."""
     text = str(exc)
     if isinstance(exc, redis.exceptions.NoPermissionError) and "@user_script" in text:
         # redis-py strips a NOPERM prefix it knows; from a fence (not Redis's ACL) it is ours
         return from_reply("NOPERM " + text)
-    for code in BY_CODE:
-        if code != "ERR" and (text.startswith(code + " ") or text == code):
+    if text.startswith(_REDIS_BUSY):
+        return None  # Redis's own BUSY (a script outran lua-time-limit), not an exclusive subscription's
+    for code in _FENCE_CODES:
+        if text.startswith(code + " ") or text == code:
             return from_reply(text)
     # Lua errors may be wrapped: "Error running script ...: @user_script:12: BADARG ..."
-    for code in BY_CODE:
+    for code in _FENCE_CODES:
         marker = f" {code} "
-        if code != "ERR" and marker in text:
+        if marker in text:
             return from_reply(text[text.index(marker) + 1 :])
     return None

@@ -2,7 +2,10 @@
 
 One fence call per batch (MPUB, pipelined PUBs): ids are assigned in order,
 the publish time is Redis's, a dedup id repeated within the window returns
-the first id and stores nothing, retention trims from the head. Then the
+the first id and stores nothing, retention trims from the head. A dedup id
+may cover a run of messages (``dedup_ids`` of ``[id, None, None]``: an
+MPUB … ID): one dedup entry for the batch, and a repeat of it returns the
+run's ids. Then the
 queue's push members get their share (fences/mailbox.py). Every publish
 asks the memory guard first (fences/memory.py): above the watermark, or on
 a Redis that may evict keys, it is refused (FULL, EVICTING) before anything
@@ -22,7 +25,7 @@ from fencemq.model.messages import pack_body
 from fencemq.model.values import text
 
 PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal",
-                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap", argv_rest="messages")
+                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap spans", argv_rest="messages")
 
 
 class Publishing:
@@ -37,7 +40,7 @@ class Publishing:
         *,
         lmq: str | None = None,
         qos: int = 1,
-        dedup_ids: list[str] | None = None,
+        dedup_ids: list[str | None] | None = None,
         headers: dict[str, str] | None = None,
         producer: str | None = None,
     ) -> list[str]:
@@ -52,7 +55,7 @@ class Publishing:
         *,
         lmq: str | None = None,
         qos: int = 1,
-        dedup_ids: list[str] | None = None,
+        dedup_ids: list[str | None] | None = None,
         headers: dict[str, str] | None = None,
         producer: str | None = None,
     ) -> tuple[list[str], bytes | None]:
@@ -72,20 +75,31 @@ class Publishing:
         await self.ctx.check_topic_kind(topic, lmq is not None)
         return await self._append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids, read_key)
 
-    async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str] | None = None) -> list[str]:
+    async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str | None] | None = None) -> list[str]:
         """Append packed bodies to one queue and fill its push members' mailboxes."""
         return (await self._append(ref, bodies, dedup_ids, None))[0]
 
-    async def _append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str] | None,
+    async def _append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str | None] | None,
                       read_key: str | None) -> tuple[list[str], bytes | None]:
         config = self.ctx.config
         messages: list[bytes | str] = []
-        for body, dedup in zip(bodies, dedup_ids or [""] * len(bodies), strict=True):
-            messages.append(body)
-            messages.append(dedup)
+        spans: list[str] = []
+        if dedup_ids is None:
+            for body in bodies:
+                messages += (body, "")
+        else:
+            head = 0  # the message whose dedup id covers a run (dedup ids of None after it)
+            for i, (body, dedup) in enumerate(zip(bodies, dedup_ids, strict=True), start=1):
+                messages += (body, dedup or "")
+                if dedup is not None:
+                    if head and i - head > 1:
+                        spans.append(f"{head}:{i - head}")
+                    head = i if dedup else 0
+            if head and len(bodies) + 1 - head > 1:
+                spans.append(f"{head}:{len(bodies) + 1 - head}")
         args = dict(maxlen=config.retention_maxlen, maxage_ms=config.retention_maxage_ms,
                     dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
-                    journal_cap=self.ctx.journal_cap(ref))
+                    journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans))
         keys = self.ctx.keys.queue(ref)
         value = None
         try:

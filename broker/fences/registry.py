@@ -42,7 +42,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
-from fencemq.errors import FenceMQError, translate
+from fencemq.errors import translate
 
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
@@ -400,6 +400,6 @@ class Fences:
         if isinstance(result, ResponseError):
             mapped = translate(result)
             raise mapped if mapped is not None else result
-        if isinstance(result, FenceMQError):
+        if isinstance(result, Exception):  # a FenceMQError, or a lost connection a pipeline handed back
             raise result
         return result

@@ -172,7 +172,7 @@ class Shared:
         *,
         lmq: str | None = None,
         qos: int = 1,
-        dedup_ids: list[str] | None = None,
+        dedup_ids: list[str | None] | None = None,
         headers: dict[str, str] | None = None,
         producer: str | None = None,
         retain: bool = False,

@@ -21,11 +21,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError, LimitExceeded
+from fencemq.fences.redis_errors import redis_failure
 from fencemq.protocol.commands import Request, parse
 from fencemq.protocol.request_reader import RequestReader
 from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
 from fencemq.server import metrics
-from fencemq.server.guard import redis_failure
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 from fencemq.server.messaging_verbs import ClientGone
@@ -289,11 +289,16 @@ class ClientConnection:
             if j - i > 1:
                 publishing = key[0] == "PUB"  # type: ignore[index]
                 run = self.verbs.publish_batch if publishing else self.verbs.sub_lmq_batch
-                # A SUB may run twice (the same member again); a publish cut short by Redis may not.
-                again = FenceMQError if publishing else (FenceMQError, RedisError)
                 try:
                     outcomes = await run(self.session, requests[i:j])  # type: ignore[arg-type]
-                except again:
+                except RedisError as exc:
+                    if publishing:
+                        # A publish cut short by Redis may have run: each PUB is told so (TRYAGAIN:
+                        # send it again; with an ID nothing is stored twice), never run again here.
+                        outcomes = [exc] * (j - i)
+                    else:  # a SUB may run twice (the same member again)
+                        outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
+                except FenceMQError:
                     # One bad command must not fail its neighbours: run them one by one.
                     outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
                 replies.extend(self._outcome(req, out) for req, out in zip(requests[i:j], outcomes))  # type: ignore
@@ -333,14 +338,14 @@ class ClientConnection:
         except FenceMQError as exc:
             return self._error(exc)
         except RedisError as exc:
-            return self._error(redis_failure(self.session.services, req.verb, exc))
+            return self._error(redis_failure(exc, req.verb, self.session.services.core.fences))
 
     def _outcome(self, req: Request, outcome: Any) -> Any:
         """A batched command's reply: its value, or its refusal as an error reply."""
         if isinstance(outcome, FenceMQError):
             return self._error(outcome)
         if isinstance(outcome, RedisError):
-            return self._error(redis_failure(self.session.services, req.verb, outcome))
+            return self._error(redis_failure(outcome, req.verb, self.session.services.core.fences))
         return outcome
 
     def _error(self, exc: FenceMQError) -> ErrorReply:

@@ -1,4 +1,4 @@
-"""Holding hostile clients back: failed AUTHs per client address, and what a failure in Redis may tell.
+"""Holding hostile clients back: failed AUTHs per client address.
 
 The throttle has no I/O and no clock of its own (``now`` is passed in), so
 its policy is testable without waiting. One worker's view: a guesser spreading its
@@ -8,43 +8,7 @@ still closed after ``auth_max_failures`` failures.
 
 from __future__ import annotations
 
-import logging
-import re
 from collections import OrderedDict
-from typing import Any
-
-from redis.exceptions import ResponseError
-
-from fencemq.errors import FenceMQError, InternalError
-
-log = logging.getLogger(__name__)
-
-_SHA = re.compile(r"(?:script: |f_)([0-9a-f]{40})")
-_logged: set[tuple[str, str]] = set()  # (fence, first words of the error) already logged by this process
-
-
-def redis_failure(services: Any, verb: str, exc: Exception) -> FenceMQError:
-    """The reply to a command that failed in Redis with no code of ours.
-
-    A script's runtime error (a bug, a key of the wrong type) is INTERNAL and
-    names the fence, logged once per fence and error; anything else (a
-    timeout, a lost connection) says Redis did not answer.
-    """
-    text = " ".join(str(exc).split())
-    if isinstance(exc, ResponseError):
-        match = _SHA.search(text)
-        sha = match.group(1) if match else ""
-        fence = next((name for name, script in services.core.fences.scripts.items() if script.sha == sha),
-                     "a Redis command")
-        key = (fence, text[:80])
-        if key not in _logged and len(_logged) < 1000:
-            _logged.add(key)
-            log.error("fence %s failed inside Redis during %s: %s", fence, verb, text[:500])
-        return InternalError(f"fence {fence} failed inside Redis during {verb}; the worker logged it "
-                             f"({text[:160]})")
-    log.warning("%s failed against Redis: %s", verb, text[:500])
-    return FenceMQError(f"the broker's Redis did not answer ({text[:160]}); retry")
-
 
 ADDRESSES = 10_000  # addresses remembered; the least recently failed are forgotten first
 FORGET_AFTER_S = 600.0  # an address that has not failed for this long starts afresh

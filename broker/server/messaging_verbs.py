@@ -44,6 +44,8 @@ class MessagingVerbs:
     services: Services
     config: Config
 
+    def _check_pub_extras(self, args: dict[str, Any]) -> None: ...  # Verbs': dedup id and header limits
+
     @staticmethod
     def _may(session: Session, action: str, topic: str) -> None:
         """NOPERM naming what is missing, when the session's user lacks ``action`` on ``topic``."""
@@ -65,9 +67,10 @@ class MessagingVerbs:
         return ids[0]
 
     async def mpub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None,
-                   qos: int = 1) -> Any:
+                   qos: int = 1, dedup_ids: list[str | None] | None = None) -> Any:
         self._may(session, "publish", topic)
-        ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, producer=session.client_id)
+        ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids,
+                                                      producer=session.client_id)
         metrics.PUBLISHED.inc(len(ids))
         return id_array(ids)
 
@@ -76,15 +79,28 @@ class MessagingVerbs:
         for r in requests:
             session.note_command(r.verb)
             metrics.COMMANDS.labels(r.verb).inc()
+            self._check_pub_extras(r.args)  # a refusal runs them one by one, each with its own reply
         first = requests[0].args
         self._may(session, "publish", first["topic"])
-        payloads = [p for r in requests for p in r.args["payloads"]]
         ids: list[str] = []
-        for start in range(0, len(payloads), self.config.max_batch):
+        # Fence calls of at most max_batch messages, each command whole in one of them (an MPUB's
+        # dedup id covers its whole batch: a run is never split)
+        start = 0
+        while start < len(requests):
+            end, size = start, 0
+            while end < len(requests) and (end == start or size + len(requests[end].args["payloads"])
+                                           <= self.config.max_batch):
+                size += len(requests[end].args["payloads"])
+                end += 1
+            run = requests[start:end]
+            dedup = None
+            if any(r.args.get("dedup_ids") for r in run):
+                dedup = [d for r in run for d in (r.args.get("dedup_ids") or [""] * len(r.args["payloads"]))]
             ids += await self.services.core.shared.publish(
-                first["topic"], payloads[start : start + self.config.max_batch], lmq=first.get("lmq"),
-                qos=first.get("qos", 1), producer=session.client_id,
+                first["topic"], [p for r in run for p in r.args["payloads"]], lmq=first.get("lmq"),
+                qos=first.get("qos", 1), dedup_ids=dedup, producer=session.client_id,
             )
+            start = end
         metrics.PUBLISHED.inc(len(ids))
         replies: list[Any] = []
         at = 0

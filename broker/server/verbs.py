@@ -25,11 +25,11 @@ from fencemq.errors import (
     BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted, WrongPassword,
 )
 from fencemq.ops.users import DEFAULT_USER, User, default_user
+from fencemq.fences.redis_errors import redis_failure
 from fencemq.protocol.command_docs import command_docs, command_info, known
 from fencemq.protocol.commands import COMMANDS, TABLE, Request
 from fencemq.protocol.resp import ErrorReply, SimpleString, Verbatim
 from fencemq.server import metrics
-from fencemq.server.guard import redis_failure
 from fencemq.server.introspection import client_line, info_text
 from fencemq.server.messaging_verbs import OK, MessagingVerbs
 from fencemq.server.services import Services
@@ -58,7 +58,7 @@ class Verbs(MessagingVerbs):
             if len(args.get("payloads", ())) > self.config.max_batch or \
                     len(args.get("tags", ())) > self.config.max_batch:
                 raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
-            if request.verb == "PUB":
+            if request.verb in ("PUB", "MPUB"):
                 self._check_pub_extras(args)
             metrics.COMMANDS.labels(request.verb).inc()
             if not session.authed and request.verb not in BEFORE_AUTH:
@@ -74,7 +74,7 @@ class Verbs(MessagingVerbs):
         """Headers and dedup ids are stored with the message: they have limits of their own."""
         config = self.config
         for dedup_id in args.get("dedup_ids") or ():
-            if len(dedup_id.encode()) > config.max_id_bytes:
+            if dedup_id is not None and len(dedup_id.encode()) > config.max_id_bytes:
                 raise LimitExceeded(f"a dedup id of {len(dedup_id.encode())} bytes exceeds max_id_bytes "
                                     f"({config.max_id_bytes})")
         headers = args.get("headers") or {}
@@ -117,7 +117,7 @@ class Verbs(MessagingVerbs):
             try:
                 replies.append(await self.handlers[request.verb](session, **request.args))
             except RedisError as exc:
-                replies.append(ErrorReply(redis_failure(self.services, request.verb, exc).resp()))
+                replies.append(ErrorReply(redis_failure(exc, request.verb, self.services.core.fences).resp()))
             except FenceMQError as exc:
                 metrics.ERRORS.labels(exc.code).inc()
                 replies.append(ErrorReply(exc.resp()))

@@ -29,6 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from fencemq.errors import BadArgument, FenceMQError, NotFound
+from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.ops import inspection, maintenance, operations, overview
 from fencemq.ops.users import UserStore
@@ -244,6 +245,8 @@ def create_app(ui: UI) -> Starlette:
             return ui.error(request, exc, 404)
         except (BadArgument, ValueError) as exc:
             return ui.error(request, exc, 400)
+        except REDIS_FAILURES as exc:  # Redis failing over: say so, as every door does (TRYAGAIN…)
+            return ui.error(request, redis_failure(exc, f"the {name} page"), 503)
         qs = urlencode([(k, v) for k, v in request.query_params.multi_items()])
         return ui.render(request, template, page=name, events=f"/events?{urlencode({'page': name})}"
                          + (f"&{qs}" if qs else ""), c=ctx)
@@ -275,7 +278,9 @@ def create_app(ui: UI) -> Starlette:
                     event = "live"
                 except (FenceMQError, ValueError) as exc:
                     html, event = str(exc), "gone"
-                except Exception as exc:  # noqa: BLE001 - Redis away: say so, keep the stream
+                except REDIS_FAILURES as exc:  # Redis away: say so, keep the stream
+                    html, event = redis_failure(exc, f"the {name} page").resp(), "trouble"
+                except Exception as exc:  # noqa: BLE001 - whatever else: say so, keep the stream
                     html, event = f"{type(exc).__name__}: {exc}", "trouble"
                 payload = "".join(f"data: {line}\n" for line in html.splitlines() or [""])
                 yield f"event: {event}\n{payload}\n".encode()
@@ -337,6 +342,8 @@ def create_app(ui: UI) -> Starlette:
             return ui.error(request, exc, 404)
         except (BadArgument, ValueError) as exc:
             return ui.error(request, exc, 400)
+        except REDIS_FAILURES as exc:  # Redis failing over: say so, as every door does (TRYAGAIN…)
+            return ui.error(request, redis_failure(exc, f"the {name} page"), 503)
         return ui.render(request, "done.html", page="done", action=name, ref=ref, args=args, back=back,
                          result=json.dumps(result, indent=2, default=str))
 

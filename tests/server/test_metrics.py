@@ -103,18 +103,33 @@ def test_the_counters_operators_alert_on_count_what_happened(served: Served) -> 
 
 def test_backlog_and_oldest_unacked_are_sampled_per_topic_and_for_the_top_lmqs_only(served: Served) -> None:
     _workload(served.port)
+
+    def settled() -> dict | None:
+        # The sampler runs every 100 ms beside the workload: a sample taken while the lmq publishes were
+        # still going has the orders backlog already right and the lmqs not. Wait for a scrape of a sample
+        # taken after the whole workload (all 15 lmq messages) and written whole (the scrape runs in its own
+        # thread: it may catch the gauges being rewritten), then hold every figure of that one scrape.
+        samples = served.samples()
+        chat = {dict(labels)["lmq"]: value for (name, labels), value in samples.items()
+                if name == "fencemq_backlog_messages" and dict(labels)["topic"] == "chat"}
+        orders = [(name, (("lmq", ""), ("topic", "orders"))) in samples
+                  for name in ("fencemq_backlog_messages", "fencemq_oldest_unacked_age_seconds")]
+        return samples if chat.get("") == 15 and len(chat) == 4 and all(orders) else None
+
+    samples = wait_for(settled, what="a sample taken after the whole workload")
+
+    def value(name: str, **labels: str) -> float | None:
+        return samples.get((name, tuple(sorted(labels.items()))))
+
     # orders: 5 published, 2 checked out (1 dead-lettered, 1 leased): 3 unread + the leased one pending
-    wait_for(lambda: served.value("fencemq_backlog_messages", topic="orders", lmq="") == 3, what="orders backlog")
-    age = wait_for(lambda: served.value("fencemq_oldest_unacked_age_seconds", topic="orders", lmq=""),
-                   what="oldest unacked age of orders")
-    assert 0 <= age < 60
-    samples = served.samples()
+    assert value("fencemq_backlog_messages", topic="orders", lmq="") == 3
+    age = value("fencemq_oldest_unacked_age_seconds", topic="orders", lmq="")
+    assert age is not None and 0 <= age < 60
     lmq_series = sorted(dict(labels)["lmq"] for (name, labels) in samples
                         if name == "fencemq_backlog_messages" and dict(labels)["lmq"])
     assert lmq_series == ["busy-3", "busy-4", "busy-5"]  # FENCEMQ_METRICS_TOP_LMQS=3, largest backlogs
-    assert served.value("fencemq_backlog_messages", topic="chat", lmq="busy-5") == 5
-    assert served.value("fencemq_backlog_messages", topic="chat", lmq="") == 15  # all lmqs of the lite topic
-    assert served.value("fencemq_sessions") >= 4
+    assert value("fencemq_backlog_messages", topic="chat", lmq="busy-5") == 5
+    assert value("fencemq_sessions") >= 4
 
 
 def test_no_created_series_are_exported(served: Served) -> None:

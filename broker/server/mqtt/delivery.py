@@ -18,6 +18,7 @@ import anyio
 import anyio.abc
 
 from fencemq.errors import NotFound
+from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Handle
 from fencemq.protocol.mqtt.properties import NO_PROPERTIES
 from fencemq.protocol.mqtt.session import MqttServerSession
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 BATCH = 64  # deliveries fetched per pull, at most (and at most the client's send quota)
 IDLE_LOOK_S = 1.0  # a subscription with nothing to send looks again at least this often
+REDIS_RETRY_S = 0.5  # after Redis failed a pull (a failover): the pause before the next look
 
 
 @dataclass(slots=True)
@@ -81,14 +83,21 @@ class MqttDelivery:
                         continue
                     try:
                         result = await leases.pull(handle, min(quota, BATCH))
+                        if result.deliveries:
+                            await self._send(sub, result.deliveries)
+                            continue
                     except NotFound:
                         log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
                         return  # the subscription is gone (its queue dropped): nothing more to send
-                    if not result.deliveries:
-                        with anyio.move_on_after(IDLE_LOOK_S):
-                            await waiter.wait()
+                    except REDIS_FAILURES as exc:
+                        # Redis failing over: the subscription stays and looks again shortly; what was
+                        # checked out and not sent comes back when its lease runs out
+                        log.info("MQTT delivery to %r paused: %s", self.session.client_id,
+                                 redis_failure(exc, "an MQTT delivery").message[:200])
+                        await anyio.sleep(REDIS_RETRY_S)
                         continue
-                    await self._send(sub, result.deliveries)
+                    with anyio.move_on_after(IDLE_LOOK_S):
+                        await waiter.wait()
 
     async def _send(self, sub: MqttSubscription, deliveries: list[Any]) -> None:
         settle_now = []

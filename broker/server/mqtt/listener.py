@@ -40,6 +40,7 @@ import anyio.abc
 
 from fencemq.errors import EvictingRedis, FenceMQError, Full, NoPermission
 from fencemq.fences import session_index
+from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Handle
 from fencemq.model.topics import matches
 from fencemq.protocol.mqtt.codec import MQTT_5
@@ -161,7 +162,18 @@ class MqttConnection(MqttDelivery, MqttDeparture):
                     pass
 
     async def _handle_and_flush(self, events: list[MqttEvent]) -> None:
-        await self._handle(events)
+        try:
+            await self._handle(events)
+        except REDIS_FAILURES as exc:
+            # Redis failing over: nothing the client sent since its last acknowledgement is
+            # acknowledged, so its MQTT client sends it again once it has reconnected (5.0: told
+            # why, Server busy; 3.1.1 has no reason to give). The worker and the session stay.
+            failure = redis_failure(exc, "an MQTT request", self.services.core.fences)
+            log.info("MQTT connection of %r closed: %s", self.session.client_id, failure.message[:200])
+            self.mqtt.disconnect(ReasonCode.SERVER_BUSY, failure.resp()[:256])
+            await self._flush()
+            self.cut()
+            return
         await self._flush()
 
     async def _handle(self, events: list[MqttEvent]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import urllib.error
+import urllib.request
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -64,9 +66,35 @@ def test_MQTT_6_0_0_4_a_handshake_without_the_mqtt_subprotocol_is_refused(w) -> 
     s.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
               b"Sec-WebSocket-Protocol: chat\r\n\r\n")
-    reply = s.recv(4096)
+    reply = _whole_reply(s)
+    assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n"), reply[:40]
+    assert b"offer the subprotocol mqtt" in reply and b"it offered: chat" in reply, reply
+
+
+def _whole_reply(s: socket.socket) -> bytes:
+    reply = b""
+    while chunk := s.recv(4096):
+        reply += chunk
     s.close()
-    assert reply.startswith(b"HTTP/1.1 400"), reply[:40]
+    return reply
+
+
+def test_plain_http_on_the_websocket_port_is_told_what_the_port_is_for(w) -> None:
+    url = f"http://127.0.0.1:{w.worker.mqtt_ws_port}/"
+    with pytest.raises(urllib.error.HTTPError) as refused:  # curl's request, from urllib
+        urllib.request.urlopen(url, timeout=10)
+    assert (refused.value.code, refused.value.reason) == (426, "Upgrade Required")
+    assert refused.value.headers["Upgrade"] == "websocket"
+    body = refused.value.read().decode()
+    assert "MQTT over WebSocket port" in body and "not a WebSocket upgrade" in body, body
+
+
+def test_bytes_that_are_not_http_on_the_websocket_port_get_a_400_that_says_so(w) -> None:
+    s = socket.create_connection(("127.0.0.1", w.worker.mqtt_ws_port), timeout=10)
+    s.sendall(bytes([0x10, 0x10, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 60, 0, 4]) + b"test")  # MQTT over bare TCP
+    reply = _whole_reply(s)
+    assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n"), reply[:40]
+    assert b"not an HTTP request" in reply, reply
 
 
 def test_MQTT_6_0_0_1_a_text_frame_closes_the_connection(w) -> None:

@@ -1,0 +1,131 @@
+"""Redis failing a command reaches the client as a documented code with what to do, on an open connection.
+
+READONLY (a demoted primary), NOREPLICAS (min-replicas-to-write), a lost
+connection: TRYAGAIN. A full Redis: OOM. A Redis that cannot persist:
+MISCONF. Never INTERNAL (kept for a fence's bug), never a dropped connection.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+
+import pytest
+import redis
+
+from fencemq.server.embedded import EmbeddedRedis
+from tests.helpers import Err, RespConn, as_map, pipeline, wait_for, worker
+
+pytestmark = pytest.mark.standalone
+
+
+def code(reply: object) -> str:
+    assert isinstance(reply, Err), f"expected an error reply, got {reply!r}"
+    return str(reply).split(" ", 1)[0]
+
+
+def test_every_retriable_code_is_in_the_table_with_what_to_do() -> None:
+    from fencemq.errors import BY_CODE, RETRIABLE, TABLE
+
+    assert {"TRYAGAIN", "OOM", "MISCONF", "UNCONFIRMED"} <= RETRIABLE
+    assert "INTERNAL" not in RETRIABLE and "BADARG" not in RETRIABLE
+    for entry in TABLE:
+        if entry.retriable:
+            assert BY_CODE[entry.code] is entry.exception
+            assert "again" in entry.meaning
+
+
+def test_a_worker_whose_primary_was_demoted_answers_tryagain_and_keeps_the_connection() -> None:
+    with EmbeddedRedis() as primary, EmbeddedRedis() as other, worker(primary.url) as w, RespConn(w.port) as c:
+        assert c.call("PUB", "orders", "before") == "1"
+        primary.client().execute_command("REPLICAOF", "127.0.0.1", other.port)  # the old primary, now a replica
+        wait_for(lambda: primary.client().info("replication")["master_link_status"] == "up", 10)
+        for command in (("PUB", "orders", "x"), ("MPUB", "orders", 2, "a", "b")):
+            reply = c.call(*command)
+            assert code(reply) == "TRYAGAIN", reply
+            assert "READONLY" in reply and "send it again" in reply
+        c.send_raw(pipeline(("PUB", "orders", "1"), ("PUB", "orders", "2"), ("PING",)))
+        batch = c.replies(3)
+        assert [code(r) for r in batch[:2]] == ["TRYAGAIN", "TRYAGAIN"], batch
+        assert batch[2] == "PONG"  # the same connection, still served
+
+
+def test_noreplicas_is_tryagain_for_publish_and_pull(redis_url: str) -> None:
+    direct = redis.Redis.from_url(redis_url)
+    with worker(redis_url) as w, RespConn(w.port) as c:
+        c.hello(3, "alice")
+        handle = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
+        direct.config_set("min-replicas-to-write", 1)
+        try:
+            for command in (("PUB", "orders", "x"), ("PULL", handle, "COUNT", 5)):
+                reply = c.call(*command)
+                assert code(reply) == "TRYAGAIN", reply
+                assert "NOREPLICAS" in str(reply)
+        finally:
+            direct.config_set("min-replicas-to-write", 0)
+        assert c.call("PUB", "orders", "y").isdigit()
+
+
+def test_a_full_redis_answers_oom_and_nothing_is_written(redis_url: str) -> None:
+    direct = redis.Redis.from_url(redis_url)
+    with worker(redis_url) as w, RespConn(w.port) as c:
+        assert c.call("PUB", "orders", "first") == "1"
+        direct.config_set("maxmemory-policy", "noeviction")
+        direct.config_set("maxmemory", 1)
+        try:
+            reply = c.call("PUB", "orders", "x")
+        finally:
+            direct.config_set("maxmemory", 0)
+        assert code(reply) == "OOM", reply
+        assert "out of memory" in str(reply)
+        assert c.call("PUB", "orders", "y") == "2"  # the refused one took no id
+
+
+def test_a_redis_that_cannot_persist_answers_misconf() -> None:
+    doomed = tempfile.mkdtemp(prefix="fencemq-misconf-")
+    with EmbeddedRedis(data_dir=doomed) as server, worker(server.url) as w, RespConn(w.port) as c:
+        direct = server.client()
+        direct.config_set("stop-writes-on-bgsave-error", "yes")
+        direct.config_set("save", "3600 1")  # Redis refuses writes for a failed snapshot only with save points
+        shutil.rmtree(doomed)  # the snapshot has nowhere to go
+        direct.bgsave()
+        wait_for(lambda: direct.info("persistence")["rdb_last_bgsave_status"] == "err", 10)
+        reply = c.call("PUB", "orders", "x")
+        assert code(reply) == "MISCONF", reply
+        direct.config_set("stop-writes-on-bgsave-error", "no")
+        assert c.call("PUB", "orders", "y").isdigit()
+
+
+def test_a_pipelined_pub_batch_that_loses_redis_is_answered_not_dropped() -> None:
+    server = EmbeddedRedis().start()
+    try:
+        with worker(server.url) as w, RespConn(w.port, timeout=30) as c:
+            assert c.call("PUB", "orders", "warm") == "1"
+            server.kill()
+            started = time.monotonic()
+            c.send_raw(pipeline(*[("PUB", "orders", f"m{i}") for i in range(5)], ("PING",)))
+            replies = c.replies(6, timeout=30)
+            assert [code(r) for r in replies[:5]] == ["TRYAGAIN"] * 5, replies
+            assert replies[5] == "PONG"
+            assert time.monotonic() - started < 20
+    finally:
+        server.stop()
+
+
+def test_an_ack_pipelined_with_a_pull_on_a_shard_gone_dark_answers_both_with_tryagain(cluster) -> None:
+    from tests.server.test_cluster_worker import masters_by_slot, topics_on_every_master
+
+    topic = topics_on_every_master(cluster)[1]
+    with worker(f"redis://127.0.0.1:{cluster[0].port}/0") as w, RespConn(w.port, timeout=60) as c:
+        c.hello(3, "alice")
+        handle = as_map(c.call("SUB", topic, "GROUP", "g"))["handle"]
+        c.call("PUB", topic, "m")
+        tag = as_map(c.call("PULL", handle)[0])["tag"]
+        owner = masters_by_slot(cluster)
+        assert len(set(owner.values())) == 3
+        cluster[1].kill()  # the master that holds the queue, no replica to take over
+        c.send_raw(pipeline(("ACK", handle, tag), ("PULL", handle, "COUNT", 5), ("PING",)))
+        replies = c.replies(3, timeout=60)
+        assert [code(r) for r in replies[:2]] == ["TRYAGAIN", "TRYAGAIN"], replies
+        assert replies[2] == "PONG"
