@@ -186,3 +186,27 @@ def test_an_mqtt_publish_above_the_watermark_gets_quota_exceeded_and_a_will_is_r
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]
+
+
+def test_an_mqtt_3_1_1_publish_above_the_watermark_is_not_acknowledged_and_arrives_once_memory_is_back(
+        nodes, redis_url) -> None:
+    from tests.server.mqtt.clients import Client
+
+    port = free_port()
+    with worker(redis_url, memory_sample_ms=SAMPLE_MS, mqtt_port=port) as w:
+        c = client(w.port, 2, "alice")
+        handle = as_map(c.execute_command("SUB", "orders", "GROUP", "g"))["handle"]
+        mq = Client(port, "sensor", "3.1.1", clean=False)
+        mq.c.reconnect_delay_set(0.1, 0.2)  # paho reconnects by itself and sends what was not acknowledged
+        nodes.limit_at(0.95)
+        wait_for(lambda: pub_error(c), what="the memory alarm")
+        deliveries(c.execute_command("PULL", handle, "COUNT", 100))  # what was stored before the sample
+        sent = mq.c.publish("orders", b"m", qos=1)
+        time.sleep(0.5)
+        assert not sent.is_published()  # no PUBACK: 3.1.1 cannot say no, so the connection was closed
+        nodes.restore()
+        sent.wait_for_publish(10)
+        assert sent.is_published()
+        got = wait_for(lambda: deliveries(c.execute_command("PULL", handle, "COUNT", 10)), what="the message")
+        assert [d["payload"] for d in got] == ["m"]
+        mq.close()
