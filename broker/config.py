@@ -58,6 +58,12 @@ class Config:
     memory_sample_ms: int = 500
 
     session_lease_ms: int = 10_000  # a detached or orphaned session ends after this
+    # SIGTERM drains (docs/operations.md, "Deploying"): clients are told to move and what is in
+    # hand is finished within this; what is left is cut
+    drain_timeout_ms: int = 5_000
+    # where MQTT 5 clients are sent when this worker drains (DISCONNECT's Server Reference, e.g.
+    # the balancer's "host:port"); RESP3 clients get it in the draining notice. None: not said
+    server_reference: str | None = None
     sweep_interval_ms: int = 100  # leases come back within this (+ script time) of their deadline
     sweep_batch: int = 1000
     # A fence that makes leases runs at most this long after the lease intent

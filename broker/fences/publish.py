@@ -60,6 +60,14 @@ class Publishing:
         producer: str | None = None,
     ) -> tuple[list[str], bytes | None]:
         """:meth:`publish`, reading ``read_key`` (another slot's) in the same round trip: the ids and its value."""
+        ref = self.check(topic, payloads, lmq=lmq, qos=qos)
+        return await self.publish_checked(ref, payloads, read_key, qos=qos, dedup_ids=dedup_ids, headers=headers,
+                                          producer=producer)
+
+    def check(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1) -> QueueRef:
+        """The queue a publish goes to, once every check that needs no Redis has passed (the
+        topic's kind is :meth:`publish_checked`'s): BADARG or LIMIT saying what to fix, then FULL or
+        EVICTING while a memory alarm is on (the worker's own state: no round trip)."""
         config = self.ctx.config
         ref = self.ctx.queue(topic, lmq)
         if not payloads:
@@ -68,11 +76,18 @@ class Publishing:
             raise LimitExceeded(f"batch of {len(payloads)} exceeds {config.max_batch} messages; split it")
         if qos not in (0, 1):
             raise BadArgument("QOS must be 0 or 1")
-        for p in payloads:
-            if len(p) > config.max_payload:
-                raise LimitExceeded(f"payload of {len(p)} bytes exceeds {config.max_payload}; split it")
-        self.ctx.memory.check_publish()
-        await self.ctx.check_topic_kind(topic, lmq is not None)
+        limit = config.max_payload
+        if max(map(len, payloads)) > limit:
+            size = next(len(p) for p in payloads if len(p) > limit)
+            raise LimitExceeded(f"payload of {size} bytes exceeds {limit}; split it")
+        self.ctx.memory.check_publish()  # FULL, EVICTING: the broker's Redis is short of memory (fences/memory.py)
+        return ref
+
+    async def publish_checked(self, ref: QueueRef, payloads: list[bytes], read_key: str | None, *, qos: int = 1,
+                              dedup_ids: list[str | None] | None = None, headers: dict[str, str] | None = None,
+                              producer: str | None = None) -> tuple[list[str], bytes | None]:
+        """Publish to ``ref`` what :meth:`check` passed (at most max_batch messages)."""
+        await self.ctx.check_topic_kind(ref.topic, ref.lite)
         return await self._append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids, read_key)
 
     async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str | None] | None = None) -> list[str]:

@@ -100,12 +100,13 @@ class Sessions:
         return {"session": self.keys.session(client), "ending": self.keys.session_ending(client)}
 
     async def bind(self, client: str, connection: str, worker: str, *, takeover: bool = False,
-                   fresh: bool = False) -> int:
+                   fresh: bool = False) -> tuple[int, int]:
         """Bind the session to this connection; waits out a session's end in progress, then binds fresh.
 
         The connection joins the others that share the session (a client's
-        pool), unless ``takeover``: then they are told to close. Returns how
-        many connections share it now.
+        pool), unless ``takeover``: then they are told to close. Returns the
+        session's generation (1: this bind created it; more: it was there, and
+        is resumed) and how many connections share it now.
         """
         keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
         with anyio.move_on_after(BIND_WAIT_S):
@@ -125,7 +126,7 @@ class Sessions:
             # the old one's session: its MQTT will goes at once rather than after its delay
             told = msgpack.packb({"type": "takeover", "conn": connection, "fresh": int(fresh)})
             await self.redis.publish(self.keys.session_channel(client), told)
-        return int(res[3])
+        return int(res[1]), int(res[3])
 
     async def leave(self, client: str, connection: str) -> int:
         """A connection of the session closes: how many connections still share it."""

@@ -52,6 +52,18 @@ class Verbs(MessagingVerbs):
         self.handlers: dict[str, Handler] = {verb: getattr(self, verb.lower()) for verb in TABLE}
 
     async def run(self, session: Session, request: Request) -> Any:
+        self.admit(session, request)
+        if session.transaction is not None and request.verb not in TRANSACTION_CONTROL:
+            try:
+                return self._queue(session.transaction, request)
+            except FenceMQError as exc:
+                session.refused(exc)
+                raise
+        return await self.handlers[request.verb](session, **request.args)
+
+    def admit(self, session: Session, request: Request) -> None:
+        """What every command meets before its handler, alone or in a pipelined run: noted,
+        counted, and refused (LIMIT, NOAUTH) as it would be alone."""
         args = request.args
         session.note_command(request.verb)
         try:
@@ -63,12 +75,9 @@ class Verbs(MessagingVerbs):
             metrics.COMMANDS.labels(request.verb).inc()
             if not session.authed and request.verb not in BEFORE_AUTH:
                 raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
-            if session.transaction is not None and request.verb not in TRANSACTION_CONTROL:
-                return self._queue(session.transaction, request)
         except FenceMQError as exc:
             session.refused(exc)
             raise
-        return await self.handlers[request.verb](session, **args)
 
     def _check_pub_extras(self, args: dict[str, Any]) -> None:
         """Headers and dedup ids are stored with the message: they have limits of their own."""
@@ -142,6 +151,9 @@ class Verbs(MessagingVerbs):
             "id": session.client_id or session.anonymous_id, "worker": self.services.worker_id,
             "mode": "standalone", "role": "master", "modules": [],
             "lock_ms": self.config.default_lock_ms,  # what a client renewing its locks needs to know
+            # whether the named session was there before this connection: a client reconnecting after
+            # longer than its lease finds it "new" (every subscription gone) and says so (docs/sdk.md)
+            "session": "resumed" if session.bound and not session.anonymous and session.resumed else "new",
         }
 
     async def auth(self, session: Session, argv: list[bytes]) -> Any:
