@@ -36,7 +36,7 @@ def run(*args: str):
 def test_a_write_is_refused_on_a_redis_that_may_evict_keys_and_says_what_to_set(server, command) -> None:
     r = redis.Redis.from_url(server.url)
     r.config_set("maxmemory-policy", "allkeys-lru")
-    result = CliRunner().invoke(app, [*command, "--redis-url", server.url], env=WIDE, input="secret\n")
+    result = CliRunner().invoke(app, [*command, "--redis-url", server.url], env=WIDE, input="long enough secret\n")
     assert result.exit_code != 0
     assert "EVICTING" in result.stderr and "CONFIG SET maxmemory-policy noeviction" in result.stderr
     assert r.hlen("fmq:users") == 0  # nothing was written
