@@ -20,6 +20,7 @@ import os
 import socket
 import ssl
 import uuid
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -31,8 +32,9 @@ from redis.exceptions import RedisError
 from fencemq.config import Config
 from fencemq.errors import BadArgument
 from fencemq.fences.core import Core
-from fencemq.fences.redis_client import open_redis
-from fencemq.server import metrics
+from fencemq.fences.redis_client import limit_connections, open_redis, servers_of
+from fencemq.server import file_limit, metrics
+from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, shedding
 from fencemq.server.connection import ClientConnection
 from fencemq.server.services import Services
 from fencemq.server.sweeper import Sweeper
@@ -91,16 +93,27 @@ class Worker:
         self.connections: dict[str, ClientConnection] = {}  # by connection token
         self._numbers = itertools.count(1)
         self._draining = anyio.Event()
+        self.refusals = Refusals()  # connections past max_connections being told so
+        self.spare: SpareDescriptor | None = None  # what accept sheds a connection with when no descriptor is left
+        self.files: file_limit.FileBudget | None = None  # how the open files are shared out, once started
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        redis = await open_redis(self.config.redis_url)
+        files = file_limit.budget()
+        redis = await open_redis(self.config.redis_url, max_connections=files.redis_pool)
+        spare = SpareDescriptor()
         try:
+            self.spare = spare
+            self._fit_open_files(redis, files)
             self.services = services = Services.over(redis, self.config, self.id)
             await services.handles.load(redis, services.keys.handle_secret)
+            memory = services.core.ctx.memory
+            memory.on_sample = metrics.memory_sampled
+            await memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
+            listener = shedding(listener, spare, b"" if self.tls is not None else RESP_REFUSAL)
             if self.tls is not None:
                 # the handshake runs in the connection's own task: a client that
                 # fails it is logged and dropped, nobody else waits on it
@@ -116,6 +129,7 @@ class Worker:
                         services.keys.filters_channel, lambda _: services.core.shared.registry.invalidate())
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
+                    background.start_soon(memory.run)
                     if self.config.metrics_port is not None:
                         services.core.fences.observe = metrics.observe_fence
                         background.start_soon(partial(
@@ -140,6 +154,19 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await redis.aclose()
+            spare.close()
+
+    def _fit_open_files(self, redis: Any, files: file_limit.FileBudget) -> None:
+        """Cap max_connections (and the Redis pools) to the open files this process may have."""
+        servers = servers_of(redis)
+        if servers != files.redis_servers:  # a Cluster: a pool per master
+            files = file_limit.plan(files.limit, servers=servers, soft_before=files.soft_before, hard=files.hard)
+            limit_connections(redis, files.redis_pool)
+        self.files = files
+        configured = self.config.max_connections
+        (log.warning if configured > files.clients else log.info)("%s", files.describe(configured))
+        if configured > files.clients:
+            self.config = replace(self.config, max_connections=files.clients)
 
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
         with scope:
@@ -183,9 +210,10 @@ class Worker:
     async def _serve_connection(self, stream: SocketStream) -> None:
         if len(self.connections) >= self.config.max_connections:
             # as Redis: say why, then close, before anything is allocated for it
-            with anyio.move_on_after(1):
+            with self.refusals.told() as telling, anyio.move_on_after(1):
                 try:
-                    await stream.send(b"-ERR max number of clients reached\r\n")
+                    if telling:
+                        await stream.send(RESP_REFUSAL)
                 except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass
             await anyio.aclose_forcefully(stream)
@@ -224,7 +252,7 @@ class Worker:
             pause = self.config.session_lease_ms / 3000
             try:
                 now = await services.clock.now_ms()
-                await services.redis.zadd(services.keys.workers, {self.id: now + self.config.session_lease_ms})
+                await services.core.ctx.set_scores(services.keys.workers, {self.id: now + self.config.session_lease_ms})
                 gone = set(await services.sessions.keep_alive(sorted(self.attached_clients())))
                 for conn in list(self.connections.values()):
                     if conn.session.client_id in gone and conn.session.bound:
