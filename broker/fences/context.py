@@ -118,7 +118,15 @@ class FenceContext:
 
     async def schedule(self, qid: str, due_ms: int) -> None:
         """The global lease schedule: the queue is swept at ``due_ms`` at the latest."""
-        await self.redis.zadd(self.keys.schedule, {qid: due_ms}, lt=True)
+        await self.write_schedule({qid: due_ms})
+
+    async def write_schedule(self, due: dict[str, int]) -> None:
+        """``ZADD schedule LT``: each queue swept at its time at the latest (one write for them all)."""
+        link = self.fences.link
+        if link is None:
+            await self.redis.zadd(self.keys.schedule, due, lt=True)
+            return
+        await link.execute("ZADD", self.keys.schedule, "LT", *[x for qid, ms in due.items() for x in (ms, qid)])
 
     async def schedule_soon(self, qid: str, due_ms: int) -> None:
         """:meth:`schedule`, in the background when a worker runs us: the writes of one
@@ -140,7 +148,7 @@ class FenceContext:
         await anyio.sleep(SCHEDULE_COALESCE_S)
         due, self._due_soon = self._due_soon, {}
         try:
-            await self.redis.zadd(self.keys.schedule, due, lt=True)
+            await self.write_schedule(due)
         except RedisError as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
             log.warning("could not schedule the sweep of %d queues: %s", len(due), exc)
 

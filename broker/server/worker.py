@@ -29,6 +29,7 @@ from fencemq.config import Config
 from fencemq.errors import BadArgument
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import open_redis
+from fencemq.fences.redis_link import RedisLink
 from fencemq.server import metrics
 from fencemq.server.connection import ClientConnection
 from fencemq.server.services import Services
@@ -89,8 +90,10 @@ class Worker:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         redis = await open_redis(self.config.redis_url)
+        link = RedisLink.for_client(redis)  # the fences' calls, pipelined on one connection (not on a Cluster)
         try:
             self.services = services = Services.over(redis, self.config, self.id)
+            services.core.fences.link = link
             await services.handles.load(redis, services.keys.handle_secret)
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
@@ -135,6 +138,8 @@ class Worker:
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
+                if link is not None:
+                    await link.aclose()
                 await redis.aclose()
 
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:

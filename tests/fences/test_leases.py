@@ -541,15 +541,15 @@ def test_the_pair_runs_each_fence_once_when_the_script_cache_was_flushed(w, dire
 
 
 def test_the_lease_schedule_writes_of_a_burst_of_pulls_go_out_together_and_list_every_queue(w, direct, monkeypatch):
-    redis_ = w.worker.core.redis
+    ctx = w.worker.core.ctx
     writes = []
-    zadd = redis_.zadd
+    write = ctx.write_schedule
 
-    async def counted(name, mapping, **kwargs):
-        writes.append(dict(mapping))
-        return await zadd(name, mapping, **kwargs)
+    async def counted(due):
+        writes.append(dict(due))
+        return await write(due)
 
-    monkeypatch.setattr(redis_, "zadd", counted)
+    monkeypatch.setattr(ctx, "write_schedule", counted)
     c = client(w.port, 2, "c")
     topics = [f"burst{i}" for i in range(20)]
     handles = []
