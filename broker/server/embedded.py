@@ -176,7 +176,12 @@ class EmbeddedRedis:
                 # FenceMQ's tuning (docs/operations.md): lease sets grow by a
                 # batch at a time, and a listpack-encoded zset pays O(n) per insert.
                 "--zset-max-listpack-entries", "16"]
-        args += ["--requirepass", self.password] if self.password else []
+        if self.password:  # from a file only we may read: on the command line `ps` would show it to anyone
+            conf = self.data_dir / "auth.conf"
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write('requirepass "%s"\n' % self.password.replace("\\", "\\\\").replace('"', '\\"'))
+            args.insert(1, str(conf))  # `redis-server <config file> [--option value ...]`
         with open(log, "ab") as out:  # errors before the logfile opens go to stderr
             # Its own session: a Ctrl-C in the terminal reaches the worker,
             # which drains and then stops this server, not both at once.
