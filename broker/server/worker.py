@@ -33,6 +33,7 @@ from fencemq.config import Config
 from fencemq.errors import BadArgument
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import limit_connections, open_redis, servers_of
+from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, shedding
 from fencemq.server.connection import ClientConnection
@@ -100,11 +101,13 @@ class Worker:
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         files = file_limit.budget()
         redis = await open_redis(self.config.redis_url, max_connections=files.redis_pool)
+        link = RedisLink.for_client(redis)  # the fences' calls, pipelined on one connection (not on a Cluster)
         spare = SpareDescriptor()
         try:
             self.spare = spare
             self._fit_open_files(redis, files)
             self.services = services = Services.over(redis, self.config, self.id)
+            services.core.fences.link = link
             await services.handles.load(redis, services.keys.handle_secret)
             memory = services.core.ctx.memory
             memory.on_sample = metrics.memory_sampled
@@ -153,6 +156,8 @@ class Worker:
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
+                if link is not None:
+                    await link.aclose()
                 await redis.aclose()
             spare.close()
 
