@@ -6,7 +6,10 @@ the first id and stores nothing, retention trims from the head. A dedup id
 may cover a run of messages (``dedup_ids`` of ``[id, None, None]``: an
 MPUB … ID): one dedup entry for the batch, and a repeat of it returns the
 run's ids. Then the
-queue's push members get their share (fences/mailbox.py).
+queue's push members get their share (fences/mailbox.py). Every publish
+asks the memory guard first (fences/memory.py): above the watermark, or on
+a Redis that may evict keys, it is refused (FULL, EVICTING) before anything
+is written, whichever door it came through.
 Protocol: docs/protocol.md, "Publishing".
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.context import FenceContext
 from fencemq.fences.mailbox import Mailboxes, parse_push_members
+from fencemq.fences.memory import is_oom
 from fencemq.fences.registry import fence
 from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body
@@ -62,7 +66,8 @@ class Publishing:
 
     def check(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1) -> QueueRef:
         """The queue a publish goes to, once every check that needs no Redis has passed (the
-        topic's kind is :meth:`publish_checked`'s): BADARG or LIMIT saying what to fix."""
+        topic's kind is :meth:`publish_checked`'s): BADARG or LIMIT saying what to fix, then FULL or
+        EVICTING while a memory alarm is on (the worker's own state: no round trip)."""
         config = self.ctx.config
         ref = self.ctx.queue(topic, lmq)
         if not payloads:
@@ -75,6 +80,7 @@ class Publishing:
         if max(map(len, payloads)) > limit:
             size = next(len(p) for p in payloads if len(p) > limit)
             raise LimitExceeded(f"payload of {size} bytes exceeds {limit}; split it")
+        self.ctx.memory.check_publish()  # FULL, EVICTING: the broker's Redis is short of memory (fences/memory.py)
         return ref
 
     async def publish_checked(self, ref: QueueRef, payloads: list[bytes], read_key: str | None, *, qos: int = 1,
@@ -111,11 +117,17 @@ class Publishing:
                     journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans))
         keys = self.ctx.keys.queue(ref)
         value = None
-        if read_key is None:
-            ids, push_members = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
-        else:
-            (ids, push_members), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
-                                                                           args_rest=messages, **args)
+        try:
+            if read_key is None:
+                ids, push_members = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
+            else:
+                (ids, push_members), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
+                                                                               args_rest=messages, **args)
+        except Exception as exc:
+            # Redis refuses the fence whole (it is not allow-oom): nothing was stored
+            if is_oom(exc):
+                raise self.ctx.memory.refused_by_redis(exc) from None
+            raise
         members = parse_push_members(push_members)
         if members:
             await self.mailboxes.dispatch(ref, members)

@@ -56,6 +56,7 @@ SESSION_FINISH = fence("session_finish", "session ending", "token", keys_rest="s
 SESSION_UNLOCK = fence("session_unlock", "ending", "token")
 SESSION_UNLIST = fence("session_unlist", "sessions", "client upto")
 SESSION_LINGER = fence("session_linger", "session ending conns", "lease_ms")
+SESSION_NOTIFY = fence("session_notify", "notices channel", "cap announce", argv_rest="notices")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,7 @@ def announce_many(packed: list[bytes]) -> bytes:
 class Sessions:
     def __init__(self, ctx: FenceContext, subscriptions: Subscriptions, lite: Lite, clock: RedisClock,
                  lease_ms: int) -> None:
+        self.ctx = ctx
         self.redis = ctx.redis
         self.keys = ctx.keys
         self.fences = ctx.fences
@@ -155,8 +157,9 @@ class Sessions:
                 told.append((self.keys.session_channel(c.client),
                              msgpack.packb({"type": "takeover", "conn": c.connection, "fresh": c.fresh})))
         if deadlines:
-            await pipeline_then_publish_all(
-                self.redis, lambda pipe: pipe.zadd(self.keys.sessions, deadlines, gt=True), told)
+            await self.ctx.set_scores(self.keys.sessions, deadlines, "GT")
+        if told:
+            await pipeline_then_publish_all(self.redis, lambda _pipe: None, told)
         return replies
 
     async def leave(self, client: str, connection: str) -> int:
@@ -178,7 +181,7 @@ class Sessions:
             for client, lease_ms in calls])
         deadlines = {client: int(r) for (client, _), r in zip(calls, replies) if not isinstance(r, Exception) and int(r)}
         if deadlines:
-            await self.redis.zadd(self.keys.sessions, deadlines)  # not GT: it may be sooner
+            await self.ctx.set_scores(self.keys.sessions, deadlines)  # not GT: it may be sooner
         return replies
 
     async def keep_alive(self, clients: list[str]) -> list[str]:
@@ -190,7 +193,7 @@ class Sessions:
         alive = {c: int(r) for c, r in zip(clients, replies) if isinstance(r, (int, bytes)) and int(r) > 0}
         if alive:
             # GT, not XX: a connected session is never without an entry (after an outage removed one)
-            await self.redis.zadd(self.keys.sessions, alive, gt=True)
+            await self.ctx.set_scores(self.keys.sessions, alive, "GT")
         return [c for c, r in zip(clients, replies) if not isinstance(r, Exception) and int(r) == 0]
 
     async def end(self, client: str, *, force: bool = False) -> int | None:
@@ -307,14 +310,15 @@ class Sessions:
         for client, notice in notices:
             by_client.setdefault(client, []).append(msgpack.packb({**notice, "nid": secrets.token_hex(8)}))
 
-        def queue(pipe: Any) -> None:
-            for client, packed in by_client.items():
-                pipe.rpush(self.keys.session_notices(client), *packed)
-                pipe.ltrim(self.keys.session_notices(client), -MAX_QUEUED_NOTICES, -1)
-
-        await pipeline_then_publish_all(self.redis, queue, [
-            (self.keys.session_channel(client), packed[0] if len(packed) == 1 else announce_many(packed))
+        replies = await self.fences.run_each([
+            (SESSION_NOTIFY, None,
+             {"notices": self.keys.session_notices(client), "channel": self.keys.session_channel(client)}, (),
+             {"cap": MAX_QUEUED_NOTICES, "announce": packed[0] if len(packed) == 1 else announce_many(packed)},
+             packed)
             for client, packed in by_client.items()])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     async def drain_notices(self, client: str) -> list[dict[str, Any]]:
         key = self.keys.session_notices(client)

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError
 
 from fencemq.errors import BadArgument, FenceMQError
 from fencemq.fences.context import FenceContext
+from fencemq.fences.memory import is_oom
 from fencemq.fences.publish import Publishing
 from fencemq.fences.redis_client import pipeline_then_publish
 from fencemq.fences.subscribe import Subscription, Subscriptions
@@ -262,16 +263,25 @@ class Shared:
         if retain:
             # The last retained message per topic; an empty payload clears it.
             if payloads[-1]:
-                await self.redis.hset(self.keys.retained, topic, pack_body(payloads[-1], headers, qos, producer, topic))
+                try:
+                    await self.redis.hset(self.keys.retained, topic,
+                                          pack_body(payloads[-1], headers, qos, producer, topic))
+                except RedisError as exc:
+                    if is_oom(exc):  # past the watermark between two samples: the publish is stored, not retained
+                        raise self.publishing.ctx.memory.refused_by_redis(exc) from None
+                    raise
             else:
                 await self.redis.hdel(self.keys.retained, topic)
         refs = await self.registry.matching(topic, version)
         if refs:
             # a copy names its source topic (the filter queue's is the filter)
             bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]
-            async with anyio.create_task_group() as tg:
-                for ref in refs:
-                    # the producer's dedup ids go with every copy: a repeated publish adds
-                    # nothing anywhere, and completes a fan-out a crash cut short
-                    tg.start_soon(self.publishing.append, ref, bodies, dedup_ids)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for ref in refs:
+                        # the producer's dedup ids go with every copy: a repeated publish adds
+                        # nothing anywhere, and completes a fan-out a crash cut short
+                        tg.start_soon(self.publishing.append, ref, bodies, dedup_ids)
+            except* FenceMQError as group:  # a copy refused (FULL at maxmemory): the publish's answer is its error
+                raise group.exceptions[0] from None
         return ids

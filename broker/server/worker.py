@@ -33,6 +33,7 @@ from fencemq.config import Config
 from fencemq.errors import BadArgument
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import limit_connections, open_redis, servers_of
+from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, shedding
 from fencemq.server.connection import ClientConnection
@@ -100,12 +101,17 @@ class Worker:
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         files = file_limit.budget()
         redis = await open_redis(self.config.redis_url, max_connections=files.redis_pool)
+        link = RedisLink.for_client(redis)  # the fences' calls, pipelined on one connection (not on a Cluster)
         spare = SpareDescriptor()
         try:
             self.spare = spare
             self._fit_open_files(redis, files)
             self.services = services = Services.over(redis, self.config, self.id)
+            services.core.fences.link = link
             await services.handles.load(redis, services.keys.handle_secret)
+            memory = services.core.ctx.memory
+            memory.on_sample = metrics.memory_sampled
+            await memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
@@ -126,6 +132,7 @@ class Worker:
                         services.keys.filters_channel, lambda _: services.core.shared.registry.invalidate())
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
+                    background.start_soon(memory.run)
                     if self.config.metrics_port is not None:
                         services.core.fences.observe = metrics.observe_fence
                         background.start_soon(partial(
@@ -149,6 +156,8 @@ class Worker:
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
+                if link is not None:
+                    await link.aclose()
                 await redis.aclose()
             spare.close()
 
@@ -248,7 +257,7 @@ class Worker:
             pause = self.config.session_lease_ms / 3000
             try:
                 now = await services.clock.now_ms()
-                await services.redis.zadd(services.keys.workers, {self.id: now + self.config.session_lease_ms})
+                await services.core.ctx.set_scores(services.keys.workers, {self.id: now + self.config.session_lease_ms})
                 gone = set(await services.sessions.keep_alive(sorted(self.attached_clients())))
                 for conn in list(self.connections.values()):
                     if conn.session.client_id in gone and conn.session.bound:

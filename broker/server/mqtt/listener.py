@@ -39,11 +39,12 @@ import anyio
 import anyio.abc
 from redis.exceptions import RedisError
 
-from fencemq.errors import FenceMQError, NoPermission
+from fencemq.errors import EvictingRedis, FenceMQError, Full, NoPermission
 from fencemq.fences import session_index
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Handle
 from fencemq.model.topics import matches
+from fencemq.protocol.mqtt.codec import MQTT_5
 from fencemq.protocol.mqtt.events import (
     SESSION_NEVER_EXPIRES, ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived,
     MessagePublished, MqttEvent, MqttServerLimits, PublishReleased, SubscribeRequested, UnsubscribeRequested,
@@ -86,6 +87,7 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
         self.taken_over = False
+        self.quota_refused = False  # a 3.1.1 PUBLISH met FULL: the connection is being closed unacknowledged
         self.draining = False  # the worker shuts down: nothing new is sent
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
@@ -322,15 +324,27 @@ class MqttConnection(MqttDelivery, MqttDeparture):
                 # Unknown whether it was stored: the connection ends unacknowledged and the client
                 # sends it (and what followed it) again.
                 raise outcome
+            why = None
             if isinstance(outcome, NoPermission):
                 reason = ReasonCode.NOT_AUTHORIZED
+            elif isinstance(outcome, (Full, EvictingRedis)):
+                # the broker's Redis is short of memory (or may evict): held back, as a RESP PUB gets FULL
+                log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], outcome.resp())
+                if self.mqtt.protocol_level != MQTT_5:
+                    # 3.1.1 has no failure PUBACK: close with this one (and what follows) unacknowledged,
+                    # and the client sends it again once it reconnects (MQTT-4.4.0-1)
+                    if not self.quota_refused and self.tasks is not None:
+                        self.quota_refused = True
+                        self.tasks.start_soon(self._disconnect, ReasonCode.QUOTA_EXCEEDED)
+                    return
+                reason, why = ReasonCode.QUOTA_EXCEEDED, outcome.resp()
             elif isinstance(outcome, FenceMQError):
                 log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], outcome)
                 reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
             else:
                 reason = ReasonCode.SUCCESS
             if event.packet_id is not None:
-                self.mqtt.acknowledge_publish(event.packet_id, reason)
+                self.mqtt.acknowledge_publish(event.packet_id, reason, why)
 
     async def _subscribe(self, event: SubscribeRequested) -> None:
         codes = []
