@@ -48,7 +48,7 @@ from typing import Any
 from bench.attacks import rss
 from bench.crowd import Crowd, mqtt_connect, mqtt_publish
 from bench.harness import ROOT, git_commit
-from bench.stats import percentiles_ms
+from bench.stats import percentiles_ms, proc_cpu_s
 from fencemq.server.embedded import EmbeddedRedis
 
 KB = 1024
@@ -199,7 +199,9 @@ def idle(kind: str, port: int, pid: int, n: int, processes: int, *, ping: Any, p
     alone = ping(port)
     before = rss(pid)
     with Crowd(kind, n, [port], prefix=prefix, processes=processes) as crowd:
+        cpu0 = proc_cpu_s(pid)
         connected = _rate(crowd.run("connect"), n)
+        connected["server_cpu_us_per_connect"] = round((proc_cpu_s(pid) - cpu0) / n * 1e6)
         time.sleep(2)
         after = rss(pid)
         beside = ping(port)
@@ -214,14 +216,16 @@ def idle(kind: str, port: int, pid: int, n: int, processes: int, *, ping: Any, p
             "ping_ms_alone": alone, "ping_ms_beside_idle": beside}
 
 
-def storm(ports: list[int], n: int, processes: int, *, prefix: str) -> dict[str, Any]:
+def storm(ports: list[int], pids: list[int], n: int, processes: int, *, prefix: str) -> dict[str, Any]:
     """n MQTT sessions with a subscription each drop and reconnect at once: time to settle."""
     with Crowd("mqtt", n, ports, prefix=prefix, processes=processes, clean=False) as crowd:
         first = _rate(crowd.run("connect"), n)
         subscribed = crowd.run("subscribe")["outcome"].get("subacked", 0)
         crowd.run("drop")
+        cpu0 = [proc_cpu_s(pid) for pid in pids]
         again = crowd.run("connect", window=n)  # every reconnect at once
         settled = _rate(again, n)
+        settled["server_cpu_s"] = [round(proc_cpu_s(pid) - c, 1) for pid, c in zip(pids, cpu0)]
         sample = [f"dev/{prefix}{i}" for i in range(0, n, max(1, n // SAMPLE))]
         t0 = time.perf_counter()
         publish_to(ports[0], sample)
@@ -270,13 +274,13 @@ def main(argv: list[str] | None = None) -> None:
         if opts.storm:
             print(f"reconnect storm: {opts.storm} MQTT sessions on 2 workers ...", flush=True)
             with workers(server.url, 2, biggest) as ws:
-                doc["storm_fencemq"] = storm([w.mqtt_port for w in ws], opts.storm, opts.processes,
+                doc["storm_fencemq"] = storm([w.mqtt_port for w in ws], [w.pid for w in ws], opts.storm, opts.processes,
                                              prefix=f"st{stamp}")
             print(f"  {_storm_line(doc['storm_fencemq'])}", flush=True)
             if not opts.skip_mosquitto and shutil.which("mosquitto"):
                 print(f"reconnect storm: {opts.storm} MQTT sessions on a private Mosquitto ...", flush=True)
-                with private_mosquitto(biggest) as (port, _pid):
-                    doc["storm_mosquitto"] = storm([port], opts.storm, opts.processes, prefix=f"sm{stamp}")
+                with private_mosquitto(biggest) as (port, pid):
+                    doc["storm_mosquitto"] = storm([port], [pid], opts.storm, opts.processes, prefix=f"sm{stamp}")
                 print(f"  {_storm_line(doc['storm_mosquitto'])}", flush=True)
         if opts.crowd:
             print(f"{opts.crowd} idle connections (half RESP, half MQTT) on one worker, a PING beside ...", flush=True)
@@ -338,7 +342,7 @@ def goals(doc: dict[str, Any]) -> dict[str, Any]:
 def _line(r: dict[str, Any]) -> str:
     return (f"{r['kb_per_connection']} KB each ({r['rss_before_mb']} -> {r['rss_after_mb']} MB), "
             f"{r['connect']['per_s']}/s ({r['connect']['outcome']}, crowd CPU {r['connect']['crowd_cpu_s']} s "
-            f"in {r['connect']['seconds']} s), one by one {r['sequential']['per_s']}/s, PING p99 "
+            f"in {r['connect']['seconds']} s, server CPU {r['connect']['server_cpu_us_per_connect']} us each), one by one {r['sequential']['per_s']}/s, PING p99 "
             f"{r['ping_ms_alone'].get('p99', 0):.2f} ms alone, {r['ping_ms_beside_idle'].get('p99', 0):.2f} beside")
 
 
