@@ -206,11 +206,9 @@ class Session:
             raise
         self.bound = True
         self.resumed = generation > 1
-        if anonymous:
-            return []
+        if anonymous or not self.resumed:
+            return []  # a session this bind created holds no membership, nothing to check, yet
         await services.sessions.set_presence(client_id, online=True)
-        if not self.resumed:
-            return []  # a session begun now holds nothing to check
         revoked = await services.gate.drop_revoked(self.user, client_id)
         if revoked and tell_revoked:
             await services.sessions.notify_all([(client_id, revoked_notice(h)) for h in revoked])
