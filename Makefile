@@ -4,8 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
 .DEFAULT_GOAL := install
-.PHONY: install help demo test test-fuzz test-cluster test-stateful test-ui ui-screenshots test-spark-cluster bench \
-        serve lint clean venv
+.PHONY: install help demo test test-fuzz test-promises test-cluster test-stateful test-ui ui-screenshots \
+        test-spark-cluster bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
 QUIETLY = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -44,7 +44,7 @@ help:
 	@echo "make demo                a private Redis, a worker and a scripted tour of the guarantees (~2 s)"
 	@echo "make serve               a worker on 127.0.0.1:7379 (a private Redis unless FENCEMQ_REDIS_URL is set)"
 	@echo "make test                lint and the test suite (~10 min on 2 idle cores)"
-	@echo "make test-fuzz, test-ui, test-spark-cluster, test-cluster, test-stateful"
+	@echo "make test-fuzz, test-promises, test-ui, test-spark-cluster, test-cluster, test-stateful"
 	@echo "                         the longer suites CI runs after make test (.ci/run)"
 	@echo "make bench               every speed goal, results in bench/results/"
 	@echo "make clean               remove $(VENV) and build leftovers"
@@ -74,6 +74,12 @@ test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful \
 	    tests/fences/test_reference_model.py -q $(PYTEST_ARGS)
 
+# Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples)
+# and an MQTT worker killed at every step of the QoS 1 and QoS 2 flows (make test kills it at 4 of the 18).
+test-promises: $(VENV)/.test
+	FENCEMQ_PIPELINE_EXAMPLES=$${FENCEMQ_PIPELINE_EXAMPLES:-1000} FENCEMQ_KILL_STEPS=all $(PY) -m pytest \
+		tests/server/test_pipelined_runs.py tests/server/mqtt/test_kill_resume.py -q $(PYTEST_ARGS)
+
 # The web UI in a real browser: Debian's Chromium (/usr/bin/chromium, which .ci/run installs) driven by
 # Playwright; `make test` skips these. ui-screenshots also rewrites docs/ui/*.png (shown in the README).
 test-ui: $(VENV)/.ui-test
@@ -97,6 +103,7 @@ bench: $(VENV)/.bench
 	$(PY) -m bench.scale
 	$(PY) -m bench.mqtt_share
 	$(PY) -m bench.attacks
+	$(PY) -m bench.connections
 	$(PY) -m bench.goals
 
 serve: $(VENV)/.base

@@ -298,7 +298,7 @@ def demo(redis_url: RedisUrlOption = None) -> None:
 def status(
     redis_url: OperatorRedisUrl = None,
     prefix: PrefixOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object {workers, sessions, queues}.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object {alarms, redis, workers, sessions, queues}.")] = False,
     limit: Annotated[int, typer.Option(min=0, help="Show at most this many queues and sessions.")] = 1000,
 ) -> None:
     """Workers, sessions and queues (backlog, checkouts, groups, owners, suspects), read from Redis.

@@ -122,8 +122,12 @@ class Ctx:
         finally:
             client.close()
 
-    def run(self, body: Callable[[Any, Keyspace], Awaitable[T]]) -> T:
-        """Run ``body(async client, keyspace)``; every failure becomes one line and an exit code."""
+    def run(self, body: Callable[[Any, Keyspace], Awaitable[T]], *, writes: bool = False) -> T:
+        """Run ``body(async client, keyspace)``; every failure becomes one line and an exit code.
+
+        ``writes``: the body changes the broker's state, which a Redis that may evict keys would
+        lose without a word: it is refused there (EVICTING, saying what to set), as a worker refuses
+        to start (fences/memory.py)."""
         cluster = self._probe()
 
         async def main() -> T:
@@ -133,6 +137,10 @@ class Ctx:
                       else Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=30))
             try:
                 await self.authorize(client)
+                if writes:
+                    from fencemq.fences.memory import check_policy
+
+                    await check_policy(client)
                 return await body(client, self.keys)
             finally:
                 await client.aclose()

@@ -79,7 +79,7 @@ def user_add(name: Name, password_stdin: PasswordStdin = False,
     if ctx.run(lambda r, _k: _store(ctx, r).exists(name)):
         ctx.fail(f"user '{name}' exists; use passwd or grant", EXIT_USAGE)
     password = _password(ctx, password_stdin, name)
-    ctx.run(lambda r, _k: _store(ctx, r).add(name, password, grants))
+    ctx.run(lambda r, _k: _store(ctx, r).add(name, password, grants), writes=True)
     _out().print(f"user {name} added")
 
 
@@ -95,7 +95,7 @@ def user_passwd(name: Name, password_stdin: PasswordStdin = False, redis_url: Re
     if not ctx.run(lambda r, _k: _store(ctx, r).exists(name)):
         ctx.fail(f"no user '{name}'", EXIT_USAGE)
     password = _password(ctx, password_stdin, name)
-    ctx.run(lambda r, _k: _store(ctx, r).passwd(name, password))
+    ctx.run(lambda r, _k: _store(ctx, r).passwd(name, password), writes=True)
     _out().print(f"password of {name} changed")
 
 
@@ -105,7 +105,7 @@ def user_del(name: Name, yes: Yes = False, redis_url: RedisUrl = None, prefix: P
     """Delete a user (its sessions keep running until they reconnect). Asks first unless --yes."""
     ctx = Ctx("user", redis_url, prefix, cluster)
     _confirm(ctx, yes, f"Delete user {name}?", f"delete user {name}")
-    if not ctx.run(lambda r, _k: _store(ctx, r).delete(name)):
+    if not ctx.run(lambda r, _k: _store(ctx, r).delete(name), writes=True):
         ctx.fail(f"no user {name!r}", 1)
     _out().print(f"user {name} deleted")
 
@@ -115,7 +115,7 @@ def user_grant(name: Name, action: Action, filt: Filter, redis_url: RedisUrl = N
                cluster: Cluster = False) -> None:
     """Let a user do ACTION on the topics FILTER matches."""
     ctx = Ctx("user", redis_url, prefix, cluster)
-    ctx.run(lambda r, _k: _store(ctx, r).grant(name, action, filt))
+    ctx.run(lambda r, _k: _store(ctx, r).grant(name, action, filt), writes=True)
     _out().print(f"{name} may {action} on {filt}")
 
 
@@ -124,7 +124,7 @@ def user_revoke(name: Name, action: Action, filt: Filter, redis_url: RedisUrl = 
                 cluster: Cluster = False) -> None:
     """Take back a grant (the same ACTION and FILTER it was given with)."""
     ctx = Ctx("user", redis_url, prefix, cluster)
-    ctx.run(lambda r, _k: _store(ctx, r).revoke(name, action, filt))
+    ctx.run(lambda r, _k: _store(ctx, r).revoke(name, action, filt), writes=True)
     _out().print(f"{name} may no longer {action} on {filt}")
 
 

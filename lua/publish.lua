@@ -1,6 +1,7 @@
 -- publish.lua: append a batch of messages to one queue's log.
 --@include lib/seek.lua
 --@include lib/lite.lua
+--@flags none
 --
 -- KEYS[1] meta
 -- KEYS[2] log

@@ -9,7 +9,13 @@ comment lines at its top) documents it in a fixed form, one line each::
     -- Returns: …
     -- Errors: …
 
-and may pull helpers in with ``--@include lib/<name>.lua``. The loader
+and may pull helpers in with ``--@include lib/<name>.lua``. Every fence
+declares how Redis may run it when memory is short, ``--@flags allow-oom``
+(it runs at ``maxmemory`` too: it consumes, and what it adds is bounded;
+docs/operations.md, "Redis memory"), ``--@flags no-writes`` (it only reads)
+or ``--@flags none`` (Redis refuses it whole, before it writes anything,
+while its memory is over ``maxmemory``); the loader turns that line into the
+script's ``#!lua`` shebang. The loader
 (:func:`sources`) expands the includes (each file once, in the order first
 asked for; an include that is missing, repeated in one file or circular is
 refused with its file and line) and then binds the header's names, so the
@@ -37,10 +43,14 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from fencemq.errors import translate
+from fencemq.fences.redis_link import RedisLink
 
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
 _SECTION = re.compile(r"^--[ \t]*(Returns|Errors):")
+_FLAGS = re.compile(r"^--@flags(?:[ \t]+(.*?))?[ \t]*$")
+# Redis 7 script flags a fence may declare (``#!lua flags=…``): the memory rule, and read-only fences.
+SCRIPT_FLAGS = frozenset({"allow-oom", "no-writes"})
 
 
 class LoadError(RuntimeError):
@@ -56,6 +66,7 @@ class Header:
     argv: tuple[str, ...]
     argv_rest: str | None
     sections: frozenset[str]
+    flags: tuple[str, ...] | None = None  # its ``--@flags`` line; None: it has none (the loader refuses that)
 
 
 def _slots(found: list[tuple[int, bool, str]], where: str, what: str) -> tuple[tuple[str, ...], str | None]:
@@ -78,16 +89,27 @@ def parse_header(source: str, where: str = "?") -> Header:
     keys: list[tuple[int, bool, str]] = []
     argv: list[tuple[int, bool, str]] = []
     sections = set()
+    flags: tuple[str, ...] | None = None
     for line in source.splitlines():
         if not line.startswith("--"):
             break
+        if m := _FLAGS.match(line):
+            if flags is not None:
+                raise LoadError(f"{where}: a second --@flags line")
+            flags = tuple(f for f in (m.group(1) or "").replace(",", " ").split())
+            if flags == ("none",):
+                flags = ()
+            unknown = sorted(set(flags) - SCRIPT_FLAGS)
+            if unknown:
+                raise LoadError(f"{where}: --@flags {' '.join(unknown)} is not one of {sorted(SCRIPT_FLAGS)}")
+            continue
         for kind, index, variadic, name in _SLOT.findall(line):
             (keys if kind == "KEYS" else argv).append((int(index), bool(variadic), name))
         if m := _SECTION.match(line):
             sections.add(m.group(1))
     k, k_rest = _slots(keys, where, "KEYS")
     a, a_rest = _slots(argv, where, "ARGV")
-    return Header(k, k_rest, a, a_rest, frozenset(sections))
+    return Header(k, k_rest, a, a_rest, frozenset(sections), flags)
 
 
 def _raw_files() -> dict[str, str]:
@@ -112,8 +134,13 @@ def _bind(header: Header) -> str:
             f"local A = {table('ARGV', header.argv, header.argv_rest)}\n")
 
 
+def shebang(header: Header) -> str:
+    """The ``#!lua`` line a fence's ``--@flags`` declares (Redis 7 reads a script's flags from it)."""
+    return "#!lua" + (f" flags={','.join(header.flags)}" if header.flags else "")
+
+
 def assemble(name: str, files: Mapping[str, str]) -> str:
-    """A fence's full source: its includes (each once), the K/A binding, then its body."""
+    """A fence's full source: its shebang, its includes (each once), the K/A binding, then its body."""
     included: list[str] = []
     chunks: list[str] = []
 
@@ -121,6 +148,10 @@ def assemble(name: str, files: Mapping[str, str]) -> str:
         asked: dict[str, int] = {}
         body: list[str] = []
         for lineno, line in enumerate(files[file].splitlines(), start=1):
+            if _FLAGS.match(line):
+                if file.startswith("lib/"):
+                    raise LoadError(f"lua/{file}:{lineno}: --@flags belongs to a fence, not an include")
+                continue
             m = _INCLUDE.match(line)
             if m is None:
                 body.append(line)
@@ -139,9 +170,12 @@ def assemble(name: str, files: Mapping[str, str]) -> str:
                 chunks.append(f"-- from {target}\n" + expand(target, (*chain, target)))
         return "\n".join(body)
 
+    header = parse_header(files[f"{name}.lua"], f"lua/{name}.lua")
+    if header.flags is None:
+        raise LoadError(f"lua/{name}.lua has no --@flags line (allow-oom, no-writes, or none: docs/operations.md, "
+                        "\"Redis memory\")")
     body = expand(f"{name}.lua", (f"{name}.lua",))
-    binding = _bind(parse_header(files[f"{name}.lua"], f"lua/{name}.lua"))
-    return "\n".join([*_only_reached(chunks, body), binding, body]) + "\n"
+    return "\n".join([shebang(header), *_only_reached(chunks, body), _bind(header), body]) + "\n"
 
 
 _FUNCTION = re.compile(r"^local function ([A-Za-z_]\w*)\s*\(")
@@ -271,11 +305,31 @@ class Fences:
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
+        # Set by a worker: its fence calls go over one pipelined connection (fencemq.fences.redis_link)
+        # instead of redis-py's pool; None: through ``redis``.
+        self.link: RedisLink | None = None
         # Told each call's fence name and seconds (the worker's latency histogram); None: not timed.
         self.observe: Callable[[str, float], None] | None = None
         self.scripts: dict[str, AsyncScript] = {
             name: redis.register_script(src) for name, src in sources().items()
         }
+
+    async def _load(self, name: str) -> None:
+        """Load a fence again (NOSCRIPT: Redis restarted, failed over or flushed its scripts)."""
+        if self.link is not None:
+            await self.link.execute("SCRIPT", "LOAD", self.scripts[name].script)
+        else:
+            await self.redis.script_load(self.scripts[name].script)
+
+    async def _execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Commands in one round trip, replies in order, an error reply as its exception."""
+        if self.link is not None:
+            return await self.link.execute_many(commands)
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)
 
     async def run(self, spec: FenceSpec, keys: Any, *, extra_keys: Mapping[str, str] | None = None,
                   keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
@@ -302,15 +356,14 @@ class Fences:
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(3):
-            pipe = self.redis.pipeline(transaction=False)
+            commands = []
             for i in todo:
                 spec, keys, extra, rest, args, args_rest = calls[i]
                 key_list = spec.key_list(keys, extra, rest)
-                # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
-                pipe.execute_command("EVALSHA", self.scripts[spec.name].sha, len(key_list), *key_list,
-                                     *spec.arg_list(args, args_rest))
+                commands.append(("EVALSHA", self.scripts[spec.name].sha, len(key_list), *key_list,
+                                 *spec.arg_list(args, args_rest)))
             started = perf_counter()
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await self._execute_many(commands)
             if self.observe is not None:
                 for name in {calls[i][0].name for i in todo}:
                     self.observe(name, perf_counter() - started)
@@ -324,7 +377,7 @@ class Fences:
             if not again:
                 break
             for name in {calls[i][0].name for i in again}:
-                await self.redis.script_load(self.scripts[name].script)
+                await self._load(name)
             todo = again
         return results
 
@@ -335,11 +388,9 @@ class Fences:
         The fence's coded error is raised; NOSCRIPT loads the fence and runs it alone again."""
         key_list = spec.key_list(keys, {}, ())
         script = self.scripts[spec.name]
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest))
-        pipe.get(read_key)
         started = perf_counter()
-        reply, value = await pipe.execute(raise_on_error=False)
+        reply, value = await self._execute_many([
+            ("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest)), ("GET", read_key)])
         if self.observe is not None:
             self.observe(spec.name, perf_counter() - started)
         if isinstance(value, Exception):
@@ -351,7 +402,14 @@ class Fences:
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         started = perf_counter()
         try:
-            return await self.scripts[name](keys=keys, args=args)
+            if self.link is None:
+                return await self.scripts[name](keys=keys, args=args)
+            command = ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
+            try:
+                return await self.link.execute(*command)
+            except NoScriptError:
+                await self._load(name)
+                return await self.link.execute(*command)
         except ResponseError as exc:
             mapped = translate(exc)
             if mapped is not None:
