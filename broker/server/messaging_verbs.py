@@ -8,6 +8,7 @@ arguments fencemq.protocol.commands parsed, and returns the reply value.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission
+from fencemq.fences.leases import Look, PullResult
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
 from fencemq.fences.subscribe import Subscription
@@ -27,8 +29,13 @@ from fencemq.protocol.resp import Prebuilt, SimpleString, encode_bulk_array
 from fencemq.server import metrics
 from fencemq.server.services import Services
 from fencemq.server.session import Session
+from fencemq.server.wakeups import Waiter
+
+log = logging.getLogger(__name__)
 
 OK = SimpleString("OK")
+WAITER_MARGIN_MS = 1000  # a long poll's record outlives its BLOCK by this (it is removed when the wait ends)
+HANDED_GRACE_S = 0.5  # how long a hand-off's wake-up may trail the look that found the record gone
 
 
 def id_array(ids: list[str]) -> Prebuilt:
@@ -182,13 +189,12 @@ class MessagingVerbs:
 
     async def pull(self, session: Session, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
         h = session.own(handle)
-        leases = self.services.core.leases
-        result = await leases.pull(h, count)
-        if not result.deliveries and block_ms is not None:
+        if block_ms is None:
+            result = await self.services.core.leases.pull(h, count)
+        else:
             # A fenced member (evicted, suspected, standby, ended) waits like any long
             # poll: woken when it may receive again, not answered at once to spin.
-            result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
-                                           lambda r: bool(r.deliveries))
+            result = await self._pull_long_poll(session, h, count, block_ms)
         metrics.DELIVERED.inc(len(result.deliveries))
         return Prebuilt(encode_deliveries(result.deliveries, session.proto))
 
@@ -222,8 +228,7 @@ class MessagingVerbs:
             return [acked, result]
         if not result.deliveries and block_ms is not None:
             try:
-                result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
-                                               lambda r: bool(r.deliveries))
+                result = await self._pull_long_poll(session, h, count, block_ms)
             except (FenceMQError, RedisError) as exc:  # the ACK ran: only the PULL's reply is this refusal
                 return [acked, exc]
         metrics.DELIVERED.inc(len(result.deliveries))
@@ -276,6 +281,68 @@ class MessagingVerbs:
             # closing because its worker drains still answers: what a look checked out is in it.)
             raise ClientGone
         return result if result is not None else await attempt()
+
+    async def _pull_long_poll(self, session: Session, h: Handle, count: int, block_ms: int) -> PullResult:
+        """PULL … BLOCK: :meth:`_long_poll`, registered as a waiter a publish may hand its messages to
+        (lua/lib/waiters.lua: they come with the wake-up, checked out, and no look follows). A look
+        that finds its registration gone was handed messages: they come with the wake-up too, or are
+        read back if that was lost. Hanging up gives back, unread, whatever was handed meanwhile."""
+        leases = self.services.core.leases
+        wait_ms = min(block_ms or self.config.max_block_ms, self.config.max_block_ms)
+        result: PullResult | None = None
+        registered: Look | None = None  # the waiter's record, while a look left one
+        async with self.services.wakeups.watching(self.services.keys.queue(h.queue).wake) as waiter:
+            async with session.until_hangup():
+                with anyio.move_on_after(wait_ms / 1000) as waiting, session.interruptible(waiting):
+                    while True:
+                        # The BLOCK time runs out in the wait, not in a look: a fence call cut
+                        # short could check messages out to a reply nobody sends.
+                        with anyio.CancelScope(shield=True):
+                            result, registered = await self._look(h, count, waiter, registered, wait_ms)
+                        if result.deliveries:
+                            break
+                        await waiter.wait()
+            if registered is not None:  # timed out, drained or hung up with its record in place
+                with anyio.CancelScope(shield=True):
+                    if session.gone:  # what a publish handed meanwhile goes back, unread
+                        await leases.pull(h, count, Look("leave", waiter.wid, registered.since))
+                    else:
+                        result = await leases.pull(h, count, Look("last", waiter.wid, registered.since))
+                        if result.status == "handed":
+                            result = await self._handed(h, count, waiter, registered)
+        if session.gone:
+            # The client hung up while it waited: nothing more is checked out to it. (A connection
+            # closing because its worker drains still answers: what a look checked out is in it.)
+            raise ClientGone
+        return result if result is not None else await leases.pull(h, count)
+
+    async def _look(self, h: Handle, count: int, waiter: Waiter, registered: Look | None,
+                    wait_ms: int) -> tuple[PullResult, Look | None]:
+        """One look of a PULL … BLOCK (or what a publish handed it): the result, and its record after."""
+        leases = self.services.core.leases
+        if waiter.handed is None:
+            if registered is None:
+                result = await leases.pull(h, count, Look("first", waiter.wid, wait_ms=wait_ms + WAITER_MARGIN_MS))
+                return result, Look("again", waiter.wid, result.since) if result.since else None
+            result = await leases.pull(h, count, registered)
+            if result.status != "handed":
+                return result, None if result.deliveries else registered
+        return await self._handed(h, count, waiter, registered), None
+
+    async def _handed(self, h: Handle, count: int, waiter: Waiter, registered: Look | None) -> PullResult:
+        """What a publish handed to this long poll: from its wake-up (which may trail the look that
+        found the registration gone by a moment: it comes on another connection), else read back."""
+        leases = self.services.core.leases
+        if waiter.handed is None:
+            with anyio.move_on_after(HANDED_GRACE_S):
+                while waiter.handed is None:
+                    await waiter.wait()
+        reply, waiter.handed = waiter.handed, None
+        if reply is not None:
+            return await leases.handed(h, reply)
+        assert registered is not None
+        log.warning("a hand-off to a long poll on %s did not arrive; reading it back", h.queue.qid)
+        return await leases.pull(h, count, Look("recover", waiter.wid, registered.since))
 
     async def ack(self, session: Session, handle: str, tags: list[str]) -> Any:
         n = await self.services.core.leases.ack(session.own(handle), tags)

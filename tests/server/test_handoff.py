@@ -171,3 +171,61 @@ def test_a_block_that_runs_out_as_the_publish_lands_loses_nothing_and_holds_noth
             got = deliveries(c.execute_command("PULL", h))
         assert payloads(got) == [f"m{i}"], f"round {i}"
         assert c.execute_command("ACK", h, got[0]["tag"]) == 1
+
+
+def _count_fence_calls(w: Any, monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    fences = w.worker.core.fences
+    calls = [0]
+    real = fences.call
+
+    async def counted(fence: str, keys: list[str], args: list[Any]) -> Any:
+        if fence == name:
+            calls[0] += 1
+        return await real(fence, keys, args)
+
+    monkeypatch.setattr(fences, "call", counted)
+    return calls
+
+
+def test_a_publish_hands_its_messages_to_a_waiting_long_poll_which_looks_no_more(w, monkeypatch):
+    c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
+    h = sub(c, "orders", "GROUP", "g")
+    pulls = _count_fence_calls(w, monkeypatch, "pull")
+    waiting = Waiting(c, h)
+    assert pulls[0] == 1, "the long poll's first look"
+    p.execute_command("MPUB", "orders", 2, "x", "y")
+    got = waiting.reply()
+    assert payloads(got) == ["x", "y"]
+    assert pulls[0] == 1, "the messages came with the wake-up: no second look"
+    assert c.execute_command("ACK", h, *[d["tag"] for d in got]) == 2  # leased as a PULL's checkouts are
+
+
+def test_a_long_poll_on_another_worker_is_handed_the_publishes_after_the_first_that_saw_it_wait(redis_url,
+                                                                                               monkeypatch):
+    with worker(redis_url) as consuming, worker(redis_url) as publishing:
+        c, p = client(consuming.port, 2, "c"), client(publishing.port, 2, "p")
+        h = sub(c, "orders", "GROUP", "g")
+        pulls = _count_fence_calls(consuming, monkeypatch, "pull")
+        first = Waiting(c, h)
+        p.execute_command("PUB", "orders", "one")  # the publishing worker learns a long poll waits here
+        assert payloads(first.reply()) == ["one"] and pulls[0] == 2, "woken, it looked again"
+        second = Waiting(c, h)
+        p.execute_command("PUB", "orders", "two")
+        assert payloads(second.reply()) == ["two"] and pulls[0] == 3, "handed: one look, none after"
+
+
+def test_a_long_poll_whose_client_hangs_up_gives_back_unread_what_was_handed_to_it(w, redis_url):
+    from tests.helpers import RespConn
+
+    other = client(w.port, 2, "other")
+    ho = sub(other, "orders", "GROUP", "g")
+    gone = RespConn(w.port)
+    gone.hello(2, "gone")
+    h = as_map(gone.call("SUB", "orders", "GROUP", "g"))["handle"]
+    gone.send("PULL", h, "BLOCK", 5000)
+    time.sleep(0.3)
+    # the hang-up and a hand-off race: whichever wins, the message is free for another consumer at once
+    gone.close()
+    client(w.port, 2, "p").execute_command("PUB", "orders", "new")
+    (d,) = wait_for(lambda: deliveries(other.execute_command("PULL", ho)), timeout=3, what="the message")
+    assert d["payload"] == "new"
