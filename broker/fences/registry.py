@@ -37,6 +37,12 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from fencemq.errors import translate
+from fencemq.fences.durability import (
+    CONFIRMED_FENCES,
+    Durability,
+    add_confirmations,
+    confirmation_refused,
+)
 
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
@@ -269,13 +275,18 @@ class Fences:
     turns its coded errors into FenceMQError subclasses.
     """
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, durability: Durability | None = None) -> None:
         self.redis = redis
+        # What a PUB's ids and an ACK's reply wait for (fences/durability.py); local: nothing.
+        self.durability = durability if durability is not None else Durability()
         # Told each call's fence name and seconds (the worker's latency histogram); None: not timed.
         self.observe: Callable[[str, float], None] | None = None
         self.scripts: dict[str, AsyncScript] = {
             name: redis.register_script(src) for name, src in sources().items()
         }
+
+    def _confirms(self, names: Any) -> bool:
+        return not self.durability.local and not CONFIRMED_FENCES.isdisjoint(names)
 
     async def run(self, spec: FenceSpec, keys: Any, *, extra_keys: Mapping[str, str] | None = None,
                   keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
@@ -299,31 +310,43 @@ class Fences:
 
         On NOSCRIPT only the calls that met it run again (once their fences are
         loaded): a call that ran is never run twice."""
+        return await self._run_calls([(spec.name, spec.key_list(keys, extra, rest), spec.arg_list(args, args_rest))
+                                      for spec, keys, extra, rest, args, args_rest in calls])
+
+    async def _run_calls(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """(fence name, keys, arguments) each, in one pipeline; then the durability's confirmation of
+        the acknowledging ones on the same connection (an UNCONFIRMED result when it does not come)."""
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(3):
             pipe = self.redis.pipeline(transaction=False)
             for i in todo:
-                spec, keys, extra, rest, args, args_rest = calls[i]
-                key_list = spec.key_list(keys, extra, rest)
+                name, key_list, arg_list = calls[i]
                 # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
-                pipe.execute_command("EVALSHA", self.scripts[spec.name].sha, len(key_list), *key_list,
-                                     *spec.arg_list(args, args_rest))
+                pipe.execute_command("EVALSHA", self.scripts[name].sha, len(key_list), *key_list, *arg_list)
+            confirmed = [i for i in todo if calls[i][0] in CONFIRMED_FENCES] if self._confirms(
+                calls[i][0] for i in todo) else []
+            nodes = add_confirmations(self.redis, pipe, self.durability, [calls[i][1] for i in confirmed])
             started = perf_counter()
             replies = await pipe.execute(raise_on_error=False)
             if self.observe is not None:
-                for name in {calls[i][0].name for i in todo}:
+                for name in {calls[i][0] for i in todo}:
                     self.observe(name, perf_counter() - started)
+            refusal = confirmation_refused(self.redis, self.durability, replies[len(todo):], nodes,
+                                           [calls[i][1] for i in confirmed]) if confirmed else None
             again = []
-            for i, reply in zip(todo, replies, strict=True):
+            for i, reply in zip(todo, replies, strict=False):
                 if attempt < 2 and (isinstance(reply, NoScriptError)
                                     or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply))):
                     again.append(i)
+                elif isinstance(reply, ResponseError):
+                    results[i] = translate(reply) or reply
                 else:
-                    results[i] = (translate(reply) or reply) if isinstance(reply, ResponseError) else reply
+                    results[i] = refusal if refusal is not None and i in confirmed and not isinstance(
+                        reply, Exception) else reply
             if not again:
                 break
-            for name in {calls[i][0].name for i in again}:
+            for name in {calls[i][0] for i in again}:
                 await self.redis.script_load(self.scripts[name].script)
             todo = again
         return results
@@ -337,18 +360,26 @@ class Fences:
         script = self.scripts[spec.name]
         pipe = self.redis.pipeline(transaction=False)
         pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest))
+        nodes = add_confirmations(self.redis, pipe, self.durability, [key_list]) if self._confirms(
+            [spec.name]) else []
         pipe.get(read_key)
         started = perf_counter()
-        reply, value = await pipe.execute(raise_on_error=False)
+        reply, *confirmations, value = await pipe.execute(raise_on_error=False)
         if self.observe is not None:
             self.observe(spec.name, perf_counter() - started)
         if isinstance(value, Exception):
             raise value
         if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply)):
             return await self.call(spec.name, key_list, spec.arg_list(args, args_rest)), value
-        return self.check(reply), value
+        reply = self.check(reply)
+        if nodes and (refusal := confirmation_refused(self.redis, self.durability, confirmations, nodes,
+                                                      [key_list])) is not None:
+            raise refusal
+        return reply, value
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        if self._confirms([name]):
+            return self.check((await self._run_calls([(name, keys, args)]))[0])
         started = perf_counter()
         try:
             return await self.scripts[name](keys=keys, args=args)

@@ -28,10 +28,11 @@ from redis.exceptions import RedisError
 from fencemq.config import Config
 from fencemq.errors import BadArgument
 from fencemq.fences.core import Core
-from fencemq.fences.redis_client import open_redis
+from fencemq.fences.durability import Durability
 from fencemq.server import metrics
 from fencemq.server.connection import ClientConnection
 from fencemq.server.services import Services
+from fencemq.server.startup import ready_services
 from fencemq.server.sweeper import Sweeper
 from fencemq.server.verbs import Verbs
 
@@ -79,6 +80,7 @@ class Worker:
             raise BadArgument("a worker needs redis_url (fencemq serve starts an embedded Redis when none is given)")
         self.config = config
         self.tls = client_tls(config)  # a bad TLS setting fails here, before anything starts
+        Durability.parse(config.durability, config.durability_timeout_ms)  # as does a bad durability
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.port: int | None = None
         self.mqtt_port: int | None = None  # where MQTT clients connect, when config.mqtt_port asks for it
@@ -88,10 +90,9 @@ class Worker:
         self._draining = anyio.Event()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        redis = await open_redis(self.config.redis_url)
+        redis, services = await ready_services(self.config, self.id)  # waits for Redis, saying so
         try:
-            self.services = services = Services.over(redis, self.config, self.id)
-            await services.handles.load(redis, services.keys.handle_secret)
+            self.services: Services = services
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
