@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-fuzz test-cluster test-stateful test-ui ui-screenshots test-spark-cluster bench serve lint clean venv
+.PHONY: demo test test-fuzz test-promises test-cluster test-stateful test-ui ui-screenshots test-spark-cluster bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
 QUIETLY = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -48,6 +48,10 @@ test-cluster: $(VENV)/.test
 # The model-based test of all five guarantees, 1,000 sequences (make test runs 30).
 test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful -q $(PYTEST_ARGS)
+
+# Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples).
+test-promises: $(VENV)/.test
+	FENCEMQ_PIPELINE_EXAMPLES=$${FENCEMQ_PIPELINE_EXAMPLES:-1000} $(PY) -m pytest tests/server/test_pipelined_runs.py -q $(PYTEST_ARGS)
 
 # The web UI in a real browser: Debian's Chromium (/usr/bin/chromium, which .ci/run installs) driven by
 # Playwright; `make test` skips these. ui-screenshots also rewrites docs/ui/*.png (shown in the README).

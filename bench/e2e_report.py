@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# issue #14's e2e goals (bench.goals judges them; these draw them)
+# issue #32's e2e goals, as multiples of raw Streams in the same run (bench.goals judges them; these draw them)
 GOAL_RATIO = 0.5
-GOAL_P99_LOW_MS = 1.0
-GOAL_REDIS_US_PER_MSG = 7.0
+GOAL_P99_LOW_X_RAW = 3.0
+GOAL_REDIS_X_RAW = 1.3
 
 
 def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """The e2e goals of issue #14, judged on this run (bench.goals holds every goal)."""
+    """The e2e goals, judged on this run (bench.goals holds every goal)."""
     from bench.goals import GOALS
 
     return [g.judge({"e2e": res}) for g in GOALS if g.source == "e2e"]
@@ -56,7 +56,8 @@ def plot(res: dict[str, Any], lat: dict[str, dict[str, list[int]]], path: Path) 
         data = sorted(v / 1e6 for v in lat[n]["low_load"])
         if data:
             a.plot(data, [(i + 1) / len(data) for i in range(len(data))], color=COLORS[n], label=LABELS[n])
-    a.axvline(GOAL_P99_LOW_MS, color="red", ls="--", lw=1, label=f"goal p99 {GOAL_P99_LOW_MS} ms")
+    p99_goal = GOAL_P99_LOW_X_RAW * res["variants"]["raw"]["low_load"]["latency_ms"]["p99"]
+    a.axvline(p99_goal, color="red", ls="--", lw=1, label=f"goal p99 {GOAL_P99_LOW_X_RAW:g}x raw's ({p99_goal:.2f} ms)")
     a.axhline(0.99, color="black", ls=":", lw=0.8)
     a.set_xscale("log")
     a.set_xlabel("publish -> deliver latency (ms, log)")
@@ -75,7 +76,7 @@ def plot(res: dict[str, Any], lat: dict[str, dict[str, list[int]]], path: Path) 
         v = [res["variants"][n]["low_load"]["latency_ms"][key] for n in names]
         bars = a.bar([x + (k + 0.5) * width for x in xs], v, width, label=label, color=["#a1d99b", "#31a354"][k])
         a.bar_label(bars, labels=[f"{x:.0f}" if x >= 10 else f"{x:.2g}" for x in v], fontsize=7)
-    a.axhline(GOAL_P99_LOW_MS, color="red", ls="--", lw=1)
+    a.axhline(p99_goal, color="red", ls="--", lw=1)
     a.set_yscale("log")
     a.set_xticks(list(xs), [LABELS[n] for n in names], fontsize=8)
     a.set_ylabel("ms (log)")
@@ -90,7 +91,8 @@ def plot(res: dict[str, Any], lat: dict[str, dict[str, list[int]]], path: Path) 
         v = [res["variants"][n]["throughput"]["redis"][key] for n in names]
         bars = a.bar([x + (k - 0.5) * width for x in xs], v, width, label=label, color=color)
         a.bar_label(bars, labels=[f"{x:.1f}" for x in v], fontsize=7)
-    a.axhline(GOAL_REDIS_US_PER_MSG, color="red", ls="--", lw=1, label=f"goal {GOAL_REDIS_US_PER_MSG:g} us")
+    redis_goal = GOAL_REDIS_X_RAW * res["variants"]["raw"]["throughput"]["redis"]["cpu_us_per_msg"]
+    a.axhline(redis_goal, color="red", ls="--", lw=1, label=f"goal {GOAL_REDIS_X_RAW:g}x raw's ({redis_goal:.1f} us)")
     a.set_xticks(list(xs), [LABELS[n] for n in names], fontsize=8)
     a.set_ylabel("Redis us per message (flat-out run)")
     a.set_title("Redis cost per message")
@@ -131,6 +133,13 @@ def print_table(res: dict[str, Any]) -> None:
             top = ", ".join(f"{k} {u / fc['calls']:.0f}us/{calls // fc['calls']}x" for u, k, calls in inner)
             print(f"  {f:<8} EVALSHA {c['evalsha_us_per_call']:7.1f} us/call = {c['evalsha_us_per_msg']:5.2f} us/msg;"
                   f" Python wall {c['python_wall_us_per_call']:7.1f} us/call; inside: {top}")
+    plain = res.get("plain_client")
+    if plain:
+        print(f"\na plain redis-py asyncio client awaiting each call (bench.plain_client): FenceMQ "
+              f"{plain['fencemq']['msgs_per_s']:,.0f} msg/s, raw Streams {plain['raw']['msgs_per_s']:,.0f} msg/s "
+              f"= {plain['ratio']:.2f}x (pairs: {', '.join(f'{x:.2f}' for x in plain['ratio_per_pair'])}); "
+              f"Redis CPU {plain['fencemq']['redis_cpu_us_per_msg']:.1f} vs {plain['raw']['redis_cpu_us_per_msg']:.1f}"
+              f" us/msg, worker {plain['fencemq']['worker_cpu_us_per_msg']:.1f} us/msg")
     sdk = res.get("sdk", {})
     if sdk:
         print("\nthe Python SDK through a worker process (bench.sdk): " + ", ".join(

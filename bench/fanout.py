@@ -20,7 +20,9 @@ Reported per run: published msg/s (first publish → last publish reply),
 end-to-end msg/s and deliveries/s (first publish → last ACK of all 3
 subscriptions), publish → TAKE latency, per-member counts of the group,
 Redis CPU / EVALSHA time per message, worker and client CPU per message, and
-the CPU used meanwhile by unrelated processes (noise). The median run (by
+the CPU used meanwhile by unrelated processes (noise). Then raw Redis Streams on
+the same server (bench.run's raw shape, the same number of messages): its Redis
+CPU per message is what a delivery's is measured against (bench.goals). The median run (by
 deliveries/s) is the headline. Writes ``<out>/fanout.json``.
 """
 
@@ -48,7 +50,7 @@ from bench.stats import (
     self_cpu_s,
 )
 from bench.mosquitto_peer import mosquitto_share
-from bench.workloads import _STAMP, make_payload
+from bench.workloads import _STAMP, RawStreams, e2e, make_payload
 from fencemq.server.embedded import EmbeddedRedis
 
 MEMBERS = 4
@@ -234,6 +236,21 @@ def measured(meter: RedisMeter, redis_pid: int, worker_pid: int, make: Any) -> d
     return out
 
 
+def raw_redis_cost(meter: RedisMeter, port: int, opts: argparse.Namespace) -> dict[str, Any]:
+    """Raw Streams' Redis CPU per message in this run (bench.run's flat-out raw shape, the same messages):
+    what a delivery's Redis CPU is measured against."""
+    raw = lambda tag: lambda i: RawStreams(f"fanout-raw:{tag}", consumer=f"c{i}")  # noqa: E731
+    asyncio.run(e2e(HOST, port, raw("warm"), total=min(5000, opts.messages), size=opts.size))
+    costs = []
+    for i in range(opts.repeat):
+        meter.reset()
+        run = asyncio.run(e2e(HOST, port, raw(str(i)), total=opts.messages, size=opts.size, batch=opts.batch,
+                              window=opts.window))
+        costs.append(meter.read()["cpu_us"] / max(1, run.messages))
+    print(f"  raw Streams beside it: Redis CPU {statistics.median(costs):.2f} us/msg", flush=True)
+    return {"redis_cpu_us_per_msg": statistics.median(costs), "runs_redis_cpu_us_per_msg": costs}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=10_000, help="messages per run")
@@ -279,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(run)
         finally:
             worker.stop()
+        admin.flushall()
+        res["raw"] = raw_redis_cost(meter, server.port, opts)
         admin.close()
 
     if not opts.skip_peers:
@@ -301,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
         "worker_cpu_us_per_msg": head["worker_cpu_us_per_msg"],
         "group_members_taken": head["group_members_taken"],
         "others_cpu_cores_mean": statistics.fmean(r["others_cpu_cores"] for r in runs),
+        "raw_redis_cpu_us_per_msg": res["raw"]["redis_cpu_us_per_msg"],
+        "redis_cpu_per_delivery_x_raw": head["redis"]["cpu_us_per_msg"] / COPIES / res["raw"]["redis_cpu_us_per_msg"],
     }
     res["bench_seconds"] = time.perf_counter() - t_start
     res["machine"]["loadavg_at_end"] = os.getloadavg()
@@ -312,7 +333,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  delivered      {s['deliveries_per_s']:>9,} deliveries/s  ({s['e2e_msgs_per_s']:,} msg/s end to end, "
           f"x{COPIES})")
     print(f"  latency        p50 {s['latency_p50_ms']:.1f} ms, p99 {s['latency_p99_ms']:.1f} ms (publish -> delivery, flat out)")
-    print(f"  Redis CPU      {s['redis_cpu_us_per_msg']:.1f} us/msg; worker CPU {s['worker_cpu_us_per_msg']:.1f} us/msg")
+    print(f"  Redis CPU      {s['redis_cpu_us_per_msg']:.1f} us/msg; worker CPU {s['worker_cpu_us_per_msg']:.1f} us/msg; "
+          f"per delivery {s['redis_cpu_per_delivery_x_raw']:.1f}x raw Streams' per message "
+          f"({s['raw_redis_cpu_us_per_msg']:.2f} us)")
     print(f"  group split    {s['group_members_taken']}")
     print(f"  others         {s['others_cpu_cores_mean']:.2f} CPU cores used by unrelated processes meanwhile")
     print(f"wrote {out / 'fanout.json'} in {res['bench_seconds']:.0f} s")

@@ -10,7 +10,9 @@ Variants (same Redis server, flushed between them):
                    with the bench clients: a lower bound, for comparison).
 Each variant: a flat-out run (MPUB of 100, 10 in flight; PULL COUNT 100 BLOCK
 1000 + ACK pipelined) and a low-load run (one PUB per message at ~1,000 msg/s).
-Then the Redis cost of each fence alone (bench.fence_costs), the Python SDK in
+Then a plain redis-py asyncio client that awaits each call, against FenceMQ and
+raw Streams (bench.plain_client), the Redis cost of each fence alone
+(bench.fence_costs), the Python SDK in
 both styles, asyncio and blocking (bench.sdk), and the peers a
 user would pick instead, measured the same way on this machine's services
 (bench.peers: NATS JetStream, RabbitMQ quorum queues; skipped when absent).
@@ -34,6 +36,7 @@ from bench.fence_cost import count_instructions
 from bench.fence_costs import fence_costs
 from bench.harness import HOST, ROOT, WorkerProcess, machine_info
 from bench.peers import run_peers
+from bench.plain_client import plain_client
 from bench.sdk import sdk_styles
 from bench.stats import RedisMeter, machine_busy_s, percentiles_ms, proc_cpu_s, self_cpu_s
 from bench.workloads import FenceMQ, RawStreams, Run, e2e
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--low-messages", type=int, default=2000)
     ap.add_argument("--low-rate", type=float, default=1000.0, help="msg/s in the low-load run")
     ap.add_argument("--skip-thread", action="store_true", help="skip the worker-thread variant")
+    ap.add_argument("--plain-messages", type=int, default=0,
+                    help="messages per run of the plain-client phase (default: half of --messages)")
     ap.add_argument("--profile", default=None, help="cProfile the worker process into this file")
     ap.add_argument("--skip-peers", action="store_true", help="skip NATS JetStream and RabbitMQ (bench.peers)")
     opts = ap.parse_args(argv)
@@ -171,6 +176,11 @@ def main(argv: list[str] | None = None) -> None:
                 res["variants"]["fencemq_thread"], lat["fencemq_thread"] = run_variant(
                     "fencemq_thread", wt.port, meter, server.pid, None, lambda tag: lambda i: FenceMQ(tag), opts)
             admin.flushall()
+
+        print("a plain redis-py client, one call at a time (FenceMQ and raw Streams):", flush=True)
+        res["plain_client"] = plain_client(server.url, server.pid, opts.plain_messages or opts.messages // 2, opts.size,
+                                           opts.repeat)
+        admin.flushall()
 
         print("fences alone:", flush=True)
         res["fence_costs"] = asyncio.run(fence_costs(server.url, meter, size=opts.size))

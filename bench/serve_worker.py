@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--loop", default=None, help="event loop: auto (uvloop when installed), uvloop, asyncio;"
                     " default auto, or asyncio with --profile (cProfile counts uvloop's waits as time in a coroutine)")
     ap.add_argument("--profile", default=None, help="write a cProfile of the worker here on exit")
+    ap.add_argument("--profile-cpu", action="store_true", help="--profile counts CPU time, not wall time")
     ap.add_argument("--trace", default=None, help="time publish/pull/schedule/wake-ups; JSON here on exit")
     opts = ap.parse_args()
     if opts.loop is None:
@@ -40,7 +41,10 @@ def main() -> None:
     if opts.profile:
         import cProfile
 
-        prof = cProfile.Profile()
+        import time
+
+        # wall time by default; CPU time leaves out the waits in send() while the woken peer runs
+        prof = cProfile.Profile(time.process_time) if opts.profile_cpu else cProfile.Profile()
         try:
             prof.runcall(run, serve, config, ready, loop=opts.loop)
         finally:

@@ -52,7 +52,22 @@ class Config:
     lite_journal_cap: int = 0
     lite_quota: int = 100_000  # lite subscriptions one client may hold per topic
 
+    # Redis memory (fences/memory.py; docs/operations.md, "Redis memory"): publishes are refused (FULL)
+    # once a node's memory reaches the high watermark of its limit, until it falls below the low one.
+    # A node's limit is its maxmemory; with maxmemory 0, memory_limit_bytes, else the machine's memory
+    # as Redis reports it (total_system_memory). Sampled on every node every memory_sample_ms.
+    memory_high_watermark: float = 0.9
+    memory_low_watermark: float = 0.85
+    memory_limit_bytes: int = 0
+    memory_sample_ms: int = 500
+
     session_lease_ms: int = 10_000  # a detached or orphaned session ends after this
+    # SIGTERM drains (docs/operations.md, "Deploying"): clients are told to move and what is in
+    # hand is finished within this; what is left is cut
+    drain_timeout_ms: int = 5_000
+    # where MQTT 5 clients are sent when this worker drains (DISCONNECT's Server Reference, e.g.
+    # the balancer's "host:port"); RESP3 clients get it in the draining notice. None: not said
+    server_reference: str | None = None
     sweep_interval_ms: int = 100  # leases come back within this (+ script time) of their deadline
     sweep_batch: int = 1000
     # A fence that makes leases runs at most this long after the lease intent
@@ -120,6 +135,9 @@ class Config:
             raw = os.environ.get("FENCEMQ_" + f.name.upper())
             if raw is None:
                 continue
-            values[f.name] = raw if f.type in ("str", "str | None") else int(raw)
+            if f.type in ("str", "str | None"):
+                values[f.name] = raw
+            else:
+                values[f.name] = float(raw) if f.type == "float" else int(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)

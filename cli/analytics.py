@@ -10,13 +10,11 @@ the fence audit FAILED (the report lists the violations).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import redis
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -24,38 +22,21 @@ from rich.table import Table
 from fencemq.model.keys import Keyspace
 from fencemq.cli.common import (
     ENV_REDIS_URL,
-    EXIT_UNREACHABLE,
     CliError,
-    broker_redis,
-    connect,
     fail,
     safe_url,
-    unreachable_message,
 )
 
 EXIT_AUDIT_FAILED = 3
 
 
-def _is_cluster(client: redis.Redis) -> bool:
-    try:
-        return int(client.info("cluster").get("cluster_enabled", 0)) == 1
-    except redis.ResponseError:
-        return False
-
-
-async def _snapshot(url: str, cluster: bool, prefix: str, out: Path, batch: int, log_entries: int,
+async def _snapshot(client: Any, keys: Keyspace, url: str, out: Path, batch: int, log_entries: int,
                     journal_entries: int, progress: Any, since: Path | None = None, journal_buckets: int = 8) -> Any:
-    from redis.asyncio import Redis, RedisCluster
-
     from fencemq.ops.snapshot import take_snapshot  # needs pyarrow (checked by the command)
 
-    client = RedisCluster.from_url(url) if cluster else Redis.from_url(url, socket_connect_timeout=5)
-    try:
-        return await take_snapshot(client, Keyspace(prefix), out, progress, batch=batch, log_entries=log_entries,
-                                   journal_entries=journal_entries, source=safe_url(url), since=since,
-                                   journal_buckets=journal_buckets)
-    finally:
-        await client.aclose()
+    return await take_snapshot(client, keys, out, progress, batch=batch, log_entries=log_entries,
+                               journal_entries=journal_entries, source=safe_url(url), since=since,
+                               journal_buckets=journal_buckets)
 
 
 def snapshot(
@@ -63,7 +44,8 @@ def snapshot(
                                       "(created; an older snapshot there is replaced).")],
     redis_url: Annotated[Optional[str], typer.Option(
         "--redis-url", metavar="URL", show_default=False,
-        help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL}); "
+        help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL}, else the private Redis of "
+             "the one `fencemq serve` running here); "
              "a Cluster is detected and every master visited")] = None,
     prefix: Annotated[Optional[str], typer.Option(
         "--prefix", show_default=False,
@@ -92,33 +74,27 @@ def snapshot(
     With --since BASE, only queues whose state changed since BASE are written
     (every fence write changes a queue's state digest).
     """
-    url, key_prefix = broker_redis("snapshot", redis_url, prefix)
+    from fencemq.cli.opskit import Ctx
+
+    ctx = Ctx("snapshot", redis_url, prefix, cluster=False)  # the operator commands' URL, gate and errors
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:
         fail("snapshot", CliError(f"pyarrow is not installed ({exc}); pip install 'fencemq[spark]'"))
         raise typer.Exit(1) from None
-
-    try:
-        probe = connect(url)
-        try:
-            cluster = _is_cluster(probe)
-        finally:
-            probe.close()
-    except CliError as exc:
-        fail("snapshot", exc)
-        raise typer.Exit(exc.code) from None
-
     if since is not None and not (since / "manifest.json").is_file():
         fail("snapshot", CliError(f"no snapshot at {since} to build on (manifest.json missing)"))
         raise typer.Exit(1)
     from fencemq.ops.snapshot import SnapshotError
 
+    def take(progress: Any) -> Any:
+        return ctx.run(lambda r, k: _snapshot(r, k, ctx.url, out, batch, log_entries, journal_entries, progress,
+                                              since, journal_buckets))
+
     err = Console(stderr=True, highlight=False)
     try:
         if as_json:
-            manifest = asyncio.run(_snapshot(url, cluster, key_prefix, out, batch, log_entries, journal_entries,
-                                             None, since, journal_buckets))
+            manifest = take(None)
         else:
             from rich.progress import (
                 Progress,
@@ -130,17 +106,9 @@ def snapshot(
             with Progress(SpinnerColumn(), TextColumn("snapshot: {task.completed:,} queues"),
                           TimeElapsedColumn(), console=err, transient=True) as bar:
                 task = bar.add_task("snapshot", total=None)
-                manifest = asyncio.run(_snapshot(
-                    url, cluster, key_prefix, out, batch, log_entries, journal_entries,
-                    lambda done, _total: bar.update(task, completed=done), since, journal_buckets))
+                manifest = take(lambda done, _total: bar.update(task, completed=done))
     except SnapshotError as exc:
         fail("snapshot", CliError(str(exc)))
-        raise typer.Exit(1) from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        fail("snapshot", CliError(unreachable_message(url, exc)))
-        raise typer.Exit(EXIT_UNREACHABLE) from None
-    except redis.RedisError as exc:
-        fail("snapshot", CliError(f"Redis at {safe_url(url)} answered with an error: {exc}"))
         raise typer.Exit(1) from None
 
     if as_json:

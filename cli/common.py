@@ -33,23 +33,42 @@ def redis_url_given(flag: str | None) -> str | None:
 
 
 def broker_redis(command: str, flag: str | None, prefix: str | None) -> tuple[str, str]:
-    """The Redis URL and key prefix a command works on, or its one-line error and exit (2: no URL, 1: a bad
-    prefix)."""
+    """The Redis URL and key prefix a command works on: --redis-url, else $FENCEMQ_REDIS_URL, else the
+    private Redis of the one `fencemq serve` running here (cli/local_broker.py; said on stderr). Else its
+    one-line error and exit 2 (no URL, or a bad prefix)."""
     from fencemq.errors import BadArgument
     from fencemq.model.keys import Keyspace
 
     url = redis_url_given(flag)
-    if not url:
-        fail(command, CliError(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis",
-                               EXIT_UNREACHABLE))
-        raise SystemExit(EXIT_UNREACHABLE)
-    key_prefix = prefix or os.environ.get("FENCEMQ_PREFIX") or "fmq"
+    local = None if url else _the_local_broker(command)
+    key_prefix = prefix or os.environ.get("FENCEMQ_PREFIX") or (local.prefix if local else None) or "fmq"
     try:
         Keyspace(key_prefix)
     except BadArgument as exc:
         fail(command, CliError(f"bad prefix {key_prefix!r}: {exc}"))
-        raise SystemExit(1) from None
-    return url, key_prefix
+        raise SystemExit(EXIT_UNREACHABLE) from None
+    if local is not None:
+        url = local.redis_url
+        print(f"fencemq {command}: the broker of `fencemq serve` here (pid {local.pid}, worker {local.worker}): "
+              f"redis {safe_url(url)}, prefix {key_prefix}", file=sys.stderr, flush=True)
+    return url, key_prefix  # type: ignore[return-value]
+
+
+def _the_local_broker(command: str):
+    from fencemq.cli.local_broker import running, runtime_dir
+
+    found = running()
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        message = (f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis (and no "
+                   f"`fencemq serve` of this user with a private Redis runs here: {runtime_dir()} has none)")
+    else:
+        which = "; ".join(f"pid {b.pid}, worker {b.worker}, since {b.started}: {b.path}" for b in found)
+        message = (f"{len(found)} `fencemq serve` with a private Redis run here ({which}); say which with "
+                   f"--redis-url or {ENV_REDIS_URL} (the URL is the record's redis_url)")
+    fail(command, CliError(message, EXIT_UNREACHABLE))
+    raise SystemExit(EXIT_UNREACHABLE)
 
 
 def safe_url(url: str) -> str:

@@ -1,6 +1,7 @@
 -- publish.lua: append a batch of messages to one queue's log.
 --@include lib/seek.lua
 --@include lib/lite.lua
+--@flags none
 --
 -- KEYS[1] meta
 -- KEYS[2] log
@@ -14,12 +15,16 @@
 -- ARGV[3] dedup_window_ms
 -- ARGV[4] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- ARGV[5] journal_cap     (0 = off)
--- ARGV[6..] messages      pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- ARGV[6] spans           '' or 'i:n,…': the dedup id of message i covers messages i … i+n-1 (the others
+--                         of its run carry none): one dedup entry for a whole batch (MPUB … ID)
+-- ARGV[7..] messages      pairs: body (opaque, packed by the caller), dedup id ('' = none)
 -- Returns: {ids, push members}: one message id per pair (a repeated dedup id
 --   within the window returns the id of the first publish and stores
---   nothing), and the queue's push members as 'group TAB member' lines (false
---   when none) for the worker to dispatch to.
--- Errors: BADARG when the messages are not pairs or a number is not an integer.
+--   nothing; for a run, the ids the run was given, consecutive from it), and
+--   the queue's push members as 'group TAB member' lines (false when none) for
+--   the worker to dispatch to.
+-- Errors: BADARG when the messages are not pairs, a span is malformed or runs
+--   past the batch, or a number is not an integer.
 -- Cost: O(n + trimmed), trimming at most n + 100 old entries per call.
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local maxlen = int_arg(A.maxlen, 'MAXLEN')
@@ -28,6 +33,15 @@ local window = int_arg(A.dedup_window_ms, 'dedup window')
 local idle_ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
 if #A.messages % 2 ~= 0 then raise('BADARG', 'publish takes (body, dedup id) pairs') end
 local n = #A.messages / 2
+local span_at = {}
+if A.spans ~= '' then
+  for item in string.gmatch(A.spans, '[^,]+') do
+    local at, len = string.match(item, '^(%d+):(%d+)$')
+    at, len = tonumber(at), tonumber(len)
+    if not at or at < 1 or len < 1 or at + len - 1 > n then raise('BADARG', 'malformed dedup span ' .. item) end
+    span_at[at] = len
+  end
+end
 
 local now = now_ms()
 if window > 0 then
@@ -42,12 +56,22 @@ local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
 local first_new = seq + 1
 local stamp = int_str(now) .. ':'
 local ids, pairs_, np = {}, {}, 0
+local skip_to = 0  -- a repeated run's members: their ids are the run's, nothing is stored
 for i = 1, n do
   local body, dedup = A.messages[2 * i - 1], A.messages[2 * i]
   local existing = false
-  if dedup ~= '' then existing = redis.call('HGET', K.dedup_ids, dedup) end
+  if i <= skip_to then
+    existing = true
+  elseif dedup ~= '' then
+    existing = redis.call('HGET', K.dedup_ids, dedup)
+    if existing and span_at[i] then
+      local first = tonumber(existing)
+      for j = 1, span_at[i] - 1 do ids[i + j] = int_str(first + j) end
+      skip_to = i + span_at[i] - 1
+    end
+  end
   if existing then
-    ids[i] = existing
+    if existing ~= true then ids[i] = existing end
   else
     seq = seq + 1
     pairs_[np + 1] = seq  -- the id, as text below with the rest of the batch's

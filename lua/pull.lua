@@ -1,5 +1,6 @@
 -- pull.lua: check out up to COUNT messages for one member of a subscription.
 --@include lib/mailbox.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

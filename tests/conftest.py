@@ -6,10 +6,12 @@ CI machines have none, and a developer's may hold real data.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -20,6 +22,10 @@ from fencemq.server.embedded import EmbeddedRedis, start_cluster
 
 # Spark's Python workers must run the venv's interpreter, not whatever `python3` is on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# `fencemq serve` records its private Redis for the CLI (cli/local_broker.py): this session's records go
+# to a directory of its own, so no test finds a broker a developer (or another test run) has running.
+os.environ["FENCEMQ_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fencemq-test-run-")
+atexit.register(shutil.rmtree, os.environ["FENCEMQ_RUNTIME_DIR"], True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

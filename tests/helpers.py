@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import resource
 import select
 import socket
 import struct
@@ -125,15 +126,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def subprocess_worker(redis_url: str, port: int, **settings: Any) -> subprocess.Popen:
-    """A worker in its own process (``fencemq.server.runner.serve``), answering PING on ``port``."""
+def subprocess_worker(redis_url: str, port: int, *, file_limit: int | None = None, loop: str = "asyncio",
+                      **settings: Any) -> subprocess.Popen:
+    """A worker in its own process (``fencemq.server.runner.serve``), answering PING on ``port``.
+
+    ``file_limit``: the process starts with this many open files at most (soft and hard limit);
+    ``loop``: the event loop (fencemq.server.runner.LOOPS). The worker's log is ``proc.log``
+    (a file: a chatty worker never blocks on a full pipe)."""
     extra = "".join(f", {k}={v!r}" for k, v in settings.items())
     code = (
-        "import anyio; from fencemq.server.runner import serve; from fencemq.config import Config; "
-        f"anyio.run(serve, Config(redis_url={redis_url!r}, port={port}{extra}))"
+        "import logging; from fencemq.server.runner import run, serve; from fencemq.config import Config; "
+        "logging.basicConfig(level=logging.INFO); "
+        f"run(serve, Config(redis_url={redis_url!r}, port={port}{extra}), loop={loop!r})"
     )
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (file_limit, file_limit))
+
     log = tempfile.TemporaryFile()  # noqa: SIM115 — not a pipe: a chatty worker must never block on a full one
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=limited if file_limit else None)
+    proc.log = log  # type: ignore[attr-defined]
 
     def answers() -> bool:
         if proc.poll() is not None:
@@ -383,6 +396,15 @@ class Terminal:
 
     def type(self, keys: bytes) -> None:
         os.write(self.fd, keys)
+
+    def type_hidden(self, keys: bytes, timeout: float = 5.0) -> None:
+        """Type at a password prompt: once the program has turned echo off (getpass flushes what was
+        typed before that, so typing on seeing the prompt would be lost)."""
+        deadline = time.monotonic() + timeout
+        while termios.tcgetattr(self.fd)[3] & termios.ECHO:
+            assert time.monotonic() < deadline, f"echo never went off: {self.seen!r}"
+            time.sleep(0.01)
+        self.type(keys)
 
     def exit_code(self, timeout: float = 10.0) -> int:
         """Wait for the program to end (reading what it prints meanwhile): its exit code."""

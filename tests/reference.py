@@ -205,12 +205,22 @@ class QueueModel:
 
     # -- operations --------------------------------------------------------------------
 
-    def publish(self, items: list[tuple[bytes, str]], stamp: int) -> list[int]:
-        """items: (payload, dedup id or ''). Returns the ids (a repeated dedup id: the first's)."""
+    def publish(self, items: list[tuple[bytes, str | None]], stamp: int) -> list[int]:
+        """items: (payload, dedup id, '' or None). Returns the ids (a repeated dedup id: the first's).
+
+        None: covered by the dedup id before it (a run, MPUB … ID): a repeated run's members get the
+        ids that follow its first, and store nothing; a new run's are stored as they come."""
         ids = []
+        repeated_run: int | None = None  # the first id of the repeated run being walked, else None
         for payload, dedup in items:
+            if dedup is None and repeated_run is not None:
+                repeated_run += 1
+                ids.append(repeated_run)
+                continue
+            repeated_run = None
             if dedup and dedup in self.dedup:
                 ids.append(self.dedup[dedup])
+                repeated_run = self.dedup[dedup]
                 continue
             self.seq += 1
             self.payloads[self.seq] = payload

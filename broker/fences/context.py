@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded, Stale
 from fencemq.fences.durability import Durability
+from fencemq.fences.memory import MemoryGuard
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.values import text
@@ -26,6 +27,7 @@ from fencemq.model.values import text
 log = logging.getLogger(__name__)
 
 LEASE_INTENT = fence("lease_intent", "schedule intents", "qid lock_ms")
+INDEX_SCORES = fence("index_scores", "index", "mode", argv_rest="entries")
 SCHEDULE_COALESCE_S = 0.001  # how long background schedule writes gather before one ZADD
 
 
@@ -35,6 +37,7 @@ class FenceContext:
     config: Config
     keys: Keyspace = field(init=False)
     fences: Fences = field(init=False)
+    memory: MemoryGuard = field(init=False)  # the watermark and the eviction policy: every publish asks it
     # Set by a worker: runs a background write beside the reply (e.g. the
     # global lease schedule) instead of before it.
     spawn: Callable[..., None] | None = None
@@ -45,6 +48,7 @@ class FenceContext:
     def __post_init__(self) -> None:
         self.keys = Keyspace(self.config.prefix)
         self.fences = Fences(self.redis, Durability.parse(self.config.durability, self.config.durability_timeout_ms))
+        self.memory = MemoryGuard(self.redis, self.config, self.keys, self.fences)
 
     async def check_topic_kind(self, topic: str, lite: bool) -> None:
         """A topic is lite or plain for good (the first use decides); using it the other way is BADARG."""
@@ -117,9 +121,17 @@ class FenceContext:
             args["intent_at"] = await self.lease_intent(qid, fresh=True)
             return await call(args)
 
+    async def set_scores(self, index: str, scores: dict[str, int], mode: str = "") -> None:
+        """ZADD [GT|LT] to one of the broker's index sorted sets (the schedule, the sessions', the workers'
+        leases) through an allow-oom fence: this bookkeeping goes on when Redis is at maxmemory."""
+        entries: list[Any] = []
+        for member, score in scores.items():
+            entries += [int(score), member]
+        await self.fences.run(INDEX_SCORES, None, extra_keys={"index": index}, mode=mode, args_rest=entries)
+
     async def schedule(self, qid: str, due_ms: int) -> None:
         """The global lease schedule: the queue is swept at ``due_ms`` at the latest."""
-        await self.redis.zadd(self.keys.schedule, {qid: due_ms}, lt=True)
+        await self.set_scores(self.keys.schedule, {qid: due_ms}, "LT")
 
     async def schedule_soon(self, qid: str, due_ms: int) -> None:
         """:meth:`schedule`, in the background when a worker runs us: the writes of one
@@ -141,7 +153,7 @@ class FenceContext:
         await anyio.sleep(SCHEDULE_COALESCE_S)
         due, self._due_soon = self._due_soon, {}
         try:
-            await self.redis.zadd(self.keys.schedule, due, lt=True)
+            await self.set_scores(self.keys.schedule, due, "LT")
         except RedisError as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
             log.warning("could not schedule the sweep of %d queues: %s", len(due), exc)
 

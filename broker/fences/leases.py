@@ -165,7 +165,7 @@ class Leases:
                                       "intents": keys.schedule_intents},
                                       qid=qid, quiet_ms=self.ctx.intent_quiet_ms)
         else:
-            await redis.zadd(keys.schedule, {qid: next_due})
+            await self.ctx.set_scores(keys.schedule, {qid: next_due})
         # A checkout made between the sweep and the line above was scheduled
         # with LT against the old (due) entry, which we just overwrote: look again.
         async with redis.pipeline(transaction=False) as pipe:

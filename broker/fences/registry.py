@@ -9,7 +9,13 @@ comment lines at its top) documents it in a fixed form, one line each::
     -- Returns: …
     -- Errors: …
 
-and may pull helpers in with ``--@include lib/<name>.lua``. The loader
+and may pull helpers in with ``--@include lib/<name>.lua``. Every fence
+declares how Redis may run it when memory is short, ``--@flags allow-oom``
+(it runs at ``maxmemory`` too: it consumes, and what it adds is bounded;
+docs/operations.md, "Redis memory"), ``--@flags no-writes`` (it only reads)
+or ``--@flags none`` (Redis refuses it whole, before it writes anything,
+while its memory is over ``maxmemory``); the loader turns that line into the
+script's ``#!lua`` shebang. The loader
 (:func:`sources`) expands the includes (each file once, in the order first
 asked for; an include that is missing, repeated in one file or circular is
 refused with its file and line) and then binds the header's names, so the
@@ -47,6 +53,9 @@ from fencemq.fences.durability import (
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
 _SECTION = re.compile(r"^--[ \t]*(Returns|Errors):")
+_FLAGS = re.compile(r"^--@flags(?:[ \t]+(.*?))?[ \t]*$")
+# Redis 7 script flags a fence may declare (``#!lua flags=…``): the memory rule, and read-only fences.
+SCRIPT_FLAGS = frozenset({"allow-oom", "no-writes"})
 
 
 class LoadError(RuntimeError):
@@ -62,6 +71,7 @@ class Header:
     argv: tuple[str, ...]
     argv_rest: str | None
     sections: frozenset[str]
+    flags: tuple[str, ...] | None = None  # its ``--@flags`` line; None: it has none (the loader refuses that)
 
 
 def _slots(found: list[tuple[int, bool, str]], where: str, what: str) -> tuple[tuple[str, ...], str | None]:
@@ -84,16 +94,27 @@ def parse_header(source: str, where: str = "?") -> Header:
     keys: list[tuple[int, bool, str]] = []
     argv: list[tuple[int, bool, str]] = []
     sections = set()
+    flags: tuple[str, ...] | None = None
     for line in source.splitlines():
         if not line.startswith("--"):
             break
+        if m := _FLAGS.match(line):
+            if flags is not None:
+                raise LoadError(f"{where}: a second --@flags line")
+            flags = tuple(f for f in (m.group(1) or "").replace(",", " ").split())
+            if flags == ("none",):
+                flags = ()
+            unknown = sorted(set(flags) - SCRIPT_FLAGS)
+            if unknown:
+                raise LoadError(f"{where}: --@flags {' '.join(unknown)} is not one of {sorted(SCRIPT_FLAGS)}")
+            continue
         for kind, index, variadic, name in _SLOT.findall(line):
             (keys if kind == "KEYS" else argv).append((int(index), bool(variadic), name))
         if m := _SECTION.match(line):
             sections.add(m.group(1))
     k, k_rest = _slots(keys, where, "KEYS")
     a, a_rest = _slots(argv, where, "ARGV")
-    return Header(k, k_rest, a, a_rest, frozenset(sections))
+    return Header(k, k_rest, a, a_rest, frozenset(sections), flags)
 
 
 def _raw_files() -> dict[str, str]:
@@ -118,8 +139,13 @@ def _bind(header: Header) -> str:
             f"local A = {table('ARGV', header.argv, header.argv_rest)}\n")
 
 
+def shebang(header: Header) -> str:
+    """The ``#!lua`` line a fence's ``--@flags`` declares (Redis 7 reads a script's flags from it)."""
+    return "#!lua" + (f" flags={','.join(header.flags)}" if header.flags else "")
+
+
 def assemble(name: str, files: Mapping[str, str]) -> str:
-    """A fence's full source: its includes (each once), the K/A binding, then its body."""
+    """A fence's full source: its shebang, its includes (each once), the K/A binding, then its body."""
     included: list[str] = []
     chunks: list[str] = []
 
@@ -127,6 +153,10 @@ def assemble(name: str, files: Mapping[str, str]) -> str:
         asked: dict[str, int] = {}
         body: list[str] = []
         for lineno, line in enumerate(files[file].splitlines(), start=1):
+            if _FLAGS.match(line):
+                if file.startswith("lib/"):
+                    raise LoadError(f"lua/{file}:{lineno}: --@flags belongs to a fence, not an include")
+                continue
             m = _INCLUDE.match(line)
             if m is None:
                 body.append(line)
@@ -145,9 +175,12 @@ def assemble(name: str, files: Mapping[str, str]) -> str:
                 chunks.append(f"-- from {target}\n" + expand(target, (*chain, target)))
         return "\n".join(body)
 
+    header = parse_header(files[f"{name}.lua"], f"lua/{name}.lua")
+    if header.flags is None:
+        raise LoadError(f"lua/{name}.lua has no --@flags line (allow-oom, no-writes, or none: docs/operations.md, "
+                        "\"Redis memory\")")
     body = expand(f"{name}.lua", (f"{name}.lua",))
-    binding = _bind(parse_header(files[f"{name}.lua"], f"lua/{name}.lua"))
-    return "\n".join([*_only_reached(chunks, body), binding, body]) + "\n"
+    return "\n".join([shebang(header), *_only_reached(chunks, body), _bind(header), body]) + "\n"
 
 
 _FUNCTION = re.compile(r"^local function ([A-Za-z_]\w*)\s*\(")

@@ -37,7 +37,6 @@ from fencemq.fences import session_index
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
 from fencemq.fences.lite import Lite, unsubscribe_notice
-from fencemq.fences.redis_client import pipeline_then_publish, pipeline_then_publish_all
 from fencemq.fences.subscribe import Subscriptions
 from fencemq.model.keys import Handle
 
@@ -53,6 +52,7 @@ SESSION_FINISH = fence("session_finish", "session ending", "token", keys_rest="s
 SESSION_UNLOCK = fence("session_unlock", "ending", "token")
 SESSION_UNLIST = fence("session_unlist", "sessions", "client upto")
 SESSION_LINGER = fence("session_linger", "session ending conns", "lease_ms")
+SESSION_NOTIFY = fence("session_notify", "notices channel", "cap announce", argv_rest="notices")
 
 
 class SessionEnding(Busy):
@@ -87,6 +87,7 @@ def announce_many(packed: list[bytes]) -> bytes:
 class Sessions:
     def __init__(self, ctx: FenceContext, subscriptions: Subscriptions, lite: Lite, clock: RedisClock,
                  lease_ms: int) -> None:
+        self.ctx = ctx
         self.redis = ctx.redis
         self.keys = ctx.keys
         self.fences = ctx.fences
@@ -99,12 +100,13 @@ class Sessions:
         return {"session": self.keys.session(client), "ending": self.keys.session_ending(client)}
 
     async def bind(self, client: str, connection: str, worker: str, *, takeover: bool = False,
-                   fresh: bool = False) -> int:
+                   fresh: bool = False) -> tuple[int, int]:
         """Bind the session to this connection; waits out a session's end in progress, then binds fresh.
 
         The connection joins the others that share the session (a client's
-        pool), unless ``takeover``: then they are told to close. Returns how
-        many connections share it now.
+        pool), unless ``takeover``: then they are told to close. Returns the
+        session's generation (1: this bind created it; more: it was there, and
+        is resumed) and how many connections share it now.
         """
         keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
         with anyio.move_on_after(BIND_WAIT_S):
@@ -118,17 +120,13 @@ class Sessions:
             raise SessionEnding(f"the session of {client} is being ended; connect again in a moment")
         deadline = int(res[2])
 
-        def writes(pipe: Any) -> None:
-            pipe.zadd(self.keys.sessions, {client: deadline}, gt=True)
-
+        await self.ctx.set_scores(self.keys.sessions, {client: deadline}, "GT")
         if takeover:
             # ``fresh``: the new connection starts the session afresh (MQTT Clean Start), which ends
             # the old one's session: its MQTT will goes at once rather than after its delay
             told = msgpack.packb({"type": "takeover", "conn": connection, "fresh": int(fresh)})
-            await pipeline_then_publish(self.redis, writes, self.keys.session_channel(client), told)
-        else:
-            await self.redis.zadd(self.keys.sessions, {client: deadline}, gt=True)
-        return int(res[3])
+            await self.redis.publish(self.keys.session_channel(client), told)
+        return int(res[1]), int(res[3])
 
     async def leave(self, client: str, connection: str) -> int:
         """A connection of the session closes: how many connections still share it."""
@@ -141,7 +139,7 @@ class Sessions:
         keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
         deadline = int(await self.fences.run(SESSION_LINGER, None, extra_keys=keys, lease_ms=lease_ms))
         if deadline:
-            await self.redis.zadd(self.keys.sessions, {client: deadline})  # not GT: it may be sooner
+            await self.ctx.set_scores(self.keys.sessions, {client: deadline})  # not GT: it may be sooner
         return bool(deadline)
 
     async def keep_alive(self, clients: list[str]) -> list[str]:
@@ -153,7 +151,7 @@ class Sessions:
         alive = {c: int(r) for c, r in zip(clients, replies) if isinstance(r, (int, bytes)) and int(r) > 0}
         if alive:
             # GT, not XX: a connected session is never without an entry (after an outage removed one)
-            await self.redis.zadd(self.keys.sessions, alive, gt=True)
+            await self.ctx.set_scores(self.keys.sessions, alive, "GT")
         return [c for c, r in zip(clients, replies) if not isinstance(r, Exception) and int(r) == 0]
 
     async def end(self, client: str, *, force: bool = False) -> int | None:
@@ -259,14 +257,15 @@ class Sessions:
         for client, notice in notices:
             by_client.setdefault(client, []).append(msgpack.packb({**notice, "nid": secrets.token_hex(8)}))
 
-        def queue(pipe: Any) -> None:
-            for client, packed in by_client.items():
-                pipe.rpush(self.keys.session_notices(client), *packed)
-                pipe.ltrim(self.keys.session_notices(client), -MAX_QUEUED_NOTICES, -1)
-
-        await pipeline_then_publish_all(self.redis, queue, [
-            (self.keys.session_channel(client), packed[0] if len(packed) == 1 else announce_many(packed))
+        replies = await self.fences.run_each([
+            (SESSION_NOTIFY, None,
+             {"notices": self.keys.session_notices(client), "channel": self.keys.session_channel(client)}, (),
+             {"cap": MAX_QUEUED_NOTICES, "announce": packed[0] if len(packed) == 1 else announce_many(packed)},
+             packed)
             for client, packed in by_client.items()])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     async def drain_notices(self, client: str) -> list[dict[str, Any]]:
         key = self.keys.session_notices(client)

@@ -218,6 +218,11 @@ class Keyspace:
         return f"{self.prefix}:filters:changed"
 
     @property
+    def alarms(self) -> str:
+        """Hash: alarm name (``memory@host:port``, ``eviction@host:port``) -> JSON record; fences/memory.py."""
+        return f"{self.prefix}:alarms"
+
+    @property
     def retained(self) -> str:
         """Hash: topic -> its retained message (stored form)."""
         return f"{self.prefix}:retained"

@@ -152,6 +152,9 @@ class UserStore:
         record.update({"salt": salt.hex(), "hash": (await _derive(password, salt, **SCRYPT)).hex(), **SCRYPT})
         await self._write(name, record)
 
+    async def exists(self, name: str) -> bool:
+        return bool(await self.redis.hexists(self.key, check_user_name(name)))
+
     async def delete(self, name: str) -> bool:
         return bool(await self.redis.hdel(self.key, check_user_name(name)))
 

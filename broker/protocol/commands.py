@@ -26,7 +26,8 @@ class Request:
         """Requests with the same key, pipelined back to back, run together: PUBs to one
         queue as one fence call, pull SUBs of one lite topic's lmqs in a few pipelines."""
         if self.verb in ("PUB", "MPUB"):
-            plain = not (self.args.get("dedup_ids") or self.args.get("headers") or self.args.get("retain"))
+            # dedup ids go into the batch's fence call beside each message (an SDK gives every PUB one)
+            plain = not (self.args.get("headers") or self.args.get("retain"))
             return ("PUB", self.args["topic"], self.args.get("lmq"), self.args.get("qos", 1)) if plain else None
         if self.verb == "SUB" and self.args.get("lmq") is not None and not self.args.get("push"):
             topic = self.args["topic"]
@@ -174,8 +175,11 @@ def parse_mpub(args: list[bytes]) -> Request:
             out["lmq"] = _text(opts.value(word), "lmq")
         elif word == "QOS":
             out["qos"] = _int(opts.value(word), "QOS", 0, 1)
+        elif word == "ID":
+            # one dedup id for the whole batch: a repeat within the window stores none of it
+            out["dedup_ids"] = [_text(opts.value(word), "dedup id"), *[None] * (n - 1)]
         else:
-            raise opts.unknown(word, "LMQ, QOS")
+            raise opts.unknown(word, "LMQ, QOS, ID")
     return Request("MPUB", out)
 
 
@@ -376,7 +380,7 @@ COMMANDS: dict[str, Command] = {
     "DISCARD": _c(parse_simple("DISCARD", 0, 0), "", "Drop the queued commands", "transactions", "fast"),
     "PUB": _c(parse_pub, "topic payload [LMQ lmq] [QOS 0|1] [RETAIN] [ID dedup-id] [HDR name value]...",
               "Publish a message; its id", "fencemq", "write"),
-    "MPUB": _c(parse_mpub, "topic n payload... [LMQ lmq] [QOS 0|1]",
+    "MPUB": _c(parse_mpub, "topic n payload... [LMQ lmq] [QOS 0|1] [ID dedup-id]",
                "Publish n messages in one fence call; their ids", "fencemq", "write"),
     "SUB": _c(parse_sub, "target [LMQ lmq] [GROUP group] [MODE exclusive|shared|single-active] "
                          "[POLICY preempt|reject] [FROM (EARLIEST | LATEST | ID id | TIME ms)] [QOS 0|1] [LOCK ms] "

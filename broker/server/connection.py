@@ -83,6 +83,7 @@ class ClientConnection:
         self._transport = _transport_of(stream)
         self._request_s = self.config.request_timeout_ms / 1000 if self.config.request_timeout_ms else float("inf")
         self._request_began: float | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
 
     def _read_wait_s(self) -> float:
         """How long to wait for more bytes: a begun request has request_timeout_ms from its first byte."""
@@ -115,8 +116,28 @@ class ClientConnection:
     def token(self) -> str:
         return self.session.token
 
-    def drain(self) -> None:
-        """Finish the commands in hand, then close."""
+    def drain(self, notice: dict[str, Any] | None = None, move_s: float = 0.0) -> None:
+        """The worker is shutting down: long polls answer now; finish the commands in hand, then close.
+
+        A RESP3 client is told first (``notice``, a ``draining`` push) and served on for ``move_s``, so
+        a client that moves (the SDK) opens its next connection and collects its replies here before
+        this one closes; a RESP2 client, which cannot be told, is closed once idle.
+        """
+        self.session.drain()
+        if notice is not None and self.session.proto == 3 and move_s > 0 and self._tasks is not None:
+            try:
+                self.session.tell(notice)
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # a full outbox: the close tells it instead
+            self._tasks.start_soon(self._close_after, move_s)
+            return
+        self._close_when_idle()
+
+    async def _close_after(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+        self._close_when_idle()
+
+    def _close_when_idle(self) -> None:
         self.session.closing = True
         if self.idle:
             self.scope.cancel()
@@ -130,6 +151,7 @@ class ClientConnection:
     async def run(self) -> None:
         with self.scope:
             async with anyio.create_task_group() as tg:
+                self._tasks = tg
                 tg.start_soon(self._send_pushes, self.session.outbox)
                 if not self.session.authed and self.config.auth_timeout_ms:
                     tg.start_soon(self._close_unless_authenticated)
@@ -210,7 +232,7 @@ class ClientConnection:
             try:
                 data = await self._receive()
             except STREAM_GONE:
-                self.session.closing = True
+                self.session.closing = self.session.gone = True
                 scope.cancel()
                 return
             self.parser.feed(data)
@@ -221,14 +243,14 @@ class ClientConnection:
                 with anyio.move_on_after(self.config.output_timeout_ms / 1000) as waited:
                     await self.stream.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self.session.closing = True
+                self.session.closing = self.session.gone = True
                 return
             if waited.cancelled_caught:
                 # The client has not read its earlier replies for output_timeout_ms: as
                 # Redis' client-output-buffer-limit, close it rather than hold more for it.
                 log.info("closing %s: it has not read its replies for %d ms", self.session.peer,
                          self.config.output_timeout_ms)
-                self.session.closing = True
+                self.session.closing = self.session.gone = True
                 self.cut()
 
     async def close(self) -> None:
@@ -272,8 +294,6 @@ class ClientConnection:
                 ack, pull = requests[i], requests[i + 1]
                 try:
                     outcomes = await self.verbs.ack_then_pull(self.session, ack, pull)  # type: ignore[arg-type]
-                except FenceMQError:  # refused before anything ran (a bad tag list, COUNT, handle)
-                    outcomes = [await self._run_one(ack), await self._run_one(pull)]  # type: ignore[arg-type]
                 except RedisError as exc:
                     outcomes = [exc, exc]
                 replies.extend(self._outcome(r, out) for r, out in zip((ack, pull), outcomes))  # type: ignore
@@ -287,20 +307,16 @@ class ClientConnection:
                 while j < len(requests) and isinstance(requests[j], Request) and requests[j].batch_key() == key:
                     j += 1
             if j - i > 1:
-                publishing = key[0] == "PUB"  # type: ignore[index]
-                run = self.verbs.publish_batch if publishing else self.verbs.sub_lmq_batch
-                try:
-                    outcomes = await run(self.session, requests[i:j])  # type: ignore[arg-type]
-                except RedisError as exc:
-                    if publishing:
-                        # A publish cut short by Redis may have run: each PUB is told so (TRYAGAIN:
-                        # send it again; with an ID nothing is stored twice), never run again here.
-                        outcomes = [exc] * (j - i)
-                    else:  # a SUB may run twice (the same member again)
+                if key[0] == "PUB":  # type: ignore[index]
+                    # each command checked as alone; a refusal is its own reply, never its neighbours'
+                    outcomes = await self.verbs.publish_batch(self.session, requests[i:j])  # type: ignore[arg-type]
+                else:
+                    try:
+                        outcomes = await self.verbs.sub_lmq_batch(self.session, requests[i:j])  # type: ignore
+                    except (FenceMQError, RedisError):
+                        # refused before any SUB ran, or cut short by Redis (a SUB may run twice: the
+                        # same member again): one by one
                         outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
-                except FenceMQError:
-                    # One bad command must not fail its neighbours: run them one by one.
-                    outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
                 replies.extend(self._outcome(req, out) for req, out in zip(requests[i:j], outcomes))  # type: ignore
             else:
                 replies.append(await self._run_one(req))

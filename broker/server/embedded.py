@@ -211,7 +211,13 @@ class EmbeddedRedis:
                 # FenceMQ's tuning (docs/operations.md): lease sets grow by a
                 # batch at a time, and a listpack-encoded zset pays O(n) per insert.
                 "--zset-max-listpack-entries", "16"]
-        return args + (["--requirepass", self.password] if self.password else [])
+        if self.password:  # from a file only we may read: on the command line `ps` would show it to anyone
+            conf = self.data_dir / "auth.conf"
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write('requirepass "%s"\n' % self.password.replace("\\", "\\\\").replace('"', '\\"'))
+            args.insert(1, str(conf))  # `redis-server <config file> [--option value ...]`
+        return args
 
     def _start_guard(self) -> None:
         """The sh that kills the server (and removes its temp dir) once this process is gone."""

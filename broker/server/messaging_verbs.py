@@ -43,6 +43,8 @@ class ClientGone(Exception):
 class MessagingVerbs:
     services: Services
     config: Config
+    admit: Callable[[Session, Request], None]  # Verbs.admit: what every command meets first
+    handlers: dict[str, Callable[..., Awaitable[Any]]]
 
     @staticmethod
     def _may(session: Session, action: str, topic: str) -> None:
@@ -65,34 +67,38 @@ class MessagingVerbs:
         return ids[0]
 
     async def mpub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None,
-                   qos: int = 1) -> Any:
+                   qos: int = 1, dedup_ids: list[str | None] | None = None) -> Any:
         self._may(session, "publish", topic)
-        ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, producer=session.client_id)
+        ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids,
+                                                      producer=session.client_id)
         metrics.PUBLISHED.inc(len(ids))
         return id_array(ids)
 
     async def publish_batch(self, session: Session, requests: list[Request]) -> list[Any]:
-        """Pipelined PUB/MPUB to one queue: one fence call, ids handed back per command."""
-        for r in requests:
-            session.note_command(r.verb)
-            metrics.COMMANDS.labels(r.verb).inc()
+        """Pipelined PUB/MPUB to one queue: each command admitted and checked as it would be
+        alone, those that pass published together (Shared.publish_many). Each command's reply
+        in order, a refusal as its exception."""
+        outcomes: list[Any] = [None] * len(requests)
+        admitted: list[int] = []
+        for i, r in enumerate(requests):
+            try:
+                self.admit(session, r)
+                self._may(session, "publish", r.args["topic"])
+            except FenceMQError as exc:
+                outcomes[i] = exc
+                continue
+            admitted.append(i)
         first = requests[0].args
-        self._may(session, "publish", first["topic"])
-        payloads = [p for r in requests for p in r.args["payloads"]]
-        ids: list[str] = []
-        for start in range(0, len(payloads), self.config.max_batch):
-            ids += await self.services.core.shared.publish(
-                first["topic"], payloads[start : start + self.config.max_batch], lmq=first.get("lmq"),
-                qos=first.get("qos", 1), producer=session.client_id,
-            )
-        metrics.PUBLISHED.inc(len(ids))
-        replies: list[Any] = []
-        at = 0
-        for r in requests:
-            n = len(r.args["payloads"])
-            replies.append(id_array(ids[at : at + n]) if r.verb == "MPUB" else ids[at])
-            at += n
-        return replies
+        published = await self.services.core.shared.publish_many(
+            first["topic"], [requests[i].args["payloads"] for i in admitted], lmq=first.get("lmq"),
+            qos=first.get("qos", 1), dedup_ids=[requests[i].args.get("dedup_ids") for i in admitted],
+            producer=session.client_id)
+        for i, out in zip(admitted, published, strict=True):
+            if isinstance(out, list):
+                metrics.PUBLISHED.inc(len(out))
+                out = id_array(out) if requests[i].verb == "MPUB" else out[0]
+            outcomes[i] = out
+        return outcomes
 
     # -- subscribing and consuming ---------------------------------------------------
 
@@ -123,24 +129,30 @@ class MessagingVerbs:
         """Pipelined ``SUB topic LMQ …`` (pull mode) of one topic: the holds, the subscribe
         fences and the preempted owners' notices each in one round trip for the whole run.
         Each reply in order; a refused SUB's as its exception."""
-        for r in requests:
-            session.note_command(r.verb)
-            metrics.COMMANDS.labels(r.verb).inc()
+        replies: list[Any] = [None] * len(requests)
+        admitted: list[int] = []
+        for i, r in enumerate(requests):
+            try:
+                self.admit(session, r)
+            except FenceMQError as exc:
+                replies[i] = exc
+                continue
+            admitted.append(i)
         topic = requests[0].args["topic"]
         if session.user is not None and not session.user.may_subscribe(topic):
-            raise NoPermission(session.user.missing("subscribe", topic))
+            refusal = NoPermission(session.user.missing("subscribe", topic))
+            return [refusal if i in admitted else reply for i, reply in enumerate(replies)]
         client = await session.ensure()
         outcomes = await self.services.core.subscriptions.subscribe_lite_many(
-            client, topic, [{k: v for k, v in r.args.items() if k != "topic"} for r in requests])
-        replies: list[Any] = []
+            client, topic, [{k: v for k, v in requests[i].args.items() if k != "topic"} for i in admitted])
         notices: list[tuple[str, dict[str, Any]]] = []
-        for sub in outcomes:
+        for i, sub in zip(admitted, outcomes, strict=True):
             if isinstance(sub, Exception):
-                replies.append(sub)
+                replies[i] = sub
                 continue
             if sub.evicted:
                 notices.append((sub.evicted, self._preempted(sub, client)))
-            replies.append(self._signed(sub.as_reply()))
+            replies[i] = self._signed(sub.as_reply())
         if notices:
             await self.services.sessions.notify_all(notices)
         return replies
@@ -182,14 +194,28 @@ class MessagingVerbs:
 
     async def ack_then_pull(self, session: Session, ack: Request, pull: Request) -> list[Any]:
         """``ACK h tags…`` pipelined with ``PULL h …`` (the consume loop): both fence calls in one
-        round trip to Redis, in this order. The two outcomes, a refusal as its exception."""
-        h = session.own(ack.args["handle"])
+        round trip to Redis, in this order. The two outcomes, a refusal as its exception: those
+        of running them one by one."""
+        refusals: list[FenceMQError | None] = []
+        for r in (ack, pull):
+            try:
+                self.admit(session, r)
+                refusals.append(None)
+            except FenceMQError as exc:
+                refusals.append(exc)
+        if any(refusals):
+            return [exc if exc is not None else await self._outcome_alone(session, r)
+                    for r, exc in zip((ack, pull), refusals, strict=True)]
+        try:
+            h = session.own(ack.args["handle"])
+        except FenceMQError as exc:
+            return [exc, exc]  # the same handle: alone, each is refused the same way
         count, block_ms = pull.args.get("count", 1), pull.args.get("block_ms")
         leases = self.services.core.leases
-        acked, result = await leases.ack_then_pull(h, ack.args["tags"], count)
-        for r in (ack, pull):  # (counted once they ran: a refusal before runs them one by one)
-            session.note_command(r.verb)
-            metrics.COMMANDS.labels(r.verb).inc()
+        try:
+            acked, result = await leases.ack_then_pull(h, ack.args["tags"], count)
+        except FenceMQError:  # refused before anything ran (a bad tag, COUNT): one by one
+            return [await self._outcome_alone(session, r) for r in (ack, pull)]
         if not isinstance(acked, Exception):
             metrics.ACKED.inc(acked)
         if isinstance(result, Exception):
@@ -202,6 +228,13 @@ class MessagingVerbs:
                 return [acked, exc]
         metrics.DELIVERED.inc(len(result.deliveries))
         return [acked, Prebuilt(encode_deliveries(result.deliveries, session.proto))]
+
+    async def _outcome_alone(self, session: Session, request: Request) -> Any:
+        """An admitted command's handler run on its own: its reply, or its refusal as the exception."""
+        try:
+            return await self.handlers[request.verb](session, **request.args)
+        except (FenceMQError, RedisError) as exc:
+            return exc
 
     async def take(self, session: Session, handle: str, block_ms: int | None = None) -> Any:
         h = session.own(handle)
@@ -227,7 +260,8 @@ class MessagingVerbs:
         timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
         result = None
         async with session.until_hangup():
-            with anyio.move_on_after(timeout):
+            # A worker draining for a deploy ends the wait (not a look): the verb answers what it has
+            with anyio.move_on_after(timeout) as waiting, session.interruptible(waiting):
                 async with self.services.wakeups.watching(self.services.keys.queue(h.queue).wake) as waiter:
                     while True:
                         # The BLOCK time runs out in the wait, not in a look: a fence call cut
@@ -237,8 +271,9 @@ class MessagingVerbs:
                         if done(result):
                             break
                         await waiter.wait()
-        if session.closing:
-            # The client hung up while it waited: nothing more is checked out to it.
+        if session.gone:
+            # The client hung up while it waited: nothing more is checked out to it. (A connection
+            # closing because its worker drains still answers: what a look checked out is in it.)
             raise ClientGone
         return result if result is not None else await attempt()
 

@@ -7,6 +7,7 @@ callbacks cost less per call than asyncio's own loop.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import signal
@@ -49,12 +50,12 @@ def run(func: Any, *args: Any, loop: str = "auto") -> Any:
 
 
 @contextlib.contextmanager
-def redis_for(config: Config) -> Iterator[Config]:
-    """The config with a Redis URL: the given one, or a private embedded server's."""
+def redis_for(config: Config, password: str | None = None) -> Iterator[Config]:
+    """The config with a Redis URL: the given one, or a private embedded server's (with ``password``)."""
     if config.redis_url:
         yield config
         return
-    with EmbeddedRedis() as server:
+    with EmbeddedRedis(password=password) as server:
         yield replace(config, redis_url=server.url)
 
 
@@ -84,10 +85,12 @@ class WorkerThread:
         self.port: int | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._main, name="fencemq-worker", daemon=True)
 
     def _main(self) -> None:
         async def body() -> None:
+            self._loop = asyncio.get_running_loop()
             async with anyio.create_task_group() as tg:
                 self.port = await tg.start(self.worker.run)
                 self._ready.set()
@@ -105,9 +108,15 @@ class WorkerThread:
             raise RuntimeError(f"worker failed to start: {self._error!r}") from self._error
         return self
 
+    def drain(self) -> None:
+        """What SIGTERM does (from any thread): the worker drains, then its thread ends."""
+        if self._loop is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: drained already
+                self._loop.call_soon_threadsafe(self.worker.drain)
+
     def stop(self, timeout: float = 10.0) -> None:
         if self._thread.is_alive():
-            self.worker.drain()
+            self.drain()
             self._thread.join(timeout)
 
     def __enter__(self) -> "WorkerThread":

@@ -20,8 +20,8 @@ connection's transaction (MULTI … EXEC) while one is open.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,10 @@ class Session:
         self.auth_failures = 0  # failed AUTHs on this connection (closed at config.auth_max_failures)
         self.quit = False  # QUIT ends a named session too, not only the connection
         self.closing = False  # the connection ends once the commands in hand are answered
+        self.gone = False  # the client hung up (or stopped reading): a reply would reach nobody
+        self.draining = False  # the worker is shutting down: long polls answer at once
+        self.resumed = False  # binding found the session there already (it outlived a connection)
+        self._waits: set[anyio.CancelScope] = set()  # long polls that a drain ends early
         self.farewell: Push | None = None  # a last notice to send before the connection closes
         self.taken_over_afresh = False  # taken over by a connection that started the session anew
         self._watch_for_hangup = watch_for_hangup
@@ -133,6 +137,23 @@ class Session:
         finally:
             self.waiting = False
 
+    @contextmanager
+    def interruptible(self, scope: anyio.CancelScope) -> Iterator[None]:
+        """A long poll's wait, which :meth:`drain` ends early (the verb still answers)."""
+        if self.draining:
+            scope.cancel()
+        self._waits.add(scope)
+        try:
+            yield
+        finally:
+            self._waits.discard(scope)
+
+    def drain(self) -> None:
+        """The worker is shutting down: long polls answer now, and from now on at once."""
+        self.draining = True
+        for scope in self._waits:
+            scope.cancel()
+
     # -- lifecycle -------------------------------------------------------------------
 
     async def ensure(self) -> str:
@@ -155,13 +176,15 @@ class Session:
         if not following:
             await services.wakeups.follow(services.keys.session_channel(client_id), self._on_message)
         try:
-            await services.sessions.bind(client_id, self.token, services.worker_id, takeover=takeover, fresh=fresh)
+            generation, _ = await services.sessions.bind(client_id, self.token, services.worker_id,
+                                                         takeover=takeover, fresh=fresh)
         except BaseException:
             if not following:
                 with anyio.CancelScope(shield=True):
                     await services.wakeups.unfollow(services.keys.session_channel(client_id), self._on_message)
             raise
         self.bound = True
+        self.resumed = generation > 1
         if not anonymous:
             await services.sessions.set_presence(client_id, online=True)
 
@@ -221,6 +244,11 @@ class Session:
         self.authed = not self.services.config.needs_auth
         self.user = None
         self.library = {}
+
+    def tell(self, notice: dict[str, Any]) -> None:
+        """Push a notice about this connection (not queued for HEARTBEAT): anyio.WouldBlock when the
+        outbox is full."""
+        self._outbox.send_nowait(Push(["notice", notice]))
 
     def _on_message(self, data: bytes) -> None:
         told = msgpack.unpackb(data)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,17 +40,22 @@ def shown_url(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-async def ready_services(config: Config, worker_id: str) -> tuple[Redis | RedisCluster, Services]:
-    """The worker's Redis client and services, once Redis answers and takes writes."""
+async def ready_services(config: Config, worker_id: str, *, max_connections: int = 256,
+                         prepare: Callable[[Services], Awaitable[None]] | None = None,
+                         ) -> tuple[Redis | RedisCluster, Services]:
+    """The worker's Redis client and services, once Redis answers and takes writes
+    (and ``prepare(services)``, a start-up check of Redis, passed)."""
     assert config.redis_url
     pause, said_at, since = PAUSE_S[0], 0.0, time.monotonic()
     while True:
         redis: Any = None
         try:
-            redis = await open_redis(config.redis_url, insist=True)
+            redis = await open_redis(config.redis_url, max_connections, insist=True)
             services = Services.over(redis, config, worker_id)
             await check_server(redis, services.core.durability)
             await services.handles.load(redis, services.keys.handle_secret)
+            if prepare is not None:
+                await prepare(services)
             if said_at:
                 log.warning("Redis at %s answers after %.1f s; starting", shown_url(config.redis_url),
                             time.monotonic() - since)

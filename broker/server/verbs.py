@@ -52,29 +52,38 @@ class Verbs(MessagingVerbs):
         self.handlers: dict[str, Handler] = {verb: getattr(self, verb.lower()) for verb in TABLE}
 
     async def run(self, session: Session, request: Request) -> Any:
+        self.admit(session, request)
+        if session.transaction is not None and request.verb not in TRANSACTION_CONTROL:
+            try:
+                return self._queue(session.transaction, request)
+            except FenceMQError as exc:
+                session.refused(exc)
+                raise
+        return await self.handlers[request.verb](session, **request.args)
+
+    def admit(self, session: Session, request: Request) -> None:
+        """What every command meets before its handler, alone or in a pipelined run: noted,
+        counted, and refused (LIMIT, NOAUTH) as it would be alone."""
         args = request.args
         session.note_command(request.verb)
         try:
             if len(args.get("payloads", ())) > self.config.max_batch or \
                     len(args.get("tags", ())) > self.config.max_batch:
                 raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
-            if request.verb == "PUB":
+            if request.verb in ("PUB", "MPUB"):
                 self._check_pub_extras(args)
             metrics.COMMANDS.labels(request.verb).inc()
             if not session.authed and request.verb not in BEFORE_AUTH:
                 raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
-            if session.transaction is not None and request.verb not in TRANSACTION_CONTROL:
-                return self._queue(session.transaction, request)
         except FenceMQError as exc:
             session.refused(exc)
             raise
-        return await self.handlers[request.verb](session, **args)
 
     def _check_pub_extras(self, args: dict[str, Any]) -> None:
         """Headers and dedup ids are stored with the message: they have limits of their own."""
         config = self.config
         for dedup_id in args.get("dedup_ids") or ():
-            if len(dedup_id.encode()) > config.max_id_bytes:
+            if dedup_id is not None and len(dedup_id.encode()) > config.max_id_bytes:
                 raise LimitExceeded(f"a dedup id of {len(dedup_id.encode())} bytes exceeds max_id_bytes "
                                     f"({config.max_id_bytes})")
         headers = args.get("headers") or {}
@@ -142,6 +151,9 @@ class Verbs(MessagingVerbs):
             "id": session.client_id or session.anonymous_id, "worker": self.services.worker_id,
             "mode": "standalone", "role": "master", "modules": [],
             "lock_ms": self.config.default_lock_ms,  # what a client renewing its locks needs to know
+            # whether the named session was there before this connection: a client reconnecting after
+            # longer than its lease finds it "new" (every subscription gone) and says so (docs/sdk.md)
+            "session": "resumed" if session.bound and not session.anonymous and session.resumed else "new",
         }
 
     async def auth(self, session: Session, argv: list[bytes]) -> Any:

@@ -5,8 +5,11 @@ fencemq.protocol.commands, both free of I/O) over TCP or TLS (the ``tls_*`` sett
 to a single Redis or a Cluster (fencemq.fences.redis_client.open_redis), keeps no
 state that matters — everything lives in Redis — and may die at any instant.
 Pipelined PUBs to one queue are run as one fence call. SIGTERM drains: stop
-accepting, finish the commands in hand, close connections (sessions stay, to
-be resumed on another worker).
+accepting, tell the clients to move (RESP3: a ``draining`` push; MQTT 5:
+DISCONNECT 0x8B Server shutting down, with a Server Reference when
+configured), answer long polls at once, finish the commands in hand and
+close, all within ``drain_timeout_ms``; sessions stay, to be resumed on
+another worker (docs/operations.md, "Deploying").
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import socket
 import ssl
 import uuid
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -29,7 +33,9 @@ from fencemq.config import Config
 from fencemq.errors import BadArgument
 from fencemq.fences.core import Core
 from fencemq.fences.durability import Durability
-from fencemq.server import metrics
+from fencemq.fences.redis_client import limit_connections, servers_of
+from fencemq.server import file_limit, metrics
+from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, shedding
 from fencemq.server.connection import ClientConnection
 from fencemq.server.services import Services
 from fencemq.server.startup import ready_services
@@ -37,6 +43,8 @@ from fencemq.server.sweeper import Sweeper
 from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
+
+MOVE_WINDOW_S = 1.0  # how long a draining worker serves a RESP3 client it told to move, at most
 
 
 def client_tls(config: Config) -> ssl.SSLContext | None:
@@ -88,15 +96,31 @@ class Worker:
         self.connections: dict[str, ClientConnection] = {}  # by connection token
         self._numbers = itertools.count(1)
         self._draining = anyio.Event()
+        self.refusals = Refusals()  # connections past max_connections being told so
+        self.spare: SpareDescriptor | None = None  # what accept sheds a connection with when no descriptor is left
+        self.files: file_limit.FileBudget | None = None  # how the open files are shared out, once started
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        redis, services = await ready_services(self.config, self.id)  # waits for Redis, saying so
+        files = file_limit.budget()
+
+        async def check_memory(services: Services) -> None:
+            services.core.ctx.memory.on_sample = metrics.memory_sampled
+            await services.core.ctx.memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
+
+        # waits for Redis (down, loading, failing over, NOREPLICAS), saying so
+        redis, services = await ready_services(self.config, self.id, max_connections=files.redis_pool,
+                                               prepare=check_memory)
+        spare = SpareDescriptor()
         try:
+            self.spare = spare
+            self._fit_open_files(redis, files)
             self.services: Services = services
+            memory = services.core.ctx.memory
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
+            listener = shedding(listener, spare, b"" if self.tls is not None else RESP_REFUSAL)
             if self.tls is not None:
                 # the handshake runs in the connection's own task: a client that
                 # fails it is logged and dropped, nobody else waits on it
@@ -112,6 +136,7 @@ class Worker:
                         services.keys.filters_channel, lambda _: services.core.shared.registry.invalidate())
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
+                    background.start_soon(memory.run)
                     if self.config.metrics_port is not None:
                         services.core.fences.observe = metrics.observe_fence
                         background.start_soon(partial(
@@ -123,51 +148,79 @@ class Worker:
                         conns.start_soon(self._accept, listener, conns, accepting)
                         accepting_mqtt = anyio.CancelScope()
                         if self.config.mqtt_port is not None or self.config.mqtt_ws_port is not None:
-                            self.mqtt_port = await conns.start(self._accept_mqtt, accepting_mqtt)
+                            self.mqtt_port = await conns.start(self._accept_mqtt, accepting_mqtt, conns)
                         task_status.started(self.port)
                         await self._draining.wait()
                         accepting.cancel()
                         accepting_mqtt.cancel()
-                        for conn in list(self.connections.values()):
-                            conn.drain()
-                        conns.start_soon(self._cut_stragglers)
+                        self._drain_connections()
+                        conns.start_soon(self._cut_stragglers, self.config.drain_timeout_ms / 1000, conns)
                     background.cancel_scope.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
                 await redis.aclose()
+            spare.close()
+
+    def _fit_open_files(self, redis: Any, files: file_limit.FileBudget) -> None:
+        """Cap max_connections (and the Redis pools) to the open files this process may have."""
+        servers = servers_of(redis)
+        if servers != files.redis_servers:  # a Cluster: a pool per master
+            files = file_limit.plan(files.limit, servers=servers, soft_before=files.soft_before, hard=files.hard)
+            limit_connections(redis, files.redis_pool)
+        self.files = files
+        configured = self.config.max_connections
+        (log.warning if configured > files.clients else log.info)("%s", files.describe(configured))
+        if configured > files.clients:
+            self.config = replace(self.config, max_connections=files.clients)
 
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
         with scope:
             await listener.serve(self._serve_connection, task_group=conns)
 
-    async def _accept_mqtt(self, scope: anyio.CancelScope, *,
+    async def _accept_mqtt(self, scope: anyio.CancelScope, conns: anyio.abc.TaskGroup, *,
                            task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         from fencemq.server.mqtt.serving import serve_mqtt
 
         with scope:
             await serve_mqtt(self, self.config.mqtt_port, self.tls, ws_port=self.config.mqtt_ws_port,
-                             task_status=task_status)
+                             connections=conns, task_status=task_status)
 
-    async def _cut_stragglers(self, grace_s: float = 2.0) -> None:
-        """A long-poll in progress is not worth holding a shutdown for."""
-        with anyio.move_on_after(grace_s):
+    def _drain_connections(self) -> None:
+        """Tell every client to move (RESP3: a ``draining`` push; MQTT 5: DISCONNECT 0x8B, with the
+        Server Reference when configured) and let each finish what it has in hand."""
+        bound_ms = self.config.drain_timeout_ms
+        notice: dict[str, Any] = {"type": "draining", "worker": self.id, "within_ms": bound_ms}
+        if self.config.server_reference:
+            notice["server_reference"] = self.config.server_reference
+        # A RESP3 client is served on for a moment after the push: the SDK connects elsewhere and
+        # collects its replies here meanwhile; the bound cuts whatever is left.
+        move_s = min(MOVE_WINDOW_S, bound_ms / 2000)
+        for conn in list(self.connections.values()):
+            conn.drain(notice, move_s)
+
+    async def _cut_stragglers(self, bound_s: float, conns: anyio.abc.TaskGroup) -> None:
+        """Nothing holds a shutdown longer than ``drain_timeout_ms``; what the connections left
+        behind (an MQTT will waiting out its delay: it goes now) ends with them."""
+        with anyio.move_on_after(bound_s):
             while self.connections:
                 await anyio.sleep(0.02)
         for conn in list(self.connections.values()):
             conn.cut()
+        conns.cancel_scope.cancel()
 
     def drain(self) -> None:
-        """Stop accepting; connections finish what they hold and close."""
+        """Stop accepting; tell clients to move; connections finish what they hold and close."""
         self._draining.set()
 
     async def _serve_connection(self, stream: SocketStream) -> None:
         if len(self.connections) >= self.config.max_connections:
             # as Redis: say why, then close, before anything is allocated for it
-            with anyio.move_on_after(1):
+            with self.refusals.told() as telling, anyio.move_on_after(1):
                 try:
-                    await stream.send(b"-ERR max number of clients reached\r\n")
+                    if telling:
+                        await stream.send(RESP_REFUSAL)
                 except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass
             await anyio.aclose_forcefully(stream)
@@ -206,7 +259,7 @@ class Worker:
             pause = self.config.session_lease_ms / 3000
             try:
                 now = await services.clock.now_ms()
-                await services.redis.zadd(services.keys.workers, {self.id: now + self.config.session_lease_ms})
+                await services.core.ctx.set_scores(services.keys.workers, {self.id: now + self.config.session_lease_ms})
                 gone = set(await services.sessions.keep_alive(sorted(self.attached_clients())))
                 for conn in list(self.connections.values()):
                     if conn.session.client_id in gone and conn.session.bound:

@@ -173,6 +173,8 @@ def test_queues_and_lmqs_tables(broker: dict) -> None:
         assert text in out, f"{text!r} missing from:\n{out}"
     out = ok("lmqs", "--redis-url", url, "--topic", "chat").stdout
     assert "Lite queues" in out and "s-1" in out and "s-2" in out and "orders" not in out
+    out = ok("queues", "--redis-url", url, "--topic", "orders").stdout
+    assert "1 shown, 1 key scanned on 1 server." in out, out  # one key, not '1 keys'
 
 
 def test_paging_with_the_cursor_visits_every_queue_once(redis_url: str) -> None:

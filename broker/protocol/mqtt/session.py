@@ -143,14 +143,15 @@ class MqttServerSession:
         return self._take_events()
 
     def disconnect(self, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN,
-                   reason_string: str | None = None) -> list[MqttEvent]:
-        """The server ends the connection (shutdown, administrative action …); the will stands."""
+                   reason_string: str | None = None, server_reference: str | None = None) -> list[MqttEvent]:
+        """The server ends the connection (shutdown, administrative action …); the will stands.
+        ``server_reference`` (5.0): where the client may connect instead (§4.11)."""
         if reason_code not in REASONS_V5["DISCONNECT"]:
             raise ValueError(f"0x{reason_code:02X} is not a DISCONNECT reason code")
         if self.state in (SessionState.AWAITING_CONNECT, SessionState.CONNECTING):
             self._close(ConnectionClosed(reason_code, "server"))
         elif not self.closed:
-            self._end_by_server(reason_code, reason_string)
+            self._end_by_server(reason_code, reason_string, server_reference=server_reference)
         return self._take_events()
 
     def connection_lost(self) -> list[MqttEvent]:
@@ -369,11 +370,13 @@ class MqttServerSession:
         self.protocol_level = MQTT_5
         self._send(Connack(reason_code, False, Properties(reason_string=reason_string)))
 
-    def _end_by_server(self, reason_code: int, reason_string: str | None, taken_over: bool = False) -> None:
+    def _end_by_server(self, reason_code: int, reason_string: str | None, taken_over: bool = False,
+                       server_reference: str | None = None) -> None:
         if self.protocol_level == MQTT_5:
             if reason_code not in REASONS_V5["DISCONNECT"]:
                 reason_code = ReasonCode.UNSPECIFIED_ERROR
-            self._send(Disconnect(reason_code, Properties(reason_string=reason_string)))
+            self._send(Disconnect(reason_code, Properties(reason_string=reason_string,
+                                                          server_reference=server_reference)))
         self._close(ConnectionClosed(reason_code, "server", self.will, self.session_expiry_interval, taken_over))
 
     def _close(self, event: ConnectionClosed) -> None:

@@ -61,6 +61,7 @@ class MqttDelivery:
     write_lock: anyio.Lock
     quota_freed: anyio.Event
     protocol_level: int
+    draining: bool
 
     def _start_delivery(self, filt: str, sub: MqttSubscription) -> None:
         old = self.subscriptions.pop(filt, None)
@@ -75,7 +76,7 @@ class MqttDelivery:
         handle = sub.handle
         with sub.scope:
             async with wakeups.watching(self.services.keys.queue(handle.queue).wake) as waiter:
-                while not self.mqtt.closed:
+                while not self.mqtt.closed and not self.draining:
                     quota = self.mqtt.send_quota if sub.qos else BATCH
                     if quota <= 0:
                         self.quota_freed = anyio.Event()

@@ -37,12 +37,14 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from redis.exceptions import RedisError
 
-from fencemq.errors import FenceMQError, NoPermission
+from fencemq.errors import EvictingRedis, FenceMQError, Full, NoPermission
 from fencemq.fences import session_index
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Handle
 from fencemq.model.topics import matches
+from fencemq.protocol.mqtt.codec import MQTT_5
 from fencemq.protocol.mqtt.events import (
     SESSION_NEVER_EXPIRES, ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived,
     MessagePublished, MqttEvent, MqttServerLimits, PublishReleased, SubscribeRequested, UnsubscribeRequested,
@@ -85,6 +87,8 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
         self.taken_over = False
+        self.quota_refused = False  # a 3.1.1 PUBLISH met FULL: the connection is being closed unacknowledged
+        self.draining = False  # the worker shuts down: nothing new is sent
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
     async def _no_hangup_watch(self, scope: anyio.CancelScope) -> None:
@@ -96,11 +100,22 @@ class MqttConnection(MqttDelivery, MqttDeparture):
     # The worker holds its MQTT connections beside its RESP ones (Worker.connections): it keeps
     # their sessions' leases alive, cuts one whose session is gone, and drains them on shutdown.
 
-    def drain(self) -> None:
-        """The worker stops: DISCONNECT 0x8B (5.0), then close; the session lingers for its expiry."""
+    def drain(self, notice: dict[str, Any] | None = None, move_s: float = 0.0) -> None:
+        """The worker stops: no new deliveries; what is in flight gets up to half of drain_timeout_ms
+        to be acknowledged (so a client that reconnects is not sent it again); then DISCONNECT 0x8B
+        Server shutting down (5.0, with the Server Reference when configured) and close. The session
+        lingers for its expiry."""
         if self.tasks is None or self.mqtt.closed:
             return  # over already, or letting go of its session right now
-        self.tasks.start_soon(self._disconnect, ReasonCode.SERVER_SHUTTING_DOWN)
+        self.draining = True
+        self.quota_freed.set()  # a delivery waiting for quota looks again, and stops
+        self.tasks.start_soon(self._leave, self.config.drain_timeout_ms / 2000)
+
+    async def _leave(self, bound_s: float) -> None:
+        with anyio.move_on_after(bound_s):
+            while self.in_flight or self.releasing:
+                await anyio.sleep(0.02)
+        await self._disconnect(ReasonCode.SERVER_SHUTTING_DOWN, self.config.server_reference)
 
     def cut(self) -> None:
         if self.tasks is not None:
@@ -109,8 +124,8 @@ class MqttConnection(MqttDelivery, MqttDeparture):
     async def close(self) -> None:
         pass  # run() let go of the session already
 
-    async def _disconnect(self, reason: int) -> None:
-        await self._handle_and_flush(self.mqtt.disconnect(reason))
+    async def _disconnect(self, reason: int, server_reference: str | None = None) -> None:
+        await self._handle_and_flush(self.mqtt.disconnect(reason, server_reference=server_reference))
         self.cut()
 
     def _handle_later(self, events: list[MqttEvent]) -> None:
@@ -285,24 +300,51 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         await self._handle(pipelined)
 
     async def _published(self, run: list[MessagePublished]) -> None:
+        """PUBLISHes to one topic that one read brought: published together, each packet checked as
+        if alone and acknowledged with its own reason code, in order (MQTT-4.6.0-2)."""
         first = run[0]
-        reason = ReasonCode.SUCCESS
         try:
             self.verbs._may(self.session, "publish", first.topic)
-            headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
-            for start in range(0, len(run), self.services.config.max_batch):
-                part = run[start:start + self.services.config.max_batch]
-                await self.services.core.shared.publish(
-                    first.topic, [e.payload for e in part], qos=min(first.qos, 1),
-                    headers=headers, retain=first.retain, producer=self.session.client_id)
         except NoPermission:
-            reason = ReasonCode.NOT_AUTHORIZED
-        except FenceMQError as exc:
-            log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], exc)
-            reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
-        for event in run:
+            outcomes: list[Any] = [NoPermission("")] * len(run)
+        else:
+            shared = self.services.core.shared
+            headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
+            if first.retain:  # never merged (_same_run): the last retained message is this one
+                try:
+                    outcomes = [await shared.publish(first.topic, [first.payload], qos=min(first.qos, 1),
+                                                     headers=headers, retain=True, producer=self.session.client_id)]
+                except FenceMQError as exc:
+                    outcomes = [exc]
+            else:
+                outcomes = await shared.publish_many(first.topic, [[e.payload] for e in run], qos=min(first.qos, 1),
+                                                     headers=headers, producer=self.session.client_id)
+        for event, outcome in zip(run, outcomes, strict=True):
+            if isinstance(outcome, RedisError):
+                # Unknown whether it was stored: the connection ends unacknowledged and the client
+                # sends it (and what followed it) again.
+                raise outcome
+            why = None
+            if isinstance(outcome, NoPermission):
+                reason = ReasonCode.NOT_AUTHORIZED
+            elif isinstance(outcome, (Full, EvictingRedis)):
+                # the broker's Redis is short of memory (or may evict): held back, as a RESP PUB gets FULL
+                log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], outcome.resp())
+                if self.mqtt.protocol_level != MQTT_5:
+                    # 3.1.1 has no failure PUBACK: close with this one (and what follows) unacknowledged,
+                    # and the client sends it again once it reconnects (MQTT-4.4.0-1)
+                    if not self.quota_refused and self.tasks is not None:
+                        self.quota_refused = True
+                        self.tasks.start_soon(self._disconnect, ReasonCode.QUOTA_EXCEEDED)
+                    return
+                reason, why = ReasonCode.QUOTA_EXCEEDED, outcome.resp()
+            elif isinstance(outcome, FenceMQError):
+                log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], outcome)
+                reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+            else:
+                reason = ReasonCode.SUCCESS
             if event.packet_id is not None:
-                self.mqtt.acknowledge_publish(event.packet_id, reason)
+                self.mqtt.acknowledge_publish(event.packet_id, reason, why)
 
     async def _subscribe(self, event: SubscribeRequested) -> None:
         codes = []

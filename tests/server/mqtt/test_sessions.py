@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.helpers import worker
-from tests.server.mqtt.clients import Client
+from tests.server.mqtt.clients import Client, RawClient
 
 
 @pytest.fixture
@@ -219,40 +219,6 @@ def test_MQTT_3_14_2_a_disconnect_that_sets_the_session_expiry_to_0_ends_the_ses
         assert again.session_present is False
     finally:
         again.close()
-
-
-class RawClient:
-    """An MQTT 5 client spoken with FenceMQ's own codec: it sends exactly what a test says, nothing else."""
-
-    def __init__(self, port: int, client_id: str, *, clean_start: bool, expiry: int) -> None:
-        import socket
-
-        from fencemq.protocol.mqtt.codec import encode
-        from fencemq.protocol.mqtt.packets import Connect
-        from fencemq.protocol.mqtt.properties import Properties
-        from fencemq.protocol.mqtt.stream import MqttStreamDecoder
-
-        self.encode = encode
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.decoder = MqttStreamDecoder(protocol_level=5)
-        self.send(Connect(client_id=client_id, clean_start=clean_start, keep_alive=30,
-                          properties=Properties(session_expiry_interval=expiry)))
-        self.connack = self.next()
-
-    def send(self, packet) -> None:
-        self.sock.sendall(self.encode(packet))
-
-    def next(self, timeout: float = 10.0):
-        self.sock.settimeout(timeout)
-        while (got := self.decoder.next_packet()) is None:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed")
-            self.decoder.feed(chunk)
-        return got
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_MQTT_4_3_3_a_qos2_delivery_received_before_the_connection_dropped_is_released_on_resume_not_sent_again(

@@ -1,0 +1,166 @@
+"""A plain Redis client that awaits each call: FenceMQ through a worker against raw Streams, same client.
+
+    python -m bench.plain_client [--messages 50000] [--size 128] [--repeat 3]   # alone; bench.run calls plain_client()
+
+What an application written with nothing but redis-py's asyncio client gets, no
+pipelining anywhere (issue #32):
+
+* ``fencemq``: a producer awaits ``MPUB topic 100 p1 … p100``, one call after the
+  other; a consumer on its own connection awaits ``PULL h COUNT 100 BLOCK 1000``,
+  then ``ACK h tag…`` of that batch.
+* ``raw``: the same shape against Redis Streams with the same client: one
+  ``EVALSHA`` of a Lua XADD ×100 (a batch of 100 in one call, as MPUB is), then
+  ``XREADGROUP … COUNT 100 BLOCK 1000`` and ``XACK`` of the batch.
+
+Both run against one private Redis, the FenceMQ worker in a process of its own
+(bench.serve_worker). Figure: messages / (first publish → last ack), the median of
+``repeat`` runs per system, alternating so that the machine's load falls on both;
+Redis CPU per message (INFO) and the worker's (/proc) are kept beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from bench.harness import HOST, WorkerProcess
+from bench.stats import RedisMeter, proc_cpu_s
+from bench.workloads import RAW_PUBLISH_LUA
+from fencemq.server.embedded import EmbeddedRedis
+
+BATCH, COUNT, BLOCK_MS = 100, 100, 1000
+
+
+def _field(reply: Any, name: bytes) -> Any:
+    """A field of a map reply: a dict in RESP3 (redis-py 8 asks for it), field/value pairs in RESP2."""
+    if isinstance(reply, dict):
+        return reply[name]
+    return reply[reply.index(name) + 1]
+
+
+async def _fencemq(port: int, topic: str, total: int, size: int) -> float:
+    producer = aioredis.Redis(host=HOST, port=port)
+    consumer = aioredis.Redis(host=HOST, port=port)
+    try:
+        handle = _field(await consumer.execute_command("SUB", topic, "GROUP", "g"), b"handle")
+        payload = b"x" * size
+
+        async def produce() -> None:
+            for start in range(0, total, BATCH):
+                n = min(BATCH, total - start)
+                await producer.execute_command("MPUB", topic, n, *([payload] * n))
+
+        t0 = time.perf_counter()
+        publishing = asyncio.create_task(produce())
+        acked = 0
+        while acked < total:
+            deliveries = await consumer.execute_command("PULL", handle, "COUNT", COUNT, "BLOCK", BLOCK_MS)
+            if deliveries:
+                acked += await consumer.execute_command("ACK", handle, *[_field(d, b"tag") for d in deliveries])
+        await publishing
+        return time.perf_counter() - t0
+    finally:
+        await producer.aclose()
+        await consumer.aclose()
+
+
+async def _raw(port: int, key: str, total: int, size: int) -> float:
+    producer = aioredis.Redis(host=HOST, port=port)
+    consumer = aioredis.Redis(host=HOST, port=port)
+    try:
+        sha = await producer.script_load(RAW_PUBLISH_LUA)
+        await consumer.xgroup_create(key, "g", id="0", mkstream=True)
+        payload = b"x" * size
+
+        async def produce() -> None:
+            for start in range(0, total, BATCH):
+                n = min(BATCH, total - start)
+                await producer.evalsha(sha, 1, key, *([payload] * n))
+
+        t0 = time.perf_counter()
+        publishing = asyncio.create_task(produce())
+        acked = 0
+        while acked < total:
+            reply = await consumer.xreadgroup("g", "c1", {key: ">"}, count=COUNT, block=BLOCK_MS)
+            if reply:
+                ids = [entry[0] for entry in reply[0][1]]
+                acked += await consumer.xack(key, "g", *ids)
+        await publishing
+        return time.perf_counter() - t0
+    finally:
+        await producer.aclose()
+        await consumer.aclose()
+
+
+def _measure(meter: RedisMeter, redis_pid: int, worker_pid: int | None, total: int, run: Any) -> dict[str, Any]:
+    meter.reset()
+    r0 = proc_cpu_s(redis_pid)
+    w0 = proc_cpu_s(worker_pid) if worker_pid else 0.0
+    seconds = asyncio.run(run())
+    r1 = proc_cpu_s(redis_pid)
+    w1 = proc_cpu_s(worker_pid) if worker_pid else 0.0
+    s = meter.read()
+    return {"messages": total, "seconds": seconds, "msgs_per_s": total / seconds,
+            "redis_cpu_us_per_msg": s["cpu_us"] / total, "redis_proc_cpu_us_per_msg": (r1 - r0) * 1e6 / total,
+            "worker_cpu_us_per_msg": (w1 - w0) * 1e6 / total if worker_pid else None,
+            "evalsha_us_per_msg": s["evalsha_usec"] / total, "commands": s["commands"]}
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ordered = sorted(runs, key=lambda r: r["msgs_per_s"])
+    out = dict(ordered[(len(ordered) - 1) // 2])
+    out["runs_msgs_per_s"] = [round(r["msgs_per_s"]) for r in runs]
+    return out
+
+
+def plain_client(redis_url: str, redis_pid: int, total: int, size: int, repeat: int = 3) -> dict[str, Any]:
+    """Both systems with redis-py asyncio, awaiting each call; ``fencemq / raw`` is the figure."""
+    admin = __import__("redis").Redis.from_url(redis_url)
+    meter = RedisMeter(admin)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    worker = WorkerProcess(redis_url)
+    runs: dict[str, list[dict[str, Any]]] = {"raw": [], "fencemq": []}
+    try:
+        asyncio.run(_raw(port, "plain:warm", min(total, 5000), size))
+        asyncio.run(_fencemq(worker.port, "plain-warm", min(total, 5000), size))
+        for i in range(repeat):
+            runs["raw"].append(_measure(meter, redis_pid, None, total,
+                                        lambda: _raw(port, f"plain:raw{i}", total, size)))
+            runs["fencemq"].append(_measure(meter, redis_pid, worker.pid, total,
+                                            lambda: _fencemq(worker.port, f"plain-fmq{i}", total, size)))
+            print(f"  plain redis-py, run {i + 1}/{repeat}: raw {runs['raw'][-1]['msgs_per_s']:,.0f} msg/s, "
+                  f"FenceMQ {runs['fencemq'][-1]['msgs_per_s']:,.0f} msg/s", flush=True)
+    finally:
+        worker.stop()
+        admin.close()
+    raw, fmq = _median(runs["raw"]), _median(runs["fencemq"])
+    pairs = [f["msgs_per_s"] / r["msgs_per_s"] for r, f in zip(runs["raw"], runs["fencemq"])]
+    return {"shape": {"batch": BATCH, "count": COUNT, "block_ms": BLOCK_MS, "size": size, "messages": total,
+                      "client": f"redis-py {__import__('redis').__version__} asyncio, one call at a time"},
+            "raw": raw, "fencemq": fmq, "ratio": fmq["msgs_per_s"] / raw["msgs_per_s"],
+            "ratio_per_pair": [round(p, 3) for p in pairs]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=50_000)
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default=None, help="also write the result as JSON here")
+    opts = ap.parse_args()
+    with EmbeddedRedis() as server:
+        res = plain_client(server.url, server.pid, opts.messages, opts.size, opts.repeat)
+    print(f"plain redis-py: FenceMQ {res['fencemq']['msgs_per_s']:,.0f} / raw {res['raw']['msgs_per_s']:,.0f} msg/s"
+          f" = {res['ratio']:.2f}")
+    if opts.out:
+        Path(opts.out).write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
