@@ -49,6 +49,7 @@ from fencemq.fences.durability import (
     add_confirmations,
     confirmation_refused,
 )
+from fencemq.fences.redis_link import RedisLink
 
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
@@ -312,6 +313,9 @@ class Fences:
         self.redis = redis
         # What a PUB's ids and an ACK's reply wait for (fences/durability.py); local: nothing.
         self.durability = durability if durability is not None else Durability()
+        # Set by a worker: its fence calls go over one pipelined connection (fencemq.fences.redis_link)
+        # instead of redis-py's pool; None: through ``redis``.
+        self.link: RedisLink | None = None
         # Told each call's fence name and seconds (the worker's latency histogram); None: not timed.
         self.observe: Callable[[str, float], None] | None = None
         self.scripts: dict[str, AsyncScript] = {
@@ -320,6 +324,30 @@ class Fences:
 
     def _confirms(self, names: Any) -> bool:
         return not self.durability.local and not CONFIRMED_FENCES.isdisjoint(names)
+
+    async def _load(self, name: str) -> None:
+        """Load a fence again (NOSCRIPT: Redis restarted, failed over or flushed its scripts)."""
+        if self.link is not None:
+            await self.link.execute("SCRIPT", "LOAD", self.scripts[name].script)
+        else:
+            await self.redis.script_load(self.scripts[name].script)
+
+    async def _execute_many(self, commands: list[tuple[Any, ...]], confirm: list[list[str]] | None = None,
+                            ) -> tuple[list[Any], list[Any], list[Any]]:
+        """Commands in one round trip, replies in order, an error reply as its exception; then, for the
+        fences whose keys are ``confirm``, the durability's confirmation on their connections
+        (fences/durability.py). (the commands' replies, the confirmations' replies, their masters)"""
+        if self.link is not None:  # one connection: the confirmation goes behind the fences on it
+            extra = [self.durability.command()] if confirm else []
+            replies = await self.link.execute_many([*commands, *extra])
+            return replies[:len(commands)], replies[len(commands):], [None] * len(extra)
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
+            pipe.execute_command(*command)
+        nodes = add_confirmations(self.redis, pipe, self.durability, confirm) if confirm else []
+        replies = await pipe.execute(raise_on_error=False)
+        return replies[:len(commands)], replies[len(commands):], nodes
 
     async def run(self, spec: FenceSpec, keys: Any, *, extra_keys: Mapping[str, str] | None = None,
                   keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
@@ -352,23 +380,22 @@ class Fences:
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(3):
-            pipe = self.redis.pipeline(transaction=False)
+            commands = []
             for i in todo:
                 name, key_list, arg_list = calls[i]
-                # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
-                pipe.execute_command("EVALSHA", self.scripts[name].sha, len(key_list), *key_list, *arg_list)
+                commands.append(("EVALSHA", self.scripts[name].sha, len(key_list), *key_list, *arg_list))
             confirmed = [i for i in todo if calls[i][0] in CONFIRMED_FENCES] if self._confirms(
                 calls[i][0] for i in todo) else []
-            nodes = add_confirmations(self.redis, pipe, self.durability, [calls[i][1] for i in confirmed])
             started = perf_counter()
-            replies = await pipe.execute(raise_on_error=False)
+            replies, confirmations, nodes = await self._execute_many(
+                commands, [calls[i][1] for i in confirmed] if confirmed else None)
             if self.observe is not None:
                 for name in {calls[i][0] for i in todo}:
                     self.observe(name, perf_counter() - started)
-            refusal = confirmation_refused(self.redis, self.durability, replies[len(todo):], nodes,
+            refusal = confirmation_refused(self.redis, self.durability, confirmations, nodes,
                                            [calls[i][1] for i in confirmed]) if confirmed else None
             again = []
-            for i, reply in zip(todo, replies, strict=False):
+            for i, reply in zip(todo, replies, strict=True):
                 if attempt < 2 and (isinstance(reply, NoScriptError)
                                     or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply))):
                     again.append(i)
@@ -380,7 +407,7 @@ class Fences:
             if not again:
                 break
             for name in {calls[i][0] for i in again}:
-                await self.redis.script_load(self.scripts[name].script)
+                await self._load(name)
             todo = again
         return results
 
@@ -391,13 +418,10 @@ class Fences:
         The fence's coded error is raised; NOSCRIPT loads the fence and runs it alone again."""
         key_list = spec.key_list(keys, {}, ())
         script = self.scripts[spec.name]
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest))
-        nodes = add_confirmations(self.redis, pipe, self.durability, [key_list]) if self._confirms(
-            [spec.name]) else []
-        pipe.get(read_key)
         started = perf_counter()
-        reply, *confirmations, value = await pipe.execute(raise_on_error=False)
+        (reply, value), confirmations, nodes = await self._execute_many(
+            [("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest)), ("GET", read_key)],
+            [key_list] if self._confirms([spec.name]) else None)
         if self.observe is not None:
             self.observe(spec.name, perf_counter() - started)
         if isinstance(value, Exception):
@@ -415,7 +439,14 @@ class Fences:
             return self.check((await self._run_calls([(name, keys, args)]))[0])
         started = perf_counter()
         try:
-            return await self.scripts[name](keys=keys, args=args)
+            if self.link is None:
+                return await self.scripts[name](keys=keys, args=args)
+            command = ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
+            try:
+                return await self.link.execute(*command)
+            except NoScriptError:
+                await self._load(name)
+                return await self.link.execute(*command)
         except ResponseError as exc:
             mapped = translate(exc)
             if mapped is not None:

@@ -70,7 +70,8 @@ class ClientConnection:
         self.stream = stream
         self.idle = True  # waiting for a request: nothing in hand to finish
         self.scope = anyio.CancelScope()
-        self.send_lock = anyio.Lock()
+        # Uncontended (no push being written), taking it does not yield: a reply's send yields once itself.
+        self.send_lock = anyio.Lock(fast_acquire=True)
         self.session = Session(services, token, watch_for_hangup=self._watch_for_hangup,
                                end_connection=self.scope.cancel, addresses=_addresses(stream))
         # The parser's limits only guard memory (the connection is closed past
@@ -194,8 +195,12 @@ class ClientConnection:
             if not commands and fatal is None:
                 try:
                     data = None
-                    with anyio.move_on_after(self._read_wait_s()):
+                    wait = self._read_wait_s()
+                    if wait == float("inf"):  # between requests, with no idle timeout: no deadline to keep
                         data = await self._receive()
+                    else:
+                        with anyio.move_on_after(wait):
+                            data = await self._receive()
                 except STREAM_GONE:
                     return
                 if data is None:
@@ -214,13 +219,14 @@ class ClientConnection:
             if fatal is not None:
                 replies.append(ErrorReply(fatal.message))
                 session.closing = True
-            if replies:
-                await self.send(encode_many(replies, session.proto))
             self._set_frame_limits()
+            if replies:
+                await self.send(encode_many(replies, session.proto))  # (a send yields to the loop)
+            else:
+                # A batch of commands that never waited (PINGs, say) must not keep the event loop
+                # from every other connection while this client's buffer lasts.
+                await anyio.lowlevel.checkpoint()
             self.idle = True
-            # A batch of commands that never waited (PINGs, say) must not keep the event loop
-            # from every other connection while this client's buffer lasts.
-            await anyio.lowlevel.checkpoint()
 
     async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:
         """While a verb waits, keep reading: buffer what comes (up to max_read_ahead), notice a hang-up.

@@ -34,6 +34,7 @@ from fencemq.errors import BadArgument
 from fencemq.fences.core import Core
 from fencemq.fences.durability import Durability
 from fencemq.fences.redis_client import limit_connections, servers_of
+from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, shedding
 from fencemq.server.connection import ClientConnection
@@ -110,11 +111,13 @@ class Worker:
         # waits for Redis (down, loading, failing over, NOREPLICAS), saying so
         redis, services = await ready_services(self.config, self.id, max_connections=files.redis_pool,
                                                prepare=check_memory)
+        link = RedisLink.for_client(redis)  # the fences' calls, pipelined on one connection (not on a Cluster)
         spare = SpareDescriptor()
         try:
             self.spare = spare
             self._fit_open_files(redis, files)
             self.services: Services = services
+            services.core.fences.link = link
             memory = services.core.ctx.memory
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
@@ -160,6 +163,8 @@ class Worker:
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
+                if link is not None:
+                    await link.aclose()
                 await redis.aclose()
             spare.close()
 

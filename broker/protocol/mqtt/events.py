@@ -83,7 +83,9 @@ class MessagePublished:
 
 @dataclass(frozen=True, slots=True)
 class PublishReleased:
-    """PUBREL: the client's QoS 2 publish ``packet_id`` is complete; the shell may forget the id."""
+    """PUBREL: the client's QoS 2 publish ``packet_id`` is complete. The shell forgets the id where
+    it keeps it, then answers with ``complete_release(packet_id)`` (PUBCOMP): a PUBCOMP sent before
+    that could let a new publish with the id be taken for this one after a crash."""
 
     packet_id: int
 
@@ -122,8 +124,9 @@ class UnsubscribeRequested:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryReceived:
-    """PUBREC with success: QoS 2 delivery ``packet_id`` reached the client; PUBREL is on its way.
-    On a resumed session the shell resends it with ``resend_release(packet_id)``, not the message."""
+    """PUBREC with success: QoS 2 delivery ``packet_id`` reached the client. The shell settles it for
+    good, then answers with ``release_delivery(packet_id)`` (PUBREL). On a resumed session the
+    shell resends it with ``resend_release(packet_id)``, not the message."""
 
     packet_id: int
 

@@ -224,6 +224,21 @@ class MqttServerSession:
         if packet_id is not None:
             self.outbound_flows.abandon(packet_id)
 
+    def release_delivery(self, packet_id: int) -> None:
+        """After ``DeliveryReceived`` (PUBREC): the shell has settled the delivery for good; PUBREL."""
+        if self.closed:
+            return
+        self.outbound_flows.release(packet_id)
+        self._send(Pubrel(packet_id))
+
+    def complete_release(self, packet_id: int) -> None:
+        """After ``PublishReleased`` (PUBREL): the shell has noted the publish is complete; PUBCOMP.
+        Until then the identifier stays taken, so a new publish cannot reuse it (MQTT-4.3.3-12)."""
+        if self.closed:
+            return
+        self.inbound_flows.complete(packet_id)
+        self._send(Pubcomp(packet_id))
+
     def resend_release(self, packet_id: int) -> None:
         """On a resumed session, a QoS 2 delivery the client already received: resend PUBREL."""
         self._expect_state(SessionState.CONNECTED)
@@ -262,10 +277,11 @@ class MqttServerSession:
             if self.outbound_flows.on_pubcomp(packet.packet_id):
                 self._events.append(DeliveryAcknowledged(packet.packet_id, 2, packet.reason_code, packet.properties))
         elif isinstance(packet, Pubrel):
-            known = self.inbound_flows.on_pubrel(packet.packet_id)
-            self._send(Pubcomp(packet.packet_id, 0 if known else self._v5_code(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)))
-            if known:
+            outcome = self.inbound_flows.on_pubrel(packet.packet_id)
+            if outcome == "released":  # the shell completes it (PUBCOMP) once it has written that down
                 self._events.append(PublishReleased(packet.packet_id))
+            elif outcome == "unknown":
+                self._send(Pubcomp(packet.packet_id, self._v5_code(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)))
         elif isinstance(packet, (Subscribe, Unsubscribe)):
             outcome = (self._requests.on_subscribe(packet) if isinstance(packet, Subscribe)
                        else self._requests.on_unsubscribe(packet))
@@ -321,8 +337,11 @@ class MqttServerSession:
         if outcome == "refused":  # MQTT-4.4.0-2: the identifier is free, the message is not resent
             self._events.append(DeliveryAcknowledged(packet.packet_id, 2, packet.reason_code, packet.properties))
             return
-        if outcome == "release":
+        if outcome == "received":  # the shell releases it (PUBREL) once it has settled it
             self._events.append(DeliveryReceived(packet.packet_id))
+            return
+        if outcome == "pending":
+            return
         not_found = self._v5_code(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND) if outcome == "unknown" else 0
         self._send(Pubrel(packet.packet_id, not_found))
 

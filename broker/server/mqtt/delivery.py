@@ -20,8 +20,10 @@ import anyio.abc
 from fencemq.errors import NotFound
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Handle
+from fencemq.protocol.mqtt.events import DeliveryAcknowledged
 from fencemq.protocol.mqtt.properties import NO_PROPERTIES
 from fencemq.protocol.mqtt.session import MqttServerSession
+from fencemq.server.mqtt.state import InFlight, MqttSessionState, in_flight_record
 from fencemq.server.mqtt.messages import QOS, RETAIN, RETAINED, properties_of, remaining_expiry
 from fencemq.server.services import Services
 from fencemq.server.session import Session
@@ -46,7 +48,12 @@ class MqttSubscription:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
     def saved(self) -> str:
-        return json.dumps([self.qos, self.no_local, self.retain_as_published, self.identifier])
+        return options_record(self.qos, self.no_local, self.retain_as_published, self.identifier)
+
+
+def options_record(qos: int, no_local: bool, retain_as_published: bool, identifier: int | None) -> str:
+    """A subscription's options as the session keeps them (mqtt/state.py)."""
+    return json.dumps([qos, no_local, retain_as_published, identifier])
 
 
 class MqttDelivery:
@@ -55,7 +62,9 @@ class MqttDelivery:
     mqtt: MqttServerSession
     stream: anyio.abc.ByteStream
     subscriptions: dict[str, MqttSubscription]
-    in_flight: dict[int, tuple[Handle, str, str]]
+    in_flight: dict[int, InFlight]
+    releasing: set[int]
+    mqtt_state: MqttSessionState
     resumed_ids: dict[str, int]
     tasks: anyio.abc.TaskGroup | None
     write_lock: anyio.Lock
@@ -87,6 +96,12 @@ class MqttDelivery:
                         if result.deliveries:
                             await self._send(sub, result.deliveries)
                             continue
+                        if result.status == "suspected" and not any(
+                                f.handle == handle for f in self.in_flight.values()):
+                            # suspected for leases this connection never held (a worker killed under
+                            # an earlier one): a connection delivering proves the member alive
+                            await leases.alive(handle)
+                            continue
                     except NotFound:
                         log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
                         return  # the subscription is gone (its queue dropped): nothing more to send
@@ -104,6 +119,7 @@ class MqttDelivery:
         settle_now = []
         me = self.session.client_id
         now_ms = await self.services.clock.now_ms()
+        records: dict[int, str] = {}
         async with self.write_lock:
             for d in deliveries:
                 headers = d.headers or {}
@@ -125,9 +141,14 @@ class MqttDelivery:
                 sent = self.mqtt.deliver(d.topic, d.payload, granted, retain, props,
                                          dup=d.deliveries > 1 and granted > 0, packet_id=packet_id)
                 if sent.packet_id is not None:
-                    self.in_flight[sent.packet_id] = (sub.handle, d.tag, d.id)
+                    self.in_flight[sent.packet_id] = InFlight(granted, sub.handle, d.tag, d.id)
+                    records[sent.packet_id] = in_flight_record(granted, sub.handle, d.tag, d.id)
                 elif not d.tag.startswith("q"):
                     settle_now.append(d.tag)  # QoS 0 to this client, or too big for it: done
+            if records:
+                # in Redis before the PUBLISHes leave: a session resumed after a crash sends them
+                # again with these packet ids (MQTT-4.4.0-1)
+                await self.mqtt_state.sending(records)
             data = self.mqtt.outbound()
             if data:
                 try:
@@ -136,3 +157,43 @@ class MqttDelivery:
                     pass  # the reader sees the connection go; what is in flight goes back then
         if settle_now:
             await self.services.core.leases.ack(sub.handle, settle_now)
+
+    # -- the client's acknowledgements ----------------------------------------------------------
+
+    async def _acknowledged(self, events: list[DeliveryAcknowledged]) -> None:
+        """PUBACKs and PUBCOMPs (and refusing PUBRECs) of one read: settled in FenceMQ, then
+        forgotten by the session (a crash between the two leaves a record the resume drops)."""
+        settled: dict[Handle, list[str]] = {}
+        refused: dict[Handle, list[str]] = {}
+        over: list[int] = []
+        for event in events:
+            over.append(event.packet_id)
+            if event.packet_id in self.releasing:  # PUBCOMP of a delivery settled at its PUBREC
+                self.releasing.discard(event.packet_id)
+                continue
+            held = self.in_flight.pop(event.packet_id, None)
+            if held is not None:
+                # refused by the client (>= 0x80): dropped, never redispatched (MQTT-234)
+                (refused if event.reason_code >= 0x80 else settled).setdefault(held.handle, []).append(held.tag)
+        if events:
+            self.quota_freed.set()
+        leases = self.services.core.leases
+        for handle, tags in settled.items():
+            await leases.ack(handle, tags)
+        for handle, tags in refused.items():
+            await leases.nack(handle, tags, discard=True)
+        await self.mqtt_state.settled(over)
+
+    async def _received(self, packet_id: int) -> None:
+        """PUBREC: the client has the QoS 2 message. It is settled in FenceMQ now, so it is never
+        sent again, and the session says so before the PUBREL goes out; what remains (PUBREL,
+        PUBCOMP) is the handshake's, which a resumed session completes."""
+        held = self.in_flight.pop(packet_id, None)
+        self.releasing.add(packet_id)
+        if held is not None:
+            try:
+                await self.services.core.leases.ack(held.handle, [held.tag])
+            except NotFound:
+                pass  # the subscription is gone, and what it held with it
+        await self.mqtt_state.received(packet_id)
+        self.mqtt.release_delivery(packet_id)
