@@ -78,6 +78,7 @@ bench: $(VENV)/.test
 	$(PY) -m bench.scale
 	$(PY) -m bench.mqtt_share
 	$(PY) -m bench.attacks
+	$(PY) -m bench.connections
 	$(PY) -m bench.goals
 
 serve: $(VENV)/.base

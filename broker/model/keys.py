@@ -227,6 +227,24 @@ class Keyspace:
         """Hash: topic -> its retained message (stored form)."""
         return f"{self.prefix}:retained"
 
+    # The retained messages' index (fences/retained.py), in the slot of ``retained`` (a hash tag of
+    # its whole name: a key without braces hashes whole), so one fence keeps both.
+
+    @property
+    def retained_topics(self) -> str:
+        """Zset (lex): every topic with a retained message."""
+        return f"{self.prefix}:{{{self.retained}}}:topics"
+
+    @property
+    def retained_levels(self) -> str:
+        """Zset (lex): the trie of the retained topics' levels, ``parent path NUL level`` per edge."""
+        return f"{self.prefix}:{{{self.retained}}}:levels"
+
+    @property
+    def retained_indexed(self) -> str:
+        """String: set once the index holds every retained topic (those kept before it existed)."""
+        return f"{self.prefix}:{{{self.retained}}}:indexed"
+
     def session_lite_counts(self, client: str) -> str:
         """Hash: lite topic -> lite subscriptions the client holds (the quota)."""
         return self.session(client) + ":lite"

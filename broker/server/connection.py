@@ -262,7 +262,7 @@ class ClientConnection:
     async def close(self) -> None:
         try:
             await self.session.release()
-        except (OSError, RedisError) as exc:
+        except (OSError, RedisError, FenceMQError) as exc:  # out of open files, Redis gone, the worker stopping
             log.warning("cleanup of %s failed, its lease will expire: %s", self.session.client_id, exc)
         farewell = self.session.farewell
         if farewell is not None and self.session.proto == 3:

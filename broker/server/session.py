@@ -185,7 +185,7 @@ class Session:
             raise
         self.bound = True
         self.resumed = generation > 1
-        if not anonymous:
+        if not anonymous and self.resumed:  # a session this bind created holds no membership yet
             await services.sessions.set_presence(client_id, online=True)
 
     async def _claim(self, client_id: str) -> None:

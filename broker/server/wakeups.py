@@ -33,6 +33,8 @@ from redis.asyncio import ConnectionPool, Redis, RedisCluster
 
 from fencemq.fences.redis_errors import REDIS_FAILURES
 
+from fencemq.fences.gathering import Gathering
+
 log = logging.getLogger(__name__)
 LINGER_S = 30.0
 CONFIRM_S = 2.0  # a subscription not confirmed by then is waited on anyway, looking again often
@@ -85,6 +87,8 @@ class Wakeups:
         self.failed_at = -RECOVERY_S  # anyio time of the last pub/sub failure
         self._unsubscribe_later: set[str] = set()
         self._sunsubscribe_later: set[str] = set()
+        self._channel_changes: Gathering[tuple[bool, str], None] = Gathering(
+            self._change_channels, lambda: self._tasks.start_soon if self._tasks is not None else None)
 
     def _classic_pubsub(self, avoid: str | None = None) -> Any:
         nodes = [n for n in self.redis.get_nodes() if n.name != avoid] or self.redis.get_nodes()
@@ -282,10 +286,7 @@ class Wakeups:
         # takeover: both must hear it, so the older one can close.
         self.session_handlers[channel].append(handler)
         self._unsubscribe_later.discard(channel)
-        try:
-            await self.pubsub.subscribe(channel)
-        except REDIS_FAILURES as exc:
-            self._failed(f"subscribing {channel}", exc)
+        await self._channel_changes((True, channel))
 
     async def unfollow(self, channel: str, handler: Callable[[bytes], None]) -> None:
         handlers = self.session_handlers.get(channel, [])
@@ -293,8 +294,25 @@ class Wakeups:
             handlers.remove(handler)
         if not handlers:
             self.session_handlers.pop(channel, None)
+            await self._channel_changes((False, channel))
+
+    async def _change_channels(self, changes: list[tuple[bool, str]]) -> list[None]:
+        """The SUBSCRIBEs and UNSUBSCRIBEs of many sessions (a connect storm), in their order, each
+        run of one kind as one command."""
+        start = 0
+        while start < len(changes):
+            subscribing = changes[start][0]
+            end = start
+            while end < len(changes) and changes[end][0] == subscribing:
+                end += 1
+            channels = list(dict.fromkeys(channel for _, channel in changes[start:end]))
             try:
-                await self.pubsub.unsubscribe(channel)
-            except REDIS_FAILURES as exc:  # a connection closing during a failover: done again later
-                self._unsubscribe_later.add(channel)
-                self._failed(f"unsubscribing {channel}", exc)
+                await (self.pubsub.subscribe if subscribing else self.pubsub.unsubscribe)(*channels)
+            except REDIS_FAILURES as exc:
+                # Redis failing over: the reader's next tick subscribes what is followed and
+                # unsubscribes what is not (a closing connection's session must not fail for it)
+                if not subscribing:
+                    self._unsubscribe_later.update(channels)
+                self._failed(f"{'subscribing' if subscribing else 'unsubscribing'} {len(channels)} channels", exc)
+            start = end
+        return [None] * len(changes)

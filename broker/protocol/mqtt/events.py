@@ -36,7 +36,7 @@ class MqttServerLimits:
     shared_subscription_available: bool = True
     server_keep_alive: int | None = None  # 5.0: overrides the client's Keep Alive
     maximum_session_expiry_interval: int | None = None  # None: grant what the client asks
-    maximum_client_id_bytes: int = 256
+    maximum_client_id_bytes: int = 0xFFFF  # any identifier MQTT allows (mqtt/client_ids.py names its session)
     connect_timeout: float = 10.0  # seconds from the connection to an accepted CONNECT
     maximum_inflight: int = 0xFFFF  # outbound QoS 1/2 deliveries in flight, under the client's Receive Maximum
     outbound_topic_aliases: bool = True  # use the aliases a 5.0 client allows

@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 
 from fencemq.errors import EvictingRedis, FenceMQError, Full, NoPermission
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
+from fencemq.protocol.mqtt.client_ids import session_name
 from fencemq.protocol.mqtt.codec import MQTT_5
 from fencemq.protocol.mqtt.events import (
     SESSION_NEVER_EXPIRES, ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived,
@@ -251,9 +252,10 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
                 self.mqtt.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD)
                 return
             session.authed, session.user = True, user
-        self.mqtt_state = MqttSessionState(self.services.redis, self.services.keys, event.client_id)
+        name = session_name(event.client_id)  # any UTF-8 identifier, as a FenceMQ session name
+        self.mqtt_state = MqttSessionState(self.services.redis, self.services.keys, name)
         try:
-            await session.bind(event.client_id, anonymous=False, takeover=True, fresh=event.clean_start)
+            await session.bind(name, anonymous=False, takeover=True, fresh=event.clean_start)
         except FenceMQError as exc:
             log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
             self.mqtt.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)

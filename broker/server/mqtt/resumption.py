@@ -54,7 +54,8 @@ class MqttResumption:
     async def _take_up(self, event: ConnectRequested) -> list[MqttEvent]:
         """The bound session, afresh or resumed: the CONNACK sent, deliveries started. What the
         client sent behind its CONNECT (which waited for the accept)."""
-        redis, keys, client = self.services.redis, self.services.keys, event.client_id
+        redis, keys, client = self.services.redis, self.services.keys, self.session.client_id
+        assert client is not None
         if event.clean_start:
             saved = await self.mqtt_state.load(fresh=True)
             self.nonce, self.completed = saved.nonce, saved.completed

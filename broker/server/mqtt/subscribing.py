@@ -16,7 +16,6 @@ import anyio.abc
 
 from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle
-from fencemq.model.topics import matches
 from fencemq.protocol.mqtt.events import SubscribeRequested, UnsubscribeRequested
 from fencemq.protocol.mqtt.reasons import ReasonCode
 from fencemq.protocol.mqtt.session import MqttServerSession
@@ -88,11 +87,13 @@ class MqttSubscribing:
         self.mqtt.complete_subscribe(event.packet_id, codes)
 
     async def _send_retained(self, handle: Handle, filt: str) -> None:
-        stored = await self.services.redis.hgetall(self.services.keys.retained)
-        bodies = [as_sent_for_subscribe(body) for topic, body in stored.items() if matches(filt, topic.decode())]
-        publishing = self.services.core.shared.publishing
-        for start in range(0, len(bodies), self.config.max_batch):
-            await publishing.append(handle.queue, bodies[start:start + self.config.max_batch])
+        """The retained messages the filter matches (and no other: fences/retained.py), as sent
+        because of a SUBSCRIBE (RETAIN 1, MQTT-3.3.1-9)."""
+        shared, batch = self.services.core.shared, self.config.max_batch
+        async for bodies in shared.retained.matching(filt):
+            for start in range(0, len(bodies), batch):
+                await shared.publishing.append(handle.queue, [as_sent_for_subscribe(b)
+                                                              for b in bodies[start:start + batch]])
 
     async def _unsubscribe(self, event: UnsubscribeRequested) -> None:
         codes = []
