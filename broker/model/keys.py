@@ -195,6 +195,11 @@ class Keyspace:
         return f"{self.prefix}:users"
 
     @property
+    def users_channel(self) -> str:
+        """Pub/sub: the name of a user whose record changed (ops/users.py announces, the gate listens)."""
+        return f"{self.users}:changed"
+
+    @property
     def client_owners(self) -> str:
         """Hash: client id -> the user that first named a session with it (server/session.py)."""
         return f"{self.prefix}:client-owners"
