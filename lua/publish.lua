@@ -84,7 +84,12 @@ for i = 1, n do
     ids[i] = seq  -- written as text below, the batch's new ids at once
   end
 end
-if np == 0 then return {ids, false} end
+if np == 0 then
+  -- All repeats: written again as they are, so that a confirmation after this call (WAIT,
+  -- WAITAOF: fences/durability.py) also covers the first publish, on whatever connection it ran.
+  if n > 0 then redis.call('HSET', K.dedup_ids, A.messages[2], ids[1]) end
+  return {ids, false}
+end
 -- the new ids are consecutive: their text is made in one go
 local texts = int_strs(first_new, seq - first_new + 1)
 local new_ids = journal_on(K, A.journal_cap) and {} or nil

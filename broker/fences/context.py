@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded, Stale
+from fencemq.fences.durability import Durability
 from fencemq.fences.memory import MemoryGuard
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
@@ -46,7 +47,7 @@ class FenceContext:
 
     def __post_init__(self) -> None:
         self.keys = Keyspace(self.config.prefix)
-        self.fences = Fences(self.redis)
+        self.fences = Fences(self.redis, Durability.parse(self.config.durability, self.config.durability_timeout_ms))
         self.memory = MemoryGuard(self.redis, self.config, self.keys, self.fences)
 
     async def check_topic_kind(self, topic: str, lite: bool) -> None:
