@@ -28,6 +28,10 @@ class Config:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     metrics_port: int | None = None
+    # What a PUB's ids and an ACK's reply promise (fences/durability.py, docs/operations.md):
+    # local | replicas=N (WAIT) | aof (WAITAOF) | aof+replicas=N; past the timeout: UNCONFIRMED
+    durability: str = "local"
+    durability_timeout_ms: int = 1000
     # The sampled gauges (server/metrics.py): how often, how many queues a sample reads at most, and
     # how many series: one per topic (the largest backlogs first) plus the lmqs with the largest backlogs.
     metrics_sample_ms: int = 15_000
@@ -96,8 +100,11 @@ class Config:
     # wait: auth_delay_ms, doubled per recent failure, at most auth_delay_max_ms.
     auth_delay_ms: int = 100
     auth_delay_max_ms: int = 5_000
-    max_connections: int = 10_000  # per worker; past it a new connection is told so and closed
-    max_connections_per_user: int = 1_000  # authenticated connections of one user on one worker (0 = no limit)
+    max_connections: int = 10_000  # per worker, every door counted; past it a new connection is closed
+    max_connections_per_user: int = 1_000  # logged-in connections of one user on one worker, every door (0 = no limit)
+    # Password checks hash with scrypt (~16 MiB, tens of ms each): at most this many at a time per worker
+    # (the others wait their turn; the checks from one address are made one at a time anyway).
+    max_password_checks: int = 2
     # Bytes a client may send ahead while one of its commands waits (a long poll): past
     # this the connection stops reading until the command is done, and TCP holds the rest.
     max_read_ahead: int = 4 << 20
