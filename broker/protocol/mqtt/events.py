@@ -27,6 +27,9 @@ class MqttServerLimits:
     """What this server accepts and announces (5.0: in the CONNACK properties)."""
 
     maximum_packet_size: int = 1024 * 1024  # inbound; a larger packet is 0x95
+    # The first packet, the CONNECT, before any authentication (None: maximum_packet_size); larger
+    # closes the connection from its fixed header (5.0: CONNACK 0x95), before its body is read
+    maximum_connect_size: int | None = None
     receive_maximum: int = 1024  # inbound QoS 1/2 publishes the client may have unacknowledged
     topic_alias_maximum: int = 64  # inbound topic aliases the client may use (0: none)
     maximum_qos: int = 2
@@ -49,6 +52,8 @@ class MqttServerLimits:
             raise ValueError("receive_maximum is 1 … 65535 and topic_alias_maximum 0 … 65535")
         if not 1 <= self.maximum_inflight <= 0xFFFF:
             raise ValueError("maximum_inflight is 1 … 65535")
+        if self.maximum_connect_size is not None and not 2 <= self.maximum_connect_size <= self.maximum_packet_size:
+            raise ValueError("maximum_connect_size is 2 … maximum_packet_size")
 
 
 @dataclass(frozen=True, slots=True)

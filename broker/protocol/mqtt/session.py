@@ -57,7 +57,8 @@ class MqttServerSession:
         self.request: ConnectRequested | None = None
         self.will: Will | None = None
         self.session_expiry_interval = 0
-        self._decoder = MqttStreamDecoder(self.limits.maximum_packet_size)
+        self._decoder = MqttStreamDecoder(self.limits.maximum_packet_size,
+                                          maximum_first_size=self.limits.maximum_connect_size)
         self._out = bytearray()
         self._events: list[MqttEvent] = []
         self._opened_at = now
@@ -79,6 +80,11 @@ class MqttServerSession:
     @property
     def client_id(self) -> str | None:
         return self.request.client_id if self.request else None
+
+    @property
+    def mid_packet(self) -> bool:
+        """Part of a packet has arrived and the rest not yet (what a request timeout measures)."""
+        return self._decoder.mid_packet
 
     def outbound(self) -> bytes:
         data = bytes(self._out)
@@ -112,14 +118,16 @@ class MqttServerSession:
     # ------------------------------------------------------------------ commands: connection
 
     def accept(self, now: float, session_present: bool = False,
-               inbound_releases: frozenset[int] = frozenset()) -> list[MqttEvent]:
+               inbound_releases: frozenset[int] = frozenset(),
+               user_properties: tuple[tuple[str, str], ...] = ()) -> list[MqttEvent]:
         """Send CONNACK 0x00 and go on with what the client sent after its CONNECT.
 
         ``inbound_releases``: on a resumed session, the client's QoS 2 publishes
         recorded (PUBREC sent) before, still awaiting their PUBREL.
+        ``user_properties``: what the server tells a 5.0 client beside (dropped in 3.1.1).
         """
         request = self._expect_state(SessionState.CONNECTING)
-        self._send(accepting_connack(request, self.limits, session_present))
+        self._send(accepting_connack(request, self.limits, session_present, user_properties))
         self.state = SessionState.CONNECTED
         self._last_received = now
         self.inbound_flows.restore(inbound_releases)

@@ -5,6 +5,10 @@ in batches as the client's Receive Maximum allows (its send quota) and waits on 
 queue's wake channel between; each delivery is shaped by the subscription's options
 (No Local, Retain As Published, the identifier) and its message's expiry, and what is
 not sent as QoS 1/2 (QoS 0, expired, the client's own under No Local) is settled at once.
+
+The gate's output budget: the subscriptions of one connection take turns, so the worker
+holds one pulled batch for a client at a time, and a write the client has not taken
+within output_timeout_ms closes the connection (as RESP's).
 """
 
 from __future__ import annotations
@@ -56,6 +60,12 @@ def options_record(qos: int, no_local: bool, retain_as_published: bool, identifi
     return json.dumps([qos, no_local, retain_as_published, identifier])
 
 
+def filter_of(handle: Handle) -> str:
+    """The filter a client subscribed with (``$share/g/f`` for a shared group's member), from its handle."""
+    owner = handle.queue.owner or ""
+    return f"{owner}/{handle.queue.topic}" if owner.startswith("$share/") else handle.queue.topic
+
+
 class MqttDelivery:
     services: Services
     session: Session
@@ -68,9 +78,25 @@ class MqttDelivery:
     resumed_ids: dict[str, int]
     tasks: anyio.abc.TaskGroup | None
     write_lock: anyio.Lock
+    output_turn: anyio.Lock
     quota_freed: anyio.Event
     protocol_level: int
     draining: bool
+    token: str
+
+    def cut(self) -> None: ...
+
+    async def _write(self, data: bytes) -> None:
+        """Send, within output_timeout_ms: a client that does not take it by then is closed."""
+        with anyio.move_on_after(self.services.gate.output_timeout_s) as waited:
+            try:
+                await self.stream.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return  # the reader sees the connection go; what is in flight goes back then
+        if waited.cancelled_caught:
+            log.info("closing MQTT connection %s: it has not read what it was sent for %d ms", self.token,
+                     self.services.config.output_timeout_ms)
+            self.cut()
 
     def _start_delivery(self, filt: str, sub: MqttSubscription) -> None:
         old = self.subscriptions.pop(filt, None)
@@ -91,25 +117,29 @@ class MqttDelivery:
                         self.quota_freed = anyio.Event()
                         await self.quota_freed.wait()
                         continue
-                    try:
-                        result = await leases.pull(handle, min(quota, BATCH))
-                        if result.deliveries:
-                            await self._send(sub, result.deliveries)
-                            continue
-                        if result.status == "suspected" and not any(
-                                f.handle == handle for f in self.in_flight.values()):
-                            # suspected for leases this connection never held (a worker killed under
-                            # an earlier one): a connection delivering proves the member alive
-                            await leases.alive(handle)
-                            continue
-                    except NotFound:
-                        log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
-                        return  # the subscription is gone (its queue dropped): nothing more to send
-                    except REDIS_FAILURES as exc:
-                        # Redis failing over: the subscription stays and looks again shortly; what was
-                        # checked out and not sent comes back when its lease runs out
-                        log.info("MQTT delivery to %r paused: %s", self.session.client_id,
-                                 redis_failure(exc, "an MQTT delivery").message[:200])
+                    paused = False
+                    async with self.output_turn:  # one pulled batch held for the client at a time
+                        try:
+                            result = await leases.pull(handle, min(quota, BATCH))
+                            if result.deliveries:
+                                await self._send(sub, result.deliveries)
+                                continue
+                            if result.status == "suspected" and not any(
+                                    f.handle == handle for f in self.in_flight.values()):
+                                # suspected for leases this connection never held (a worker killed under
+                                # an earlier one): a connection delivering proves the member alive
+                                await leases.alive(handle)
+                                continue
+                        except NotFound:
+                            log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
+                            return  # the subscription is gone (its queue dropped): nothing more to send
+                        except REDIS_FAILURES as exc:
+                            # Redis failing over: the subscription stays and looks again shortly; what was
+                            # checked out and not sent comes back when its lease runs out
+                            log.info("MQTT delivery to %r paused: %s", self.session.client_id,
+                                     redis_failure(exc, "an MQTT delivery").message[:200])
+                            paused = True
+                    if paused:
                         await anyio.sleep(REDIS_RETRY_S)
                         continue
                     with anyio.move_on_after(IDLE_LOOK_S):
@@ -151,10 +181,7 @@ class MqttDelivery:
                 await self.mqtt_state.sending(records)
             data = self.mqtt.outbound()
             if data:
-                try:
-                    await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass  # the reader sees the connection go; what is in flight goes back then
+                await self._write(data)
         if settle_now:
             await self.services.core.leases.ack(sub.handle, settle_now)
 

@@ -124,10 +124,15 @@ class MqttDeparture:
 
     async def _publish_will(self, will: Will) -> None:
         try:
+            if not await self.services.gate.allows_now(self.session.user, "publish", will.topic):
+                # the will was allowed at CONNECT; the user's grants of now decide whether it goes out
+                log.info("MQTT will of %r not published: its user may no longer publish on %r",
+                         self.session.client_id, will.topic[:128])
+                return
             now_ms = await self.services.clock.now_ms()
             await self.services.core.shared.publish(
                 will.topic, [will.payload], qos=min(will.qos, 1),
                 headers=headers_of(will.qos, will.retain, will.properties, now_ms), retain=will.retain,
                 producer=self.session.client_id)
-        except FenceMQError as exc:
+        except (FenceMQError, RedisError) as exc:
             log.info("MQTT will of %r not published: %s", self.session.client_id, exc)

@@ -38,7 +38,7 @@ import anyio
 import anyio.abc
 from redis.exceptions import RedisError
 
-from fencemq.errors import EvictingRedis, FenceMQError, Full, NoPermission
+from fencemq.errors import EvictingRedis, FenceMQError, Full, LimitExceeded, NoPermission, WrongPassword
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.protocol.mqtt.client_ids import session_name
 from fencemq.protocol.mqtt.codec import MQTT_5
@@ -52,11 +52,12 @@ from fencemq.protocol.mqtt.session import MqttServerSession
 from fencemq.server.mqtt.messages import (
     headers_of,
 )
-from fencemq.server.mqtt.delivery import MqttDelivery, MqttSubscription
+from fencemq.server.mqtt.delivery import MqttDelivery, MqttSubscription, filter_of
 from fencemq.server.mqtt.departure import MqttDeparture
 from fencemq.server.mqtt.resumption import MqttResumption
 from fencemq.server.mqtt.state import InFlight, MqttSessionState, dedup_id
 from fencemq.server.mqtt.subscribing import MqttSubscribing
+from fencemq.server.gate import Pass
 from fencemq.server.session import Session
 
 log = logging.getLogger(__name__)
@@ -65,16 +66,24 @@ READ_SIZE = 65536
 
 
 class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumption):
-    def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str) -> None:
+    def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str, gate_pass: Pass | None = None) -> None:
         self.worker, self.services, self.verbs = worker, worker.services, worker.verbs
         self.config = worker.config
+        self.gate = self.services.gate
         self.stream = stream
-        limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s)
+        # the gate's budgets: the time to an accepted CONNECT, and its size before authentication
+        limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s,
+                                  connect_timeout=self.gate.connect_timeout_s,
+                                  maximum_connect_size=self.gate.preauth_max_bytes)
         self.mqtt = MqttServerSession(limits, now=time.monotonic())
+        self.revoked_filters: tuple[str, ...] = ()  # a resumed session's, its user may no longer subscribe to
+        self.gate_pass = gate_pass or Pass("mqtt", "")
+        self.gate_pass.shut_out = self._shut_out
         self.session = Session(self.services, token, watch_for_hangup=self._no_hangup_watch,
-                               end_connection=self._taken_over)
+                               end_connection=self._taken_over, gate_pass=self.gate_pass)
         self.token = token
         self.write_lock = anyio.Lock()
+        self.output_turn = anyio.Lock()
         self.quota_freed = anyio.Event()
         self.subscriptions: dict[str, MqttSubscription] = {}  # by topic filter as the client sent it
         self.in_flight: dict[int, InFlight] = {}  # packet id -> the delivery sent with it
@@ -97,6 +106,11 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
 
     def _taken_over(self) -> None:
         self._handle_later(self.mqtt.take_over())
+
+    def _shut_out(self) -> None:
+        """The gate ends this connection (its user's record changed): DISCONNECT 0x98 (5.0), then close."""
+        if self.tasks is not None and not self.mqtt.closed:
+            self.tasks.start_soon(self._disconnect, ReasonCode.ADMINISTRATIVE_ACTION)
 
     # The worker holds its MQTT connections beside its RESP ones (Worker.connections): it keeps
     # their sessions' leases alive, cuts one whose session is gone, and drains them on shutdown.
@@ -146,10 +160,24 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
                 await self._session_over()
 
     async def _read(self) -> None:
+        began: float | None = None  # when the packet still unfinished began (the gate's request timeout)
         while not self.mqtt.closed:
-            try:
-                data = await self.stream.receive(READ_SIZE)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            wait = float("inf")
+            if self.mqtt.mid_packet:
+                began = began or time.monotonic()
+                wait = max(0.0, began + self.gate.request_timeout_s - time.monotonic())
+            else:
+                began = None
+            data = None
+            with anyio.move_on_after(wait):
+                try:
+                    data = await self.stream.receive(READ_SIZE)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    data = b""
+            if not data:
+                if data is None:
+                    log.info("closing MQTT connection %s: a packet unfinished for %d ms", self.token,
+                             self.config.request_timeout_ms)
                 await self._handle(self.mqtt.connection_lost())
                 break
             await self._handle_and_flush(self.mqtt.receive_bytes(data, time.monotonic()))
@@ -170,10 +198,7 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         async with self.write_lock:
             data = self.mqtt.outbound()
             if data:
-                try:
-                    await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
+                await self._write(data)
 
     async def _handle_and_flush(self, events: list[MqttEvent]) -> None:
         try:
@@ -244,22 +269,28 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
 
     async def _connect(self, event: ConnectRequested) -> None:
         session = self.session
-        if self.services.config.needs_auth:
-            user = None
-            if event.password is not None:
-                user = await self.verbs._authenticate(event.username or "default", event.password)
-            if user is None:
-                self.mqtt.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD)
-                return
-            session.authed, session.user = True, user
+        refusal = await self._admitted(event)
+        if self.mqtt.closed:
+            return  # the connect timeout ran out while the gate made it wait
+        if refusal is not None:
+            self.mqtt.refuse(refusal)
+            return
         name = session_name(event.client_id)  # any UTF-8 identifier, as a FenceMQ session name
         self.mqtt_state = MqttSessionState(self.services.redis, self.services.keys, name)
         try:
-            await session.bind(name, anonymous=False, takeover=True, fresh=event.clean_start)
+            revoked = await session.bind(name, anonymous=False, takeover=True, fresh=event.clean_start,
+                                         tell_revoked=False)
         except FenceMQError as exc:
             log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
             self.mqtt.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
             return
+        if revoked:
+            # its user may no longer subscribe to these: left, and told in the CONNACK (5.0)
+            log.info("MQTT session %r resumed without %d subscriptions its user may no longer hold",
+                     event.client_id, len(revoked))
+            self.revoked_filters = tuple(filter_of(h) for h in revoked)
+            for filt in self.revoked_filters:
+                await self.mqtt_state.unsubscribed(filt)
         self.protocol_level = event.protocol_level
         self.expiry = self._granted_expiry(event.protocol_level, event.session_expiry_interval)
         if event.will is not None:
@@ -267,12 +298,34 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         # what the client sent right behind its CONNECT (a SUBSCRIBE, say) waited for the accept
         await self._handle(await self._take_up(event))
 
+    async def _admitted(self, event: ConnectRequested) -> int | None:
+        """The gate's answer to a CONNECT: None (let in), or the CONNACK reason code that refuses it."""
+        gate = self.gate
+        user = None
+        if gate.needs_auth:
+            if event.password is None:
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            try:
+                user = await gate.log_in(self.gate_pass, event.username, event.password)
+            except WrongPassword:
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            except LimitExceeded as exc:
+                log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
+                return ReasonCode.QUOTA_EXCEEDED
+            self.session.authed = True
+        if event.will is not None and not gate.allows(user, "publish", event.will.topic):
+            # a will is a publish, checked now and again when it goes out (MQTT-3.1.2-… as Mosquitto)
+            log.info("MQTT CONNECT of %r refused: %s (its will)", event.client_id,
+                     user.missing("publish", event.will.topic) if user else "")
+            return ReasonCode.NOT_AUTHORIZED
+        return None
+
     async def _published(self, run: list[MessagePublished]) -> None:
         """PUBLISHes to one topic that one read brought: published together, each packet checked as
         if alone and acknowledged with its own reason code, in order (MQTT-4.6.0-2)."""
         first = run[0]
         try:
-            self.verbs._may(self.session, "publish", first.topic)
+            self.gate.check(self.session.user, "publish", first.topic)
         except NoPermission:
             outcomes: list[Any] = [NoPermission("")] * len(run)
         else:

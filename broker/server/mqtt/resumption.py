@@ -29,7 +29,7 @@ from fencemq.fences import session_index
 from fencemq.model.keys import Handle
 from fencemq.protocol.mqtt.events import ConnectRequested, MqttEvent
 from fencemq.protocol.mqtt.session import MqttServerSession
-from fencemq.server.mqtt.delivery import MqttSubscription
+from fencemq.server.mqtt.delivery import MqttSubscription, filter_of
 from fencemq.server.mqtt.state import MqttSessionState, Saved
 from fencemq.server.services import Services
 from fencemq.server.session import Session
@@ -46,6 +46,7 @@ class MqttResumption:
     releasing: set[int]
     completed: dict[int, int]
     nonce: str
+    revoked_filters: tuple[str, ...]
     tasks: anyio.abc.TaskGroup | None
 
     _start_delivery: Callable[[str, MqttSubscription], None]
@@ -71,9 +72,11 @@ class MqttResumption:
         saved = await self.mqtt_state.load(fresh=False)
         self.nonce, self.completed = saved.nonce, saved.completed
         releasing = await self._hand_back(holding, saved)
+        # (5.0) the subscriptions its user may no longer hold, that the gate dropped, are told here
+        told = tuple(("subscription-revoked", filt) for filt in self.revoked_filters)
         pipelined = self.mqtt.accept(
             time.monotonic(), session_present=self.session.resumed or bool(held or saved.in_flight or releasing),
-            inbound_releases=frozenset(saved.recorded))
+            inbound_releases=frozenset(saved.recorded), user_properties=told)
         self.mqtt.outbound_flows.reserve(list(self.resumed_ids.values()))
         for packet_id in sorted(releasing):  # received before the connection dropped: complete the handshake
             self.mqtt.resend_release(packet_id)
@@ -81,9 +84,8 @@ class MqttResumption:
         if releasing:
             await self._flush()
         for handle in held:  # its subscriptions deliver again, with their options
-            owner = handle.queue.owner or ""
-            shared = owner.startswith("$share/")
-            filt = f"{owner}/{handle.queue.topic}" if shared else handle.queue.topic
+            shared = (handle.queue.owner or "").startswith("$share/")
+            filt = filter_of(handle)
             options: Any = json.loads(saved.options[filt]) if filt in saved.options else DEFAULT_OPTIONS
             qos, no_local, rap, ident = options
             self._start_delivery(filt, MqttSubscription(handle, qos, shared, no_local, rap, ident))

@@ -3,7 +3,8 @@
 A mixin of fencemq.server.mqtt.listener.MqttConnection. A filter (wildcards or not) is a
 filter subscription with a mailbox, ``$share/{group}/{filter}`` a shared group's member; the
 subscription's options are written to the session before it is made (mqtt/state.py), and a
-new subscriber gets the retained messages as its Retain Handling says.
+new subscriber gets the retained messages as its Retain Handling says. Each filter is the gate's
+first (fencemq.server.gate): its names, the user's subscribe grant, max_subscriptions.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from typing import Any
 
 import anyio.abc
 
-from fencemq.errors import FenceMQError
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission
 from fencemq.model.keys import Handle
-from fencemq.model.topics import matches
 from fencemq.protocol.mqtt.events import SubscribeRequested, UnsubscribeRequested
 from fencemq.protocol.mqtt.reasons import ReasonCode
 from fencemq.protocol.mqtt.session import MqttServerSession
@@ -50,9 +50,9 @@ class MqttSubscribing:
             if request.refusal is not None:
                 codes.append(request.refusal)
                 continue
-            user = self.session.user
-            if user is not None and not user.may_subscribe(request.filter):
-                codes.append(ReasonCode.NOT_AUTHORIZED)
+            refusal = await self._gate_refusal(client, request.topic_filter, request.filter)
+            if refusal is not None:
+                codes.append(refusal)
                 continue
             qos, options = request.granted_qos, request.options
             shared = request.share_group is not None
@@ -87,12 +87,31 @@ class MqttSubscribing:
             codes.append(qos)
         self.mqtt.complete_subscribe(event.packet_id, codes)
 
+    async def _gate_refusal(self, client: str, topic_filter: str, filt: str) -> int | None:
+        """The gate's answer to one filter of a SUBSCRIBE: None, or the reason code that refuses it
+        (a name of the broker's, a grant that does not cover the filter, max_subscriptions)."""
+        gate = self.services.gate
+        try:
+            gate.check_target(topic_filter)
+            gate.check(self.session.user, "subscribe", filt)
+            if topic_filter not in self.subscriptions:  # (each one granted is counted in Redis)
+                await gate.check_subscriptions(client)
+        except BadArgument:
+            return ReasonCode.TOPIC_FILTER_INVALID
+        except NoPermission:
+            return ReasonCode.NOT_AUTHORIZED
+        except LimitExceeded:
+            return ReasonCode.QUOTA_EXCEEDED
+        return None
+
     async def _send_retained(self, handle: Handle, filt: str) -> None:
-        stored = await self.services.redis.hgetall(self.services.keys.retained)
-        bodies = [as_sent_for_subscribe(body) for topic, body in stored.items() if matches(filt, topic.decode())]
-        publishing = self.services.core.shared.publishing
-        for start in range(0, len(bodies), self.config.max_batch):
-            await publishing.append(handle.queue, bodies[start:start + self.config.max_batch])
+        """The retained messages the filter matches (and no other: fences/retained.py), as sent
+        because of a SUBSCRIBE (RETAIN 1, MQTT-3.3.1-9)."""
+        shared, batch = self.services.core.shared, self.config.max_batch
+        async for bodies in shared.retained.matching(filt):
+            for start in range(0, len(bodies), batch):
+                await shared.publishing.append(handle.queue, [as_sent_for_subscribe(b)
+                                                              for b in bodies[start:start + batch]])
 
     async def _unsubscribe(self, event: UnsubscribeRequested) -> None:
         codes = []
