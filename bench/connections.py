@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.attacks import rss
+from bench.attack_harness import rss
 from bench.crowd import Crowd, mqtt_connect, mqtt_publish
 from bench.harness import ROOT, git_commit
 from bench.stats import percentiles_ms, proc_cpu_s
