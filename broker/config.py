@@ -27,6 +27,10 @@ class Config:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     metrics_port: int | None = None
+    # What a PUB's ids and an ACK's reply promise (fences/durability.py, docs/operations.md):
+    # local | replicas=N (WAIT) | aof (WAITAOF) | aof+replicas=N; past the timeout: UNCONFIRMED
+    durability: str = "local"
+    durability_timeout_ms: int = 1000
     # The sampled gauges (server/metrics.py): how often, how many queues a sample reads at most, and
     # how many series: one per topic (the largest backlogs first) plus the lmqs with the largest backlogs.
     metrics_sample_ms: int = 15_000

@@ -121,6 +121,18 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float
         time.sleep(interval)
 
 
+def long_polls_parked(w: WorkerThread, n: int = 1, timeout: float = 10.0) -> None:
+    """Wait until ``n`` long polls (PULL/TAKE … BLOCK) wait on worker ``w`` for a publish to wake them.
+
+    A test of the wake-up must publish after that: published earlier, the PULL finds the message at
+    once and the test never sees a wake-up (a sleep "until it is parked" guessed at it)."""
+    def parked() -> bool:
+        waiters = list(w.worker.services.wakeups.waiters.values())
+        return sum(len(s) for s in waiters) >= n
+
+    wait_for(parked, timeout, 0.005, what=f"{n} long poll(s) parked on the worker")
+
+
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]

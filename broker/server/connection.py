@@ -30,7 +30,7 @@ from fencemq.errors import FenceMQError
 from fencemq.protocol.request_reader import RequestReader
 from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
 from fencemq.server.gate import Pass
-from fencemq.server.messaging_verbs import ClientGone
+from fencemq.server.long_poll import ClientGone
 from fencemq.server.pipeline import Pipeline
 from fencemq.server.services import Services
 from fencemq.server.session import Session

@@ -33,12 +33,14 @@ from redis.exceptions import RedisError
 from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.core import Core
-from fencemq.fences.redis_client import limit_connections, open_redis, servers_of
+from fencemq.fences.durability import Durability
+from fencemq.fences.redis_client import limit_connections, servers_of
 from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, serve_sockets, shedding
 from fencemq.server.connection import ClientConnection
 from fencemq.server.services import Services
+from fencemq.server.startup import ready_services
 from fencemq.server.sweeper import Sweeper
 from fencemq.server.tls import client_tls
 from fencemq.server.verbs import Verbs
@@ -55,6 +57,7 @@ class Worker:
             raise BadArgument("a worker needs redis_url (fencemq serve starts an embedded Redis when none is given)")
         self.config = config
         self.tls = client_tls(config)  # a bad TLS setting fails here, before anything starts
+        Durability.parse(config.durability, config.durability_timeout_ms)  # as does a bad durability
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.port: int | None = None
         self.mqtt_port: int | None = None  # where MQTT clients connect, when config.mqtt_port asks for it
@@ -68,18 +71,22 @@ class Worker:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         files = file_limit.budget()
-        redis = await open_redis(self.config.redis_url, max_connections=files.redis_pool)
+
+        async def check_memory(services: Services) -> None:
+            services.core.ctx.memory.on_sample = metrics.memory_sampled
+            await services.core.ctx.memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
+
+        # waits for Redis (down, loading, failing over, NOREPLICAS), saying so
+        redis, services = await ready_services(self.config, self.id, max_connections=files.redis_pool,
+                                               prepare=check_memory)
         link = RedisLink.for_client(redis)  # the fences' calls, pipelined on one connection (not on a Cluster)
         spare = SpareDescriptor()
         try:
             self.spare = spare
             self._fit_open_files(redis, files)
-            self.services = services = Services.over(redis, self.config, self.id)
+            self.services: Services = services
             services.core.fences.link = link
-            await services.handles.load(redis, services.keys.handle_secret)
             memory = services.core.ctx.memory
-            memory.on_sample = metrics.memory_sampled
-            await memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)

@@ -46,8 +46,8 @@ pytestmark = [pytest.mark.usefixtures("spark"), pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="session")
 def spark():
-    session = build_session("local[2]", shuffle_partitions=2,
-                            conf={"spark.ui.showConsoleProgress": "false"})
+    session = build_session("local[2]", shuffle_partitions=2,  # every snapshot here is small: a JVM for short jobs
+                            conf={"spark.ui.showConsoleProgress": "false"}, small_input=True)
     yield session
     session.stop()
 
@@ -560,6 +560,26 @@ def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analy
     assert not [t for t in spark.catalog.listTables() if t.name.startswith("fencemq_journal_")]
     assert not Path("spark-warehouse").exists()
     assert len(list((snapshot_dir / "journal.parquet").iterdir())) == 8
+
+
+def test_a_small_snapshot_gives_the_same_tables_with_the_settings_for_small_inputs_as_without(
+        spark, analysis, snapshot_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings for small inputs (one partition, no adaptive plans, no generated code) are an
+    optimisation: held against the settings every larger snapshot runs with."""
+    from fencemq.spark import session
+
+    summary, out = analysis
+    assert session.is_small(snapshot_dir)
+    monkeypatch.setattr(session, "SMALL_ROWS", -1)  # as if it were large
+    assert not session.is_small(snapshot_dir)
+    settings = {key: spark.conf.get(key, None) for key in session.SMALL_INPUT_CONF}
+    large = analyze(spark, snapshot_dir, tmp_path / "large", report=False)
+    assert large["totals"] == summary["totals"] and large["audit"] == summary["audit"]
+    for name in RESULT_TABLES:
+        def rows(directory: Path) -> list[tuple]:
+            return sorted((tuple(sorted((k, repr(v)) for k, v in r.items())) for r in result(directory, name)))
+        assert rows(tmp_path / "large") == rows(out), name
+    assert {key: spark.conf.get(key, None) for key in session.SMALL_INPUT_CONF} == settings, "settings left behind"
 
 
 async def lite_churn_workload(url: str) -> None:

@@ -9,7 +9,6 @@ import queue
 import shutil
 import subprocess
 import threading
-import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -163,10 +162,16 @@ def test_mosquitto_pub_and_sub_talk_through_the_worker(w) -> None:
     port = str(w.worker.mqtt_port)
     sub = subprocess.Popen(["mosquitto_sub", "-p", port, "-t", "cli/#", "-q", "1", "-C", "1", "-W", "10"],
                            stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)
-    subprocess.run(["mosquitto_pub", "-p", port, "-t", "cli/x", "-q", "1", "-m", "hello"], check=True, timeout=10)
+    # mosquitto_sub says nothing when it has subscribed: publish until it has the message (one published
+    # before its SUBSCRIBE reaches no one), instead of guessing how long subscribing takes
+    while sub.poll() is None:
+        subprocess.run(["mosquitto_pub", "-p", port, "-t", "cli/x", "-q", "1", "-m", "hello"], check=True, timeout=10)
+        try:
+            sub.wait(0.3)
+        except subprocess.TimeoutExpired:
+            pass
     out, _ = sub.communicate(timeout=15)
-    assert out.strip() == "hello"
+    assert sub.returncode == 0 and out.strip() == "hello"
 
 
 def test_a_tls_worker_serves_mqtt_over_tls_with_the_same_certificates(redis_url, tmp_path) -> None:
@@ -184,8 +189,10 @@ def test_a_tls_worker_serves_mqtt_over_tls_with_the_same_certificates(redis_url,
         c.loop_start()
         try:
             assert connected.wait(10), "no CONNACK over TLS"
+            subscribed = threading.Event()
+            c.on_subscribe = lambda *_a: subscribed.set()
             c.subscribe("secure/#", qos=1)
-            time.sleep(0.3)
+            assert subscribed.wait(10), "no SUBACK over TLS"  # published before it, the message reaches no one
             c.publish("secure/x", b"sealed", qos=1).wait_for_publish(10)
             assert got.get(timeout=10) == b"sealed"
         finally:
