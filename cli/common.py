@@ -93,6 +93,15 @@ def unreachable_message(url: str, exc: BaseException | None) -> str:
     return f"cannot reach Redis at {shown}{why}; is Redis running at {shown}? set --redis-url or {ENV_REDIS_URL}"
 
 
+def async_client(url: str, cluster: bool):
+    """The asyncio client the operator commands use (the URL has answered connect() already). With
+    connect(), the one place the CLI makes a client from a URL."""
+    from redis.asyncio import Redis, RedisCluster
+
+    kind = RedisCluster if cluster else Redis
+    return kind.from_url(url, socket_connect_timeout=3, socket_timeout=30)
+
+
 def connect(url: str, **kwargs: object) -> redis.Redis:
     """A redis-py client that has answered PING; CliError(code 2) otherwise.
 

@@ -126,11 +126,12 @@ def long_polls_parked(w: WorkerThread, n: int = 1, timeout: float = 10.0) -> Non
 
     A test of the wake-up must publish after that: published earlier, the PULL finds the message at
     once and the test never sees a wake-up (a sleep "until it is parked" guessed at it)."""
-    def parked() -> bool:
-        waiters = list(w.worker.services.wakeups.waiters.values())
-        return sum(len(s) for s in waiters) >= n
+    wait_for(lambda: parked_long_polls(w) >= n, timeout, 0.005, what=f"{n} long poll(s) parked on the worker")
 
-    wait_for(parked, timeout, 0.005, what=f"{n} long poll(s) parked on the worker")
+
+def parked_long_polls(w: WorkerThread) -> int:
+    """How many long polls wait on worker ``w`` now (one that ended, its client gone, no longer counts)."""
+    return sum(len(s) for s in list(w.worker.services.wakeups.waiters.values()))
 
 
 def free_port() -> int:

@@ -29,7 +29,7 @@ from fencemq.server import metrics
 from fencemq.server.gate import Pass
 from fencemq.server.services import Services
 from fencemq.server.session import Session
-from fencemq.server.messaging_verbs import ClientGone
+from fencemq.server.long_poll import ClientGone
 from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
