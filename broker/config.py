@@ -19,6 +19,7 @@ class Config:
     # Clean Session 0 (a session that "never expires") gets
     mqtt_max_session_expiry_s: int = 7 * 24 * 3600
     mqtt_default_session_expiry_s: int = 24 * 3600
+    mqtt_server_keep_alive_s: int = 0  # 5.0: the Server Keep Alive every client is given (0: its own Keep Alive)
     users: bool = False  # clients must AUTH as a user of `fencemq user` (ops/users.py), with its permissions
     # TLS for clients: a certificate chain and its key make the worker listen
     # with TLS only; a CA file also requires client certificates signed by it.
