@@ -105,8 +105,8 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         self.draining = False  # the worker shuts down: nothing new is sent
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
-    async def _no_hangup_watch(self, scope: anyio.CancelScope) -> None:
-        await anyio.sleep_forever()  # MQTT verbs never wait inside the session: the reader runs all along
+    def _no_hangup_watch(self, scope: anyio.CancelScope | None) -> None:
+        pass  # MQTT verbs never wait inside the session: the reader runs all along
 
     def _taken_over(self) -> None:
         self._handle_later(self.mqtt.take_over())
