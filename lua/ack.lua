@@ -15,6 +15,8 @@
 -- KEYS[10] dead
 -- KEYS[11] journal
 -- KEYS[12] wake
+-- KEYS[13] totals         the broker's totals (lib/totals.lua)
+-- KEYS[14] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] idle_ttl_ms     of an lmq (0 = a plain topic)
@@ -70,10 +72,11 @@ end
 if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch, nil, true) end
 if #settled > 0 then
   remove_checkouts(K, settled, owned, size)
+  tally(K, 'acked', #settled)
   reclaim_if_idle(K, tonumber(A.idle_ttl_ms))
   flush_journal(K)
 end
 -- Any settle attempt shows the consumer is alive: it is no longer suspected,
 -- even when every tag it holds had expired (else it could never recover).
-if clear_suspicion(K.meta, g, m) then redis.call('SPUBLISH', K.wake, 'alive') end
+if clear_suspicion(K, g, m) then redis.call('SPUBLISH', K.wake, 'alive') end
 return #settled

@@ -11,7 +11,9 @@
 -- KEYS[7] delayed
 -- KEYS[8] wake
 -- KEYS[9] journal
--- KEYS[10..] mailboxes    one per member named in ARGV, in the same order
+-- KEYS[10] totals         the broker's totals (lib/totals.lua)
+-- KEYS[11] backlogs
+-- KEYS[12..] mailboxes    one per member named in ARGV, in the same order
 -- ARGV[1] default_lock_ms  the lease of a shared group's mailbox entries (lib/shared.lua)
 -- ARGV[2] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
 -- ARGV[3] intent_ms       how old that intent may be

@@ -12,6 +12,8 @@
 -- KEYS[8] wake
 -- KEYS[9] journal
 -- KEYS[10] mailbox        the member's push mailbox
+-- KEYS[11] totals         the broker's totals (lib/totals.lua)
+-- KEYS[12] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] max

@@ -10,6 +10,8 @@
 -- KEYS[6] ready
 -- KEYS[7] wake
 -- KEYS[8] journal
+-- KEYS[9] totals         the broker's totals (lib/totals.lua)
+-- KEYS[10] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] by              who evicts (written in the marker)

@@ -12,6 +12,8 @@
 -- KEYS[8] dead
 -- KEYS[9] wake
 -- KEYS[10] journal
+-- KEYS[11] totals         the broker's totals (lib/totals.lua)
+-- KEYS[12] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] delay_ms        0 = now
@@ -48,11 +50,14 @@ for _, tag in ipairs(A.tags) do
     if not discard then
       if not release and maxfail > 0 and fail >= maxfail then
         local body = redis.call('HGET', K.log, c.id)
-        if body then redis.call('RPUSH', K.dead, cmsgpack.pack({c.id, g, m, c.acq, fail, now, body})) end
+        if body then
+          redis.call('RPUSH', K.dead, cmsgpack.pack({c.id, g, m, c.acq, fail, now, body}))
+          add_total(K, DEAD, 1)
+        end
         dead = dead + 1
         journal(now, 'dead', g, m, c.id, c.tag, c.epoch, fail)
       elseif delay > 0 then
-        redis.call('ZADD', K.delayed, now + delay, ready_member(g, c.id, c.acq, fail))
+        add_total(K, DELAYED, redis.call('ZADD', K.delayed, now + delay, ready_member(g, c.id, c.acq, fail)))
       else
         requeue(K, c, fail)
         woke = true
@@ -60,8 +65,10 @@ for _, tag in ipairs(A.tags) do
     end
   end
 end
+tally(K, 'nacked', returned)
+tally(K, 'dead_lettered', dead)
 -- alive, even if every tag had expired: a long poll it has waiting may receive again
-if clear_suspicion(K.meta, g, m) then woke = true end
+if clear_suspicion(K, g, m) then woke = true end
 flush_journal(K)
 if woke then redis.call('SPUBLISH', K.wake, 'nack') end
 return {returned, dead, (delay > 0 and not discard and returned > dead) and now + delay or -1}

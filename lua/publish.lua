@@ -17,6 +17,8 @@
 -- KEYS[11] ready
 -- KEYS[12] delayed
 -- KEYS[13] waiters
+-- KEYS[14] totals         the broker's totals (lib/totals.lua)
+-- KEYS[15] backlogs
 -- ARGV[1] maxlen          messages to retain (0 = unbounded)
 -- ARGV[2] maxage_ms       age to retain (0 = unbounded)
 -- ARGV[3] dedup_window_ms
@@ -120,8 +122,16 @@ for i = 1, np, 2 do pairs_[i] = texts[pairs_[i] - first_new + 1] end
 if new_ids then journal_batch(now, 'pub', nil, nil, new_ids) end
 
 redis.call('HSET', K.log, unpack(pairs_))
-if redis.call('HSETNX', K.meta, 'first', 1) == 1 then redis.call('HSET', K.meta, 'ct', now) end
+if redis.call('HSETNX', K.meta, 'first', 1) == 1 then
+  redis.call('HSET', K.meta, 'ct', now)
+  count_queue(K, 1)
+end
 redis.call('HSET', K.meta, 'seq', seq, 'wt', now, 'jcap', A.journal_cap)
+local added = seq - first_new + 1
+tally(K, 'published', added)
+redis.call('HINCRBY', K.totals, 'published|' .. queue_entry(K), added)
+local groups = redis.call('HGET', K.meta, 'groups')
+if groups then add_total(K, READY, added * #split(groups, '\n')) end
 
 -- Retention trims from the head only, whatever the messages' state: a
 -- consumer that later reaches a trimmed id skips it (documented in docs/).
@@ -140,7 +150,10 @@ if maxlen > 0 or maxage > 0 then
     first = first + 1
     budget = budget - 1
   end
-  if first ~= start then redis.call('HSET', K.meta, 'first', first) end
+  if first ~= start then
+    count_trimmed(K, start, first)
+    redis.call('HSET', K.meta, 'first', first)
+  end
 end
 
 if idle_ttl > 0 then revive(K) end

@@ -14,6 +14,8 @@
 -- KEYS[9] mailbox         the member's push mailbox (a pull member has none)
 -- KEYS[10] waiters        the queue's waiting long polls (lib/waiters.lua)
 -- KEYS[11] wake           its channel ('leave' gives messages back: others may look)
+-- KEYS[12] totals         the broker's totals (lib/totals.lua)
+-- KEYS[13] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] count

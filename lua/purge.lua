@@ -11,6 +11,8 @@
 -- KEYS[7] dedup
 -- KEYS[8] dedup_ids
 -- KEYS[9] journal
+-- KEYS[10] totals         the broker's totals (lib/totals.lua)
+-- KEYS[11] backlogs
 -- ARGV[1] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- Returns: {seq, {group, cursor before, unread dropped, returned dropped,
 --   delayed dropped, checkouts left, ...}} (six entries per group, in the
@@ -44,7 +46,7 @@ for _, member in ipairs(redis.call('ZRANGE', K.delayed, 0, -1)) do
   stale[#stale + 1] = member
 end
 for i = 1, #stale, 1000 do
-  redis.call('ZREM', K.delayed, unpack(stale, i, math.min(i + 999, #stale)))
+  add_total(K, DELAYED, -redis.call('ZREM', K.delayed, unpack(stale, i, math.min(i + 999, #stale))))
 end
 
 local out = {}
@@ -54,7 +56,8 @@ for _, g in ipairs(groups) do
   if cur < first then cur = first end
   local unread = math.max(0, seq - cur + 1)
   local returned = redis.call('ZLEXCOUNT', K.ready, '[' .. g .. SEP, '(' .. g .. '\1')
-  if returned > 0 then redis.call('ZREMRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1') end
+  if returned > 0 then add_total(K, READY, -redis.call('ZREMRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1')) end
+  add_total(K, READY, -unread)
   local held = redis.call('ZLEXCOUNT', K.owned, '[' .. g .. SEP, '(' .. g .. '\1')
   redis.call('HSET', K.meta, gf(g, CURSOR), seq + 1)
   local dropped = unread + returned + (delayed[g] or 0)

@@ -6,6 +6,8 @@
 -- KEYS[2] checkouts
 -- KEYS[3] deadlines
 -- KEYS[4] wake
+-- KEYS[5] totals          the broker's totals (lib/totals.lua: a suspicion cleared)
+-- KEYS[6] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] lock_ms         0 = the member's or the queue's
@@ -35,5 +37,5 @@ for _, tag in ipairs(A.tags) do
   end
 end
 -- alive, even if every tag had expired: a long poll it has waiting may receive again
-if clear_suspicion(K.meta, g, m) then redis.call('SPUBLISH', K.wake, 'alive') end
+if clear_suspicion(K, g, m) then redis.call('SPUBLISH', K.wake, 'alive') end
 return {renewed, deadline}

@@ -15,6 +15,8 @@
 -- KEYS[8] dedup_ids
 -- KEYS[9] wake
 -- KEYS[10] journal
+-- KEYS[11] totals         the broker's totals (lib/totals.lua)
+-- KEYS[12] backlogs
 -- ARGV[1] count           replay at most this many
 -- ARGV[2] scan_limit      examine at most this many dead letters, from the head (the oldest)
 -- ARGV[3] idle_ttl_ms     of an lmq (0 = a plain topic)
@@ -80,7 +82,7 @@ while #gone < count and examined < limit do
           local member = ready_member(g, id, acq, 0)
           local queued = redis.call('ZRANGEBYLEX', K.ready, '[' .. g .. SEP .. pad(id) .. SEP,
                                     '(' .. g .. SEP .. pad(id) .. '\1', 'LIMIT', 0, 1)
-          if #queued == 0 then redis.call('ZADD', K.ready, 0, member) end
+          if #queued == 0 then add_total(K, READY, redis.call('ZADD', K.ready, 0, member)) end
         end
         journal(now, 'replay', g, m, id, nil, nil, acq)
         replayed[#replayed + 1] = id; replayed[#replayed + 1] = g; replayed[#replayed + 1] = m or ''
@@ -93,6 +95,7 @@ while #gone < count and examined < limit do
 end
 
 if #gone > 0 then
+  add_total(K, DEAD, -#gone)
   if prefix then
     -- The replayed dead letters are the head of the list: drop them in one go.
     redis.call('LTRIM', K.dead, #gone, -1)

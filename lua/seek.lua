@@ -12,6 +12,8 @@
 -- KEYS[7] delayed
 -- KEYS[8] wake
 -- KEYS[9] journal
+-- KEYS[10] totals         the broker's totals (lib/totals.lua)
+-- KEYS[11] backlogs
 -- ARGV[1] group
 -- ARGV[2] member          who seeks: it must be the group's active member
 -- ARGV[3] operator        1: an operator's seek, which needs no membership

@@ -21,6 +21,8 @@
 -- KEYS[10] dedup_ids
 -- KEYS[11] dead
 -- KEYS[12] journal
+-- KEYS[13] totals         the broker's totals (lib/totals.lua)
+-- KEYS[14] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] mode            asked for ('' = the group's, or default_mode for a new group)
@@ -92,7 +94,8 @@ if not existing_mode then
   elseif kind == 'id' then cur = math.min(math.max(from_arg, first), seq + 1)
   elseif kind == 'time' then cur = first_at_or_after(K.log, first, seq, from_arg)
   else cur = first end
-  redis.call('HSETNX', K.meta, 'first', 1)
+  if redis.call('HSETNX', K.meta, 'first', 1) == 1 then count_queue(K, 1) end
+  add_total(K, READY, unread_of(cur, first, seq))
   redis.call('HSETNX', K.meta, 'seq', 0)
   redis.call('HSETNX', K.meta, 'ct', now)
   redis.call('HSET', K.meta, gf(g, MODE), mode, gf(g, POLICY), policy, gf(g, EPOCH), epoch, gf(g, CURSOR), cur,
@@ -106,6 +109,7 @@ if not existing_mode then
 end
 
 if not f[8] then
+  count_consumers(K, 1)
   revive(K)
   local list = members_of(K.meta, g)
   list[#list + 1] = m
@@ -124,6 +128,7 @@ for field, value in pairs(settings) do
     unset[#unset + 1] = mf(g, m, field)
   end
 end
+uncount_member(K, g, m)
 redis.call('HDEL', K.meta, unpack(unset))
 redis.call('HSET', K.meta, unpack(set))
 if A.capacity ~= '' then push_list_add(K.meta, g, m) else push_list_remove(K.meta, g, m) end

@@ -11,6 +11,8 @@
 -- KEYS[7] delayed
 -- KEYS[8] wake
 -- KEYS[9] journal
+-- KEYS[10] totals         the broker's totals (lib/totals.lua)
+-- KEYS[11] backlogs
 -- ARGV[1] limit           at most this many expired checkouts per call
 -- Returns: {next due (-1 = nothing pending), returned,
 --           {{group, member, {expired tags}, new active member or '', 1 if newly suspected}, ...}}
@@ -32,6 +34,7 @@ for _, tag in ipairs(expired) do
   local c = take_checkout(K, tag)
   if c then
     requeue(K, c, c.fail)
+    tally(K, 'timeouts', 1)
     journal(now, 'timeout', c.group, c.member, c.id, tag, c.epoch)
     local key = c.group .. SEP .. c.member
     if not by_member[key] then
@@ -51,6 +54,7 @@ for _, key in ipairs(order) do
   if redis.call('HEXISTS', K.meta, mf(g, m, DELIVERED)) == 1 then
     if redis.call('HSETNX', K.meta, mf(g, m, SUSPECTED), now) == 1 then
       newly = 1
+      tally(K, 'suspected', 1)
       journal(now, 'suspect', g, m)
     end
     local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER))

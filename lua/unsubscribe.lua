@@ -15,6 +15,8 @@
 -- KEYS[11] dead
 -- KEYS[12] journal
 -- KEYS[13] mailbox        the member's push mailbox
+-- KEYS[14] totals         the broker's totals (lib/totals.lua)
+-- KEYS[15] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] how             'cancel' (UNSUB: a push member's mailbox is cleared and

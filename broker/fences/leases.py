@@ -26,14 +26,14 @@ from fencemq.model.values import text
 
 _LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
 
-PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake",
+PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake totals backlogs",
              "group member count default_lock_ms intent_at intent_ms look wid since wait_ms")
-ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal wake",
+ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal wake totals backlogs",
             "group member idle_ttl_ms", argv_rest="tags")
-NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal", "group member delay_ms discard max_failures release",
+NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs", "group member delay_ms discard max_failures release",
              argv_rest="tags")
-RENEW = fence("renew", "meta checkouts deadlines wake", "group member lock_ms default_lock_ms", argv_rest="tags")
-SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
+RENEW = fence("renew", "meta checkouts deadlines wake totals backlogs", "group member lock_ms default_lock_ms", argv_rest="tags")
+SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal totals backlogs", "limit")
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 

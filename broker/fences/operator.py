@@ -1,4 +1,4 @@
-"""The operator's fences: purge a queue, replay dead letters, snapshot a queue.
+"""The operator's fences: purge a queue, replay or discard dead letters, snapshot a queue.
 
 Their callers are in the operator layer (broker/ops/): this module only
 declares how they are called, beside every other fence's spec.
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from fencemq.fences.registry import fence
 
-PURGE = fence("purge", "meta log checkouts owned ready delayed dedup dedup_ids journal", "idle_ttl_ms")
-REPLAY_DEAD = fence("replay_dead", "meta log checkouts ready delayed dead dedup dedup_ids wake journal",
+PURGE = fence("purge", "meta log checkouts owned ready delayed dedup dedup_ids journal totals backlogs", "idle_ttl_ms")
+REPLAY_DEAD = fence("replay_dead", "meta log checkouts ready delayed dead dedup dedup_ids wake journal totals backlogs",
                     "count scan_limit idle_ttl_ms")
+DISCARD_DEAD = fence("discard_dead", "meta dead totals backlogs", "position entry")
 SNAPSHOT = fence("snapshot", "meta log checkouts deadlines owned ready delayed dead journal", "max_log max_journal digest",
                  keys_rest="mailboxes")

@@ -24,7 +24,8 @@ from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body
 from fencemq.model.values import text
 
-PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal checkouts deadlines owned ready delayed waiters",
+PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal checkouts deadlines owned ready delayed waiters "
+                "totals backlogs",
                 "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap spans intent_at intent_ms default_lock_ms",
                 argv_rest="messages")
 

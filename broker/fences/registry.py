@@ -39,6 +39,7 @@ from importlib import resources
 from time import perf_counter
 from typing import Any
 
+from redis.asyncio import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -281,8 +282,11 @@ class FenceSpec:
     def __post_init__(self) -> None:
         SPECS[self.name] = self
 
-    def key_list(self, keys: Any, extra: Mapping[str, str], rest: Sequence[str]) -> list[str]:
-        out = [extra[n] if n in extra else getattr(keys, n) for n in self.keys]
+    def key_list(self, keys: Any, extra: Mapping[str, str], rest: Sequence[str], sharded: bool = False) -> list[str]:
+        """The call's KEYS; ``sharded`` (a Cluster): the broker's totals of the queue's slot
+        (``slot_totals``…) for those the header names ``totals`` and ``backlogs``."""
+        names = _sharded(self.keys) if sharded else self.keys
+        out = [extra[n] if n in extra else getattr(keys, n) for n in names]
         if rest and self.keys_rest is None:
             raise TypeError(f"fence {self.name} takes no variadic keys")
         return [*out, *rest]
@@ -295,6 +299,15 @@ class FenceSpec:
         if rest and self.argv_rest is None:
             raise TypeError(f"fence {self.name} takes no variadic arguments")
         return [*(named[n] for n in self.argv), *rest]
+
+
+# Keys a Cluster keeps per slot (lua/lib/totals.lua): the header's name -> the QueueKeys attribute
+SLOT_KEYS = {"totals": "slot_totals", "backlogs": "slot_backlogs"}
+
+
+@cache
+def _sharded(names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(SLOT_KEYS.get(n, n) for n in names)
 
 
 def fence(name: str, keys: str, argv: str, *, keys_rest: str | None = None, argv_rest: str | None = None) -> FenceSpec:
@@ -311,6 +324,8 @@ class Fences:
 
     def __init__(self, redis: Any, durability: Durability | None = None) -> None:
         self.redis = redis
+        # A Cluster keeps the broker's totals per slot (lua/lib/totals.lua), a single server in one place
+        self.sharded = isinstance(redis, RedisCluster)
         # What a PUB's ids and an ACK's reply wait for (fences/durability.py); local: nothing.
         self.durability = durability if durability is not None else Durability()
         # Set by a worker: its fence calls go over one pipelined connection (fencemq.fences.redis_link)
@@ -351,7 +366,7 @@ class Fences:
 
     async def run(self, spec: FenceSpec, keys: Any, *, extra_keys: Mapping[str, str] | None = None,
                   keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
-        return await self.call(spec.name, spec.key_list(keys, extra_keys or {}, keys_rest),
+        return await self.call(spec.name, spec.key_list(keys, extra_keys or {}, keys_rest, self.sharded),
                                spec.arg_list(args, args_rest))
 
     async def run_many(self, spec: FenceSpec, calls: Sequence[tuple[Any, Mapping[str, str], Sequence[str],
@@ -371,7 +386,8 @@ class Fences:
 
         On NOSCRIPT only the calls that met it run again (once their fences are
         loaded): a call that ran is never run twice."""
-        return await self._run_calls([(spec.name, spec.key_list(keys, extra, rest), spec.arg_list(args, args_rest))
+        return await self._run_calls([(spec.name, spec.key_list(keys, extra, rest, self.sharded),
+                                       spec.arg_list(args, args_rest))
                                       for spec, keys, extra, rest, args, args_rest in calls])
 
     async def _run_calls(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
@@ -416,7 +432,7 @@ class Fences:
         """A fence call and a GET of another slot's key in one round trip (a pipeline; on a
         Cluster redis-py sends each to its master at once): (the fence's reply, the value).
         The fence's coded error is raised; NOSCRIPT loads the fence and runs it alone again."""
-        key_list = spec.key_list(keys, {}, ())
+        key_list = spec.key_list(keys, {}, (), self.sharded)
         script = self.scripts[spec.name]
         started = perf_counter()
         (reply, value), confirmations, nodes = await self._execute_many(

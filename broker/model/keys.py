@@ -15,10 +15,11 @@ described in docs/data-model.md.
 from __future__ import annotations
 
 import base64
+import binascii
 import re
 from urllib.parse import unquote
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import msgpack
 
@@ -99,6 +100,60 @@ def queue_ref(qid: str) -> QueueRef:
     return QueueRef(unquote(topic), unquote(lmq))
 
 
+SLOTS = 16384
+_TAG_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+_slot_tags: dict[int, str] = {}
+
+
+def key_slot(key: str) -> int:
+    """The Cluster slot of a key (its hash tag's, when it has one), as Redis computes it."""
+    data = key.encode()
+    start = data.find(b"{")
+    if start >= 0:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return binascii.crc_hqx(data, 0) % SLOTS
+
+
+def slot_tag(slot: int) -> str:
+    """A four-character hash tag of that slot: names a key of the slot's own, as the totals of a
+    Cluster's slot (lua/lib/totals.lua). CRC16 is linear (no initial value): the tag ``h + t`` hashes to
+    crc(h + NUL NUL) XOR crc(t), so a tail ``t`` is looked up for each head ``h`` in turn (a dozen
+    lookups per slot, the first match in a fixed order: every process finds the same tag)."""
+    tag = _slot_tags.get(slot)
+    if tag is None:
+        heads, tails = _tag_halves()
+        for head, value in heads:
+            tail = tails.get(slot ^ value)
+            if tail is not None:
+                tag = _slot_tags[slot] = head + tail
+                break
+        else:  # pragma: no cover - 1,296 heads cover every slot
+            raise AssertionError(f"no hash tag found for slot {slot}")
+    return tag
+
+
+@cache
+def _tag_halves() -> tuple[list[tuple[str, int]], dict[int, str]]:
+    pairs = [a + b for a in _TAG_ALPHABET for b in _TAG_ALPHABET]
+    heads = [(h, binascii.crc_hqx(h.encode() + b"\0\0", 0) % SLOTS) for h in pairs]
+    tails: dict[int, str] = {}
+    for t in pairs:
+        tails.setdefault(binascii.crc_hqx(t.encode(), 0) % SLOTS, t)
+    return heads, tails
+
+
+def _slot_name(base: str, tag: str) -> str:
+    prefix, _, name = base.rpartition(":")
+    return f"{prefix}:{{{tag}}}:{name}"
+
+
+def slot_key(base: str, key: str) -> str:
+    """``base`` (``<prefix>:totals``) of the slot ``key`` is in: ``<prefix>:{<slot tag>}:totals``."""
+    return _slot_name(base, slot_tag(key_slot(key)))
+
+
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
     """All keys of one queue; every one carries the same hash tag."""
@@ -116,6 +171,18 @@ class QueueKeys:
     journal: str  # list: capped event journal
     wake: str  # sharded pub/sub channel: "something became ready"
     waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
+    # The broker's totals the fences keep (lua/lib/totals.lua): one hash and one zset for the whole
+    # broker on a single server; on a Cluster the pair of the queue's slot (slot_totals, slot_backlogs)
+    totals: str  # hash: figures and events, broker-wide and per entry
+    backlogs: str  # zset: entry (a topic, a lite topic, a filter queue) -> messages ready
+
+    @property
+    def slot_totals(self) -> str:
+        return slot_key(self.totals, self.meta)
+
+    @property
+    def slot_backlogs(self) -> str:
+        return slot_key(self.backlogs, self.meta)
 
     def mailbox(self, group: str, member: str) -> str:
         return f"{self.meta}:mb:{escape(group)}:{escape(member)}"
@@ -166,7 +233,24 @@ class Keyspace:
             journal=base + ":jr",
             wake=base + ":wake",
             waiters=base + ":lp",
+            totals=self.totals,
+            backlogs=self.backlogs,
         )
+
+    @property
+    def totals(self) -> str:
+        """Hash: the broker's totals on a single server (QueueKeys.slot_totals on a Cluster)."""
+        return f"{self.prefix}:totals"
+
+    @property
+    def backlogs(self) -> str:
+        """Zset: each entry's messages ready, on a single server (QueueKeys.slot_backlogs on a Cluster)."""
+        return f"{self.prefix}:backlogs"
+
+    def slot_keys(self, name: str) -> list[str]:
+        """``totals`` or ``backlogs`` of every Cluster slot (what a Cluster's totals are summed from)."""
+        base = getattr(self, name)
+        return [_slot_name(base, slot_tag(slot)) for slot in range(SLOTS)]
 
     def topic(self, topic: str) -> str:
         """Hash: the topic's kind (plain or lite) and its configuration."""
@@ -234,6 +318,11 @@ class Keyspace:
         """Hash: Redis node ``host:port`` -> JSON {role, primary, seen_ms}: the nodes the health watcher
         saw (a replica that is gone is shown down until forgotten); ops/redis_health.py."""
         return f"{self.prefix}:redis:nodes"
+
+    @property
+    def worker_figures(self) -> str:
+        """Hash: worker id -> its open connections, noted at each health sample (server/health_watch.py)."""
+        return f"{self.prefix}:workers:figures"
 
     @property
     def health_watcher(self) -> str:

@@ -322,6 +322,7 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
         for qid, fields, groups, leased, held, ready, delayed, dead in parsed:
             seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
             backlogs, owners, members, suspected, marked, unread = [], [], 0, 0, 0, []
+            flagged = []  # (group, member, fields) of the members suspected or fenced off
             for g, group in groups.items():
                 returned = next(counts)
                 cursor = max(_int(group.get(meta.CURSOR), first), first)
@@ -333,6 +334,8 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
                 members += len(group["members"])
                 suspected += sum(1 for m in group["members"].values() if meta.SUSPECTED_SINCE in m)
                 marked += sum(1 for m in group["members"].values() if meta.MARKER in m)
+                flagged += [(g, m, f) for m, f in group["members"].items()
+                            if meta.SUSPECTED_SINCE in f or meta.MARKER in f]
             wt = _int(fields.get(meta.LAST_WRITE), None)
             rows.append({
                 **queue_info(qid),
@@ -350,6 +353,7 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
                 "dead_letters": int(dead),
                 "suspected": suspected,
                 "evicted": marked,
+                "flagged": flagged,
                 "last_write_ms": wt,
                 "idle_s": _in_s(now, wt) if wt is not None else None,
             })

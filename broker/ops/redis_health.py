@@ -189,7 +189,15 @@ def parse_cluster_nodes(reply: Any) -> list[dict[str, Any]]:
 async def remembered_nodes(redis: Any, keys: Keyspace) -> dict[str, dict[str, Any]]:
     """The nodes the health watcher has seen (``redis_nodes``): address -> {role, primary, seen_ms}."""
     out = {}
-    for k, v in (await redis.hgetall(keys.redis_nodes)).items():
+    # (HSCAN, not HGETALL: a background reader stays out of what HGETALL's statistics measure)
+    found: dict[Any, Any] = {}
+    cursor = 0
+    while True:
+        cursor, part = await redis.hscan(keys.redis_nodes, cursor, count=1000)
+        found.update(part)
+        if int(cursor) == 0:
+            break
+    for k, v in found.items():
         try:
             out[text(k)] = json.loads(v)
         except ValueError:

@@ -26,7 +26,9 @@ from redis.exceptions import RedisError
 from fencemq.errors import FenceMQError
 from fencemq.fences.memory import ALARM as ALARM_FENCE
 from fencemq.fences.memory import read_alarms
-from fencemq.ops import alarm_rules
+from fencemq.model.values import text
+from fencemq.ops import alarm_rules, history, totals
+from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import queue_rows
 from fencemq.ops.redis_health import HealthReader, remembered_nodes
 from fencemq.server import metrics
@@ -68,6 +70,8 @@ class HealthWatch:
 
     async def sample(self) -> None:
         self.watching = await self._hold_lease()
+        # this worker's connections, for the overview's count (the watcher forgets those of workers gone)
+        await self.redis.hset(self.keys.worker_figures, self.s.worker_id, self.s.gate.connections)
         on = await read_alarms(self.redis, self.keys)
         if self.watching:
             on = await self.judge_broker(on)
@@ -87,6 +91,7 @@ class HealthWatch:
 
     async def judge_broker(self, on: list[Any]) -> list[Any]:
         now = await self.s.clock.now_ms()
+        await self.record_history(now)
         health = await self.reader.read()
         self.health = health
         metrics.redis_health_read(health)
@@ -101,6 +106,10 @@ class HealthWatch:
                         self.config.worker_forget_ms // 60_000)
         listed = [w for w in workers if w[0] not in stale]
         wanted += alarm_rules.worker_alarms(listed, now, self.config)
+        gone = [w for w in map(text, await self.redis.hkeys(self.keys.worker_figures))
+                if w not in {x for x, _ in listed}]
+        if gone:
+            await self.redis.hdel(self.keys.worker_figures, *gone)
         # a worker's own alarm outlives it when it drains or dies: the watcher clears those of unlisted workers
         for name in sorted(a.name for a in on if a.kind in alarm_rules.OWN and a.node not in {w for w, _ in listed}):
             log.warning("%s alarm cleared: its worker is gone", name)
@@ -153,19 +162,35 @@ class HealthWatch:
         if not qids:
             return None
         rows = await queue_rows(self.redis, self.keys, qids)
-        firsts = await metrics.oldest_pending_ms(self.redis, self.keys, [r for r in rows if r])
+        firsts = await oldest_pending_ms(self.redis, self.keys, [r for r in rows if r])
         if not firsts:
             return None
         qid = min(firsts, key=lambda q: firsts[q])
         return qid, firsts[qid]
 
     async def backlog_queues(self) -> list[str]:
-        """The queues with the largest backlogs (once the fences keep counters of them)."""
-        return []
+        """The queues (not lite topics) with the largest backlogs, from the counters the fences keep."""
+        return [e for e, _ in await totals.largest_backlogs(self.redis, self.keys, 20) if not e.startswith("l:")]
+
+    async def record_history(self, now: int) -> None:
+        """A point of the broker's history for each series that is due (ops/history.py)."""
+        due = await history.due(self.redis, self.keys, now)
+        if not due:
+            return
+        figures: dict[str, int] = await totals.read_totals(self.redis, self.keys)
+        figures["sessions"] = int(await self.redis.zcount(self.keys.sessions, now, "+inf"))
+        figures["connections"] = sum(int(v) for v in await self.redis.hvals(self.keys.worker_figures))
+        await history.record(self.redis, self.keys, due, now, figures)
 
     async def dead_lettered_lately(self, now: int) -> int | None:
-        """Messages dead-lettered within the last alarm_dead_letter_window_ms (once counted)."""
-        return None
+        """Messages dead-lettered within the last alarm_dead_letter_window_ms: the counter now less its
+        value in the history's newest point at least that old (None while the history is shorter)."""
+        window = self.config.alarm_dead_letter_window_ms
+        series = next((s for s in history.SERIES if s.range_ms >= window), history.SERIES[-1])
+        then = await history.value_at(self.redis, self.keys, series, "dead_lettered", now - window)
+        if then is None:
+            return None
+        return max(0, (await totals.read_totals(self.redis, self.keys))["dead_lettered"] - then)
 
 
 def _noted(rec: dict[str, Any] | None, n: Any, now: int) -> bool:

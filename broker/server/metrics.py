@@ -19,6 +19,7 @@ from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from redis.exceptions import RedisError
 
 from fencemq.model.keys import Keyspace
+from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import now_ms, queue_rows, scan_queues
 from fencemq.ops.redis_health import HealthReader
 
@@ -137,50 +138,6 @@ def memory_sampled(guard: Any) -> None:
 
 def observe_fence(name: str, seconds: float) -> None:
     FENCE_SECONDS.labels(name).observe(seconds)
-
-
-async def oldest_pending_ms(redis: Any, keys: Keyspace, rows: list[dict[str, Any]]) -> dict[str, int]:
-    """Publish time of each queue's oldest message not yet acknowledged by every group.
-
-    That message is the lowest of: each group's cursor (its next unread id), the
-    first returned message waiting in ``rd``, and the checkout due first (an
-    approximation of the oldest checkout that costs one lookup, not a scan; likewise
-    ``rd``'s first entry is its first group's oldest).
-    """
-    firsts: dict[str, int] = {}
-    async with redis.pipeline(transaction=False) as pipe:
-        for row in rows:
-            k = keys.queue_by_id(row["qid"])
-            pipe.zrange(k.ready, 0, 0)
-            pipe.zrange(k.deadlines, 0, 0)
-        replies = await pipe.execute() if rows else []
-    async with redis.pipeline(transaction=False) as pipe:
-        asked = []
-        for i, row in enumerate(rows):
-            ready, due = replies[2 * i : 2 * i + 2]
-            candidates = [row["oldest_unread"]] if row.get("oldest_unread") is not None else []
-            if ready:
-                candidates.append(int(ready[0].split(b"\0")[1]))
-            if due:
-                k = keys.queue_by_id(row["qid"])
-                pipe.hget(k.checkouts, due[0])
-                asked.append((row["qid"], candidates, True))
-            else:
-                asked.append((row["qid"], candidates, False))
-        checkout_replies = iter(await pipe.execute()) if any(a[2] for a in asked) else iter(())
-    async with redis.pipeline(transaction=False) as pipe:
-        looked = []
-        for qid, candidates, has_due in asked:
-            if has_due and (record := next(checkout_replies)):
-                candidates.append(int(record.split(b"\0")[2]))
-            if candidates:
-                pipe.hget(keys.queue_by_id(qid).log, min(candidates))
-                looked.append(qid)
-        entries = await pipe.execute() if looked else []
-    for qid, entry in zip(looked, entries, strict=True):
-        if entry:
-            firsts[qid] = int(entry.split(b":", 1)[0])  # the publish ms the fence stamped
-    return firsts
 
 
 async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int) -> None:

@@ -131,6 +131,7 @@ class Worker:
                     background.cancel_scope.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
+                await redis.hdel(services.keys.worker_figures, self.id)
         finally:
             with anyio.CancelScope(shield=True):
                 if link is not None:

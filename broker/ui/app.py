@@ -38,7 +38,7 @@ from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.values import text
 from fencemq.ops.operations import now_ms
-from fencemq.ops import inspection, maintenance, operations, overview
+from fencemq.ops import dashboard, history, inspection, maintenance, operations, overview
 from fencemq.ops.users import UserStore
 from fencemq.server.gate import Gate, Pass
 from fencemq.ui import charts, formatting
@@ -103,12 +103,25 @@ class UI(UIGate):
     # -- the pages' data (shared by the page and its stream) -----------------------------------
 
     async def overview_data(self, request: Request) -> dict[str, Any]:
+        p = request.query_params
+        series = history.BY_NAME.get(p.get("range") or "5m")
+        if series is None:
+            raise BadArgument(f"range is one of {', '.join(history.BY_NAME)}")
+        sort = p.get("sort") or "backlog"
+        if sort not in dashboard.SORTS:
+            raise BadArgument(f"sort is one of {', '.join(dashboard.SORTS)}")
+        desc = p.get("order") != "asc"
         self.sampler.want()
         if self.sampler.stale:  # the first look, or the first after the sampler paused
             await self.sampler.sample(self.redis)
-        history = list(self.sampler.history)
-        window = (history[-1]["t"] - history[0]["t"]) / 60_000 if len(history) > 1 else 0.0
-        return {"snap": self.sampler.latest, "history": history, "window_min": window, "error": self.sampler.error}
+        snap = self.sampler.latest
+        assert snap is not None
+        points = await history.read(self.redis, self.keys, series, snap["now_ms"])
+        audit = {name: history.counted_within(points, counter)
+                 for name, counter in (("nack", "nacked"), ("timeout", "timeouts"), ("dead_letter", "dead_lettered"))}
+        return {"snap": snap, "history": points, "range": series, "ranges": history.SERIES, "audit": audit,
+                "start_ms": snap["now_ms"] - series.range_ms, "sort": sort, "desc": desc,
+                "busiest": dashboard.sort_rows(snap["busiest"], sort, desc), "error": self.sampler.error}
 
     async def alarms_data(self, request: Request) -> dict[str, Any]:
         now = await now_ms(self.redis)

@@ -1,9 +1,11 @@
 """The overview's sampler: one per process, whatever the number of open pages.
 
-Rates are differences between two samples, so someone has to keep the
-previous one: a task started with the app samples every ``interval`` seconds
-(server-side: a browser never asks for a refresh), keeps the last
-``history_s`` seconds for the charts, and wakes every open overview stream.
+The totals' rates are differences between two samples, so someone has to
+keep the previous one: a task started with the app samples every
+``interval`` seconds (server-side: a browser never asks for a refresh),
+every Redis node's health and the alarms with it, and wakes every open
+overview stream. The charts are drawn from the history the workers keep in
+Redis (ops/history.py), read for each page.
 Other pages' streams re-read their own page at the same interval. Nobody
 looking at an overview for a minute: the sampler pauses (the charts then have
 a gap) until the next one opens.
@@ -13,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from typing import Any
 
 import anyio
 
 from fencemq.model.keys import Keyspace
 from fencemq.fences.memory import read_alarms
-from fencemq.ops.overview import OverviewState, overview_sample
+from fencemq.ops.dashboard import OverviewState, overview_sample
 from fencemq.ops.redis_health import Health, HealthReader
 
 log = logging.getLogger("fencemq.ui")
@@ -28,12 +29,11 @@ IDLE_AFTER_S = 60.0  # no overview open for this long: the sampler waits for the
 
 
 class Sampler:
-    def __init__(self, keys: Keyspace, interval: float = 2.0, history_s: float = 600.0,
-                 lease_ms: int | None = None, url: str | None = None) -> None:
+    def __init__(self, keys: Keyspace, interval: float = 2.0, lease_ms: int | None = None,
+                 url: str | None = None) -> None:
         self.keys, self.interval, self.lease_ms, self.url = keys, interval, lease_ms, url
         self.reader: HealthReader | None = None  # every Redis node's health, read with each sample
         self.state = OverviewState()
-        self.history: deque[dict[str, Any]] = deque(maxlen=max(2, int(history_s / interval)))
         self.latest: dict[str, Any] | None = None
         self.sampled_at = 0.0
         self.error: str | None = None
@@ -49,8 +49,6 @@ class Sampler:
         self.latest = snap
         self.sampled_at = time.monotonic()
         self.error = None
-        if snap["interval_s"]:
-            self.history.append({"t": snap["now_ms"], **snap["rates"], "backlog": snap["backlog"]})
         self.version += 1
         self._changed.set()
         self._changed = anyio.Event()

@@ -5,6 +5,7 @@
 -- found in O(its own).
 --@include lib/meta.lua
 --@include lib/journal.lua
+--@include lib/totals.lua
 --
 -- Encodings (docs/data-model.md; broker/model/records.py reads them):
 --   checkout record  group NUL member NUL id NUL epoch NUL acquisitions NUL failures
@@ -49,6 +50,7 @@ end
 -- all the queue has, its three keys go whole (a listpack deletes field by
 -- field, each a scan); an entry of another checkout cannot be among them.
 local function remove_checkouts(K, tags, owned, size)
+  add_total(K, OUT, -#tags)
   if size == #tags then
     redis.call('DEL', K.checkouts, K.deadlines, K.owned)
     return
@@ -68,6 +70,7 @@ local function take_checkout(K, tag)
   redis.call('HDEL', K.checkouts, tag)
   redis.call('ZREM', K.deadlines, tag)
   redis.call('ZREM', K.owned, c.group .. SEP .. c.member .. SEP .. tag)
+  add_total(K, OUT, -1)
   return c
 end
 
@@ -77,7 +80,7 @@ end
 
 -- Put a returned message back where it was in id order, ahead of newer ones.
 local function requeue(K, c, fail)
-  redis.call('ZADD', K.ready, 0, ready_member(c.group, c.id, c.acq, fail))
+  add_total(K, READY, redis.call('ZADD', K.ready, 0, ready_member(c.group, c.id, c.acq, fail)))
 end
 
 -- Tags a member holds, in O(its own checkouts).
@@ -112,8 +115,10 @@ end
 local function promote_delayed(K, now)
   local due = redis.call('ZRANGEBYSCORE', K.delayed, '-inf', now, 'LIMIT', 0, 1000)
   if #due > 0 then
-    for _, member in ipairs(due) do redis.call('ZADD', K.ready, 0, member) end
-    redis.call('ZREM', K.delayed, unpack(due))
+    local added = 0
+    for _, member in ipairs(due) do added = added + redis.call('ZADD', K.ready, 0, member) end
+    add_total(K, READY, added)
+    add_total(K, DELAYED, -redis.call('ZREM', K.delayed, unpack(due)))
   end
   return #due
 end
@@ -134,8 +139,10 @@ end
 -- group whose members all timed out never deadlocks.
 -- Returns true when the member was suspected: a long poll it has waiting
 -- may receive again (the caller wakes the queue's channel).
-local function clear_suspicion(meta, g, m)
-  return redis.call('HDEL', meta, mf(g, m, SUSPECTED)) == 1
+local function clear_suspicion(K, g, m)
+  if redis.call('HDEL', K.meta, mf(g, m, SUSPECTED)) == 0 then return false end
+  tally(K, 'suspected', -1)
+  return true
 end
 
 -- A fence that makes leases runs under a lease intent that listed its queue
@@ -173,7 +180,7 @@ local function take_next(K, g, count, now)
   local taken = {}
   local returned = redis.call('ZRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1', 'LIMIT', 0, count)
   if #returned > 0 then
-    redis.call('ZREM', K.ready, unpack(returned))
+    add_total(K, READY, -redis.call('ZREM', K.ready, unpack(returned)))
     for _, member in ipairs(returned) do
       local p = split(member, SEP)
       local id = tonumber(p[2])
@@ -196,6 +203,7 @@ local function take_next(K, g, count, now)
       if bodies[i] then taken[#taken + 1] = {nil, cur + i - 1, 1, bodies[i], 0, texts[i]} end
     end
     redis.call('HSET', K.meta, gf(g, CURSOR), cur + want)
+    add_total(K, READY, -want)
   end
   return taken
 end
@@ -214,6 +222,7 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
 
   local base = next_tags(K.meta, n_taken) - n_taken
   redis.call('HINCRBY', K.meta, mf(g, m, DELIVERED), n_taken)
+  tally(K, 'delivered', n_taken)
   local tags = int_strs(base + 1, n_taken)
   local ep_text = SEP .. int_str(ep) .. SEP
   local first_tail = ep_text .. '1' .. SEP .. '0'  -- a first delivery: one acquisition, no failure
@@ -224,9 +233,11 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
   local journaling = journal_on(K)
   local marks = journaling and {} or nil
   local gm = g .. SEP .. m .. SEP
+  local again = 0  -- redeliveries: a second acquisition or more
   for i = 1, n_taken do
     local t, tag = taken[i], tags[i]
     local body = t[4]
+    if t[3] > 1 then again = again + 1 end
     if member_qos == 0 or string.byte(body, string.find(body, ':', 1, true) + 1) == 48 then  -- '0': QoS 0
       t[1] = 'q' .. tag
       if marks then marks[i] = 'q' end
@@ -248,7 +259,9 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
     for i = 1, n_taken do ids[i], tag_nums[i], acqs[i] = taken[i][2], base + i, taken[i][3] end
     journal_batch(now, 'out', g, m, ids, tag_nums, marks, ep, acqs)
   end
+  tally(K, 'redelivered', again)
   if n == 0 then return taken end
+  add_total(K, OUT, n / 2)
   redis.call('HSET', K.checkouts, unpack(records))
   if deadline then redis.call('ZADD', K.deadlines, unpack(deadlines)) end
   redis.call('ZADD', K.owned, unpack(owned))

@@ -45,7 +45,7 @@ end
 -- the tags returned.
 local function mark_evicted(K, g, m, by, kind)
   local returned = return_member_checkouts(K, g, m)
-  redis.call('HSET', K.meta, mf(g, m, MARKER), by)
+  if redis.call('HSET', K.meta, mf(g, m, MARKER), by) == 1 then tally(K, 'fenced', 1) end
   count_churn(K, g, kind, now_ms(), kind == CHURN_PREEMPT and {m, by} or {m})
   return returned
 end
@@ -98,7 +98,9 @@ end
 local function reclaim_if_idle(K, ttl_ms)
   if not ttl_ms or ttl_ms <= 0 then return end
   local settled = redis.call('HLEN', K.checkouts) == 0
+  -- (dead letters wait for an operator: an lmq holding some is never reclaimed)
   local idle = settled and redis.call('ZCARD', K.ready) == 0 and redis.call('ZCARD', K.delayed) == 0
+    and redis.call('LLEN', K.dead) == 0
   if idle then
     local top = read_meta(K.meta, {'seq', 'groups', 'first'})
     local seq, groups, first = tonumber(top[1] or '0'), top[2], tonumber(top[3] or '1')
@@ -114,6 +116,9 @@ local function reclaim_if_idle(K, ttl_ms)
     if read_by_all and not rewinds then drop_consumed(K, first, read_by_all) end
   end
   if settled then compact_meta(K.meta) end
+  -- an lmq set to be reclaimed counts as gone; one that is not any more, back
+  local armed = redis.call('PTTL', K.meta) >= 0
+  if idle ~= armed then count_queue(K, idle and -1 or 1) end
   -- Every key an lmq can have but mailboxes (gone with their members).
   for _, name in ipairs(LMQ_KEYS) do
     local key = K[name]
@@ -128,7 +133,8 @@ end
 -- and lose it together, so a meta hash without a TTL means none has one
 -- (expired keys are gone together too: the script's clock stands still).
 local function revive(K)
-  if redis.call('PTTL', K.meta) == -1 then return end
+  if redis.call('PTTL', K.meta) < 0 then return end
+  count_queue(K, 1)
   for _, name in ipairs(LMQ_KEYS) do
     if K[name] then redis.call('PERSIST', K[name]) end
   end

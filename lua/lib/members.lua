@@ -33,7 +33,9 @@ local function release_ownership(K, g, m)
 end
 
 local function remove_member(K, g, m)
+  uncount_member(K, g, m)
   for _, field in ipairs(MEMBER_FIELDS) do redis.call('HDEL', K.meta, mf(g, m, field)) end
+  count_consumers(K, -1)
   local rest = {}
   for _, other in ipairs(members_of(K.meta, g)) do
     if other ~= m then rest[#rest + 1] = other end

@@ -13,13 +13,13 @@ end
 -- Forget the group's returned and delayed messages: its cursor moved.
 -- Cost: O(the queue's delayed messages).
 local function clear_group_backlog(K, g)
-  redis.call('ZREMRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1')
+  add_total(K, READY, -redis.call('ZREMRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1'))
   local prefix = g .. SEP
   local stale = {}
   for _, member in ipairs(redis.call('ZRANGE', K.delayed, 0, -1)) do
     if string.sub(member, 1, #prefix) == prefix then stale[#stale + 1] = member end
   end
-  if #stale > 0 then redis.call('ZREM', K.delayed, unpack(stale)) end
+  if #stale > 0 then add_total(K, DELAYED, -redis.call('ZREM', K.delayed, unpack(stale))) end
 end
 
 local function published_at(body)
@@ -45,6 +45,9 @@ local function move_cursor(K, g, cur)
   release_group_checkouts(K, g, false)
   clear_group_backlog(K, g)
   local epoch = redis.call('HINCRBY', K.meta, gf(g, EPOCH), 1)
+  local f = redis.call('HMGET', K.meta, gf(g, CURSOR), 'first', 'seq')
+  local first, seq = tonumber(f[2] or '1'), tonumber(f[3] or '0')
+  add_total(K, READY, unread_of(cur, first, seq) - unread_of(tonumber(f[1] or first), first, seq))
   redis.call('HSET', K.meta, gf(g, CURSOR), cur)
   return epoch
 end

@@ -54,10 +54,13 @@ local function put_back(K, g, taken, from)
     if t[3] == 1 then
       if not back_to or t[2] < back_to then back_to = t[2] end
     else
-      redis.call('ZADD', K.ready, 0, ready_member(g, t[2], t[3] - 1, t[5]))
+      add_total(K, READY, redis.call('ZADD', K.ready, 0, ready_member(g, t[2], t[3] - 1, t[5])))
     end
   end
-  if back_to then redis.call('HSET', K.meta, gf(g, CURSOR), back_to) end
+  if back_to then
+    add_total(K, READY, tonumber(redis.call('HGET', K.meta, gf(g, CURSOR))) - back_to)
+    redis.call('HSET', K.meta, gf(g, CURSOR), back_to)
+  end
 end
 
 -- Has some group of the queue something it could take now (a message past

@@ -44,6 +44,7 @@ from fencemq.errors import FenceMQError
 from fencemq.model.keys import Handle, QueueRef
 from fencemq.model.messages import unpack_delivery
 from fencemq.fences.core import Core
+from fencemq.ops import totals
 from tests.helpers import direct_async, in_cluster_mode
 from tests.reference import (
     SEP,
@@ -389,6 +390,12 @@ class Harness:
         dues += [v for x, v in s["dly"].items() if not delayed[x].due]
         if dues:
             assert s["schedule"] is not None and s["schedule"] <= min(dues), "the queue's sweep is scheduled too late"
+
+        # The broker's totals the fences keep (lua/lib/totals.lua) equal a full count of the queue.
+        counted = self.d.run(totals.full_count(self.d.redis, self.q.keys))
+        kept = self.d.run(totals.read_totals(self.d.redis, self.q.keys))
+        assert {k: kept[k] for k in counted["totals"]} == counted["totals"], "the totals drifted from a full count"
+        assert self.d.run(totals.counted_entries(self.d.redis, self.q.keys, [QREF.qid])) == counted["entries"]
 
 
 # -- the state machine -----------------------------------------------------------------------

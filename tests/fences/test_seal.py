@@ -54,11 +54,16 @@ def refused(code: str, c, *command: Any) -> str:
     return str(info.value)
 
 
+# what the health watcher of a running worker rewrites on its own (server/health_watch.py, ops/history.py)
+HEALTH_WATCH = {k.encode() for k in (KEYS.redis_nodes, KEYS.worker_figures, KEYS.health_watcher, KEYS.alarms)}
+
+
 def dump(r: redis.Redis) -> dict[bytes, Any]:
     """Every key's value, but the ones a worker's timers rewrite on their own."""
     out = {}
     for key in r.scan_iter(count=1000):
-        if key in (KEYS.workers.encode(), KEYS.sessions.encode(), KEYS.schedule.encode()):
+        if key in (KEYS.workers.encode(), KEYS.sessions.encode(), KEYS.schedule.encode()) or \
+                key in HEALTH_WATCH or key.startswith(b"fmq:history:"):
             continue
         kind = r.type(key)
         out[key] = {b"hash": r.hgetall, b"list": lambda k: r.lrange(k, 0, -1), b"set": r.smembers,

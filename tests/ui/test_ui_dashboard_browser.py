@@ -3,21 +3,37 @@ appear on an open page when their condition holds and clear when it ends, withou
 
 from __future__ import annotations
 
+import json
+import random
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis
 
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.ui.app import UI
 from fencemq.ui.serving import DashboardThread
-from tests.helpers import wait_for, worker
+from fencemq.model.keys import Keyspace
+from fencemq.ops import totals
+from tests.helpers import direct_async, wait_for, worker
+from tests.ops.test_totals import SETTINGS, Workload, run_async
 from tests.ui.test_ui_browser import browser, tab  # noqa: F401 - the browser fixtures
 
 pytestmark = pytest.mark.browser
 FAST = {"memory_sample_ms": 100, "health_sample_ms": 100}
 
 
-def opened(tab, url: str) -> object:  # noqa: F811 - the fixture, passed in
+async def full(url: str) -> dict[str, Any]:
+    r = direct_async(url)
+    try:
+        return await totals.full_count(r, Keyspace("fmq"))
+    finally:
+        await r.aclose()
+
+
+def opened(tab, url: str) -> Any:  # noqa: F811 - the fixture, passed in
     w = tab()
     w.page.goto(url)
     w.page.wait_for_function("document.getElementById('live').dataset.updates !== '0'", timeout=10_000)
@@ -71,3 +87,61 @@ def test_a_stopped_replica_shows_on_the_open_alarms_page_and_its_return_clears_i
                 assert w.errors == []
         finally:
             replica.stop()
+
+
+def card(page: Any, k: str) -> int:
+    return int(page.inner_text(f"[data-k='{k}']").replace(",", ""))
+
+
+def test_the_overview_cards_equal_a_full_count_of_the_broker_after_a_random_workload(redis_url: str, tab) -> None:  # noqa: F811
+    with worker(redis_url, **SETTINGS) as w, DashboardThread(UI(redis_url, interval=0.2)) as d:
+        load = Workload(redis_url, w.port, random.Random(7))
+        try:
+            for _ in range(250):
+                load.step()
+        finally:
+            load.close()
+        # the clients are gone: their sessions end (members leave, what they held goes back), then all is still
+        r = redis.Redis.from_url(redis_url)
+        wait_for(lambda: r.zcard("fmq:sessions") == 0, timeout=20, what="the workload's sessions to end")
+        r.close()
+        counted = run_async(full(redis_url))["totals"]
+        page = opened(tab, d.url).page
+        page.wait_for_function("document.getElementById('live').dataset.updates !== '0'")
+        shown = {k: card(page, k) for k in ("ready", "out", "delayed", "dead", "retained", "queues", "consumers")}
+        assert shown == {k: counted[k] for k in shown}
+        assert shown["ready"] > 0 and shown["queues"] > 0
+        assert f"{counted['suspected']} suspected, {counted['fenced']} fenced off" in page.inner_text(".counts")
+
+
+def seed_history(r: Any, now_ms: int) -> None:
+    """Points as the health watcher writes them: an hour of 30 s points, five minutes of 5 s points."""
+    def point(t: int, i: int) -> str:
+        return json.dumps({"t": t, "published": 100 * i, "delivered": 90 * i, "acked": 80 * i, "redelivered": i,
+                           "ready": i, "out": 2, "delayed": 0, "dead": 0})
+    r.delete("fmq:history:5m", "fmq:history:1h")
+    for i in range(60):
+        r.lpush("fmq:history:5m", point(now_ms - (60 - i) * 5_000, i))
+    for i in range(120):
+        r.lpush("fmq:history:1h", point(now_ms - (120 - i) * 30_000, 3 * i))
+
+
+def test_a_range_change_redraws_the_charts_with_their_time_axis(redis_url: str, tab) -> None:  # noqa: F811
+    r = redis.Redis.from_url(redis_url)
+    now = int(r.time()[0]) * 1000
+    seed_history(r, now)
+    with DashboardThread(UI(redis_url, interval=0.2)) as d:
+        page = opened(tab, d.url).page
+        assert page.get_attribute(".charts", "data-range") == "5m"
+        five = page.inner_text(".charts .xaxis")
+        first = page.get_attribute(".charts polyline", "points")
+        assert len(first.split()) >= 50, "five minutes of 5 s points"
+        page.click("nav.ranges a[data-range='1h']")
+        page.wait_for_function("document.querySelector('.charts').dataset.range === '1h'")
+        hour = page.inner_text(".charts .xaxis")
+        assert hour != five and re.fullmatch(r"(\d\d:\d\d\s*)+", hour.strip()), hour  # HH:MM ticks across an hour
+        assert page.get_attribute(".charts polyline", "points") != first
+        assert page.get_attribute("nav.ranges a[aria-current='true']", "data-range") == "1h"
+        page.wait_for_function("document.getElementById('live').dataset.updates !== '0'")
+        assert page.get_attribute(".charts", "data-range") == "1h", "a live update keeps the range"
+    r.close()

@@ -32,10 +32,12 @@ def test_the_overview_shows_workers_sessions_backlog_and_suspects(broker: dict, 
     words = text(page.text)
     assert broker["worker"].worker.id in words
     assert re.search(r"Sessions (\d+) alive of 8", words), words
-    # orders: the audit group has 10 unread-or-returned (the largest backlog of the queue)
-    assert "orders plain" in words and "jobs plain" in words
+    # the busiest, by backlog: orders (billing 7 unread, audit 10 unread or returned), chat's lmqs, jobs
+    busiest = [r.split()[:3] for r in rows(page.text.split("Busiest", 1)[1].split("</table>", 1)[0])[1:]]
+    assert busiest[:3] == [["orders", "plain", "17"], ["chat", "(2", "lmqs)"], ["jobs", "plain", "1"]], busiest
+    assert re.search(r"Consumers 7 1 suspected, 1 fenced off", words), words  # c1 c2 c3 X Y d1 s1
     assert re.search(r"Suspects .*orders audit c3 suspected", words)
-    assert re.search(r"chat\[s-1\] default X evicted \(by Y\)", words)
+    assert re.search(r"Dead letters 1 ", words) and re.search(r"Checked out 3 ", words)
     assert "Oldest unacked" in words and "orders" in words.split("Oldest unacked", 1)[1]
 
 
@@ -213,7 +215,7 @@ def test_a_worker_serves_the_ui_beside_its_port_with_http_port(redis_url: str) -
         assert any(f"web UI on http://127.0.0.1:{http_port}/" in line for line in lines), lines
         page = httpx.get(f"http://127.0.0.1:{http_port}/", timeout=10)
         assert page.status_code == 200
-        assert re.search(r"Workers (\d+) alive of 1", text(page.text))
+        assert re.search(r"Connections \d+ on 1 of 1 workers", text(page.text))
         metrics = httpx.get(f"http://127.0.0.1:{http_port}/metrics", timeout=10)  # beside the pages
         assert metrics.status_code == 200 and "fencemq_connections" in metrics.text
     finally:
