@@ -342,10 +342,10 @@ class Fences:
         """Commands in one round trip, replies in order, an error reply as its exception; then, for the
         fences whose keys are ``confirm``, the durability's confirmation on their connections
         (fences/durability.py). (the commands' replies, the confirmations' replies, their masters)"""
-        if self.link is not None:  # one connection: the confirmation goes behind the fences on it
-            extra = [self.durability.command()] if confirm else []
-            replies = await self.link.execute_many([*commands, *extra])
-            return replies[:len(commands)], replies[len(commands):], [None] * len(extra)
+        if self.link is not None and not confirm:
+            return await self.link.execute_many(commands), [], []
+        # A confirmation (WAIT, WAITAOF) blocks its connection until it comes: never on the link every
+        # fence call shares, but behind the fences on a pooled connection of their own.
         pipe = self.redis.pipeline(transaction=False)
         for command in commands:
             # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
