@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
 .DEFAULT_GOAL := install
-.PHONY: install help demo test test-fuzz test-promises test-cluster test-failover test-stateful test-ui ui-screenshots \
+.PHONY: install help demo test test-long test-fuzz test-promises test-cluster test-failover test-stateful test-ui ui-screenshots \
         test-spark-cluster bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
@@ -44,7 +44,7 @@ help:
 	@echo "make demo                a private Redis, a worker and a scripted tour of the guarantees (~2 s)"
 	@echo "make serve               a worker on 127.0.0.1:7379 (a private Redis unless FENCEMQ_REDIS_URL is set)"
 	@echo "make test                lint and the test suite (~10 min on 2 idle cores)"
-	@echo "make test-fuzz, test-promises, test-ui, test-spark-cluster, test-cluster, test-failover, test-stateful"
+	@echo "make test-long, test-fuzz, test-promises, test-ui, test-spark-cluster, test-cluster, test-failover, test-stateful"
 	@echo "                         the longer suites CI runs after make test (.ci/run)"
 	@echo "make bench               every speed goal, results in bench/results/"
 	@echo "make clean               remove $(VENV) and build leftovers"
@@ -60,6 +60,10 @@ lint: $(VENV)/.test
 test: lint
 	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-100} FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-100} \
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The tests marked long (make test skips them, saying so): more Spark jobs over the same analytics.
+test-long: $(VENV)/.test
+	FENCEMQ_LONG_TESTS=1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m long -q $(PYTEST_ARGS)
 
 test-fuzz: $(VENV)/.test
 	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-350} $(PY) -m pytest tests/fuzz -q $(PYTEST_ARGS)

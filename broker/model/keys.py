@@ -115,6 +115,7 @@ class QueueKeys:
     dead: str  # list: dead-lettered messages
     journal: str  # list: capped event journal
     wake: str  # sharded pub/sub channel: "something became ready"
+    waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
 
     def mailbox(self, group: str, member: str) -> str:
         return f"{self.meta}:mb:{escape(group)}:{escape(member)}"
@@ -126,7 +127,7 @@ class QueueKeys:
     def all_keys(self) -> list[str]:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
         return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed,
-                self.dedup, self.dedup_ids, self.dead, self.journal]
+                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters]
 
 
 class Keyspace:
@@ -172,6 +173,7 @@ class Keyspace:
             dead=base + ":dlq",
             journal=base + ":jr",
             wake=base + ":wake",
+            waiters=base + ":lp",
         )
 
     def topic(self, topic: str) -> str:
@@ -234,6 +236,17 @@ class Keyspace:
     def alarms(self) -> str:
         """Hash: alarm name (``memory@host:port``, ``eviction@host:port``) -> JSON record; fences/memory.py."""
         return f"{self.prefix}:alarms"
+
+    @property
+    def redis_nodes(self) -> str:
+        """Hash: Redis node ``host:port`` -> JSON {role, primary, seen_ms}: the nodes the health watcher
+        saw (a replica that is gone is shown down until forgotten); ops/redis_health.py."""
+        return f"{self.prefix}:redis:nodes"
+
+    @property
+    def health_watcher(self) -> str:
+        """String: the worker that judges the broker-wide alarms now, with a lease (server/health_watch.py)."""
+        return f"{self.prefix}:health:watcher"
 
     @property
     def retained(self) -> str:

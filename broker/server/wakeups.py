@@ -23,12 +23,15 @@ subscribe or unsubscribe that fails is done again by the next idle tick.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import uuid
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
 import anyio
+import msgpack
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
 
 from fencemq.fences.redis_errors import REDIS_FAILURES
@@ -45,13 +48,20 @@ RETRY_S = 0.5  # the pause after a failed read, before the next one (redis-py re
 
 
 class Waiter:
-    """Wakes its owner each time the channel fires after the last wait."""
+    """Wakes its owner each time the channel fires after the last wait, or hands it what a publish
+    checked out to it (``handed``: the fence's reply, laid out as PULL's; lua/lib/waiters.lua)."""
 
-    def __init__(self, wakeups: Wakeups | None = None) -> None:
+    def __init__(self, wakeups: Wakeups | None = None, wid: str = "") -> None:
         self.event = anyio.Event()
         self.wakeups = wakeups
+        self.wid = wid
+        self.handed: list[Any] | None = None
 
     def fire(self) -> None:
+        self.event.set()
+
+    def hand(self, reply: list[Any]) -> None:
+        self.handed = reply
         self.event.set()
 
     async def wait(self) -> None:
@@ -84,6 +94,9 @@ class Wakeups:
         self.last_used: dict[str, float] = {}
         self.session_handlers: dict[str, list[Callable[[bytes], None]]] = defaultdict(list)
         self.ready = anyio.Event()
+        # long polls' waiter ids: unique in the broker (a worker's random prefix and a counter)
+        self.wid_prefix = uuid.uuid4().hex[:10]
+        self._wids = itertools.count(1)
         self.failed_at = -RECOVERY_S  # anyio time of the last pub/sub failure
         self._unsubscribe_later: set[str] = set()
         self._sunsubscribe_later: set[str] = set()
@@ -189,11 +202,29 @@ class Wakeups:
         if kind == "ssubscribe" and channel in self.confirmed:
             self.confirmed[channel].set()
         elif kind == "smessage":
-            for waiter in self.waiters.get(channel, ()):
-                waiter.fire()
+            self._wake(self.waiters.get(channel, ()), msg["data"])
         elif kind == "message":
             for handler in list(self.session_handlers.get(channel, ())):
                 handler(msg["data"])
+
+    def _wake(self, waiters: Any, data: Any) -> None:
+        """A queue's channel fired: wake its waiters. A publish that handed messages to long polls sends
+        ``H`` + msgpack [rest, wid, reply, …]: those waiters get their reply, the others are woken only
+        if ``rest`` says something is left for them."""
+        rest, replies = 1, {}
+        if isinstance(data, bytes) and data[:1] == b"H":
+            try:
+                rest, *pairs = msgpack.unpackb(data[1:], raw=True)
+                replies = {wid.decode(): reply for wid, reply in zip(pairs[::2], pairs[1::2])}
+            except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
+                log.warning("a hand-off that does not parse (%d bytes); its waiters look again", len(data))
+                rest, replies = 1, {}
+        for waiter in waiters:
+            reply = replies.get(waiter.wid) if replies else None
+            if reply is not None:
+                waiter.hand(reply)
+            elif rest:
+                waiter.fire()
 
     async def _tick(self) -> None:
         """Between messages: finish what failed, start readers for new masters, let idle channels go."""
@@ -251,7 +282,7 @@ class Wakeups:
         A failing Redis never fails the caller here: the waiter then looks
         again on its own (``look_again_s``) until the channel is back."""
         await self.ready.wait()
-        waiter = Waiter(self)
+        waiter = Waiter(self, f"{self.wid_prefix}{next(self._wids)}")
         self.waiters[channel].add(waiter)
         self.last_used[channel] = anyio.current_time()
         try:

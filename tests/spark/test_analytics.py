@@ -532,6 +532,7 @@ def test_the_journal_buckets_put_each_queue_where_spark_hashes_it(spark) -> None
         assert list(buckets_of(pa.array(ids), buckets)) == [spark_says[q][1] for q in ids]
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analysis, snapshot_dir: Path,
                                                                     tmp_path: Path) -> None:
     """A snapshot from before the buckets: the job shuffles its journal instead, to the same result."""
@@ -604,6 +605,7 @@ async def lite_churn_workload(url: str) -> None:
         await r.aclose()
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_lite_churn_without_a_journal_is_in_the_report_and_the_audit_says_what_it_proved(
         cli: typer.Typer, redis_url: str, tmp_path: Path) -> None:
     run(lite_churn_workload(redis_url))
@@ -663,6 +665,7 @@ def test_an_evicted_client_holding_a_checkout_fails_the_state_audit(cli: typer.T
     assert pick(row, "lmq", "member", "marker", "tag") == dict(lmq="room1", member="alice", marker="bob", tag="999")
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(redis_url: str, spark,
                                                                                tmp_path: Path) -> None:
     run(lite_churn_workload(redis_url))
@@ -698,6 +701,7 @@ def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(red
         assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_a_chain_reads_its_journals_in_their_buckets_to_the_same_tables_as_a_full_snapshot(
         redis_url: str, spark, tmp_path: Path) -> None:
     run(run_workload(redis_url))  # lmqs with journals: the unchanged ones' events come from the base
@@ -722,6 +726,7 @@ def test_a_chain_reads_its_journals_in_their_buckets_to_the_same_tables_as_a_ful
         assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: Path) -> None:
     run(run_workload(redis_url))
     snap = tmp_path / "snap"
