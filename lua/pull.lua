@@ -7,10 +7,11 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] delayed
--- KEYS[8] journal
--- KEYS[9] mailbox         the member's push mailbox (a pull member has none)
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] delayed
+-- KEYS[9] journal
+-- KEYS[10] mailbox         the member's push mailbox (a pull member has none)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] count

@@ -24,8 +24,8 @@ from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body
 from fencemq.model.values import text
 
-PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal",
-                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap spans", argv_rest="messages")
+PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal ready delayed held",
+                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans", argv_rest="messages")
 
 
 class Publishing:
@@ -112,9 +112,9 @@ class Publishing:
                     head = i if dedup else 0
             if head and len(bodies) + 1 - head > 1:
                 spans.append(f"{head}:{len(bodies) + 1 - head}")
-        args = dict(maxlen=config.retention_maxlen, maxage_ms=config.retention_maxage_ms,
-                    dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
-                    journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans))
+        args = dict(dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
+                    journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans),
+                    **await self.ctx.retention.args(ref.topic))
         keys = self.ctx.keys.queue(ref)
         value = None
         try:

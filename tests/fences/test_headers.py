@@ -143,7 +143,7 @@ def _broken(file: str, old: str, new: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("old, new, found", [
-    ("-- KEYS[8] journal\n", "-- KEYS[8] jr\n", "KEYS"),  # a key renamed in the header only
+    ("-- KEYS[9] journal\n", "-- KEYS[9] jr\n", "KEYS"),  # a key renamed in the header only
     ("-- ARGV[3] count\n", "", "ARGV"),  # an argument dropped
     ("-- Errors:", "-- Failures:", "no `-- Errors:` line"),
     ("-- Returns:", "-- Gives:", "no `-- Returns:` line"),
@@ -166,8 +166,9 @@ def test_a_code_missing_from_the_table_is_found() -> None:
 
 
 def test_a_missing_include_is_found() -> None:
-    files = _broken("ack.lua", "--@include lib/seek.lua\n", "")
-    assert undefined_names(files) == ["lua/ack.lua uses ['group_epoch'], defined nowhere it includes"]
+    files = _broken("ack.lua", "--@include lib/retention.lua\n", "")
+    assert undefined_names(files) == ["lua/ack.lua uses ['forget_below_first', 'group_epoch', 'trim_log'], "
+                                      "defined nowhere it includes"]
 
 
 def test_the_loader_refuses_a_repeated_missing_or_circular_include_with_its_line() -> None:
