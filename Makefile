@@ -49,9 +49,11 @@ test-cluster: $(VENV)/.test
 test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful -q $(PYTEST_ARGS)
 
-# Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples).
+# Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples)
+# and an MQTT worker killed at every step of the QoS 1 and QoS 2 flows (make test kills it at 4 of the 18).
 test-promises: $(VENV)/.test
-	FENCEMQ_PIPELINE_EXAMPLES=$${FENCEMQ_PIPELINE_EXAMPLES:-1000} $(PY) -m pytest tests/server/test_pipelined_runs.py -q $(PYTEST_ARGS)
+	FENCEMQ_PIPELINE_EXAMPLES=$${FENCEMQ_PIPELINE_EXAMPLES:-1000} FENCEMQ_KILL_STEPS=all $(PY) -m pytest \
+		tests/server/test_pipelined_runs.py tests/server/mqtt/test_kill_resume.py -q $(PYTEST_ARGS)
 
 # The web UI in a real browser: Debian's Chromium (/usr/bin/chromium, which .ci/run installs) driven by
 # Playwright; `make test` skips these. ui-screenshots also rewrites docs/ui/*.png (shown in the README).
@@ -76,6 +78,7 @@ bench: $(VENV)/.test
 	$(PY) -m bench.scale
 	$(PY) -m bench.mqtt_share
 	$(PY) -m bench.attacks
+	$(PY) -m bench.connections
 	$(PY) -m bench.goals
 
 serve: $(VENV)/.base

@@ -95,8 +95,11 @@ class Config:
     # wait: auth_delay_ms, doubled per recent failure, at most auth_delay_max_ms.
     auth_delay_ms: int = 100
     auth_delay_max_ms: int = 5_000
-    max_connections: int = 10_000  # per worker; past it a new connection is told so and closed
-    max_connections_per_user: int = 1_000  # authenticated connections of one user on one worker (0 = no limit)
+    max_connections: int = 10_000  # per worker, every door counted; past it a new connection is closed
+    max_connections_per_user: int = 1_000  # logged-in connections of one user on one worker, every door (0 = no limit)
+    # Password checks hash with scrypt (~16 MiB, tens of ms each): at most this many at a time per worker
+    # (the others wait their turn; the checks from one address are made one at a time anyway).
+    max_password_checks: int = 2
     # Bytes a client may send ahead while one of its commands waits (a long poll): past
     # this the connection stops reading until the command is done, and TCP holds the rest.
     max_read_ahead: int = 4 << 20

@@ -146,6 +146,28 @@ class Leases:
             await self.ctx.schedule(handle.queue.qid, int(res[2]))
         return int(res[0]), int(res[1])
 
+    async def member_tags(self, handle: Handle) -> list[str]:
+        """The tags of every checkout the member holds (leased, or waiting in its push mailbox):
+        O(its own), read from the queue's ownership index."""
+        k = self.ctx.keys.queue(handle.queue)
+        prefix = f"{handle.group}\0{handle.member}\0".encode()
+        owned = await self.ctx.redis.zrangebylex(k.owned, b"[" + prefix,
+                                                 b"(" + f"{handle.group}\0{handle.member}\1".encode())
+        return [m[len(prefix):].decode() for m in owned]
+
+    async def alive(self, handle: Handle, tags: list[str] | None = None) -> int:
+        """The member proves alive (a connection delivering to it): its suspicion is cleared and
+        ``tags`` handed back unprocessed (NACK … RELEASE, no failure counted). Checkouts returned."""
+        k = self.ctx.keys.queue(handle.queue)
+        returned = 0
+        tags = tags or []
+        for start in range(0, max(len(tags), 1), self.ctx.config.max_batch):
+            res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=0,
+                                            discard=0, max_failures=self.ctx.config.max_failures, release=1,
+                                            args_rest=tags[start:start + self.ctx.config.max_batch])
+            returned += int(res[0])
+        return returned
+
     async def renew(self, handle: Handle, tags: list[str], *, lock_ms: int | None = None) -> int:
         config = self.ctx.config
         if lock_ms is not None and not 0 < lock_ms <= config.max_lock_ms:

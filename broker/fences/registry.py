@@ -43,6 +43,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from fencemq.errors import translate
+from fencemq.fences.redis_link import RedisLink
 
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
@@ -304,11 +305,31 @@ class Fences:
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
+        # Set by a worker: its fence calls go over one pipelined connection (fencemq.fences.redis_link)
+        # instead of redis-py's pool; None: through ``redis``.
+        self.link: RedisLink | None = None
         # Told each call's fence name and seconds (the worker's latency histogram); None: not timed.
         self.observe: Callable[[str, float], None] | None = None
         self.scripts: dict[str, AsyncScript] = {
             name: redis.register_script(src) for name, src in sources().items()
         }
+
+    async def _load(self, name: str) -> None:
+        """Load a fence again (NOSCRIPT: Redis restarted, failed over or flushed its scripts)."""
+        if self.link is not None:
+            await self.link.execute("SCRIPT", "LOAD", self.scripts[name].script)
+        else:
+            await self.redis.script_load(self.scripts[name].script)
+
+    async def _execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Commands in one round trip, replies in order, an error reply as its exception."""
+        if self.link is not None:
+            return await self.link.execute_many(commands)
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)
 
     async def run(self, spec: FenceSpec, keys: Any, *, extra_keys: Mapping[str, str] | None = None,
                   keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
@@ -335,15 +356,14 @@ class Fences:
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(3):
-            pipe = self.redis.pipeline(transaction=False)
+            commands = []
             for i in todo:
                 spec, keys, extra, rest, args, args_rest = calls[i]
                 key_list = spec.key_list(keys, extra, rest)
-                # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
-                pipe.execute_command("EVALSHA", self.scripts[spec.name].sha, len(key_list), *key_list,
-                                     *spec.arg_list(args, args_rest))
+                commands.append(("EVALSHA", self.scripts[spec.name].sha, len(key_list), *key_list,
+                                 *spec.arg_list(args, args_rest)))
             started = perf_counter()
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await self._execute_many(commands)
             if self.observe is not None:
                 for name in {calls[i][0].name for i in todo}:
                     self.observe(name, perf_counter() - started)
@@ -357,7 +377,7 @@ class Fences:
             if not again:
                 break
             for name in {calls[i][0].name for i in again}:
-                await self.redis.script_load(self.scripts[name].script)
+                await self._load(name)
             todo = again
         return results
 
@@ -368,11 +388,9 @@ class Fences:
         The fence's coded error is raised; NOSCRIPT loads the fence and runs it alone again."""
         key_list = spec.key_list(keys, {}, ())
         script = self.scripts[spec.name]
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest))
-        pipe.get(read_key)
         started = perf_counter()
-        reply, value = await pipe.execute(raise_on_error=False)
+        reply, value = await self._execute_many([
+            ("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest)), ("GET", read_key)])
         if self.observe is not None:
             self.observe(spec.name, perf_counter() - started)
         if isinstance(value, Exception):
@@ -384,7 +402,14 @@ class Fences:
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         started = perf_counter()
         try:
-            return await self.scripts[name](keys=keys, args=args)
+            if self.link is None:
+                return await self.scripts[name](keys=keys, args=args)
+            command = ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
+            try:
+                return await self.link.execute(*command)
+            except NoScriptError:
+                await self._load(name)
+                return await self.link.execute(*command)
         except ResponseError as exc:
             mapped = translate(exc)
             if mapped is not None:

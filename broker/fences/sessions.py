@@ -25,6 +25,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -37,8 +38,11 @@ from fencemq.fences import session_index
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
 from fencemq.fences.lite import Lite, unsubscribe_notice
+from fencemq.fences.gathering import Gathering
+from fencemq.fences.redis_client import pipeline_then_publish_all
 from fencemq.fences.subscribe import Subscriptions
 from fencemq.model.keys import Handle
+from fencemq.model.values import text
 
 MAX_QUEUED_NOTICES = 1000
 LOCK_TTL_MS = 10_000  # a cleaner renews its lock while it works; one that died is followed after this
@@ -53,6 +57,15 @@ SESSION_UNLOCK = fence("session_unlock", "ending", "token")
 SESSION_UNLIST = fence("session_unlist", "sessions", "client upto")
 SESSION_LINGER = fence("session_linger", "session ending conns", "lease_ms")
 SESSION_NOTIFY = fence("session_notify", "notices channel", "cap announce", argv_rest="notices")
+
+
+@dataclass(frozen=True, slots=True)
+class _Bind:
+    client: str
+    connection: str
+    worker: str
+    takeover: int
+    fresh: int
 
 
 class SessionEnding(Busy):
@@ -95,6 +108,11 @@ class Sessions:
         self.lite = lite
         self.clock = clock
         self.lease_ms = lease_ms
+        # the binds and presence changes of concurrent connects (a reconnect storm) go out together
+        self._binds: Gathering[_Bind, Any] = Gathering(self._bind_batch, lambda: ctx.spawn)
+        self._presence: Gathering[tuple[str, bool], None] = Gathering(self._presence_batch, lambda: ctx.spawn)
+        self._leaves: Gathering[tuple[str, str], Any] = Gathering(self._leave_batch, lambda: ctx.spawn)
+        self._lingers: Gathering[tuple[str, int], Any] = Gathering(self._linger_batch, lambda: ctx.spawn)
 
     def _session_keys(self, client: str) -> dict[str, str]:
         return {"session": self.keys.session(client), "ending": self.keys.session_ending(client)}
@@ -108,39 +126,63 @@ class Sessions:
         session's generation (1: this bind created it; more: it was there, and
         is resumed) and how many connections share it now.
         """
-        keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
+        call = _Bind(client, connection, worker, int(takeover), int(fresh))
         with anyio.move_on_after(BIND_WAIT_S):
             while True:
-                res = await self.fences.run(SESSION_BIND, None, extra_keys=keys, conn=connection,
-                                            worker=worker, lease_ms=self.lease_ms, takeover=int(takeover))
+                res = await self._binds(call)
                 if res[0] in (b"bound", "bound"):
                     break
                 await anyio.sleep(0.05)
         if res[0] not in (b"bound", "bound"):
             raise SessionEnding(f"the session of {client} is being ended; connect again in a moment")
-        deadline = int(res[2])
-
-        await self.ctx.set_scores(self.keys.sessions, {client: deadline}, "GT")
-        if takeover:
-            # ``fresh``: the new connection starts the session afresh (MQTT Clean Start), which ends
-            # the old one's session: its MQTT will goes at once rather than after its delay
-            told = msgpack.packb({"type": "takeover", "conn": connection, "fresh": int(fresh)})
-            await self.redis.publish(self.keys.session_channel(client), told)
         return int(res[1]), int(res[3])
+
+    async def _bind_batch(self, calls: list[_Bind]) -> list[Any]:
+        """SESSION_BIND for each call in one pipeline, then the bound sessions' leases in the
+        sessions index (one ZADD) and the takeover notices (PUBLISH) in one more round trip.
+        A call's reply is its fence's (or its error); ``ending`` ones are the caller's to retry."""
+        replies = await self.fences.run_many(SESSION_BIND, [
+            (None, {**self._session_keys(c.client), "conns": self.keys.session_conns(c.client)}, (),
+             {"conn": c.connection, "worker": c.worker, "lease_ms": self.lease_ms, "takeover": c.takeover})
+            for c in calls])
+        deadlines: dict[str, int] = {}
+        told: list[tuple[str, bytes]] = []
+        for c, res in zip(calls, replies):
+            if isinstance(res, Exception) or res[0] not in (b"bound", "bound"):
+                continue
+            deadlines[c.client] = max(int(res[2]), deadlines.get(c.client, 0))
+            if c.takeover:
+                # ``fresh``: the new connection starts the session afresh (MQTT Clean Start), which ends
+                # the old one's session: its MQTT will goes at once rather than after its delay
+                told.append((self.keys.session_channel(c.client),
+                             msgpack.packb({"type": "takeover", "conn": c.connection, "fresh": c.fresh})))
+        if deadlines:
+            await self.ctx.set_scores(self.keys.sessions, deadlines, "GT")
+        if told:
+            await pipeline_then_publish_all(self.redis, lambda _pipe: None, told)
+        return replies
 
     async def leave(self, client: str, connection: str) -> int:
         """A connection of the session closes: how many connections still share it."""
-        return int(await self.fences.run(SESSION_LEAVE, None, extra_keys={"conns": self.keys.session_conns(client)},
-                                         conn=connection))
+        return int(await self._leaves((client, connection)))
+
+    async def _leave_batch(self, calls: list[tuple[str, str]]) -> list[Any]:
+        return await self.fences.run_many(SESSION_LEAVE, [
+            (None, {"conns": self.keys.session_conns(client)}, (), {"conn": connection}) for client, connection in calls])
 
     async def linger(self, client: str, lease_ms: int) -> bool:
         """A session none of whose connections is left lives ``lease_ms`` more (an MQTT Session
         Expiry Interval), shorter or longer than the worker's lease; False if a connection holds it."""
-        keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
-        deadline = int(await self.fences.run(SESSION_LINGER, None, extra_keys=keys, lease_ms=lease_ms))
-        if deadline:
-            await self.ctx.set_scores(self.keys.sessions, {client: deadline})  # not GT: it may be sooner
-        return bool(deadline)
+        return bool(await self._lingers((client, lease_ms)))
+
+    async def _linger_batch(self, calls: list[tuple[str, int]]) -> list[Any]:
+        replies = await self.fences.run_many(SESSION_LINGER, [
+            (None, {**self._session_keys(client), "conns": self.keys.session_conns(client)}, (), {"lease_ms": lease_ms})
+            for client, lease_ms in calls])
+        deadlines = {client: int(r) for (client, _), r in zip(calls, replies) if not isinstance(r, Exception) and int(r)}
+        if deadlines:
+            await self.ctx.set_scores(self.keys.sessions, deadlines)  # not GT: it may be sooner
+        return replies
 
     async def keep_alive(self, clients: list[str]) -> list[str]:
         """Move the leases of connected sessions on; returns those that are gone (their connections must close)."""
@@ -212,7 +254,18 @@ class Sessions:
         out: a client may hold a hundred thousand of them, and an lmq is held
         by its owner whether connected or not.
         """
-        await self.subscriptions.set_presence(await session_index.non_lite_handles(self.redis, self.keys, client), online)
+        await self._presence((client, online))
+
+    async def _presence_batch(self, calls: list[tuple[str, bool]]) -> list[None]:
+        """The memberships of many clients, read in one pipeline and marked in one more."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for client, _ in calls:
+                pipe.smembers(self.keys.session_handles(client))
+            held = await pipe.execute()
+        marks = [(Handle.decode(text(raw)), online) for (_, online), raws in zip(calls, held) for raw in raws]
+        if marks:
+            await self.subscriptions.set_presence_many(marks)
+        return [None] * len(calls)
 
     async def claim_expired(self, worker_id: str = "", attached: set[str] | frozenset[str] = frozenset(),
                             limit: int = 100) -> list[str]:

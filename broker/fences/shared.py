@@ -34,10 +34,11 @@ from fencemq.fences.context import FenceContext
 from fencemq.fences.memory import is_oom
 from fencemq.fences.publish import Publishing
 from fencemq.fences.redis_client import pipeline_then_publish
+from fencemq.fences.retained import Retained
 from fencemq.fences.subscribe import Subscription, Subscriptions
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.messages import pack_body
-from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, matches, parse_target
+from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, parse_target
 
 NOT_READ = object()
 
@@ -113,6 +114,7 @@ class Shared:
         self.keys = ctx.keys
         self.config = ctx.config
         self.registry = FilterRegistry(ctx.redis, ctx.keys)
+        self.retained = Retained(ctx)
         subscriptions.on_queue_dropped = self._forget
 
     async def _forget(self, ref: QueueRef) -> None:
@@ -157,12 +159,9 @@ class Shared:
         return sub
 
     async def _send_retained(self, ref: QueueRef, filt: str) -> None:
-        bodies = [
-            body for topic, body in (await self.redis.hgetall(self.keys.retained)).items()
-            if matches(filt, topic.decode())
-        ]
-        for start in range(0, len(bodies), self.config.max_batch):
-            await self.publishing.append(ref, bodies[start : start + self.config.max_batch])
+        async for bodies in self.retained.matching(filt):
+            for start in range(0, len(bodies), self.config.max_batch):
+                await self.publishing.append(ref, bodies[start : start + self.config.max_batch])
 
     def check_publish(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1,
                       retain: bool = False) -> QueueRef:
@@ -264,14 +263,13 @@ class Shared:
             # The last retained message per topic; an empty payload clears it.
             if payloads[-1]:
                 try:
-                    await self.redis.hset(self.keys.retained, topic,
-                                          pack_body(payloads[-1], headers, qos, producer, topic))
+                    await self.retained.keep(topic, pack_body(payloads[-1], headers, qos, producer, topic))
                 except RedisError as exc:
                     if is_oom(exc):  # past the watermark between two samples: the publish is stored, not retained
                         raise self.publishing.ctx.memory.refused_by_redis(exc) from None
                     raise
             else:
-                await self.redis.hdel(self.keys.retained, topic)
+                await self.retained.clear(topic)
         refs = await self.registry.matching(topic, version)
         if refs:
             # a copy names its source topic (the filter queue's is the filter)

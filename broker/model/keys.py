@@ -197,6 +197,11 @@ class Keyspace:
         return f"{self.prefix}:users"
 
     @property
+    def users_channel(self) -> str:
+        """Pub/sub: the name of a user whose record changed (ops/users.py announces, the gate listens)."""
+        return f"{self.users}:changed"
+
+    @property
     def client_owners(self) -> str:
         """Hash: client id -> the user that first named a session with it (server/session.py)."""
         return f"{self.prefix}:client-owners"
@@ -233,6 +238,24 @@ class Keyspace:
     def retained(self) -> str:
         """Hash: topic -> its retained message (stored form)."""
         return f"{self.prefix}:retained"
+
+    # The retained messages' index (fences/retained.py), in the slot of ``retained`` (a hash tag of
+    # its whole name: a key without braces hashes whole), so one fence keeps both.
+
+    @property
+    def retained_topics(self) -> str:
+        """Zset (lex): every topic with a retained message."""
+        return f"{self.prefix}:{{{self.retained}}}:topics"
+
+    @property
+    def retained_levels(self) -> str:
+        """Zset (lex): the trie of the retained topics' levels, ``parent path NUL level`` per edge."""
+        return f"{self.prefix}:{{{self.retained}}}:levels"
+
+    @property
+    def retained_indexed(self) -> str:
+        """String: set once the index holds every retained topic (those kept before it existed)."""
+        return f"{self.prefix}:{{{self.retained}}}:indexed"
 
     def session_lite_counts(self, client: str) -> str:
         """Hash: lite topic -> lite subscriptions the client holds (the quota)."""

@@ -26,6 +26,7 @@ from fencemq.protocol.commands import Request, parse
 from fencemq.protocol.request_reader import RequestReader
 from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
 from fencemq.server import metrics
+from fencemq.server.gate import Pass
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 from fencemq.server.messaging_verbs import ClientGone
@@ -64,24 +65,27 @@ def _transport_of(stream: Any) -> Any:
 
 
 class ClientConnection:
-    def __init__(self, services: Services, verbs: Verbs, stream: SocketStream, token: str) -> None:
+    def __init__(self, services: Services, verbs: Verbs, stream: SocketStream, token: str,
+                 gate_pass: Pass | None = None) -> None:
         self.config = services.config
+        self.gate = services.gate
         self.verbs = verbs
         self.stream = stream
         self.idle = True  # waiting for a request: nothing in hand to finish
         self.scope = anyio.CancelScope()
-        self.send_lock = anyio.Lock()
+        # Uncontended (no push being written), taking it does not yield: a reply's send yields once itself.
+        self.send_lock = anyio.Lock(fast_acquire=True)
         self.session = Session(services, token, watch_for_hangup=self._watch_for_hangup,
-                               end_connection=self.scope.cancel, addresses=_addresses(stream))
+                               end_connection=self.scope.cancel, addresses=_addresses(stream), gate_pass=gate_pass)
         # The parser's limits only guard memory (the connection is closed past
         # them); payload and batch limits are checked per command, so a client
         # that sends one oversize payload gets LIMIT and keeps its connection.
         self.parser = RequestReader(max_bulk=self.config.frame_bulk_limit, max_args=self.config.frame_args_limit)
         self._preauth = False
         self._set_frame_limits()
-        self._idle_s = self.config.idle_timeout_ms / 1000 if self.config.idle_timeout_ms else float("inf")
+        self._idle_s = self.gate.idle_timeout_s
         self._transport = _transport_of(stream)
-        self._request_s = self.config.request_timeout_ms / 1000 if self.config.request_timeout_ms else float("inf")
+        self._request_s = self.gate.request_timeout_s
         self._request_began: float | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
 
@@ -153,14 +157,14 @@ class ClientConnection:
             async with anyio.create_task_group() as tg:
                 self._tasks = tg
                 tg.start_soon(self._send_pushes, self.session.outbox)
-                if not self.session.authed and self.config.auth_timeout_ms:
+                if not self.session.authed and self.gate.auth_timeout_s is not None:
                     tg.start_soon(self._close_unless_authenticated)
                 await self._serve_requests()
                 tg.cancel_scope.cancel()
 
     async def _close_unless_authenticated(self) -> None:
         """A connection that never authenticates holds nothing for long (slowloris)."""
-        await anyio.sleep(self.config.auth_timeout_ms / 1000)
+        await anyio.sleep(self.gate.auth_timeout_s or 0)
         if not self.session.authed:
             log.info("closing %s: not authenticated within %d ms", self.session.peer, self.config.auth_timeout_ms)
             self.cut()
@@ -194,8 +198,12 @@ class ClientConnection:
             if not commands and fatal is None:
                 try:
                     data = None
-                    with anyio.move_on_after(self._read_wait_s()):
+                    wait = self._read_wait_s()
+                    if wait == float("inf"):  # between requests, with no idle timeout: no deadline to keep
                         data = await self._receive()
+                    else:
+                        with anyio.move_on_after(wait):
+                            data = await self._receive()
                 except STREAM_GONE:
                     return
                 if data is None:
@@ -214,13 +222,14 @@ class ClientConnection:
             if fatal is not None:
                 replies.append(ErrorReply(fatal.message))
                 session.closing = True
-            if replies:
-                await self.send(encode_many(replies, session.proto))
             self._set_frame_limits()
+            if replies:
+                await self.send(encode_many(replies, session.proto))  # (a send yields to the loop)
+            else:
+                # A batch of commands that never waited (PINGs, say) must not keep the event loop
+                # from every other connection while this client's buffer lasts.
+                await anyio.lowlevel.checkpoint()
             self.idle = True
-            # A batch of commands that never waited (PINGs, say) must not keep the event loop
-            # from every other connection while this client's buffer lasts.
-            await anyio.lowlevel.checkpoint()
 
     async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:
         """While a verb waits, keep reading: buffer what comes (up to max_read_ahead), notice a hang-up.
@@ -240,7 +249,7 @@ class ClientConnection:
     async def send(self, data: bytes) -> None:
         async with self.send_lock:
             try:
-                with anyio.move_on_after(self.config.output_timeout_ms / 1000) as waited:
+                with anyio.move_on_after(self.gate.output_timeout_s) as waited:
                     await self.stream.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self.session.closing = self.session.gone = True
@@ -256,7 +265,7 @@ class ClientConnection:
     async def close(self) -> None:
         try:
             await self.session.release()
-        except (OSError, RedisError) as exc:
+        except (OSError, RedisError, FenceMQError) as exc:  # out of open files, Redis gone, the worker stopping
             log.warning("cleanup of %s failed, its lease will expire: %s", self.session.client_id, exc)
         farewell = self.session.farewell
         if farewell is not None and self.session.proto == 3:

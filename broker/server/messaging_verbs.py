@@ -15,12 +15,13 @@ import anyio
 from redis.exceptions import RedisError
 
 from fencemq.config import Config
-from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission
+from fencemq.errors import BadArgument, FenceMQError, NoPermission
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
 from fencemq.fences.subscribe import Subscription
-from fencemq.model.keys import Handle
-from fencemq.model.topics import parse_target
+from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.meta import LITE_GROUP
+from fencemq.model.topics import SHARE_PREFIX, FilterTarget, parse_target
 from fencemq.protocol.commands import Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
 from fencemq.protocol.resp import Prebuilt, SimpleString, encode_bulk_array
@@ -46,12 +47,9 @@ class MessagingVerbs:
     admit: Callable[[Session, Request], None]  # Verbs.admit: what every command meets first
     handlers: dict[str, Callable[..., Awaitable[Any]]]
 
-    @staticmethod
-    def _may(session: Session, action: str, topic: str) -> None:
-        """NOPERM naming what is missing, when the session's user lacks ``action`` on ``topic``."""
-        user = session.user
-        if user is not None and not user.may(action, topic):
-            raise NoPermission(user.missing(action, topic))
+    def _may(self, session: Session, action: str, target: str) -> None:
+        """NOPERM naming what is missing, when the session's user lacks ``action`` on ``target`` (the gate's)."""
+        self.services.gate.check(session.user, action, target)
 
     # -- publishing ------------------------------------------------------------------
 
@@ -105,13 +103,15 @@ class MessagingVerbs:
     async def sub(self, session: Session, topic: str, push: bool = False, **options: Any) -> Any:
         if push:
             options["capacity"] = options.get("capacity") or self.config.mailbox_capacity
-        if session.user is not None:
-            filt = parse_target(topic).filter if is_filter_target(topic) else topic
-            if not session.user.may_subscribe(filt):
-                raise NoPermission(session.user.missing("subscribe", filt))
+        gate = self.services.gate
+        gate.check_target(topic, options.get("group"))
+        target = parse_target(topic) if is_filter_target(topic) else None
+        gate.check(session.user, "subscribe", target.filter if target is not None else topic)
         client = await session.ensure()
         if options.get("lmq") is None:
-            await self._check_subscription_count(client)
+            await gate.check_subscriptions(client)
+        if options.get("epoch") is not None:  # raising the group's epoch fences every member's checkouts
+            await self._check_group_wide(session, client, topic, target, options)
         if is_filter_target(topic):
             if options.get("lmq") is not None or options.get("group") is not None or options.get("mode"):
                 raise BadArgument("a topic filter takes no LMQ, GROUP or MODE; share it as $share/<group>/<filter>")
@@ -139,10 +139,20 @@ class MessagingVerbs:
                 continue
             admitted.append(i)
         topic = requests[0].args["topic"]
-        if session.user is not None and not session.user.may_subscribe(topic):
-            refusal = NoPermission(session.user.missing("subscribe", topic))
+        gate = self.services.gate
+        try:
+            gate.check(session.user, "subscribe", topic)
+        except NoPermission as refusal:
             return [refusal if i in admitted else reply for i, reply in enumerate(replies)]
         client = await session.ensure()
+        for i in list(admitted):  # each one's own names and options, refused on its own
+            try:
+                gate.check_target(topic, requests[i].args.get("group"))
+                if requests[i].args.get("epoch") is not None:
+                    await self._check_group_wide(session, client, topic, None, requests[i].args)
+            except FenceMQError as exc:
+                replies[i] = exc
+                admitted.remove(i)
         outcomes = await self.services.core.subscriptions.subscribe_lite_many(
             client, topic, [{k: v for k, v in requests[i].args.items() if k != "topic"} for i in admitted])
         notices: list[tuple[str, dict[str, Any]]] = []
@@ -169,16 +179,21 @@ class MessagingVerbs:
         reply["handle"] = self.services.handles.sign(reply["handle"])
         return reply
 
-    async def _check_subscription_count(self, client: str) -> None:
-        """LIMIT once the session holds max_subscriptions (lite ones are lite_quota's).
-
-        Checked before the fence, not inside it: connections of one session
-        subscribing at the same instant may pass it by a few.
-        """
-        held = await self.services.redis.scard(self.services.keys.session_handles(client))
-        if held >= self.config.max_subscriptions:
-            raise LimitExceeded(f"this session holds {held} subscriptions (max_subscriptions "
-                                f"{self.config.max_subscriptions}); UNSUB some first")
+    async def _check_group_wide(self, session: Session, client: str, topic: str, target: FilterTarget | None,
+                                options: dict[str, Any]) -> None:
+        """``SUB … EPOCH e`` raises the epoch of the group it joins: group-wide, like SEEK."""
+        if target is not None:
+            if target.share is None:
+                return  # a private filter subscription: the client's own group
+            queue, group = QueueRef(target.filter, None, SHARE_PREFIX + target.share), target.share
+        else:
+            lmq, group = options.get("lmq"), options.get("group")
+            if group is None:
+                if lmq is None:
+                    return  # the client's own group
+                group = LITE_GROUP
+            queue = QueueRef(topic, lmq)
+        await self.services.gate.check_group_wide(session.user, queue, group, client)
 
     async def pull(self, session: Session, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
         h = session.own(handle)
@@ -297,6 +312,7 @@ class MessagingVerbs:
 
     async def seek(self, session: Session, handle: str, kind: str, arg: int | None) -> Any:
         h = session.own(handle)
+        await self.services.gate.check_group_wide(session.user, h.queue, h.group, h.member)
         epoch, cursor, clamped = await self.services.core.seek.move(h, kind, arg)
         if clamped:
             # The reply stays the epoch (the contract); the client is told apart.

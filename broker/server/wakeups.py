@@ -25,6 +25,8 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fencemq.fences.gathering import Gathering
+
 log = logging.getLogger(__name__)
 LINGER_S = 30.0
 
@@ -58,6 +60,8 @@ class Wakeups:
         self.last_used: dict[str, float] = {}
         self.session_handlers: dict[str, list[Callable[[bytes], None]]] = defaultdict(list)
         self.ready = anyio.Event()
+        self._channel_changes: Gathering[tuple[bool, str], None] = Gathering(
+            self._change_channels, lambda: self._tasks.start_soon if self._tasks is not None else None)
 
     async def run(self) -> None:
         await self.pubsub.subscribe(self.control_channel)
@@ -146,7 +150,7 @@ class Wakeups:
         # Two connections of one client id may overlap on this worker during a
         # takeover: both must hear it, so the older one can close.
         self.session_handlers[channel].append(handler)
-        await self.pubsub.subscribe(channel)
+        await self._channel_changes((True, channel))
 
     async def unfollow(self, channel: str, handler: Callable[[bytes], None]) -> None:
         handlers = self.session_handlers.get(channel, [])
@@ -154,4 +158,18 @@ class Wakeups:
             handlers.remove(handler)
         if not handlers:
             self.session_handlers.pop(channel, None)
-            await self.pubsub.unsubscribe(channel)
+            await self._channel_changes((False, channel))
+
+    async def _change_channels(self, changes: list[tuple[bool, str]]) -> list[None]:
+        """The SUBSCRIBEs and UNSUBSCRIBEs of many sessions (a connect storm), in their order, each
+        run of one kind as one command."""
+        start = 0
+        while start < len(changes):
+            subscribing = changes[start][0]
+            end = start
+            while end < len(changes) and changes[end][0] == subscribing:
+                end += 1
+            channels = list(dict.fromkeys(channel for _, channel in changes[start:end]))
+            await (self.pubsub.subscribe if subscribing else self.pubsub.unsubscribe)(*channels)
+            start = end
+        return [None] * len(changes)

@@ -18,7 +18,6 @@ import itertools
 import logging
 import os
 import socket
-import ssl
 import uuid
 from dataclasses import replace
 from functools import partial
@@ -26,58 +25,25 @@ from typing import Any
 
 import anyio
 from anyio.abc import SocketAttribute, SocketStream
-from anyio.streams.tls import TLSListener
 from redis.exceptions import RedisError
 
 from fencemq.config import Config
-from fencemq.errors import BadArgument
+from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import limit_connections, open_redis, servers_of
+from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, shedding
 from fencemq.server.connection import ClientConnection
+from fencemq.server.gate import client_host
 from fencemq.server.services import Services
 from fencemq.server.sweeper import Sweeper
+from fencemq.server.tls import client_tls, guarded_tls
 from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 
 MOVE_WINDOW_S = 1.0  # how long a draining worker serves a RESP3 client it told to move, at most
-
-
-def client_tls(config: Config) -> ssl.SSLContext | None:
-    """The TLS context clients connect with, or None for plain TCP."""
-    if not config.tls_cert_file and not config.tls_key_file:
-        if config.tls_ca_file:
-            raise BadArgument("tls_ca_file needs tls_cert_file and tls_key_file (the worker's own certificate)")
-        return None
-    if not (config.tls_cert_file and config.tls_key_file):
-        raise BadArgument("TLS needs both tls_cert_file and tls_key_file")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
-    if config.tls_ca_file:
-        context.load_verify_locations(config.tls_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
-class QuietTLSListener(TLSListener):
-    """A failed or stalled handshake is one log line (who, why), never a traceback."""
-
-    @staticmethod
-    async def handle_handshake_error(exc: BaseException, stream: Any) -> None:
-        peer = ""
-        try:
-            peer = ":".join(map(str, stream.extra(SocketAttribute.remote_address)[:2]))
-        except Exception:  # noqa: BLE001 - only for the log line: a socket already gone has no address
-            pass
-        with anyio.CancelScope(shield=True):
-            await anyio.aclose_forcefully(stream)
-        if isinstance(exc, anyio.get_cancelled_exc_class()) or not isinstance(exc, Exception):
-            raise exc
-        why = "no handshake within the timeout" if isinstance(exc, TimeoutError) else \
-            (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        log.info("TLS handshake with %s failed: %s", peer or "a client", why)
 
 
 class Worker:
@@ -100,11 +66,13 @@ class Worker:
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         files = file_limit.budget()
         redis = await open_redis(self.config.redis_url, max_connections=files.redis_pool)
+        link = RedisLink.for_client(redis)  # the fences' calls, pipelined on one connection (not on a Cluster)
         spare = SpareDescriptor()
         try:
             self.spare = spare
             self._fit_open_files(redis, files)
             self.services = services = Services.over(redis, self.config, self.id)
+            services.core.fences.link = link
             await services.handles.load(redis, services.keys.handle_secret)
             memory = services.core.ctx.memory
             memory.on_sample = metrics.memory_sampled
@@ -115,10 +83,7 @@ class Worker:
             self.port = listener.extra(SocketAttribute.local_port)
             listener = shedding(listener, spare, b"" if self.tls is not None else RESP_REFUSAL)
             if self.tls is not None:
-                # the handshake runs in the connection's own task: a client that
-                # fails it is logged and dropped, nobody else waits on it
-                listener = QuietTLSListener(listener, self.tls, standard_compatible=False,
-                                            handshake_timeout=self.config.tls_handshake_timeout_ms / 1000)
+                listener = guarded_tls(listener, self.tls, services.gate)
             # Schedule writes run beside replies; their group outlives the background tasks
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:
@@ -127,6 +92,11 @@ class Worker:
                     background.start_soon(services.wakeups.run)
                     await services.wakeups.follow(
                         services.keys.filters_channel, lambda _: services.core.shared.registry.invalidate())
+                    # a user whose record changed: the gate updates or ends its connections here
+                    services.gate.spawn = background.start_soon
+                    await services.wakeups.follow(
+                        services.keys.users_channel,
+                        lambda name: services.gate.user_changed(name.decode("utf-8", "replace")))
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
                     background.start_soon(memory.run)
@@ -153,6 +123,8 @@ class Worker:
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
+                if link is not None:
+                    await link.aclose()
                 await redis.aclose()
             spare.close()
 
@@ -208,7 +180,10 @@ class Worker:
         self._draining.set()
 
     async def _serve_connection(self, stream: SocketStream) -> None:
-        if len(self.connections) >= self.config.max_connections:
+        gate = self.services.gate
+        try:
+            gate_pass = gate.enter("resp", client_host(stream))
+        except LimitExceeded:  # past max_connections, every door counted
             # as Redis: say why, then close, before anything is allocated for it
             with self.refusals.told() as telling, anyio.move_on_after(1):
                 try:
@@ -218,18 +193,21 @@ class Worker:
                     pass
             await anyio.aclose_forcefully(stream)
             return
-        conn = ClientConnection(self.services, self.verbs, stream, f"{self.id}:{next(self._numbers)}")
-        self.connections[conn.token] = conn
-        metrics.CONNECTIONS.inc()
         try:
-            await conn.run()
-        except Exception:  # one connection's failure must never take the worker down
-            log.exception("connection %s failed; closing it", conn.token)
+            conn = ClientConnection(self.services, self.verbs, stream, f"{self.id}:{next(self._numbers)}", gate_pass)
+            self.connections[conn.token] = conn
+            metrics.CONNECTIONS.inc()
+            try:
+                await conn.run()
+            except Exception:  # one connection's failure must never take the worker down
+                log.exception("connection %s failed; closing it", conn.token)
+            finally:
+                del self.connections[conn.token]
+                metrics.CONNECTIONS.dec()
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
         finally:
-            del self.connections[conn.token]
-            metrics.CONNECTIONS.dec()
-            with anyio.CancelScope(shield=True):
-                await conn.close()
+            gate.leave(gate_pass)
 
     @property
     def core(self) -> Core:

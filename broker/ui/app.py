@@ -7,6 +7,10 @@ replay, discard) are POSTs that need a login, the user's permission on the
 queue's topic, the login's CSRF token and a confirmation (the first POST shows
 what will happen; the confirmed one does it).
 
+The UI is a door of the gate (fencemq.server.gate; ui/auth.py says what it asks of it):
+logins, grants, the pages' ``inspect`` grant, payloads and the event streams'
+connection counts are the gate's answers, turned into HTTP here.
+
 ``create_app`` serves ``fencemq dashboard`` and a worker's ``--http-port`` alike.
 """
 
@@ -28,13 +32,15 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from fencemq.errors import BadArgument, FenceMQError, NotFound
+from fencemq.config import Config
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission, NotFound, WrongPassword
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.ops import inspection, maintenance, operations, overview
 from fencemq.ops.users import UserStore
+from fencemq.server.gate import Gate, Pass
 from fencemq.ui import charts
-from fencemq.ui.auth import COOKIE, SESSION_S, Login, Logins
+from fencemq.ui.auth import ACTION_PERMISSION, COOKIE, SESSION_S, Login, Logins, same_record
 from fencemq.ui.live import Sampler
 
 HERE = Path(__file__).parent
@@ -94,12 +100,15 @@ class UI:
 
     def __init__(self, redis_url: str | None = None, *, redis: Any = None, prefix: str = "fmq",
                  password: str | None = None, interval: float = 2.0, lease_ms: int | None = 10_000,
-                 title: str = "FenceMQ") -> None:
+                 title: str = "FenceMQ", gate: Gate | None = None) -> None:
         if redis_url is None and redis is None:
             raise BadArgument("the UI needs a Redis URL or client")
         self.redis_url, self.redis = redis_url, redis
         self.keys = Keyspace(prefix)
-        self.logins = Logins(password)
+        self.password = password
+        # the worker's gate when a worker serves the UI (serve --http-port), else one of its own over Redis
+        self.gate = gate
+        self.logins = Logins()
         self.sampler = Sampler(self.keys, interval=interval, lease_ms=lease_ms)
         self.interval = interval
         self.title = title
@@ -127,7 +136,48 @@ class UI:
         return str(module.live(ctx))  # type: ignore[attr-defined]
 
     def login(self, request: Request) -> Login | None:
-        return self.logins.get(request.cookies.get(COOKIE))
+        """The request's login, as :meth:`resolve` found it."""
+        return getattr(request.state, "login", None)
+
+    def own_gate(self) -> Gate:
+        """``fencemq dashboard``'s gate: the broker's password, and the users in its Redis."""
+        return Gate(Config(prefix=self.keys.prefix, password=self.password), UserStore(self.redis, self.keys.users),
+                    keys=self.keys)
+
+    async def resolve(self, request: Request) -> Login | None:
+        """The request's login, held to its user's record of now: a changed or removed user's ends."""
+        token = request.cookies.get(COOKIE)
+        login = self.logins.get(token)
+        if login is not None:
+            assert self.gate is not None
+            if not same_record(login.user, await self.gate.current(login.user)):
+                self.logins.end(token)
+                login = None
+        request.state.login = login
+        return login
+
+    async def refused(self, request: Request, topic: str) -> Response | None:
+        """None when the request may read about ``topic`` (``#``: the whole broker); else the response
+        that says why not. On a broker with a password or users every page needs a login, and then the
+        user's inspect grant; an open broker (no password, no users) lets anybody read."""
+        assert self.gate is not None
+        login = await self.resolve(request)
+        if login is None:
+            if self.gate.needs_auth or await self.gate.users_exist():
+                path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse("/login?" + urlencode({"next": path}), status_code=303)
+            return None
+        try:
+            self.gate.check(login.user, "inspect", topic)
+        except NoPermission as exc:
+            return self.error(request, exc, 403)
+        return None
+
+    def shows_payload(self, request: Request, topic: str) -> bool:
+        """A message's payload is read, on any door, only with the subscribe grant on its topic."""
+        assert self.gate is not None
+        login = self.login(request)
+        return self.gate.allows(login.user if login else None, "subscribe", topic)
 
     def error(self, request: Request, exc: Exception, status: int = 400) -> HTMLResponse:
         return self.render(request, "error.html", status=status, message=str(exc), code=type(exc).__name__)
@@ -208,7 +258,22 @@ class UI:
         raw = await self.redis.lrange(self.keys.queue(ref).dead, start, start + 19)
         for e, r in zip(res["dead_letters"], raw, strict=False):
             e["digest"] = overview.dead_letter_digest(r)
+            topic = e.get("topic") or ref.topic
+            if not self.shows_payload(request, topic):
+                e["preview"], e["headers"] = None, None
+                e["error"] = f"payload hidden: it needs the subscribe permission on '{topic[:128]}'"
         return {"d": res, "ref": ref, "start": start}
+
+
+def page_topic(name: str, request: Request) -> str:
+    """What a page is about, for the inspect grant it needs: one queue's topic, the topic a list is
+    narrowed to, or ``#`` (the whole broker)."""
+    p = request.query_params
+    if name in ("queue", "dlq"):
+        return _ref(p.get("q")).topic
+    if name in ("queues", "lmqs"):
+        return (p.get("topic") or "").strip() or "#"
+    return "#"
 
 
 def _ref(qid: str | None) -> QueueRef:
@@ -236,10 +301,50 @@ PAGES = {
 }
 
 
+PREAUTH_FORM_BYTES = 16_384  # a login form before any login, on a broker that asks for none (else the gate's)
+
+
+class CountedStream(StreamingResponse):
+    """An event stream, counted by the gate as one of the worker's connections while it is open."""
+
+    def __init__(self, content: Any, gate: Gate, gate_pass: Pass, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.gate, self.gate_pass = gate, gate_pass
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gate.leave(self.gate_pass)
+
+
+async def small_form(request: Request, limit: int) -> dict[str, str] | None:
+    """An url-encoded form of at most ``limit`` bytes, refused (None) from its Content-Length or as
+    it streams in, before more is read."""
+    from urllib.parse import parse_qsl
+
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else ""
+
+
 def create_app(ui: UI) -> Starlette:
     async def page(request: Request, name: str) -> Response:
         template, data = PAGES[name]
         try:
+            refusal = await ui.refused(request, page_topic(name, request))
+            if refusal is not None:
+                return refusal
             ctx = await data(ui, request)
         except NotFound as exc:
             return ui.error(request, exc, 404)
@@ -261,6 +366,25 @@ def create_app(ui: UI) -> Starlette:
         if name not in LIVE_PAGES:
             return PlainTextResponse("page is one of " + ", ".join(LIVE_PAGES), status_code=400)
         template, data = PAGES[name]
+        try:
+            refusal = await ui.refused(request, page_topic(name, request))
+        except (BadArgument, ValueError) as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        if refusal is not None:
+            return refusal
+        login = ui.login(request)
+        assert ui.gate is not None
+        gate = ui.gate
+        # An event stream is a connection held open: the gate counts it with the worker's others.
+        try:
+            gate_pass = gate.enter("ui", client_address(request))
+        except LimitExceeded as exc:
+            return PlainTextResponse(f"{exc.message}; try again later", status_code=503)
+        try:
+            gate.admit(gate_pass, login.user if login else None)
+        except LimitExceeded as exc:
+            gate.leave(gate_pass)
+            return PlainTextResponse(exc.message, status_code=429)
 
         async def stream() -> AsyncIterator[bytes]:
             version = ui.sampler.version
@@ -272,6 +396,9 @@ def create_app(ui: UI) -> Starlette:
                 else:
                     await anyio.sleep(ui.interval)
                 if await request.is_disconnected():
+                    return
+                if login is not None and await ui.resolve(request) is None:
+                    yield b"event: gone\ndata: your login ended; log in again\n\n"
                     return
                 try:
                     html = ui.fragment(template, request, **await data(ui, request))
@@ -285,17 +412,22 @@ def create_app(ui: UI) -> Starlette:
                 payload = "".join(f"data: {line}\n" for line in html.splitlines() or [""])
                 yield f"event: {event}\n{payload}\n".encode()
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return CountedStream(stream(), gate, gate_pass, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     async def login_page(request: Request) -> Response:
         if request.method == "GET":
             return ui.render(request, "login.html", page="login", next=_safe_next(request.query_params.get("next")))
-        form = await request.form()
-        name, password = str(form.get("user", "")), str(form.get("password", ""))
-        nxt = _safe_next(str(form.get("next", "")))
-        user = await ui.logins.authenticate(ui.users, name, password)
-        if user is None:
+        assert ui.gate is not None
+        form = await small_form(request, ui.gate.preauth_max_bytes or PREAUTH_FORM_BYTES)
+        if form is None:
+            return ui.error(request, BadArgument("a login form is a user name and a password, and this one is too "
+                                                 "large; nothing was read of it"), 413)
+        name, password = form.get("user", ""), form.get("password", "")
+        nxt = _safe_next(form.get("next", ""))
+        try:  # the gate's log_in: throttled per address, as AUTH and CONNECT are
+            user = await ui.gate.log_in(Pass("ui", client_address(request)), name or None, password.encode())
+        except WrongPassword:
             return ui.render(request, "login.html", status=401, page="login", next=nxt, user=name,
                              failed="Wrong user name or password.")
         token = ui.logins.start(user)
@@ -305,8 +437,8 @@ def create_app(ui: UI) -> Starlette:
         return resp
 
     async def logout(request: Request) -> Response:
-        login = ui.login(request)
-        form = await request.form()
+        login = await ui.resolve(request)
+        form = await request.form() if login is not None else await small_form(request, PREAUTH_FORM_BYTES) or {}
         if login is not None and not login.csrf_ok(form.get("csrf")):
             return ui.error(request, BadArgument("the form's CSRF token does not match your login"), 403)
         ui.logins.end(request.cookies.get(COOKIE))
@@ -318,19 +450,19 @@ def create_app(ui: UI) -> Starlette:
         name = request.path_params["name"]
         if name not in ("evict", "seek", "purge", "replay", "discard"):
             return ui.error(request, NotFound(f"no action {name[:32]!r}"), 404)
-        login = ui.login(request)
-        form = await request.form()
+        login = await ui.resolve(request)
         if login is None:
+            form = await small_form(request, PREAUTH_FORM_BYTES) or {}
             return ui.render(request, "login.html", status=401, page="login", next=_safe_next(str(form.get("back"))),
                              failed="Log in as a FenceMQ user with the operator permission to do that.")
+        form = await request.form()
         if not login.csrf_ok(form.get("csrf")):
             return ui.error(request, BadArgument("the form's CSRF token does not match your login; reload the page"),
                             403)
         try:
             ref = _ref(str(form.get("q", "")))
-            if not login.may(name, ref.topic):
-                return ui.error(request, PermissionError(login.user.missing(
-                    {"replay": "dlq", "discard": "dlq"}.get(name, name), ref.topic)), 403)
+            assert ui.gate is not None
+            ui.gate.check(login.user, ACTION_PERMISSION[name], ref.topic)  # the one matcher, as at every door
             args = _action_args(name, form)
             page_of = "/dlq" if name in ("replay", "discard") else "/queue"
             back = _safe_next(str(form.get("back", "")) or f"{page_of}?{urlencode({'q': ref.qid})}")
@@ -338,6 +470,8 @@ def create_app(ui: UI) -> Starlette:
                 return ui.render(request, "confirm.html", page="confirm", action=name, ref=ref, args=args,
                                  back=back, fields=[(k, v) for k, v in form.multi_items() if k not in ("csrf",)])
             result = await _do(ui, name, ref, args)
+        except NoPermission as exc:
+            return ui.error(request, exc, 403)
         except NotFound as exc:
             return ui.error(request, exc, 404)
         except (BadArgument, ValueError) as exc:
@@ -373,12 +507,17 @@ def create_app(ui: UI) -> Starlette:
             from fencemq.fences.redis_client import open_redis
 
             ui.redis = await open_redis(ui.redis_url)
+        own_gate = ui.gate is None
+        if own_gate:
+            ui.gate = ui.own_gate()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ui.sampler.run, ui.redis)
                 yield
                 tg.cancel_scope.cancel()
         finally:
+            if own_gate:
+                ui.gate = None
             if own:
                 await ui.redis.aclose()
                 ui.redis = None

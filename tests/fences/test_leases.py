@@ -543,10 +543,10 @@ def test_the_pair_runs_each_fence_once_when_the_script_cache_was_flushed(w, dire
 def test_the_lease_schedule_writes_of_a_burst_of_pulls_go_out_together_and_list_every_queue(w, direct, monkeypatch):
     ctx = w.worker.core.ctx
     writes = []
-    set_scores = ctx.set_scores  # the schedule's writes (an allow-oom fence: they go on when Redis is full)
+    set_scores = ctx.set_scores
 
     async def counted(index, scores, mode=""):
-        if index == KEYS.schedule:
+        if index == ctx.keys.schedule:
             writes.append(dict(scores))
         return await set_scores(index, scores, mode)
 

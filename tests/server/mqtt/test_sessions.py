@@ -272,3 +272,30 @@ def test_MQTT_4_3_3_10_a_qos2_publish_retransmitted_on_a_resumed_session_is_stor
     got = deliveries(reader.execute_command("PULL", handle, "COUNT", 10))
     assert [d["payload"] for d in got] == ["exactly once"]
     reader.close()
+
+
+def test_MQTT_3_1_2_4_clean_start_leaves_every_subscription_of_the_session_its_lmqs_included(w, redis_url) -> None:
+    from tests.helpers import RespConn, as_map, direct, held_handles
+
+    with RespConn(w.port) as resp:
+        resp.hello(3, "both-doors")
+        as_map(resp.call("SUB", "chat", "LMQ", "s1"))
+        as_map(resp.call("SUB", "plain-orders", "GROUP", "g"))
+    r = direct(redis_url)
+    assert len(held_handles(r, "both-doors")) == 2
+    c = Client(w.worker.mqtt_port, "both-doors", clean=True, expiry=60)
+    try:
+        assert c.session_present is False
+        assert held_handles(r, "both-doors") == set()
+    finally:
+        c.close()
+
+
+def test_MQTT_3_2_2_2_a_session_with_no_subscriptions_is_still_present_when_resumed(w) -> None:
+    first = Client(w.worker.mqtt_port, "no-subs", clean=False, expiry=60)
+    first.close()
+    again = Client(w.worker.mqtt_port, "no-subs", clean=False, expiry=60)
+    try:
+        assert again.session_present is True
+    finally:
+        again.close()
