@@ -16,10 +16,9 @@ import typer
 from rich.text import Text
 
 from fencemq.cli.opskit import EXIT_NOT_FOUND, EXIT_USAGE, Cluster, Ctx, Json, Prefix, RedisUrl, Topic, Yes, _confirm, \
-    _emit_json, _out, _row, _table
+    _emit_json, _out, _queue, _row, _table
 from fencemq.errors import BadArgument
 from fencemq.fences.retention import Policy, clear_policy, read_policies, set_policy
-from fencemq.model.keys import check_topic
 
 retention_app = typer.Typer(help="What a topic keeps after its groups read it (by default: nothing).",
                             no_args_is_help=True)
@@ -107,12 +106,11 @@ def retention_set(
     A lite topic's policy holds for each of its lmqs. Replaces the topic's policy.
     """
     ctx = Ctx("retention", redis_url, prefix, cluster)
+    _queue(ctx, topic, None)  # a topic's name, checked (and the permission's topic)
     try:
-        check_topic(topic)
         policy = Policy(count or 0, parse_duration_ms(age) if age else 0, parse_bytes(size) if size else 0)
     except BadArgument as exc:
         ctx.fail(exc.message, EXIT_USAGE)
-    ctx.topic = topic
     ctx.run(lambda r, k: set_policy(r, k, topic, policy), writes=True)
     if as_json:
         _emit_json({"topic": topic, **policy.as_dict()})
@@ -125,11 +123,7 @@ def retention_clear(topic: Topic, yes: Yes = False, redis_url: RedisUrl = None, 
                     cluster: Cluster = False) -> None:
     """Drop TOPIC's policy: what every group has settled is deleted from then on. Asks first unless --yes."""
     ctx = Ctx("retention", redis_url, prefix, cluster)
-    try:
-        check_topic(topic)
-    except BadArgument as exc:
-        ctx.fail(exc.message, EXIT_USAGE)
-    ctx.topic = topic
+    _queue(ctx, topic, None)
     _confirm(ctx, yes, f"Clear the retention policy of {topic} (what its groups settled will be deleted)?",
              f"clear the retention policy of {topic}")
     if not ctx.run(lambda r, k: clear_policy(r, k, topic), writes=True):

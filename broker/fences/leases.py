@@ -161,10 +161,11 @@ class Leases:
         k = self.ctx.keys.queue(handle.queue)
         returned = 0
         tags = tags or []
+        retention = await self.ctx.retention.args(handle.queue.topic)
         for start in range(0, max(len(tags), 1), self.ctx.config.max_batch):
             res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=0,
                                             discard=0, max_failures=self.ctx.config.max_failures, release=1,
-                                            args_rest=tags[start:start + self.ctx.config.max_batch])
+                                            **retention, args_rest=tags[start:start + self.ctx.config.max_batch])
             returned += int(res[0])
         return returned
 
