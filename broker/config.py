@@ -19,6 +19,7 @@ class Config:
     # Clean Session 0 (a session that "never expires") gets
     mqtt_max_session_expiry_s: int = 7 * 24 * 3600
     mqtt_default_session_expiry_s: int = 24 * 3600
+    mqtt_server_keep_alive_s: int = 0  # 5.0: the Server Keep Alive every client is given (0: its own Keep Alive)
     users: bool = False  # clients must AUTH as a user of `fencemq user` (ops/users.py), with its permissions
     # TLS for clients: a certificate chain and its key make the worker listen
     # with TLS only; a CA file also requires client certificates signed by it.
@@ -27,6 +28,10 @@ class Config:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     metrics_port: int | None = None
+    # What a PUB's ids and an ACK's reply promise (fences/durability.py, docs/operations.md):
+    # local | replicas=N (WAIT) | aof (WAITAOF) | aof+replicas=N; past the timeout: UNCONFIRMED
+    durability: str = "local"
+    durability_timeout_ms: int = 1000
     # The sampled gauges (server/metrics.py): how often, how many queues a sample reads at most, and
     # how many series: one per topic (the largest backlogs first) plus the lmqs with the largest backlogs.
     metrics_sample_ms: int = 15_000

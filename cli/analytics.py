@@ -11,7 +11,10 @@ the fence audit FAILED (the report lists the violations).
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -143,7 +146,9 @@ def analyze(
 ) -> None:
     """Run the PySpark analytics job (in this process) and its fence audit over a snapshot.
 
-    Writes result tables (Parquet), summary.json and report.html with plots.
+    Writes result tables (Parquet), summary.json and report.html with plots;
+    the JVM's own output goes to spark.log beside them (a terminal sees one
+    progress line instead).
     Exit code 3 when the fence audit fails. Needs pyspark (the "spark"
     extra of the fencemq package) and Java 17+.
     """
@@ -155,33 +160,41 @@ def analyze(
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
-        from fencemq.spark.analytics import AnalyticsError, build_session
+        from fencemq.spark.analytics import AnalyticsError
         from fencemq.spark.analytics import analyze as run_job
+        from fencemq.spark.session import build_session, is_small
     except ImportError as exc:
         fail("analyze", CliError(f"PySpark is not installed ({exc}); pip install 'fencemq[spark]'"))
         raise typer.Exit(1) from None
 
-    err = Console(stderr=True, highlight=False)
+    results = out if out is not None else snapshot_dir / "analysis"
+    results.mkdir(parents=True, exist_ok=True)
+    log = results / "spark.log"
     # One SparkContext per process: when one runs already (a notebook, a test session), use it
     # (its master wins) and leave it running.
     running = SparkContext._active_spark_context is not None
-    try:
-        if not running and not as_json:
-            err.print(f"starting Spark ({master}) ...")
-        spark = (SparkSession.builder.getOrCreate() if running
-                 else build_session(master, conf={"spark.ui.showConsoleProgress": "false"}))
-    except Exception as exc:  # noqa: BLE001 — JAVA_GATEWAY_EXITED and friends
-        fail("analyze", CliError(f"Spark could not start ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                                 "is Java 17+ installed (JAVA_HOME)?"))
-        raise typer.Exit(1) from None
-    try:
-        summary = run_job(spark, snapshot_dir, out, report=report)
-    except AnalyticsError as exc:
-        fail("analyze", CliError(str(exc)))
-        raise typer.Exit(1) from None
-    finally:
-        if not running:
-            spark.stop()
+    with _progress_line(enabled=not as_json) as say:
+        try:
+            if running:
+                spark = SparkSession.builder.getOrCreate()
+            else:
+                say(f"starting Spark ({master})")
+                with _jvm_output_to(log):
+                    spark = build_session(master, conf={"spark.ui.showConsoleProgress": "false"},
+                                          small_input=is_small(snapshot_dir))
+        except Exception as exc:  # noqa: BLE001 — JAVA_GATEWAY_EXITED and friends
+            fail("analyze", CliError(f"Spark could not start ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                                     f"is Java 17+ installed (JAVA_HOME)? Spark's own output: {log}"))
+            raise typer.Exit(1) from None
+        try:
+            summary = run_job(spark, snapshot_dir, out, report=report, progress=say)
+        except AnalyticsError as exc:
+            fail("analyze", CliError(str(exc)))
+            raise typer.Exit(1) from None
+        finally:
+            if not running:
+                say("stopping Spark")
+                spark.stop()
 
     audit = summary["audit"]
     if as_json:
@@ -208,6 +221,45 @@ def analyze(
         console.print(f"results: {summary['out']}" + (f"  report: {summary['report']}" if summary["report"] else ""))
     if audit["verdict"] != "PASS":
         raise typer.Exit(EXIT_AUDIT_FAILED)
+
+
+@contextmanager
+def _jvm_output_to(log: Path) -> Iterator[None]:
+    """The JVM that PySpark starts inherits this process's stdout and stderr: while it starts, they are
+    ``log``, so its warnings (log4j, the JDK's, Hadoop's) and later messages go there, not to the terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    to_log = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(to_log, 1)
+        os.dup2(to_log, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, to_log):
+            os.close(fd)
+
+
+@contextmanager
+def _progress_line(enabled: bool) -> Iterator[Callable[[str], None]]:
+    """One line on a terminal's stderr saying what the job does now and for how long (gone when done);
+    nothing elsewhere. It writes to a copy of stderr, so it stays on the terminal while the JVM starts."""
+    terminal = enabled and os.isatty(2)
+    if not terminal:
+        yield lambda _what: None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with os.fdopen(os.dup(2), "w") as stderr_copy:
+        console = Console(file=stderr_copy, highlight=False)
+        with Progress(SpinnerColumn(), TextColumn("analyze: {task.description}"), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("starting", total=None)
+            yield lambda what: bar.update(task, description=what)
 
 
 def register(app: typer.Typer) -> None:

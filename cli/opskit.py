@@ -28,6 +28,7 @@ from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
     CliError,
+    async_client,
     broker_redis,
     connect,
     fail,
@@ -132,10 +133,7 @@ class Ctx:
         cluster = self._probe()
 
         async def main() -> T:
-            from redis.asyncio import Redis, RedisCluster
-
-            client = (RedisCluster.from_url(self.url, socket_connect_timeout=3, socket_timeout=30) if cluster
-                      else Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=30))
+            client = async_client(self.url, cluster)
             try:
                 await self.authorize(client)
                 if writes:

@@ -35,6 +35,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than ~10 s (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "long: runs in `make test-long` (.ci/run, after make test), skipped by "
+                                       "make test: what it adds is worth less than its minute there")
     config.addinivalue_line("markers", "standalone: needs one server (kills, restarts or reads it whole); "
                                        "skipped under --redis-cluster")
     if config.getoption("--redis-cluster"):
@@ -42,6 +44,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("FENCEMQ_LONG_TESTS") != "1":
+        later = pytest.mark.skip(reason="a long test: `make test-long` runs it (FENCEMQ_LONG_TESTS=1)")
+        for item in items:
+            if "long" in item.keywords:
+                item.add_marker(later)
     if not config.getoption("--redis-cluster"):
         return
     skip = pytest.mark.skip(reason="needs one standalone server")

@@ -121,6 +121,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float
         time.sleep(interval)
 
 
+def long_polls_parked(w: WorkerThread, n: int = 1, timeout: float = 10.0) -> None:
+    """Wait until ``n`` long polls (PULL/TAKE … BLOCK) wait on worker ``w`` for a publish to wake them.
+
+    A test of the wake-up must publish after that: published earlier, the PULL finds the message at
+    once and the test never sees a wake-up (a sleep "until it is parked" guessed at it)."""
+    wait_for(lambda: parked_long_polls(w) >= n, timeout, 0.005, what=f"{n} long poll(s) parked on the worker")
+
+
+def parked_long_polls(w: WorkerThread) -> int:
+    """How many long polls wait on worker ``w`` now (one that ended, its client gone, no longer counts)."""
+    return sum(len(s) for s in list(w.worker.services.wakeups.waiters.values()))
+
+
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]

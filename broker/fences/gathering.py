@@ -15,8 +15,9 @@ same batch function: the outcome is the same either way.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 
@@ -29,13 +30,21 @@ MAX_BATCH = 512
 
 
 class _Waiting(Generic[In]):
-    __slots__ = ("item", "done", "result", "error")
+    """One call: its item, and the future its caller awaits (an asyncio one: redis-py ties the
+    fences to asyncio anyway, and it is the cheapest thing to wait on)."""
 
-    def __init__(self, item: In) -> None:
+    __slots__ = ("item", "future")
+
+    def __init__(self, item: In, future: asyncio.Future[Any]) -> None:
         self.item = item
-        self.done = anyio.Event()
-        self.result: object = None
-        self.error: BaseException | None = None
+        self.future = future
+
+    def settle(self, result: object) -> None:
+        if not self.future.done():  # not a caller that stopped waiting
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
 
 
 class Gathering(Generic[In, Out]):
@@ -54,7 +63,7 @@ class Gathering(Generic[In, Out]):
 
     async def __call__(self, item: In) -> Out:
         spawn = self.spawn()
-        waiting = _Waiting(item)
+        waiting = _Waiting(item, asyncio.get_running_loop().create_future())
         if spawn is None:
             await self._run_batch([waiting])
         else:
@@ -62,10 +71,7 @@ class Gathering(Generic[In, Out]):
             if not self._flushing:
                 self._flushing = True
                 spawn(self._flush)
-            await waiting.done.wait()
-        if waiting.error is not None:
-            raise waiting.error
-        return waiting.result  # type: ignore[return-value]
+        return await waiting.future
 
     async def _flush(self) -> None:
         try:
@@ -78,8 +84,7 @@ class Gathering(Generic[In, Out]):
             # cancelled (the worker stops): nobody is left waiting for a batch that will not run
             pending, self._pending = self._pending, []
             for w in pending:
-                w.error = FenceMQError("the worker is stopping; connect again")
-                w.done.set()
+                w.settle(FenceMQError("the worker is stopping; connect again"))
 
     async def _run_batch(self, batch: list[_Waiting[In]]) -> None:
         self.batches += 1
@@ -88,14 +93,9 @@ class Gathering(Generic[In, Out]):
             results = await self.run([w.item for w in batch])
         except BaseException as exc:  # every caller of the batch gets it (a cancellation: that it did not finish)
             for w in batch:
-                w.error = exc if isinstance(exc, Exception) else FenceMQError("the worker is stopping; connect again")
-                w.done.set()
+                w.settle(exc if isinstance(exc, Exception) else FenceMQError("the worker is stopping; connect again"))
             if not isinstance(exc, Exception):
                 raise
             return
         for w, result in zip(batch, results, strict=True):
-            if isinstance(result, BaseException):
-                w.error = result
-            else:
-                w.result = result
-            w.done.set()
+            w.settle(result)

@@ -24,8 +24,10 @@ from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body
 from fencemq.model.values import text
 
-PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal ready delayed held",
-                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans", argv_rest="messages")
+PUBLISH = fence("publish",
+                "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters",
+                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans intent_at intent_ms "
+                "default_lock_ms", argv_rest="messages")
 
 
 class Publishing:
@@ -113,21 +115,22 @@ class Publishing:
             if head and len(bodies) + 1 - head > 1:
                 spans.append(f"{head}:{len(bodies) + 1 - head}")
         args = dict(dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
-                    journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans),
-                    **await self.ctx.retention.args(ref.topic))
+                    journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans), default_lock_ms=config.default_lock_ms,
+                    **await self.ctx.handoff_intent(ref.qid), **await self.ctx.retention.args(ref.topic))
         keys = self.ctx.keys.queue(ref)
         value = None
         try:
             if read_key is None:
-                ids, push_members = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
+                ids, push_members, handed = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
             else:
-                (ids, push_members), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
-                                                                               args_rest=messages, **args)
+                (ids, push_members, handed), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
+                                                                                       args_rest=messages, **args)
         except Exception as exc:
             # Redis refuses the fence whole (it is not allow-oom): nothing was stored
             if is_oom(exc):
                 raise self.ctx.memory.refused_by_redis(exc) from None
             raise
+        await self.ctx.waiters_seen(ref.qid, int(handed))
         members = parse_push_members(push_members)
         if members:
             await self.mailboxes.dispatch(ref, members)

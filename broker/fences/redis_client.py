@@ -1,8 +1,7 @@
-"""The async Redis client every worker uses.
+"""The async Redis client every worker uses: one server, a Cluster, or a primary behind Sentinel.
 
-redis-py's asyncio connection packs commands in pure Python; a fence call with
-a batch of 100 messages carries 200+ arguments, and packing them was a fifth
-of a worker's CPU. hiredis packs the same bytes about five times faster.
+How it reaches Redis through failovers, and what it retries (only what never
+left the worker), is fences/redis_servers.py; commands are packed by hiredis.
 """
 
 from __future__ import annotations
@@ -12,30 +11,19 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-import hiredis
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.connection import Connection, ConnectionPool, SSLConnection
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
+from redis.asyncio.connection import ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-
-def _pack(args: tuple[Any, ...]) -> list[bytes]:
-    # redis-py passes some commands as one string with a space ("SCRIPT LOAD").
-    if isinstance(args[0], str) and " " in args[0]:
-        args = (*args[0].split(), *args[1:])
-    return [hiredis.pack_command(args)]
-
-
-class HiredisPackedConnection(Connection):
-    def pack_command(self, *args: Any) -> list[bytes]:
-        return _pack(args)
-
-
-class HiredisPackedSSLConnection(SSLConnection):
-    def pack_command(self, *args: Any) -> list[bytes]:
-        return _pack(args)
+from fencemq.fences.redis_servers import (
+    FenceConnection,
+    FenceSSLConnection,
+    client_options,
+    cluster_client,
+    is_sentinel_url,
+    sentinel_client,
+)
 
 
 class WaitingConnectionPool(ConnectionPool):
@@ -92,44 +80,43 @@ class WaitingConnectionPool(ConnectionPool):
 
 
 def connect(url: str, **options: Any) -> Redis:
-    """An async client for the broker's Redis, retrying across restarts and failovers.
+    """An async client for the broker's Redis (a plain URL, or a ``redis+sentinel://`` one).
 
-    ``max_connections`` (default 256) bounds the pool; past it a command waits for a
-    connection (WaitingConnectionPool)."""
+    It tries again to connect while Redis restarts or fails over, and never
+    sends a command again once it was written (fences/redis_servers.py).
+    ``max_connections`` (default 256) bounds the pool; past it a command waits
+    for a connection (WaitingConnectionPool)."""
     options.setdefault("max_connections", 256)
-    # A Redis restart drops every pooled connection: retry on a fresh one
-    # rather than failing the client's command.
-    options.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=8))
-    options.setdefault("retry_on_error", [RedisConnectionError, RedisTimeoutError])
+    if is_sentinel_url(url):
+        return sentinel_client(url, **options)
     tls = url.startswith("rediss://")
-    options.setdefault("connection_class", HiredisPackedSSLConnection if tls else HiredisPackedConnection)
-    return Redis.from_pool(WaitingConnectionPool.from_url(url, **options))
+    options.setdefault("connection_class", FenceSSLConnection if tls else FenceConnection)
+    return Redis.from_pool(WaitingConnectionPool.from_url(url, **client_options(**options)))
 
 
-def _cluster(url: str, **options: Any) -> RedisCluster:
-    options.setdefault("max_connections", 256)
-    options.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=8))
-    options.setdefault("retry_on_error", [RedisConnectionError, RedisTimeoutError])
-    return RedisCluster.from_url(url, **options)
-
-
-async def open_redis(url: str, max_connections: int = 256) -> Redis | RedisCluster:
+async def open_redis(url: str, max_connections: int = 256, *, insist: bool = False) -> Redis | RedisCluster:
     """A worker's client: asks the server at ``url`` whether it is a Cluster node.
 
     A Cluster gets redis-py's cluster client (every fence names keys of one
-    slot, so each call goes to the master that owns it); anything else the
-    single-server client of :func:`connect`. ``max_connections``: per server.
+    slot, so each call goes to the master that owns it); Sentinel, or anything
+    else, the single-server client of :func:`connect`. ``max_connections``:
+    per server. ``insist``: a server that does not answer is an error (the
+    worker's start waits and asks again), not taken for a single server.
     """
-    probe = connect(url, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=2))
+    if is_sentinel_url(url):
+        return connect(url, max_connections=max_connections)
+    probe = connect(url)
     try:
         enabled = int((await probe.info("cluster")).get("cluster_enabled", 0)) == 1
     except (RedisConnectionError, RedisTimeoutError, OSError):
+        if insist:
+            raise
         enabled = False  # not answering yet: the single-server client connects (and retries) lazily, as before
     finally:
         await probe.aclose()
     if not enabled:
         return connect(url, max_connections=max_connections)
-    cluster = _cluster(url, max_connections=max_connections)
+    cluster = cluster_client(url, max_connections=max_connections)
     await cluster.initialize()
     return cluster
 

@@ -43,6 +43,12 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from fencemq.errors import translate
+from fencemq.fences.durability import (
+    CONFIRMED_FENCES,
+    Durability,
+    add_confirmations,
+    confirmation_refused,
+)
 from fencemq.fences.redis_link import RedisLink
 
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
@@ -303,8 +309,10 @@ class Fences:
     turns its coded errors into FenceMQError subclasses.
     """
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, durability: Durability | None = None) -> None:
         self.redis = redis
+        # What a PUB's ids and an ACK's reply wait for (fences/durability.py); local: nothing.
+        self.durability = durability if durability is not None else Durability()
         # Set by a worker: its fence calls go over one pipelined connection (fencemq.fences.redis_link)
         # instead of redis-py's pool; None: through ``redis``.
         self.link: RedisLink | None = None
@@ -314,6 +322,9 @@ class Fences:
             name: redis.register_script(src) for name, src in sources().items()
         }
 
+    def _confirms(self, names: Any) -> bool:
+        return not self.durability.local and not CONFIRMED_FENCES.isdisjoint(names)
+
     async def _load(self, name: str) -> None:
         """Load a fence again (NOSCRIPT: Redis restarted, failed over or flushed its scripts)."""
         if self.link is not None:
@@ -321,15 +332,22 @@ class Fences:
         else:
             await self.redis.script_load(self.scripts[name].script)
 
-    async def _execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Commands in one round trip, replies in order, an error reply as its exception."""
-        if self.link is not None:
-            return await self.link.execute_many(commands)
+    async def _execute_many(self, commands: list[tuple[Any, ...]], confirm: list[list[str]] | None = None,
+                            ) -> tuple[list[Any], list[Any], list[Any]]:
+        """Commands in one round trip, replies in order, an error reply as its exception; then, for the
+        fences whose keys are ``confirm``, the durability's confirmation on their connections
+        (fences/durability.py). (the commands' replies, the confirmations' replies, their masters)"""
+        if self.link is not None:  # one connection: the confirmation goes behind the fences on it
+            extra = [self.durability.command()] if confirm else []
+            replies = await self.link.execute_many([*commands, *extra])
+            return replies[:len(commands)], replies[len(commands):], [None] * len(extra)
         pipe = self.redis.pipeline(transaction=False)
         for command in commands:
             # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
             pipe.execute_command(*command)
-        return await pipe.execute(raise_on_error=False)
+        nodes = add_confirmations(self.redis, pipe, self.durability, confirm) if confirm else []
+        replies = await pipe.execute(raise_on_error=False)
+        return replies[:len(commands)], replies[len(commands):], nodes
 
     async def run(self, spec: FenceSpec, keys: Any, *, extra_keys: Mapping[str, str] | None = None,
                   keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
@@ -353,30 +371,42 @@ class Fences:
 
         On NOSCRIPT only the calls that met it run again (once their fences are
         loaded): a call that ran is never run twice."""
+        return await self._run_calls([(spec.name, spec.key_list(keys, extra, rest), spec.arg_list(args, args_rest))
+                                      for spec, keys, extra, rest, args, args_rest in calls])
+
+    async def _run_calls(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """(fence name, keys, arguments) each, in one pipeline; then the durability's confirmation of
+        the acknowledging ones on the same connection (an UNCONFIRMED result when it does not come)."""
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(3):
             commands = []
             for i in todo:
-                spec, keys, extra, rest, args, args_rest = calls[i]
-                key_list = spec.key_list(keys, extra, rest)
-                commands.append(("EVALSHA", self.scripts[spec.name].sha, len(key_list), *key_list,
-                                 *spec.arg_list(args, args_rest)))
+                name, key_list, arg_list = calls[i]
+                commands.append(("EVALSHA", self.scripts[name].sha, len(key_list), *key_list, *arg_list))
+            confirmed = [i for i in todo if calls[i][0] in CONFIRMED_FENCES] if self._confirms(
+                calls[i][0] for i in todo) else []
             started = perf_counter()
-            replies = await self._execute_many(commands)
+            replies, confirmations, nodes = await self._execute_many(
+                commands, [calls[i][1] for i in confirmed] if confirmed else None)
             if self.observe is not None:
-                for name in {calls[i][0].name for i in todo}:
+                for name in {calls[i][0] for i in todo}:
                     self.observe(name, perf_counter() - started)
+            refusal = confirmation_refused(self.redis, self.durability, confirmations, nodes,
+                                           [calls[i][1] for i in confirmed]) if confirmed else None
             again = []
             for i, reply in zip(todo, replies, strict=True):
                 if attempt < 2 and (isinstance(reply, NoScriptError)
                                     or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply))):
                     again.append(i)
+                elif isinstance(reply, ResponseError):
+                    results[i] = translate(reply) or reply
                 else:
-                    results[i] = (translate(reply) or reply) if isinstance(reply, ResponseError) else reply
+                    results[i] = refusal if refusal is not None and i in confirmed and not isinstance(
+                        reply, Exception) else reply
             if not again:
                 break
-            for name in {calls[i][0].name for i in again}:
+            for name in {calls[i][0] for i in again}:
                 await self._load(name)
             todo = again
         return results
@@ -389,17 +419,24 @@ class Fences:
         key_list = spec.key_list(keys, {}, ())
         script = self.scripts[spec.name]
         started = perf_counter()
-        reply, value = await self._execute_many([
-            ("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest)), ("GET", read_key)])
+        (reply, value), confirmations, nodes = await self._execute_many(
+            [("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest)), ("GET", read_key)],
+            [key_list] if self._confirms([spec.name]) else None)
         if self.observe is not None:
             self.observe(spec.name, perf_counter() - started)
         if isinstance(value, Exception):
             raise value
         if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply)):
             return await self.call(spec.name, key_list, spec.arg_list(args, args_rest)), value
-        return self.check(reply), value
+        reply = self.check(reply)
+        if nodes and (refusal := confirmation_refused(self.redis, self.durability, confirmations, nodes,
+                                                      [key_list])) is not None:
+            raise refusal
+        return reply, value
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        if self._confirms([name]):
+            return self.check((await self._run_calls([(name, keys, args)]))[0])
         started = perf_counter()
         try:
             if self.link is None:

@@ -26,6 +26,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
+from collections.abc import Callable, Collection
 from typing import Any
 
 import anyio
@@ -267,13 +268,15 @@ class Sessions:
             await self.subscriptions.set_presence_many(marks)
         return [None] * len(calls)
 
-    async def claim_expired(self, worker_id: str = "", attached: set[str] | frozenset[str] = frozenset(),
+    async def claim_expired(self, worker_id: str = "",
+                            attached: Collection[str] | Callable[[], Collection[str]] = frozenset(),
                             limit: int = 100) -> list[str]:
         """Sessions whose lease ran out and that no live worker answers for: for end() to clean.
 
         A session bound through a worker that still holds its own lease is
         that worker's (``worker_id`` ends its own sessions that none of its
-        connections holds, ``attached``); another worker
+        connections holds, ``attached``: asked only when some lease ran out,
+        since a worker with many connections takes a while to list them); another worker
         takes it only once that worker has been silent for a whole session
         lease more — so a Redis outage shorter than that ends no live session.
         end() itself re-checks the lease under the session's lock.
@@ -293,8 +296,9 @@ class Sessions:
             scores = await self.redis.zmscore(self.keys.workers, list(named))
             leases = dict(zip(named, scores))
         mine = worker_id.encode()
+        held = attached() if callable(attached) else attached
         return [c for c, w in zip(expired, workers)
-                if c not in attached and (not w or w == mine or (leases.get(w) or 0) < now - self.lease_ms)]
+                if c not in held and (not w or w == mine or (leases.get(w) or 0) < now - self.lease_ms)]
 
     async def notify(self, client: str, notice: dict[str, Any]) -> None:
         """Queue a notice for the client's next HEARTBEAT and push it if connected.

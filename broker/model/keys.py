@@ -116,6 +116,7 @@ class QueueKeys:
     dead: str  # list: dead-lettered messages
     journal: str  # list: capped event journal
     wake: str  # sharded pub/sub channel: "something became ready"
+    waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
 
     def mailbox(self, group: str, member: str) -> str:
         return f"{self.meta}:mb:{escape(group)}:{escape(member)}"
@@ -127,7 +128,7 @@ class QueueKeys:
     def all_keys(self) -> list[str]:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
         return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed,
-                self.dedup, self.dedup_ids, self.dead, self.journal]
+                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters]
 
 
 class Keyspace:
@@ -166,6 +167,7 @@ class Keyspace:
             dead=base + ":dlq",
             journal=base + ":jr",
             wake=base + ":wake",
+            waiters=base + ":lp",
         )
 
     def topic(self, topic: str) -> str:

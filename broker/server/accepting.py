@@ -16,12 +16,14 @@ what the worker does not count (the UI, a leak, a limit lowered from outside).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
@@ -114,15 +116,49 @@ class SheddingListener(Listener[SocketStream]):
             if task_group is None:
                 task_group = await stack.enter_async_context(anyio.create_task_group())
             while True:
-                try:
-                    stream = await self.listener.accept()  # type: ignore[attr-defined]
-                except OSError as exc:
-                    if exc.errno in OUT_OF_DESCRIPTORS:
-                        await self._shed_one()
-                    elif exc.errno not in CLIENT_GONE:
-                        raise
-                    continue
-                task_group.start_soon(handler, stream)
+                stream = await self._accept_one(self.listener.accept)  # type: ignore[attr-defined]
+                if stream is not None:
+                    task_group.start_soon(handler, stream)
+
+    async def serve_sockets(self, handler: Callable[[socket.socket, Any], Awaitable[None]]) -> None:
+        """Accept bare sockets (non-blocking, TCP_NODELAY) and ``await handler(sock, address)`` for each:
+        for a door that makes its own transport (fencemq.server.connection)."""
+        raw: socket.socket = self.listener.extra(SocketAttribute.raw_socket)
+        loop = asyncio.get_running_loop()
+
+        async def accept() -> tuple[socket.socket, Any]:
+            try:
+                # a crowd waiting to be accepted (a storm) is taken without a readiness round each
+                sock, address = raw.accept()
+                sock.setblocking(False)
+                return sock, address
+            except BlockingIOError:
+                pass
+            try:
+                return await loop.sock_accept(raw)
+            except asyncio.CancelledError:
+                with contextlib.suppress(ValueError, NotImplementedError):
+                    loop.remove_reader(raw)  # (bpo-41317: a cancelled sock_accept may leave its reader)
+                raise
+
+        while True:
+            accepted = await self._accept_one(accept)
+            if accepted is not None:
+                sock, address = accepted
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await handler(sock, address)
+
+    async def _accept_one(self, accept: Callable[[], Awaitable[Any]]) -> Any:
+        """One accepted connection, or None when there was none to take (shed, or gone before it was)."""
+        try:
+            return await accept()
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:
+                await self._shed_one()
+            elif exc.errno not in CLIENT_GONE:
+                raise
+            return None
 
     async def _shed_one(self) -> None:
         raw: socket.socket = self.listener.extra(SocketAttribute.raw_socket)
@@ -162,3 +198,11 @@ def shedding(listener: Any, spare: SpareDescriptor, refusal: bytes = b"") -> Lis
     if isinstance(listener, MultiListener):
         return MultiListener([SheddingListener(one, spare, refusal) for one in listener.listeners])
     return SheddingListener(listener, spare, refusal)
+
+
+async def serve_sockets(listener: Any, handler: Callable[[socket.socket, Any], Awaitable[None]]) -> None:
+    """:meth:`SheddingListener.serve_sockets` on every socket of a :func:`shedding` listener."""
+    listeners = listener.listeners if isinstance(listener, MultiListener) else [listener]
+    async with anyio.create_task_group() as tg:
+        for one in listeners:
+            tg.start_soon(one.serve_sockets, handler)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 from redis.exceptions import RedisError
 
 from fencemq.config import Config
@@ -25,7 +24,7 @@ from fencemq.model.topics import SHARE_PREFIX, FilterTarget, parse_target
 from fencemq.protocol.commands import Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
 from fencemq.protocol.resp import Prebuilt, SimpleString, encode_bulk_array
-from fencemq.server import metrics
+from fencemq.server import long_poll, metrics
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 
@@ -35,10 +34,6 @@ OK = SimpleString("OK")
 def id_array(ids: list[str]) -> Prebuilt:
     """An MPUB reply: message ids (decimal, so a space never occurs in one) encoded in one go."""
     return Prebuilt(encode_bulk_array(" ".join(ids).encode().split()))
-
-
-class ClientGone(Exception):
-    """The client hung up while its command was running."""
 
 
 class MessagingVerbs:
@@ -197,13 +192,12 @@ class MessagingVerbs:
 
     async def pull(self, session: Session, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
         h = session.own(handle)
-        leases = self.services.core.leases
-        result = await leases.pull(h, count)
-        if not result.deliveries and block_ms is not None:
+        if block_ms is None:
+            result = await self.services.core.leases.pull(h, count)
+        else:
             # A fenced member (evicted, suspected, standby, ended) waits like any long
             # poll: woken when it may receive again, not answered at once to spin.
-            result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
-                                           lambda r: bool(r.deliveries))
+            result = await long_poll.pull(self.services, session, h, count, block_ms)
         metrics.DELIVERED.inc(len(result.deliveries))
         return Prebuilt(encode_deliveries(result.deliveries, session.proto))
 
@@ -237,8 +231,7 @@ class MessagingVerbs:
             return [acked, result]
         if not result.deliveries and block_ms is not None:
             try:
-                result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
-                                               lambda r: bool(r.deliveries))
+                result = await long_poll.pull(self.services, session, h, count, block_ms)
             except (FenceMQError, RedisError) as exc:  # the ACK ran: only the PULL's reply is this refusal
                 return [acked, exc]
         metrics.DELIVERED.inc(len(result.deliveries))
@@ -256,41 +249,13 @@ class MessagingVerbs:
         mailboxes = self.services.core.mailboxes
         result = await mailboxes.take(h)
         if result is None and block_ms is not None:
-            result = await self._long_poll(session, h, block_ms, lambda: mailboxes.take(h), lambda r: r is not None)
+            result = await long_poll.wait(self.services, session, h, block_ms, lambda: mailboxes.take(h), lambda r: r is not None)
         if result == "EOS":
             return SimpleString("EOS")
         if result is None:
             return None
         metrics.DELIVERED.inc()
         return Prebuilt(encode_delivery(result, session.proto))
-
-    async def _long_poll(self, session: Session, h: Handle, block_ms: int, attempt: Callable[[], Awaitable[Any]],
-                         done: Callable[[Any], bool]) -> Any:
-        """Wait on the queue's wake channel, looking again after each wake-up.
-
-        The subscription is confirmed before the first look, so a publish
-        between a look and the wait is never missed; BLOCK 0 waits up to
-        max_block_ms.
-        """
-        timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
-        result = None
-        async with session.until_hangup():
-            # A worker draining for a deploy ends the wait (not a look): the verb answers what it has
-            with anyio.move_on_after(timeout) as waiting, session.interruptible(waiting):
-                async with self.services.wakeups.watching(self.services.keys.queue(h.queue).wake) as waiter:
-                    while True:
-                        # The BLOCK time runs out in the wait, not in a look: a fence call cut
-                        # short could check messages out to a reply nobody sends.
-                        with anyio.CancelScope(shield=True):
-                            result = await attempt()
-                        if done(result):
-                            break
-                        await waiter.wait()
-        if session.gone:
-            # The client hung up while it waited: nothing more is checked out to it. (A connection
-            # closing because its worker drains still answers: what a look checked out is in it.)
-            raise ClientGone
-        return result if result is not None else await attempt()
 
     async def ack(self, session: Session, handle: str, tags: list[str]) -> Any:
         n = await self.services.core.leases.ack(session.own(handle), tags)

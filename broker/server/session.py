@@ -4,7 +4,7 @@ The session itself lives in Redis (fencemq.fences.sessions); this is the
 connection's side of it: the client id (named by HELLO/CLIENT SETNAME, or
 anonymous and made on first use), whether this connection holds it, the
 protocol version, authentication, whether the connection is ending, and the
-outbox of notices pushed to a RESP3 client.
+way notices are pushed to a RESP3 client.
 
 Connections presenting the same client id share its session (a client's
 pool): each keeps it alive, and it is left to its lease (or ended, after a
@@ -21,7 +21,7 @@ gate (fencemq.server.gate): who logged in, counted against the limits.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,9 +37,11 @@ from fencemq.protocol.commands import Request
 from fencemq.protocol.resp import Push
 from fencemq.server.services import Services
 
-OUTBOX_SIZE = 64
-
-HangupWatch = Callable[[anyio.CancelScope], Awaitable[None]]
+# The connection is told which wait to cancel if its client hangs up (None: the wait is over).
+HangupWatch = Callable[[anyio.CancelScope | None], None]
+# The connection's way to push a frame to a RESP3 client now: False when it cannot take more
+# (the client is not reading what it was sent), and the notice stays queued for HEARTBEAT.
+Pusher = Callable[[Push], bool]
 
 
 @dataclass(slots=True)
@@ -62,7 +64,7 @@ def revoked_notice(handle: Handle) -> dict[str, Any]:
 class Session:
     def __init__(self, services: Services, token: str, *, watch_for_hangup: HangupWatch,
                  end_connection: Callable[[], None], addresses: tuple[str, str] = ("", ""),
-                 gate_pass: Pass | None = None) -> None:
+                 gate_pass: Pass | None = None, push: Pusher | None = None) -> None:
         self.services = services
         self.token = token  # this connection, unique across the fleet: "<worker id>:<n>"
         self.peer, self.local = addresses  # host:port of the client and of the worker, for CLIENT INFO
@@ -90,7 +92,7 @@ class Session:
         self.taken_over_afresh = False  # taken over by a connection that started the session anew
         self._watch_for_hangup = watch_for_hangup
         self._end_connection = end_connection
-        self._outbox, self.outbox = anyio.create_memory_object_stream[Push](OUTBOX_SIZE)
+        self._push = push
         services.roster.enter(self)
 
     @property
@@ -137,18 +139,13 @@ class Session:
         is set; whatever the client sent meanwhile stays buffered for later.
         """
         self.waiting = True
+        scope = anyio.CancelScope()
+        self._watch_for_hangup(scope)
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_for_hangup, tg.cancel_scope)
+            with scope:
                 yield
-                tg.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            # The body's own error (a fence refusing the look: NOTFOUND once the member is gone)
-            # goes to the verb as itself, not wrapped in the watcher's task group.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
         finally:
+            self._watch_for_hangup(None)
             self.waiting = False
 
     @contextmanager
@@ -268,10 +265,9 @@ class Session:
         self.services.gate.admit(self.gate_pass, None)
         self.library = {}
 
-    def tell(self, notice: dict[str, Any]) -> None:
-        """Push a notice about this connection (not queued for HEARTBEAT): anyio.WouldBlock when the
-        outbox is full."""
-        self._outbox.send_nowait(Push(["notice", notice]))
+    def tell(self, notice: dict[str, Any]) -> bool:
+        """Push a notice about this connection (not queued for HEARTBEAT); False if it could not go."""
+        return self._push is not None and self._push(Push(["notice", notice]))
 
     def _on_message(self, data: bytes) -> None:
         told = msgpack.unpackb(data)
@@ -289,8 +285,6 @@ class Session:
                 self.farewell = Push(["notice", {"type": "session_taken_over", "client": self.client_id}])
                 self._end_connection()
             return
-        if self.proto == 3 and not self.closing:
-            try:
-                self._outbox.send_nowait(Push(["notice", self.services.handles.sign_notice(notice)]))
-            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass  # never block the pub/sub reader; the notice stays queued for HEARTBEAT
+        if self.proto == 3 and not self.closing and self._push is not None:
+            # never blocks the pub/sub reader; what cannot go now stays queued for HEARTBEAT
+            self._push(Push(["notice", self.services.handles.sign_notice(notice)]))

@@ -14,35 +14,40 @@ another worker (docs/operations.md, "Deploying").
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import os
 import socket
+import ssl
 import uuid
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import anyio
-from anyio.abc import SocketAttribute, SocketStream
+from anyio.abc import SocketAttribute
 from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.core import Core
-from fencemq.fences.redis_client import limit_connections, open_redis, servers_of
+from fencemq.fences.durability import Durability
+from fencemq.fences.redis_client import limit_connections, servers_of
 from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
-from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, shedding
+from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, serve_sockets, shedding
 from fencemq.server.connection import ClientConnection
-from fencemq.server.gate import client_host
 from fencemq.server.services import Services
+from fencemq.server.startup import ready_services
 from fencemq.server.sweeper import Sweeper
-from fencemq.server.tls import client_tls, guarded_tls
+from fencemq.server.tls import client_tls
 from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 
+KEEP_ALIVE_BATCH = 512  # session leases refreshed per round trip
 MOVE_WINDOW_S = 1.0  # how long a draining worker serves a RESP3 client it told to move, at most
 
 
@@ -52,6 +57,7 @@ class Worker:
             raise BadArgument("a worker needs redis_url (fencemq serve starts an embedded Redis when none is given)")
         self.config = config
         self.tls = client_tls(config)  # a bad TLS setting fails here, before anything starts
+        Durability.parse(config.durability, config.durability_timeout_ms)  # as does a bad durability
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.port: int | None = None
         self.mqtt_port: int | None = None  # where MQTT clients connect, when config.mqtt_port asks for it
@@ -65,25 +71,27 @@ class Worker:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         files = file_limit.budget()
-        redis = await open_redis(self.config.redis_url, max_connections=files.redis_pool)
+
+        async def check_memory(services: Services) -> None:
+            services.core.ctx.memory.on_sample = metrics.memory_sampled
+            await services.core.ctx.memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
+
+        # waits for Redis (down, loading, failing over, NOREPLICAS), saying so
+        redis, services = await ready_services(self.config, self.id, max_connections=files.redis_pool,
+                                               prepare=check_memory)
         link = RedisLink.for_client(redis)  # the fences' calls, pipelined on one connection (not on a Cluster)
         spare = SpareDescriptor()
         try:
             self.spare = spare
             self._fit_open_files(redis, files)
-            self.services = services = Services.over(redis, self.config, self.id)
+            self.services: Services = services
             services.core.fences.link = link
-            await services.handles.load(redis, services.keys.handle_secret)
             memory = services.core.ctx.memory
-            memory.on_sample = metrics.memory_sampled
-            await memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
             listener = shedding(listener, spare, b"" if self.tls is not None else RESP_REFUSAL)
-            if self.tls is not None:
-                listener = guarded_tls(listener, self.tls, services.gate)
             # Schedule writes run beside replies; their group outlives the background tasks
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:
@@ -142,7 +150,11 @@ class Worker:
 
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
         with scope:
-            await listener.serve(self._serve_connection, task_group=conns)
+            try:
+                await serve_sockets(listener, partial(self._serve_connection, conns))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await listener.aclose()
 
     async def _accept_mqtt(self, scope: anyio.CancelScope, conns: anyio.abc.TaskGroup, *,
                            task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -179,35 +191,54 @@ class Worker:
         """Stop accepting; tell clients to move; connections finish what they hold and close."""
         self._draining.set()
 
-    async def _serve_connection(self, stream: SocketStream) -> None:
+    async def _serve_connection(self, conns: anyio.abc.TaskGroup, sock: socket.socket, address: Any) -> None:
+        """A RESP client: refused past max_connections before anything is allocated for it, else a
+        ClientConnection on a transport of its own (after the TLS handshake, with certificates)."""
         gate = self.services.gate
+        host, port = (address[0], address[1]) if isinstance(address, tuple) else ("", "")
         try:
-            gate_pass = gate.enter("resp", client_host(stream))
+            gate_pass = gate.enter("resp", host)
         except LimitExceeded:  # past max_connections, every door counted
-            # as Redis: say why, then close, before anything is allocated for it
-            with self.refusals.told() as telling, anyio.move_on_after(1):
-                try:
-                    if telling:
-                        await stream.send(RESP_REFUSAL)
-                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
-            await anyio.aclose_forcefully(stream)
+            with self.refusals.told() as telling, contextlib.suppress(OSError):
+                if telling and self.tls is None:
+                    sock.send(RESP_REFUSAL)  # as Redis: say why, then close (a fresh socket's buffer has room)
+            sock.close()
             return
         try:
-            conn = ClientConnection(self.services, self.verbs, stream, f"{self.id}:{next(self._numbers)}", gate_pass)
-            self.connections[conn.token] = conn
-            metrics.CONNECTIONS.inc()
-            try:
-                await conn.run()
-            except Exception:  # one connection's failure must never take the worker down
-                log.exception("connection %s failed; closing it", conn.token)
-            finally:
-                del self.connections[conn.token]
-                metrics.CONNECTIONS.dec()
-                with anyio.CancelScope(shield=True):
-                    await conn.close()
-        finally:
-            gate.leave(gate_pass)
+            local = ":".join(map(str, sock.getsockname()[:2]))
+        except OSError:
+            local = ""
+        conn = ClientConnection(self.services, self.verbs, f"{self.id}:{next(self._numbers)}", gate_pass,
+                                addresses=(f"{host}:{port}" if host else "", local), spawn=conns.start_soon,
+                                on_closed=self._connection_closed)
+        self.connections[conn.token] = conn
+        metrics.CONNECTIONS.inc()
+        if self.tls is None:
+            await self._attach(conn, sock)
+        else:  # the handshake runs in a task of its own: a client that fails it holds nobody up
+            conns.start_soon(self._attach, conn, sock)
+
+    async def _attach(self, conn: ClientConnection, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if self.tls is None:
+                await loop.connect_accepted_socket(lambda: conn, sock)
+            else:
+                await loop.connect_accepted_socket(lambda: conn, sock, ssl=self.tls,
+                                                   ssl_handshake_timeout=self.services.gate.handshake_timeout_s)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            # a failed or stalled handshake (or a client gone already) is one line, never a traceback
+            why = "no handshake within the timeout" if isinstance(exc, TimeoutError) else \
+                (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            log.info("TLS handshake with %s failed: %s" if self.tls else "connection from %s failed: %s",
+                     conn.session.peer or "a client", why)
+            sock.close()
+            conn.cut()
+
+    def _connection_closed(self, conn: ClientConnection) -> None:
+        self.connections.pop(conn.token, None)
+        metrics.CONNECTIONS.dec()
+        self.services.gate.leave(conn.session.gate_pass)
 
     @property
     def core(self) -> Core:
@@ -231,8 +262,11 @@ class Worker:
             try:
                 now = await services.clock.now_ms()
                 await services.core.ctx.set_scores(services.keys.workers, {self.id: now + self.config.session_lease_ms})
-                gone = set(await services.sessions.keep_alive(sorted(self.attached_clients())))
-                for conn in list(self.connections.values()):
+                clients = list(self.attached_clients())
+                gone: set[str] = set()
+                for start in range(0, len(clients), KEEP_ALIVE_BATCH):  # a slice at a time: others are served between
+                    gone.update(await services.sessions.keep_alive(clients[start:start + KEEP_ALIVE_BATCH]))
+                for conn in list(self.connections.values()) if gone else ():
                     if conn.session.client_id in gone and conn.session.bound:
                         # its session was ended (say, after an outage longer than the lease): the
                         # client reconnects to a fresh one rather than act for a session that is gone

@@ -28,19 +28,22 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from fencemq.config import Config
 from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission, NotFound, WrongPassword
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.ops import inspection, maintenance, operations, overview
 from fencemq.ops.users import UserStore
 from fencemq.server.gate import Gate, Pass
-from fencemq.ui import charts
-from fencemq.ui.auth import ACTION_PERMISSION, COOKIE, SESSION_S, Login, Logins, same_record
+from fencemq.ui import charts, formatting
+from fencemq.ui.actions import act, action_args
+from fencemq.ui.auth import (
+    ACTION_PERMISSION, COOKIE, PREAUTH_FORM_BYTES, SESSION_S, CountedStream, Logins, UIGate, client_address,
+    safe_next, small_form,
+)
 from fencemq.ui.live import Sampler
 
 HERE = Path(__file__).parent
@@ -49,53 +52,7 @@ SORTS = ("name", "kind", "backlog", "checkouts", "dead_letters", "members", "idl
 LIVE_PAGES = ("overview", "queues", "queue", "lmqs", "sessions", "dlq")
 
 
-def _ago(ms: int | None, now: int | None) -> str:
-    if ms is None or now is None:
-        return "–"
-    s = (now - ms) / 1000
-    return _span(s) + " ago" if s >= 0 else "in " + _span(-s)
-
-
-def _span(s: float) -> str:
-    if s < 60:
-        return f"{s:.1f} s"
-    if s < 3600:
-        return f"{s / 60:.1f} min"
-    if s < 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
-
-
-def _in(s: float | None) -> str:
-    if s is None:
-        return "–"
-    return ("in " + _span(s)) if s >= 0 else (_span(-s) + " overdue")
-
-
-def _num(v: Any, digits: int = 0) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:,.{digits or 1}f}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
-
-
-def member_state(m: dict[str, Any]) -> str:
-    """One word for a member, as the queue page lists it."""
-    if m.get("ended"):
-        return "ended"
-    if m.get("marker"):
-        return "evicted"
-    if m.get("suspected"):
-        return "suspected"
-    if not m.get("online", True):
-        return "offline"
-    if m.get("owner"):
-        return "active"
-    return "standby" if m.get("mode") == "single-active" else "active"
-
-
-class UI:
+class UI(UIGate):
     """The app's state: Redis, the keyspace, logins and the overview sampler."""
 
     def __init__(self, redis_url: str | None = None, *, redis: Any = None, prefix: str = "fmq",
@@ -114,7 +71,8 @@ class UI:
         self.title = title
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
                                trim_blocks=True, lstrip_blocks=True)
-        self.env.filters.update(ago=_ago, num=_num, span=_span, span_in=_in, state=member_state)
+        self.env.filters.update(ago=formatting.ago, num=formatting.num, span=formatting.span,
+                                span_in=formatting.span_in, state=formatting.member_state)
         self.env.globals.update(urlencode=urlencode, chart=charts.line_chart)
 
     @property
@@ -134,50 +92,6 @@ class UI:
         module = self.env.get_template(f"partials/{template}").make_module(
             {"request": request, "login": self.login(request), "prefix": self.keys.prefix})
         return str(module.live(ctx))  # type: ignore[attr-defined]
-
-    def login(self, request: Request) -> Login | None:
-        """The request's login, as :meth:`resolve` found it."""
-        return getattr(request.state, "login", None)
-
-    def own_gate(self) -> Gate:
-        """``fencemq dashboard``'s gate: the broker's password, and the users in its Redis."""
-        return Gate(Config(prefix=self.keys.prefix, password=self.password), UserStore(self.redis, self.keys.users),
-                    keys=self.keys)
-
-    async def resolve(self, request: Request) -> Login | None:
-        """The request's login, held to its user's record of now: a changed or removed user's ends."""
-        token = request.cookies.get(COOKIE)
-        login = self.logins.get(token)
-        if login is not None:
-            assert self.gate is not None
-            if not same_record(login.user, await self.gate.current(login.user)):
-                self.logins.end(token)
-                login = None
-        request.state.login = login
-        return login
-
-    async def refused(self, request: Request, topic: str) -> Response | None:
-        """None when the request may read about ``topic`` (``#``: the whole broker); else the response
-        that says why not. On a broker with a password or users every page needs a login, and then the
-        user's inspect grant; an open broker (no password, no users) lets anybody read."""
-        assert self.gate is not None
-        login = await self.resolve(request)
-        if login is None:
-            if self.gate.needs_auth or await self.gate.users_exist():
-                path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-                return RedirectResponse("/login?" + urlencode({"next": path}), status_code=303)
-            return None
-        try:
-            self.gate.check(login.user, "inspect", topic)
-        except NoPermission as exc:
-            return self.error(request, exc, 403)
-        return None
-
-    def shows_payload(self, request: Request, topic: str) -> bool:
-        """A message's payload is read, on any door, only with the subscribe grant on its topic."""
-        assert self.gate is not None
-        login = self.login(request)
-        return self.gate.allows(login.user if login else None, "subscribe", topic)
 
     def error(self, request: Request, exc: Exception, status: int = 400) -> HTMLResponse:
         return self.render(request, "error.html", status=status, message=str(exc), code=type(exc).__name__)
@@ -282,15 +196,6 @@ def _ref(qid: str | None) -> QueueRef:
     return queue_ref(qid)
 
 
-def _int_or_none(text: str | None) -> int | None:
-    if text is None or text == "":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise BadArgument(f"{text[:32]!r} is not a whole number") from None
-
-
 PAGES = {
     "overview": ("overview.html", UI.overview_data),
     "queues": ("queues.html", UI.queues_data),
@@ -299,43 +204,6 @@ PAGES = {
     "sessions": ("sessions.html", UI.sessions_data),
     "dlq": ("dlq.html", UI.dlq_data),
 }
-
-
-PREAUTH_FORM_BYTES = 16_384  # a login form before any login, on a broker that asks for none (else the gate's)
-
-
-class CountedStream(StreamingResponse):
-    """An event stream, counted by the gate as one of the worker's connections while it is open."""
-
-    def __init__(self, content: Any, gate: Gate, gate_pass: Pass, **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self.gate, self.gate_pass = gate, gate_pass
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.gate.leave(self.gate_pass)
-
-
-async def small_form(request: Request, limit: int) -> dict[str, str] | None:
-    """An url-encoded form of at most ``limit`` bytes, refused (None) from its Content-Length or as
-    it streams in, before more is read."""
-    from urllib.parse import parse_qsl
-
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        return None
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-
-
-def client_address(request: Request) -> str:
-    return request.client.host if request.client else ""
 
 
 def create_app(ui: UI) -> Starlette:
@@ -417,14 +285,14 @@ def create_app(ui: UI) -> Starlette:
 
     async def login_page(request: Request) -> Response:
         if request.method == "GET":
-            return ui.render(request, "login.html", page="login", next=_safe_next(request.query_params.get("next")))
+            return ui.render(request, "login.html", page="login", next=safe_next(request.query_params.get("next")))
         assert ui.gate is not None
         form = await small_form(request, ui.gate.preauth_max_bytes or PREAUTH_FORM_BYTES)
         if form is None:
             return ui.error(request, BadArgument("a login form is a user name and a password, and this one is too "
                                                  "large; nothing was read of it"), 413)
         name, password = form.get("user", ""), form.get("password", "")
-        nxt = _safe_next(form.get("next", ""))
+        nxt = safe_next(form.get("next", ""))
         try:  # the gate's log_in: throttled per address, as AUTH and CONNECT are
             user = await ui.gate.log_in(Pass("ui", client_address(request)), name or None, password.encode())
         except WrongPassword:
@@ -453,7 +321,7 @@ def create_app(ui: UI) -> Starlette:
         login = await ui.resolve(request)
         if login is None:
             form = await small_form(request, PREAUTH_FORM_BYTES) or {}
-            return ui.render(request, "login.html", status=401, page="login", next=_safe_next(str(form.get("back"))),
+            return ui.render(request, "login.html", status=401, page="login", next=safe_next(str(form.get("back"))),
                              failed="Log in as a FenceMQ user with the operator permission to do that.")
         form = await request.form()
         if not login.csrf_ok(form.get("csrf")):
@@ -463,13 +331,13 @@ def create_app(ui: UI) -> Starlette:
             ref = _ref(str(form.get("q", "")))
             assert ui.gate is not None
             ui.gate.check(login.user, ACTION_PERMISSION[name], ref.topic)  # the one matcher, as at every door
-            args = _action_args(name, form)
+            args = action_args(name, form)
             page_of = "/dlq" if name in ("replay", "discard") else "/queue"
-            back = _safe_next(str(form.get("back", "")) or f"{page_of}?{urlencode({'q': ref.qid})}")
+            back = safe_next(str(form.get("back", "")) or f"{page_of}?{urlencode({'q': ref.qid})}")
             if form.get("confirmed") != "yes":
                 return ui.render(request, "confirm.html", page="confirm", action=name, ref=ref, args=args,
                                  back=back, fields=[(k, v) for k, v in form.multi_items() if k not in ("csrf",)])
-            result = await _do(ui, name, ref, args)
+            result = await act(ui.redis, ui.keys, name, ref, args)
         except NoPermission as exc:
             return ui.error(request, exc, 403)
         except NotFound as exc:
@@ -525,53 +393,3 @@ def create_app(ui: UI) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.ui = ui
     return app
-
-
-def _safe_next(nxt: str | None) -> str:
-    """Only a path of this site (no scheme, no host): an open redirect is a phishing aid."""
-    if not nxt or not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:
-        return "/"
-    return nxt
-
-
-def _action_args(name: str, form: Any) -> dict[str, Any]:
-    if name == "evict":
-        group, member = str(form.get("group", "")), str(form.get("member", ""))
-        if not group or not member:
-            raise BadArgument("evict needs a group and a member")
-        return {"group": group, "member": member}
-    if name == "seek":
-        group, kind = str(form.get("group", "")), str(form.get("kind", ""))
-        if not group:
-            raise BadArgument("seek needs a group")
-        if kind not in maintenance.SEEK_KINDS:
-            raise BadArgument("seek to id, time, earliest or latest")
-        arg = _int_or_none(str(form.get("arg", "")))
-        if kind in ("id", "time") and arg is None:
-            raise BadArgument(f"seek to {kind} needs a value")
-        return {"group": group, "kind": kind, "arg": arg if kind in ("id", "time") else None}
-    if name == "purge":
-        return {}
-    if name == "replay":
-        count = _int_or_none(str(form.get("count", "1"))) or 0
-        if not 1 <= count <= 10_000:
-            raise BadArgument("replay 1 to 10,000 dead letters")
-        return {"count": count}
-    position = _int_or_none(str(form.get("position", "")))
-    if position is None or position < 0 or not str(form.get("digest", "")):
-        raise BadArgument("discard needs the position and digest of the dead letter shown")
-    return {"position": position, "digest": str(form.get("digest"))}
-
-
-async def _do(ui: UI, name: str, ref: QueueRef, args: dict[str, Any]) -> dict[str, Any]:
-    r, k = ui.redis, ui.keys
-    if name == "evict":
-        return await maintenance.evict(r, k, ref, args["group"], args["member"], by="operator")
-    if name == "seek":
-        return await maintenance.seek(r, k, ref, args["group"], args["kind"], args["arg"])
-    if name == "purge":
-        return await maintenance.purge(r, k, ref)
-    if name == "replay":
-        return await maintenance.replay_dead(r, k, ref, count=args["count"])
-    return await overview.discard_dead(r, k, ref, args["position"], args["digest"])
-

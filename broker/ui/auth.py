@@ -27,7 +27,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fencemq.ops.users import DEFAULT_USER, User
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+
+from fencemq.config import Config
+from fencemq.errors import NoPermission
+from fencemq.model.keys import Keyspace
+from fencemq.ops.users import DEFAULT_USER, User, UserStore
+from fencemq.server.gate import Gate, Pass
 
 COOKIE = "fencemq_ui"
 SESSION_S = 8 * 3600
@@ -89,3 +98,101 @@ def same_record(login: User, current: User | None) -> bool:
     if login.name == DEFAULT_USER and login.superuser:
         return current.superuser
     return current.credential == login.credential and set(current.grants) == set(login.grants)
+
+
+class UIGate:
+    """What the UI asks of its gate for each request (a mixin of fencemq.ui.app.UI)."""
+
+    gate: Gate | None
+    logins: Logins
+    password: str | None
+    redis: Any
+    keys: Keyspace
+
+    def login(self, request: Request) -> Login | None:
+        """The request's login, as :meth:`resolve` found it."""
+        return getattr(request.state, "login", None)
+
+    def error(self, request: Request, exc: Exception, status: int = 400) -> Response: ...
+
+    def own_gate(self) -> Gate:
+        """``fencemq dashboard``'s gate: the broker's password, and the users in its Redis."""
+        return Gate(Config(prefix=self.keys.prefix, password=self.password), UserStore(self.redis, self.keys.users),
+                    keys=self.keys)
+
+    async def resolve(self, request: Request) -> Login | None:
+        """The request's login, held to its user's record of now: a changed or removed user's ends."""
+        token = request.cookies.get(COOKIE)
+        login = self.logins.get(token)
+        if login is not None:
+            assert self.gate is not None
+            if not same_record(login.user, await self.gate.current(login.user)):
+                self.logins.end(token)
+                login = None
+        request.state.login = login
+        return login
+
+    async def refused(self, request: Request, topic: str) -> Response | None:
+        """None when the request may read about ``topic`` (``#``: the whole broker); else the response
+        that says why not. On a broker with a password or users every page needs a login, and then the
+        user's inspect grant; an open broker (no password, no users) lets anybody read."""
+        assert self.gate is not None
+        login = await self.resolve(request)
+        if login is None:
+            if self.gate.needs_auth or await self.gate.users_exist():
+                path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse("/login?" + urlencode({"next": path}), status_code=303)
+            return None
+        try:
+            self.gate.check(login.user, "inspect", topic)
+        except NoPermission as exc:
+            return self.error(request, exc, 403)
+        return None
+
+    def shows_payload(self, request: Request, topic: str) -> bool:
+        """A message's payload is read, on any door, only with the subscribe grant on its topic."""
+        assert self.gate is not None
+        login = self.login(request)
+        return self.gate.allows(login.user if login else None, "subscribe", topic)
+
+
+PREAUTH_FORM_BYTES = 16_384  # a login form before any login, on a broker that asks for none (else the gate's)
+
+
+class CountedStream(StreamingResponse):
+    """An event stream, counted by the gate as one of the worker's connections while it is open."""
+
+    def __init__(self, content: Any, gate: Gate, gate_pass: Pass, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.gate, self.gate_pass = gate, gate_pass
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gate.leave(self.gate_pass)
+
+
+async def small_form(request: Request, limit: int) -> dict[str, str] | None:
+    """An url-encoded form of at most ``limit`` bytes, refused (None) from its Content-Length or as
+    it streams in, before more is read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else ""
+
+
+def safe_next(nxt: str | None) -> str:
+    """Only a path of this site (no scheme, no host): an open redirect is a phishing aid."""
+    if not nxt or not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:
+        return "/"
+    return nxt

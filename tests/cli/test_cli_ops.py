@@ -528,19 +528,21 @@ def test_top_two_iterations(broker: dict) -> None:
 
     import threading
 
-    stop = threading.Event()
+    stop, publishing = threading.Event(), threading.Event()
 
     def publish() -> None:
         p = client(broker["worker"].port, 2, "busy")
         try:
             while not stop.is_set():
                 p.execute_command("MPUB", "orders", 10, *["x"] * 10)
+                publishing.set()
                 time.sleep(0.01)
         finally:
             p.close()
 
     t = threading.Thread(target=publish)
     t.start()
+    assert publishing.wait(10), "the publisher never published"  # top's two samples see it publish
     try:
         result = ok("top", "--iterations", "2", "--interval", "0.3", "--redis-url", url, "--json")
     finally:

@@ -577,13 +577,15 @@ def test_a_long_poll_whose_block_time_ends_during_a_look_still_hands_out_what_th
     leases = w.worker.core.leases
     pull = leases.pull
 
-    async def slow_after_checkout(handle, count=1):
-        result = await pull(handle, count)
+    async def slow_after_checkout(handle, count=1, look=None):
+        result = await pull(handle, count, look)
         if result.deliveries:
             await anyio.sleep(0.4)  # Redis answered; the reply is slow to come back (a loaded worker)
         return result
 
     monkeypatch.setattr(leases, "pull", slow_after_checkout)
+    # the publish wakes the long poll, which looks (no hand-off: the worker never learns a poll waits)
+    monkeypatch.setattr(w.worker.core.ctx, "note_waiting", lambda qid: None)
     c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
     h = join(c, "GROUP", "g")
     threading.Timer(0.1, lambda: p.execute_command("PUB", "orders", "late")).start()

@@ -190,6 +190,8 @@ class MqttDelivery:
     async def _acknowledged(self, events: list[DeliveryAcknowledged]) -> None:
         """PUBACKs and PUBCOMPs (and refusing PUBRECs) of one read: settled in FenceMQ, then
         forgotten by the session (a crash between the two leaves a record the resume drops)."""
+        if not events:
+            return
         settled: dict[Handle, list[str]] = {}
         refused: dict[Handle, list[str]] = {}
         over: list[int] = []

@@ -63,6 +63,7 @@ from fencemq.server.session import Session
 log = logging.getLogger(__name__)
 
 READ_SIZE = 65536
+LINGER_S = 1.0  # how long a connection the server ended waits for the client to close it
 
 
 class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumption):
@@ -74,7 +75,8 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         # the gate's budgets: the time to an accepted CONNECT, and its size before authentication
         limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s,
                                   connect_timeout=self.gate.connect_timeout_s,
-                                  maximum_connect_size=self.gate.preauth_max_bytes)
+                                  maximum_connect_size=self.gate.preauth_max_bytes,
+                                  server_keep_alive=self.config.mqtt_server_keep_alive_s or None)
         self.mqtt = MqttServerSession(limits, now=time.monotonic())
         self.revoked_filters: tuple[str, ...] = ()  # a resumed session's, its user may no longer subscribe to
         self.gate_pass = gate_pass or Pass("mqtt", "")
@@ -97,12 +99,14 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
         self.taken_over = False
+        self.ended_by_server = False
+        self._tick_wait = anyio.CancelScope()
         self.quota_refused = False  # a 3.1.1 PUBLISH met FULL: the connection is being closed unacknowledged
         self.draining = False  # the worker shuts down: nothing new is sent
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
-    async def _no_hangup_watch(self, scope: anyio.CancelScope) -> None:
-        await anyio.sleep_forever()  # MQTT verbs never wait inside the session: the reader runs all along
+    def _no_hangup_watch(self, scope: anyio.CancelScope | None) -> None:
+        pass  # MQTT verbs never wait inside the session: the reader runs all along
 
     def _taken_over(self) -> None:
         self._handle_later(self.mqtt.take_over())
@@ -156,8 +160,26 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         finally:
             self.tasks = None  # drain() and a takeover notice now find nothing to start
             with anyio.CancelScope(shield=True):
+                if self.ended_by_server:
+                    await self._linger()
                 await self.stream.aclose()
                 await self._session_over()
+
+    async def _linger(self) -> None:
+        """After the server ended the connection: half-close it and read (and drop) what the client
+        still sends until it closes, for at most LINGER_S. Closing a socket with bytes unread
+        resets it, and a client that is still writing (PUBRELs, say) would lose the DISCONNECT that
+        says why before reading it."""
+        try:
+            await self.stream.send_eof()
+        except (NotImplementedError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return  # TLS and WebSocket cannot half-close: closed at once, as before
+        with anyio.move_on_after(LINGER_S):
+            try:
+                while await self.stream.receive(READ_SIZE):
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
 
     async def _read(self) -> None:
         began: float | None = None  # when the packet still unfinished began (the gate's request timeout)
@@ -188,7 +210,8 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
     async def _tick(self) -> None:
         while True:
             deadline = self.mqtt.next_deadline()
-            await anyio.sleep(1.0 if deadline is None else max(0.0, deadline - time.monotonic()))
+            with anyio.CancelScope() as self._tick_wait:  # cancelled when the deadline moves earlier
+                await anyio.sleep(1.0 if deadline is None else max(0.0, deadline - time.monotonic()))
             await self._handle_and_flush(self.mqtt.tick(time.monotonic()))
             if self.mqtt.closed:
                 assert self.tasks is not None
@@ -296,7 +319,11 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         if event.will is not None:
             self.will = (event.will, event.will.properties.will_delay_interval or 0)
         # what the client sent right behind its CONNECT (a SUBSCRIBE, say) waited for the accept
-        await self._handle(await self._take_up(event))
+        pipelined = await self._take_up(event)
+        # the keep alive is the session's deadline now, not the connect timeout (a client whose
+        # Keep Alive is shorter than that was checked only at the connect timeout: its will late)
+        self._tick_wait.cancel()
+        await self._handle(pipelined)
 
     async def _admitted(self, event: ConnectRequested) -> int | None:
         """The gate's answer to a CONNECT: None (let in), or the CONNACK reason code that refuses it."""
@@ -377,6 +404,10 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
 
     async def _closed(self, event: ConnectionClosed) -> None:
         self.taken_over = event.taken_over
+        # the server ended it (a protocol error, a limit, a DISCONNECT it sent): the client is told why
+        # (a client silent past its keep alive is gone: nothing to linger for)
+        self.ended_by_server = (event.initiated_by == "server" and not event.taken_over
+                                and event.reason_code != ReasonCode.KEEP_ALIVE_TIMEOUT)
         if self.session.bound:
             # a DISCONNECT may change the Session Expiry Interval (5.0 §3.14.2.2.2)
             self.expiry = self._granted_expiry(self.protocol_level, event.session_expiry_interval)

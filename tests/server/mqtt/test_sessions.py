@@ -299,3 +299,23 @@ def test_MQTT_3_2_2_2_a_session_with_no_subscriptions_is_still_present_when_resu
         assert again.session_present is True
     finally:
         again.close()
+
+
+def test_MQTT_3_1_2_24_a_client_silent_past_a_keep_alive_shorter_than_the_connect_timeout_has_its_will_sent_then(
+        w) -> None:
+    import socket
+
+    from fencemq.protocol.mqtt.codec import encode
+    from fencemq.protocol.mqtt.packets import Connect, Will
+
+    watcher = Client(w.worker.mqtt_port, "will-watcher")
+    watcher.subscribe("gone/silent", qos=0)
+    silent = socket.create_connection(("127.0.0.1", w.worker.mqtt_port))
+    silent.sendall(encode(Connect(client_id="silent", keep_alive=2, will=Will("gone/silent", b"bye", 0, False))))
+    started = time.monotonic()
+    try:
+        got = watcher.take(1, timeout=8)
+        assert [m.payload for m in got] == [b"bye"]
+        assert time.monotonic() - started < 5  # 1.5 x 2 s, not the 10 s connect timeout
+    finally:
+        silent.close(), watcher.close()
