@@ -94,12 +94,32 @@ def unreachable_message(url: str, exc: BaseException | None) -> str:
 
 
 def async_client(url: str, cluster: bool):
-    """The asyncio client the operator commands use (the URL has answered connect() already). With
-    connect(), the one place the CLI makes a client from a URL."""
-    from redis.asyncio import Redis, RedisCluster
+    """The asyncio client the operator commands use (the URL has answered connect() already): the
+    worker's own (fences/redis_client.py), so every URL a worker takes — a Cluster node, a
+    ``redis+sentinel://`` one — the CLI takes too. With connect(), the one place the CLI makes a client."""
+    from fencemq.fences.redis_client import connect as worker_client
+    from fencemq.fences.redis_servers import cluster_client
 
-    kind = RedisCluster if cluster else Redis
-    return kind.from_url(url, socket_connect_timeout=3, socket_timeout=30)
+    options = {"socket_connect_timeout": 3, "socket_timeout": 30, "max_connections": 16}
+    return cluster_client(url, **options) if cluster else worker_client(url, **options)
+
+
+def _sync_client(url: str, **kwargs: object) -> redis.Redis:
+    """A blocking client for ``url``, read as the worker reads it (fences/redis_servers.py)."""
+    from fencemq.fences.redis_servers import is_sentinel_url, parse_sentinel_url
+
+    if not is_sentinel_url(url):
+        return redis.Redis.from_url(url, **kwargs)
+    from redis.sentinel import Sentinel, SentinelManagedSSLConnection
+
+    target = parse_sentinel_url(url)  # BadArgument when malformed
+    options = {**target.redis_options, **kwargs}
+    options.pop("ssl", None)
+    if target.tls:
+        options["connection_class"] = SentinelManagedSSLConnection
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={"socket_timeout": 3, "socket_connect_timeout": 3,
+                                                                 **target.sentinel_options})
+    return sentinel.master_for(target.service, **options)
 
 
 def connect(url: str, **kwargs: object) -> redis.Redis:
@@ -108,11 +128,11 @@ def connect(url: str, **kwargs: object) -> redis.Redis:
     No retries: an operator asking for status wants an answer in a second or
     two, not after redis-py's backoff schedule.
     """
+    from fencemq.errors import BadArgument
+
     try:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=3, socket_timeout=10, retry=Retry(NoBackoff(), 0), **kwargs
-        )
-    except ValueError as exc:
+        client = _sync_client(url, socket_connect_timeout=3, socket_timeout=10, retry=Retry(NoBackoff(), 0), **kwargs)
+    except (ValueError, BadArgument) as exc:
         raise CliError(
             f"{safe_url(url)!r} is not a Redis URL ({exc}); give one like redis://host:6379/0 "
             f"with --redis-url or {ENV_REDIS_URL}",

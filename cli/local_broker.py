@@ -65,14 +65,13 @@ def _private_dir(create: bool) -> Path | None:
     return d
 
 
-def _alive(pid: int) -> bool:
+def _serve_runs(pid: int) -> bool:
+    """Whether our user still has a process ``pid`` (another user's has the pid of a serve long gone)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return True
+    except OSError:
         return False
-    except PermissionError:
-        return False  # not our user's process: not a record of ours either
-    return True
 
 
 @contextmanager
@@ -113,7 +112,7 @@ def running() -> list[LocalBroker]:
                                  str(raw.get("worker", "?")), str(raw.get("started", "?")))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written right now, or not one of ours: not ours to judge
-        if _alive(broker.pid):
+        if _serve_runs(broker.pid):
             found.append(broker)
         else:
             path.unlink(missing_ok=True)

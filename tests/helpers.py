@@ -17,6 +17,7 @@ import os
 import pty
 import resource
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -24,7 +25,8 @@ import sys
 import tempfile
 import termios
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Self
 
 import redis
@@ -132,6 +134,27 @@ def long_polls_parked(w: WorkerThread, n: int = 1, timeout: float = 10.0) -> Non
 def parked_long_polls(w: WorkerThread) -> int:
     """How many long polls wait on worker ``w`` now (one that ended, its client gone, no longer counts)."""
     return sum(len(s) for s in list(w.worker.services.wakeups.waiters.values()))
+
+
+@contextmanager
+def fencemq_serve(*args: str, env: dict[str, str] | None = None, cwd: str | None = None,
+                  stop: int = signal.SIGTERM) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`fencemq serve ARGS` in a process of its own, once it has printed its 'listening on' line:
+    (the process, that line). Stopped with ``stop`` (SIGTERM: it drains) and waited for at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "fencemq.cli.main", "serve", *args], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if "listening on" in line:
+                break
+        else:
+            raise AssertionError(f"serve ended before listening (exit {proc.wait()})")
+        yield proc, line
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(stop)
+        proc.wait(30)
+        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def free_port() -> int:

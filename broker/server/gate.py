@@ -43,7 +43,6 @@ from fencemq.server.guard import AuthThrottle, PasswordChecks
 
 log = logging.getLogger(__name__)
 
-DOORS = ("resp", "mqtt", "mqtt-ws", "ui")
 PRIVATE_GROUP = "~"  # a client's own subscription (no GROUP) is group ~<client id>
 ANONYMOUS = "anon-"  # the sessions of connections that named none
 
@@ -52,7 +51,7 @@ ANONYMOUS = "anon-"  # the sessions of connections that named none
 class Pass:
     """One caller at one door: a connection (RESP, MQTT), a UI event stream, or a UI login attempt."""
 
-    door: str
+    door: str  # "resp", "mqtt", "mqtt-ws" or "ui"
     address: str  # the client's host, without its port: what logins are throttled by
     user: User | None = None  # who logged in; None before (or without authentication)
     failures: int = 0  # failed logins on this connection
@@ -76,6 +75,7 @@ class Gate(SessionChecks):
         self.passwords = PasswordChecks(config.max_password_checks)
         self.connections = 0
         self._by_user: dict[str, set[Pass]] = {}
+        self.crowded: dict[str, int] = {}
         self.spawn: Callable[..., Any] | None = None  # a task group's start_soon, once the worker runs
 
     # -- connections -------------------------------------------------------------------
@@ -119,6 +119,10 @@ class Gate(SessionChecks):
 
     def held_by(self, name: str) -> int:
         return len(self._by_user.get(name, ()))
+
+    def users_held(self) -> dict[str, int]:
+        """Each logged-in user's connections on this worker (the limits alarm)."""
+        return {name: len(held) for name, held in self._by_user.items()}
 
     # -- identity ----------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.helpers import free_port
+from tests.helpers import fencemq_serve, free_port
 
 FENCEMQ = [sys.executable, "-m", "fencemq.cli.main"]
 
@@ -33,20 +32,8 @@ def _env(runtime: Path) -> dict[str, str]:
 def serving(runtime: Path, *args: str) -> Iterator[tuple[subprocess.Popen, int, str]]:
     """`fencemq serve` without a Redis URL: (process, worker port, its 'listening' line)."""
     port = free_port()
-    proc = subprocess.Popen([*FENCEMQ, "serve", "--port", str(port), *args], env=_env(runtime),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if "listening on" in line:
-                break
-        else:
-            pytest.fail(f"serve ended before listening (exit {proc.wait()})")
+    with fencemq_serve("--port", str(port), *args, env=_env(runtime)) as (proc, line):
         yield proc, port, line
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def fencemq(runtime: Path, *args: str) -> subprocess.CompletedProcess:
