@@ -19,7 +19,7 @@ from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.context import FenceContext
 from fencemq.fences.mailbox import Mailboxes, parse_push_members
 from fencemq.fences.registry import fence
-from fencemq.model.keys import QueueRef
+from fencemq.model.keys import QueueKeys, QueueRef
 from fencemq.model.values import text
 
 RELEASE = fence("release", "meta log scheduled scheduled_bodies held ready delayed journal wake dedup dedup_ids dead",
@@ -64,31 +64,35 @@ class Scheduling:
 
     async def cancel(self, ref: QueueRef, sids: list[str]) -> int:
         """Cancel scheduled messages by schedule id: how many were still waiting (UNPUB)."""
-        if not sids:
-            raise BadArgument("give at least one schedule id")
-        if len(sids) > self.ctx.config.max_batch:
-            raise LimitExceeded(f"{len(sids)} ids exceed {self.ctx.config.max_batch}; cancel in smaller batches")
-        bad = next((s for s in sids if not is_schedule_id(s)), None)
-        if bad is not None:
-            raise BadArgument(f"{bad[:32]!r} is not a schedule id: UNPUB takes the ids PUB … DELAY | AT answered "
-                              "(s and digits)")
+        check_schedule_ids(sids, self.ctx.config.max_batch)
         return int(await self.ctx.fences.run(UNPUB, self.ctx.keys.queue(ref), args_rest=sids))
 
     async def pending(self, ref: QueueRef) -> int:
         """How many messages of ``ref`` wait for their time."""
         return int(await self.ctx.redis.zcard(self.ctx.keys.queue(ref).scheduled))
 
-    async def listing(self, ref: QueueRef, limit: int = 100) -> list[dict[str, Any]]:
-        """The first scheduled messages of ``ref`` by due time: schedule id, due ms, publish ms, size."""
-        k = self.ctx.keys.queue(ref)
-        entries = await self.ctx.redis.zrange(k.scheduled, 0, limit - 1, withscores=True)
-        if not entries:
-            return []
-        bodies = await self.ctx.redis.hmget(k.scheduled_bodies, [s for s, _ in entries])
-        out = []
-        for (sid, due), body in zip(entries, bodies, strict=True):
-            if body is None:
-                continue
+
+def check_schedule_ids(sids: list[str], max_batch: int) -> None:
+    """BADARG (or LIMIT) unless ``sids`` are 1 … max_batch schedule ids."""
+    if not sids:
+        raise BadArgument("give at least one schedule id")
+    if len(sids) > max_batch:
+        raise LimitExceeded(f"{len(sids)} ids exceed {max_batch}; cancel in smaller batches")
+    bad = next((s for s in sids if not is_schedule_id(s)), None)
+    if bad is not None:
+        raise BadArgument(f"{bad[:32]!r} is not a schedule id: UNPUB takes the ids PUB … DELAY | AT answered "
+                          "(s and digits)")
+
+
+async def scheduled_messages(redis: Any, k: QueueKeys, limit: int = 100) -> list[dict[str, Any]]:
+    """The first ``limit`` scheduled messages of a queue by due time: schedule id, due ms, publish ms, size."""
+    entries = await redis.zrange(k.scheduled, 0, limit - 1, withscores=True)
+    if not entries:
+        return []
+    bodies = await redis.hmget(k.scheduled_bodies, [s for s, _ in entries])
+    out = []
+    for (sid, due), body in zip(entries, bodies, strict=True):
+        if body is not None:
             out.append({"id": text(sid), "due_ms": int(due), "published_ms": int(body.split(b":", 1)[0]),
                         "size": len(body)})
-        return out
+    return out
