@@ -108,6 +108,7 @@ class QueueKeys:
     checkouts: str  # hash: delivery tag -> group NUL member NUL id NUL epoch NUL acquisitions NUL failures
     deadlines: str  # zset: delivery tag scored by lease deadline (ms)
     owned: str  # zset (lex): group NUL member NUL tag, to return a member's checkouts in O(own)
+    held: str  # zset: delivery tag scored by its message id, to find the lowest id checked out (retention)
     ready: str  # zset (lex): group NUL id(16 digits) NUL acquisitions NUL failures: returned messages
     delayed: str  # zset: same members as ready, scored by the time they become ready
     dedup: str  # zset: dedup id scored by publish time
@@ -122,11 +123,11 @@ class QueueKeys:
 
     def lease_keys(self) -> list[str]:
         """The keys every lease-moving fence declares, in this order."""
-        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed]
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed]
 
     def all_keys(self) -> list[str]:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
-        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed,
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed,
                 self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters]
 
 
@@ -158,6 +159,7 @@ class Keyspace:
             checkouts=base + ":co",
             deadlines=base + ":dl",
             owned=base + ":own",
+            held=base + ":held",
             ready=base + ":rd",
             delayed=base + ":dly",
             dedup=base + ":dd",
@@ -225,9 +227,25 @@ class Keyspace:
         return f"{self.prefix}:filters:changed"
 
     @property
+    def retention(self) -> str:
+        """Hash: topic -> its retention policy, "count age_ms bytes" (fences/retention.py)."""
+        return f"{self.prefix}:retention"
+
+    @property
     def alarms(self) -> str:
         """Hash: alarm name (``memory@host:port``, ``eviction@host:port``) -> JSON record; fences/memory.py."""
         return f"{self.prefix}:alarms"
+
+    @property
+    def redis_nodes(self) -> str:
+        """Hash: Redis node ``host:port`` -> JSON {role, primary, seen_ms}: the nodes the health watcher
+        saw (a replica that is gone is shown down until forgotten); ops/redis_health.py."""
+        return f"{self.prefix}:redis:nodes"
+
+    @property
+    def health_watcher(self) -> str:
+        """String: the worker that judges the broker-wide alarms now, with a lease (server/health_watch.py)."""
+        return f"{self.prefix}:health:watcher"
 
     @property
     def retained(self) -> str:
