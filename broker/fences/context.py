@@ -22,7 +22,7 @@ from fencemq.fences.durability import Durability
 from fencemq.fences.memory import MemoryGuard
 from fencemq.fences.registry import Fences, fence
 from fencemq.fences.retention import Retention
-from fencemq.fences.schedule import ScheduleShards
+from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.values import text
 
@@ -162,11 +162,11 @@ class FenceContext:
 
 
     def schedule_keys(self, qid: str) -> tuple[str, str]:
-        """(schedule, intents): where the queue's lease schedule entry is written now (fences/schedule.py)."""
+        """(schedule, intents): where the queue's lease schedule entry is written now (fences/schedule_shards.py)."""
         return self.shards.keys_of(self.shards.shard_of(qid))
 
     async def schedule(self, qid: str, due_ms: int, shard: int | None = None) -> None:
-        """The lease schedule (its shard for the queue, fences/schedule.py): the queue is swept at
+        """The lease schedule (its shard for the queue, fences/schedule_shards.py): the queue is swept at
         ``due_ms`` at the latest."""
         shard = self.shards.shard_of(qid) if shard is None else shard
         await self.set_scores(self.shards.keys_of(shard)[0], {qid: due_ms}, "LT")

@@ -36,7 +36,7 @@ NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal",
              "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
 RENEW = fence("renew", "meta checkouts deadlines wake", "group member lock_ms default_lock_ms", argv_rest="tags")
-SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
+SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled", "limit")
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 
@@ -66,6 +66,7 @@ class SweepResult:
     returned: int
     timeouts: list[tuple[str, str, list[str], str]]  # group, member, tags, new active member
     newly_suspected: list[tuple[str, str]] = field(default_factory=list)  # (group, member)
+    scheduled_due: int = -1  # when the queue's first scheduled message is due (-1: none): then it is released
 
 
 class Leases:
@@ -209,7 +210,7 @@ class Leases:
 
     async def sweep(self, qid: str, shard: int | None = None) -> SweepResult:
         """Return one queue's expired leases and reschedule it (in the schedule shard its entry was
-        found in, fences/schedule.py; by default the one it is written to now)."""
+        found in, fences/schedule_shards.py; by default the one it is written to now)."""
         redis, keys = self.ctx.redis, self.ctx.keys
         k = keys.queue_by_id(qid)
         shard = self.ctx.shards.shard_of(qid) if shard is None else shard
@@ -227,13 +228,14 @@ class Leases:
         async with redis.pipeline(transaction=False) as pipe:
             pipe.zrange(k.deadlines, 0, 0, withscores=True)
             pipe.zrange(k.delayed, 0, 0, withscores=True)
+            pipe.zrange(k.scheduled, 0, 0, withscores=True)
             firsts = await pipe.execute()
         dues = [int(f[0][1]) for f in firsts if f]
         if dues:
             await self.ctx.schedule(qid, min(dues), shard)
         timeouts = [(text(g), text(m), [text(t) for t in tags], text(s)) for g, m, tags, s, _ in res[2]]
         newly = [(text(g), text(m)) for g, m, _, _, fresh in res[2] if int(fresh)]
-        return SweepResult(next_due, int(res[1]), timeouts, newly)
+        return SweepResult(next_due, int(res[1]), timeouts, newly, int(res[3]))
 
     async def due_queues(self, now_ms: int, limit: int = 100) -> list[str]:
         return [qid for qid, _ in await self.due_entries(now_ms, limit)]

@@ -24,7 +24,7 @@ import anyio
 from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError
-from fencemq.fences.schedule import ScheduleShards
+from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.fences.memory import ALARM as ALARM_FENCE
 from fencemq.fences.memory import read_alarms
 from fencemq.ops import alarm_rules
