@@ -11,8 +11,9 @@
 -- KEYS[7] dedup
 -- KEYS[8] dedup_ids
 -- KEYS[9] journal
--- KEYS[10] totals         the broker's totals (lib/totals.lua)
--- KEYS[11] backlogs
+-- KEYS[10] dead           (an lmq holding dead letters is not reclaimed: lib/lite.lua)
+-- KEYS[11] totals         the broker's totals (lib/totals.lua)
+-- KEYS[12] backlogs
 -- ARGV[1] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- Returns: {seq, {group, cursor before, unread dropped, returned dropped,
 --   delayed dropped, checkouts left, ...}} (six entries per group, in the

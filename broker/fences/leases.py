@@ -11,6 +11,8 @@ Lua side: lua/lib/leases.lua. Protocol: docs/protocol.md, "Leases".
 
 from __future__ import annotations
 
+import asyncio
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,16 +26,17 @@ from fencemq.model.keys import Handle
 from fencemq.model.messages import Delivery, unpack_delivery
 from fencemq.model.values import text
 
-_LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
+_LEASE_KEYS = "meta log checkouts deadlines owned held ready delayed"
 
 PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake totals backlogs",
              "group member count default_lock_ms intent_at intent_ms look wid since wait_ms")
-ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal wake totals backlogs",
-            "group member idle_ttl_ms", argv_rest="tags")
-NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs", "group member delay_ms discard max_failures release",
+ACK = fence("ack", "meta checkouts deadlines owned held ready delayed log dedup dedup_ids dead journal wake totals backlogs",
+            "group member idle_ttl_ms keep maxlen maxage_ms maxbytes", argv_rest="tags")
+NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs",
+             "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
 RENEW = fence("renew", "meta checkouts deadlines wake totals backlogs", "group member lock_ms default_lock_ms", argv_rest="tags")
-SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal totals backlogs", "limit")
+SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled totals backlogs", "limit")
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 
@@ -63,6 +66,7 @@ class SweepResult:
     returned: int
     timeouts: list[tuple[str, str, list[str], str]]  # group, member, tags, new active member
     newly_suspected: list[tuple[str, str]] = field(default_factory=list)  # (group, member)
+    scheduled_due: int = -1  # when the queue's first scheduled message is due (-1: none): then it is released
 
 
 class Leases:
@@ -110,9 +114,11 @@ class Leases:
 
     async def ack(self, handle: Handle, tags: list[str]) -> int:
         k = self.ctx.keys.queue(handle.queue)
+        tags = self.ctx.tags(tags)
         return int(await self.ctx.fences.run(ACK, k, group=handle.group, member=handle.member,
                                              idle_ttl_ms=self.ctx.idle_ttl(handle.queue),
-                                             args_rest=self.ctx.tags(tags)))
+                                             **await self.ctx.retention.args(handle.queue.topic),
+                                             args_rest=tags))
 
     async def ack_then_pull(self, handle: Handle, tags: list[str],
                             count: int) -> tuple[int | Exception, PullResult | Exception]:
@@ -130,7 +136,8 @@ class Leases:
         pull_args = self._pull_args(handle, count, intent)
         acked, pulled = await self.ctx.fences.run_each([
             (ACK, k, {}, (), {"group": handle.group, "member": handle.member,
-                              "idle_ttl_ms": self.ctx.idle_ttl(handle.queue)}, tags),
+                              "idle_ttl_ms": self.ctx.idle_ttl(handle.queue),
+                              **await self.ctx.retention.args(handle.queue.topic)}, tags),
             (PULL, k, pull_args.pop("extra_keys"), (), pull_args, ()),
         ])
         ack_outcome = acked if isinstance(acked, Exception) else int(acked)
@@ -157,10 +164,11 @@ class Leases:
         if not 0 <= delay_ms <= config.max_lock_ms:
             raise BadArgument(f"DELAY must be between 0 and {config.max_lock_ms} ms")
         k = self.ctx.keys.queue(handle.queue)
+        tags = self.ctx.tags(tags)
         res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=delay_ms,
                                         discard=int(discard), max_failures=config.max_failures,
-                                        release=int(release),
-                                        args_rest=self.ctx.tags(tags))
+                                        release=int(release), **await self.ctx.retention.args(handle.queue.topic),
+                                        args_rest=tags)
         if int(res[2]) >= 0:
             await self.ctx.schedule(handle.queue.qid, int(res[2]))
         return int(res[0]), int(res[1])
@@ -180,10 +188,11 @@ class Leases:
         k = self.ctx.keys.queue(handle.queue)
         returned = 0
         tags = tags or []
+        retention = await self.ctx.retention.args(handle.queue.topic)
         for start in range(0, max(len(tags), 1), self.ctx.config.max_batch):
             res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=0,
                                             discard=0, max_failures=self.ctx.config.max_failures, release=1,
-                                            args_rest=tags[start:start + self.ctx.config.max_batch])
+                                            **retention, args_rest=tags[start:start + self.ctx.config.max_batch])
             returned += int(res[0])
         return returned
 
@@ -199,31 +208,50 @@ class Leases:
             await self.ctx.schedule_soon(handle.queue.qid, int(res[1]))
         return int(res[0])
 
-    async def sweep(self, qid: str) -> SweepResult:
-        """Return one queue's expired leases and reschedule it."""
+    async def sweep(self, qid: str, shard: int | None = None) -> SweepResult:
+        """Return one queue's expired leases and reschedule it (in the schedule shard its entry was
+        found in, fences/schedule_shards.py; by default the one it is written to now)."""
         redis, keys = self.ctx.redis, self.ctx.keys
         k = keys.queue_by_id(qid)
+        shard = self.ctx.shards.shard_of(qid) if shard is None else shard
+        schedule, intents = self.ctx.shards.keys_of(shard)
         res = await self.ctx.fences.run(SWEEP, k, limit=self.ctx.config.sweep_batch)
         next_due = int(res[0])
         if next_due < 0:
             # unlisted only once no lease intent is recent enough for a fence to still run under it
-            await self.ctx.fences.run(UNSCHEDULE, None, extra_keys={"schedule": keys.schedule,
-                                      "intents": keys.schedule_intents},
+            await self.ctx.fences.run(UNSCHEDULE, None, extra_keys={"schedule": schedule, "intents": intents},
                                       qid=qid, quiet_ms=self.ctx.intent_quiet_ms)
         else:
-            await self.ctx.set_scores(keys.schedule, {qid: next_due})
+            await self.ctx.set_scores(schedule, {qid: next_due})
         # A checkout made between the sweep and the line above was scheduled
         # with LT against the old (due) entry, which we just overwrote: look again.
         async with redis.pipeline(transaction=False) as pipe:
             pipe.zrange(k.deadlines, 0, 0, withscores=True)
             pipe.zrange(k.delayed, 0, 0, withscores=True)
+            pipe.zrange(k.scheduled, 0, 0, withscores=True)
             firsts = await pipe.execute()
         dues = [int(f[0][1]) for f in firsts if f]
         if dues:
-            await self.ctx.schedule(qid, min(dues))
+            await self.ctx.schedule(qid, min(dues), shard)
         timeouts = [(text(g), text(m), [text(t) for t in tags], text(s)) for g, m, tags, s, _ in res[2]]
         newly = [(text(g), text(m)) for g, m, _, _, fresh in res[2] if int(fresh)]
-        return SweepResult(next_due, int(res[1]), timeouts, newly)
+        return SweepResult(next_due, int(res[1]), timeouts, newly, int(res[3]))
 
     async def due_queues(self, now_ms: int, limit: int = 100) -> list[str]:
-        return [text(q) for q in await self.ctx.redis.zrangebyscore(self.ctx.keys.schedule, "-inf", now_ms, 0, limit)]
+        return [qid for qid, _ in await self.due_entries(now_ms, limit)]
+
+    async def due_entries(self, now_ms: int, limit: int = 100) -> list[tuple[str, int]]:
+        """(queue id, schedule shard) of queues due by ``now_ms``, at most ``limit`` per shard; a shard
+        whose master does not answer (failing over) is left to the next round."""
+        shards = self.ctx.shards.all()
+        redis = self.ctx.redis
+        if len(shards) == 1:
+            replies = [await redis.zrangebyscore(self.ctx.shards.keys_of(0)[0], "-inf", now_ms, 0, limit)]
+        else:
+            # one command per shard, side by side: a Cluster pipeline that meets a dead master closes
+            # every connection of the client (redis-py), every other master's included
+            replies = await asyncio.gather(*(redis.zrangebyscore(self.ctx.shards.keys_of(shard)[0], "-inf", now_ms,
+                                                                 0, limit) for shard in shards),
+                                           return_exceptions=True)
+        return [(text(q), shard) for shard, reply in zip(shards, replies) if not isinstance(reply, BaseException)
+                for q in reply]

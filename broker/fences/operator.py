@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from fencemq.fences.registry import fence
 
-PURGE = fence("purge", "meta log checkouts owned ready delayed dedup dedup_ids journal totals backlogs", "idle_ttl_ms")
+PURGE = fence("purge", "meta log checkouts owned ready delayed dedup dedup_ids journal dead totals backlogs",
+              "idle_ttl_ms")
 REPLAY_DEAD = fence("replay_dead", "meta log checkouts ready delayed dead dedup dedup_ids wake journal totals backlogs",
                     "count scan_limit idle_ttl_ms")
 DISCARD_DEAD = fence("discard_dead", "meta dead totals backlogs", "position entry")

@@ -163,6 +163,7 @@ class QueueKeys:
     checkouts: str  # hash: delivery tag -> group NUL member NUL id NUL epoch NUL acquisitions NUL failures
     deadlines: str  # zset: delivery tag scored by lease deadline (ms)
     owned: str  # zset (lex): group NUL member NUL tag, to return a member's checkouts in O(own)
+    held: str  # zset: delivery tag scored by its message id, to find the lowest id checked out (retention)
     ready: str  # zset (lex): group NUL id(16 digits) NUL acquisitions NUL failures: returned messages
     delayed: str  # zset: same members as ready, scored by the time they become ready
     dedup: str  # zset: dedup id scored by publish time
@@ -171,6 +172,8 @@ class QueueKeys:
     journal: str  # list: capped event journal
     wake: str  # sharded pub/sub channel: "something became ready"
     waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
+    scheduled: str  # zset: schedule id of a message published for later, scored by when it is due (ms)
+    scheduled_bodies: str  # hash: schedule id -> the stored body it will be appended with
     # The broker's totals the fences keep (lua/lib/totals.lua): one hash and one zset for the whole
     # broker on a single server; on a Cluster the pair of the queue's slot (slot_totals, slot_backlogs)
     totals: str  # hash: figures and events, broker-wide and per entry
@@ -189,12 +192,13 @@ class QueueKeys:
 
     def lease_keys(self) -> list[str]:
         """The keys every lease-moving fence declares, in this order."""
-        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed]
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed]
 
     def all_keys(self) -> list[str]:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
-        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed,
-                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters]
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed,
+                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters, self.scheduled,
+                self.scheduled_bodies]
 
 
 class Keyspace:
@@ -204,7 +208,8 @@ class Keyspace:
         if not prefix or _UNSAFE.search(prefix):
             raise BadArgument("key prefix must be non-empty without '{', '}', ':', '%' or spaces")
         self.prefix = prefix
-        # The global lease schedule and the lease intents beside it, in one slot (fences/leases.py)
+        # The lease schedule and the lease intents beside it (fences/leases.py): the first of its
+        # shards (fences/schedule_shards.py), the only one on a single server
         self.schedule = f"{prefix}:{{schedule}}"  # zset: queue id -> earliest due time
         self.schedule_intents = f"{prefix}:{{schedule}}:intents"  # zset: queue id -> last lease intent (ms)
         self.sessions = f"{prefix}:sessions"  # zset: client id -> session lease deadline
@@ -213,6 +218,13 @@ class Keyspace:
 
     def queue(self, ref: QueueRef) -> QueueKeys:
         return self._queue_keys(ref.qid)
+
+    def schedule_shard(self, shard: int) -> tuple[str, str]:
+        """(schedule, intents) of one shard of the lease schedule, each shard a hash tag of its own."""
+        if shard == 0:
+            return self.schedule, self.schedule_intents
+        base = f"{self.prefix}:{{schedule:{shard}}}"
+        return base, f"{base}:intents"
 
     def queue_by_id(self, qid: str) -> QueueKeys:
         return self._queue_keys(qid)
@@ -225,6 +237,7 @@ class Keyspace:
             checkouts=base + ":co",
             deadlines=base + ":dl",
             owned=base + ":own",
+            held=base + ":held",
             ready=base + ":rd",
             delayed=base + ":dly",
             dedup=base + ":dd",
@@ -233,6 +246,8 @@ class Keyspace:
             journal=base + ":jr",
             wake=base + ":wake",
             waiters=base + ":lp",
+            scheduled=base + ":sch",
+            scheduled_bodies=base + ":schb",
             totals=self.totals,
             backlogs=self.backlogs,
         )
@@ -307,6 +322,11 @@ class Keyspace:
     @property
     def filters_channel(self) -> str:
         return f"{self.prefix}:filters:changed"
+
+    @property
+    def retention(self) -> str:
+        """Hash: topic -> its retention policy, "count age_ms bytes" (fences/retention.py)."""
+        return f"{self.prefix}:retention"
 
     @property
     def alarms(self) -> str:

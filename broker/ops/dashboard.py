@@ -20,7 +20,7 @@ from fencemq.model.keys import Keyspace
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 from fencemq.ops import totals as counted
-from fencemq.ops.operations import _in_s, now_ms, queue_rows
+from fencemq.ops.operations import _in_s, now_ms, parse_meta, queue_info
 from fencemq.ops.overview import workers
 
 # card/chart name -> the event counter it is the rate of
@@ -38,6 +38,28 @@ class OverviewState:
     at_ms: int | None = None
     totals: dict[str, int] = field(default_factory=dict)
     published: dict[str, tuple[int, int]] = field(default_factory=dict)  # entry -> (ms, published)
+
+
+async def queue_looks(redis: Any, keys: Keyspace, qids: list[str]) -> dict[str, dict[str, Any]]:
+    """What the overview needs of a few queues, in one round trip: their name, the lowest id some group has
+    yet to read (``oldest_unread``, for :func:`oldest_pending_ms`) and their members suspected or fenced
+    off (``flagged``); a queue that is gone is left out. (The figures come from the counters.)"""
+    async with redis.pipeline(transaction=False) as pipe:
+        for qid in qids:
+            pipe.hgetall(keys.queue_by_id(qid).meta)
+        metas = await pipe.execute() if qids else []
+    out = {}
+    for qid, raw in zip(qids, metas, strict=True):
+        if not raw:
+            continue
+        fields, groups = parse_meta(raw)
+        seq, first = _int(fields.get(meta.SEQ), 0), _int(fields.get(meta.FIRST), 1)
+        cursors = [max(_int(g.get(meta.CURSOR), first), first) for g in groups.values()]
+        unread = [c for c in cursors if c <= seq]
+        out[qid] = {"qid": qid, "name": queue_info(qid)["name"], "oldest_unread": min(unread) if unread else None,
+                    "flagged": [(g, m, f) for g, group in groups.items() for m, f in group["members"].items()
+                                if meta.SUSPECTED_SINCE in f or meta.MARKER in f]}
+    return out
 
 
 async def oldest_pending_ms(redis: Any, keys: Keyspace, rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -109,7 +131,7 @@ async def overview_sample(redis: Any, keys: Keyspace, state: OverviewState, *, l
     plain = [e for e in entries if not e.startswith("l:")]  # a queue of its own: its ages and members are read
     front = [_s(q) for q in await redis.zrange(keys.schedule, 0, SCHEDULE_LOOK - 1)]
     looked = list(dict.fromkeys(plain + front))
-    rows = {r["qid"]: r for r in await queue_rows(redis, keys, looked, now)}
+    rows = await queue_looks(redis, keys, looked)
     firsts = await oldest_pending_ms(redis, keys, list(rows.values()))
     busiest = []
     for e in entries:

@@ -25,11 +25,11 @@ from fencemq.model.keys import Keyspace, queue_ref
 from fencemq.model.values import text
 from fencemq.ops.operations import PIPELINE_CHUNK, is_cluster_client, parse_meta, primaries, scan_step
 
-FIGURES = ("ready", "out", "delayed", "dead")  # held: they go up and down
+FIGURES = ("ready", "out", "delayed", "dead", "scheduled")  # held: they go up and down
 EVENTS = ("published", "delivered", "redelivered", "acked", "nacked", "dead_lettered", "timeouts")
 QUEUES = ("queues:t", "queues:l", "queues:f", "consumers", "suspected", "fenced")
 BROKER_FIELDS = FIGURES + EVENTS + QUEUES
-ENTRY_FIELDS = ("out", "delayed", "dead", "published", "lmqs")  # '<field>|<entry>' in the hash
+ENTRY_FIELDS = ("out", "delayed", "dead", "scheduled", "published", "lmqs")  # '<field>|<entry>' in the hash
 
 
 def entry_of(qid: str) -> str:
@@ -143,8 +143,7 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
     """The figures the totals stand for, counted from every queue's keys (a SCAN of them all):
     ``{"totals": {...}, "entries": {entry: {...}}}``, events aside (they are not held anywhere else)."""
     totals: dict[str, int] = dict.fromkeys(FIGURES + QUEUES, 0)
-    entries: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(("ready", "out", "delayed", "dead",
-                                                                             "lmqs"), 0))
+    entries: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(FIGURES + ("lmqs",), 0))
     metas: list[str] = []
     for node in await primaries(redis):
         cursor = 0
@@ -164,15 +163,17 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
                 pipe.zrange(k.ready, 0, -1)
                 pipe.zcard(k.delayed)
                 pipe.llen(k.dead)
+                pipe.zcard(k.scheduled)
             replies = await pipe.execute()
         for i, key in enumerate(chunk):
-            raw, ttl, out, ready, delayed, dead = replies[6 * i : 6 * i + 6]
+            raw, ttl, out, ready, delayed, dead, scheduled = replies[7 * i : 7 * i + 7]
             qid = Keyspace.qid_from_meta_key(key)
             e = entry_of(qid)
             fields, groups = parse_meta(raw)
             seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST) or 1)
             unread = sum(seq + 1 - max(_int(g.get(meta.CURSOR) or first), first) for g in groups.values())
-            figures = {"ready": unread + len(ready), "out": int(out), "delayed": int(delayed), "dead": int(dead)}
+            figures = {"ready": unread + len(ready), "out": int(out), "delayed": int(delayed), "dead": int(dead),
+                       "scheduled": int(scheduled)}
             for name, n in figures.items():
                 totals[name] += n
                 entries[e][name] += n

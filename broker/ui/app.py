@@ -48,6 +48,7 @@ from fencemq.ui.auth import (
     safe_next, small_form,
 )
 from fencemq.ui.live import Sampler
+from fencemq.ui.users import routes as users_routes
 
 HERE = Path(__file__).parent
 PAGE_SIZES = (25, 50, 100, 200)
@@ -381,8 +382,11 @@ def create_app(ui: UI) -> Starlette:
         # the process's Prometheus metrics beside the pages: a worker's own with `serve --http-port`
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    users_page, user_change = users_routes(ui)
     routes = [
         Route("/", route("overview")),
+        Route("/users", users_page),
+        Route("/users/{op}", user_change, methods=["POST"]),
         Route("/metrics", metrics),
         Route("/queues", route("queues")),
         Route("/queue", route("queue")),

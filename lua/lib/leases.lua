@@ -1,8 +1,9 @@
 -- lib/leases.lua: checkouts, their leases, and the ready and delayed sets.
 -- A checkout is a record (K.checkouts: tag -> record), a deadline (K.deadlines:
--- tag scored by ms, absent while it waits in a push mailbox) and an ownership
+-- tag scored by ms, absent while it waits in a push mailbox), an ownership
 -- entry (K.owned, lex: group NUL member NUL tag), so a member's checkouts are
--- found in O(its own).
+-- found in O(its own), and its message id (K.held: tag scored by id), so the
+-- lowest id still checked out is found in O(log n) (lib/retention.lua).
 --@include lib/meta.lua
 --@include lib/journal.lua
 --@include lib/totals.lua
@@ -52,12 +53,13 @@ end
 local function remove_checkouts(K, tags, owned, size)
   add_total(K, OUT, -#tags)
   if size == #tags then
-    redis.call('DEL', K.checkouts, K.deadlines, K.owned)
+    redis.call('DEL', K.checkouts, K.deadlines, K.owned, K.held)
     return
   end
   redis.call('HDEL', K.checkouts, unpack(tags))
   redis.call('ZREM', K.deadlines, unpack(tags))
   redis.call('ZREM', K.owned, unpack(owned))
+  redis.call('ZREM', K.held, unpack(tags))
 end
 
 -- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
@@ -70,6 +72,7 @@ local function take_checkout(K, tag)
   redis.call('HDEL', K.checkouts, tag)
   redis.call('ZREM', K.deadlines, tag)
   redis.call('ZREM', K.owned, c.group .. SEP .. c.member .. SEP .. tag)
+  redis.call('ZREM', K.held, tag)
   add_total(K, OUT, -1)
   return c
 end
@@ -123,14 +126,18 @@ local function promote_delayed(K, now)
   return #due
 end
 
--- Earliest moment something in this queue is due (a lease deadline or a
--- delayed redelivery), or -1: the worker keeps the global schedule with it.
+-- Earliest moment something in this queue is due (a lease deadline, a
+-- delayed redelivery or a scheduled message), or -1: the worker keeps the global schedule with it.
 local function next_due(K)
   local best = -1
   local d = redis.call('ZRANGE', K.deadlines, 0, 0, 'WITHSCORES')
   if d[2] then best = tonumber(d[2]) end
   local l = redis.call('ZRANGE', K.delayed, 0, 0, 'WITHSCORES')
   if l[2] and (best < 0 or tonumber(l[2]) < best) then best = tonumber(l[2]) end
+  if K.scheduled then  -- messages published for later (lib/schedule.lua): swept on the same schedule
+    local s = redis.call('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
+    if s[2] and (best < 0 or tonumber(s[2]) < best) then best = tonumber(s[2]) end
+  end
   return best
 end
 
@@ -226,7 +233,7 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
   local tags = int_strs(base + 1, n_taken)
   local ep_text = SEP .. int_str(ep) .. SEP
   local first_tail = ep_text .. '1' .. SEP .. '0'  -- a first delivery: one acquisition, no failure
-  local records, deadlines, owned, n = {}, {}, {}, 0
+  local records, deadlines, owned, held, n = {}, {}, {}, {}, 0
   -- redis.call turns every number argument into text: the batch's one
   -- deadline (and the owned entries' score) go as text made once.
   local due = deadline and int_str(deadline)
@@ -252,6 +259,8 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
       deadlines[n] = tag
       owned[n - 1] = '0'
       owned[n] = gm .. tag
+      held[n - 1] = t[6]
+      held[n] = tag
     end
   end
   if journaling then
@@ -265,6 +274,7 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
   redis.call('HSET', K.checkouts, unpack(records))
   if deadline then redis.call('ZADD', K.deadlines, unpack(deadlines)) end
   redis.call('ZADD', K.owned, unpack(owned))
+  redis.call('ZADD', K.held, unpack(held))
   return taken
 end
 

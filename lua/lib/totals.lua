@@ -11,6 +11,7 @@
 --   out       checkouts (QoS 1 deliveries not yet settled, mailbox entries)
 --   delayed   NACKed with a DELAY, not yet due
 --   dead      dead letters
+--   scheduled published for later (PUB … DELAY/AT), not yet due
 -- broker-wide, and per entry (ready in K.backlogs; the others as
 -- '<figure>|<entry>' fields, deleted at 0). Events (tally, broker-wide):
 -- published (and 'published|<entry>'), delivered, redelivered, acked,
@@ -20,7 +21,7 @@
 -- 'fenced' (carrying an eviction marker).
 --@include lib/base.lua
 
-local READY, OUT, DELAYED, DEAD = 'ready', 'out', 'delayed', 'dead'
+local READY, OUT, DELAYED, DEAD, SCHEDULED = 'ready', 'out', 'delayed', 'dead', 'scheduled'
 local ENTRIES = {}  -- meta key -> entry, per call
 
 -- The entry a queue counts under, from its meta key '<prefix>:{<queue id>}'
@@ -103,13 +104,22 @@ local function count_trimmed(K, before, after)
   add_total(K, READY, -gone)
 end
 
+-- n messages appended to the log (a publish, a scheduled message released):
+-- published, and ready for every group the queue has.
+local function count_appended(K, n)
+  tally(K, 'published', n)
+  redis.call('HINCRBY', K.totals, 'published|' .. queue_entry(K), n)
+  local groups = redis.call('HGET', K.meta, 'groups')
+  if groups then add_total(K, READY, n * #split(groups, '\n')) end
+end
+
 -- A queue deleted whole (drop_if_empty): its figures leave the totals. The
 -- entry of a filter subscription's queue is the queue alone.
 local function count_dropped(K)
   local e = queue_entry(K)
   local ready = tonumber(redis.call('ZSCORE', K.backlogs, e) or '0')
   add_total(K, READY, -ready)
-  for _, what in ipairs({OUT, DELAYED, DEAD}) do
+  for _, what in ipairs({OUT, DELAYED, DEAD, SCHEDULED}) do
     add_total(K, what, -tonumber(redis.call('HGET', K.totals, what .. '|' .. e) or '0'))
   end
   redis.call('HDEL', K.totals, 'published|' .. e)

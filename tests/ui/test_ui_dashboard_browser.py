@@ -19,7 +19,8 @@ from fencemq.model.keys import Keyspace
 from fencemq.ops import totals
 from tests.helpers import direct_async, wait_for, worker
 from tests.ops.test_totals import SETTINGS, Workload, run_async
-from tests.ui.test_ui_browser import browser, tab  # noqa: F401 - the browser fixtures
+from tests.ui.test_ui_browser import DESKTOP, PHONE, browser, shots_dir, tab  # noqa: F401 - the browser fixtures
+from tests.ui.test_ui_users import admin, grants_of  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.browser
 FAST = {"memory_sample_ms": 100, "health_sample_ms": 100}
@@ -145,3 +146,65 @@ def test_a_range_change_redraws_the_charts_with_their_time_axis(redis_url: str, 
         page.wait_for_function("document.getElementById('live').dataset.updates !== '0'")
         assert page.get_attribute(".charts", "data-range") == "1h", "a live update keeps the range"
     r.close()
+
+
+def test_users_and_grants_are_managed_from_the_ui_each_change_confirmed(broker: dict, admin, tab) -> None:  # noqa: F811
+    url = broker["url"]
+    with DashboardThread(UI(url, interval=0.3)) as d:
+        w = tab()
+        page = w.page
+        page.goto(d.url + "login")
+        page.fill("#user", admin[0])
+        page.fill("#password", admin[1])
+        page.press("#password", "Enter")
+        page.wait_for_url(d.url)
+        page.click("nav a[href='/users']")
+        page.fill("#new-user", "carol")
+        page.fill("#new-password", "carol-secret-1")
+        page.fill("#new-grants", "subscribe:orders/#")
+        page.click("#add-user")
+        page.wait_for_selector("text=Confirm: add")
+        assert grants_of(url, "carol") is None
+        assert page.evaluate("document.activeElement.id") == "confirm"
+        page.keyboard.press("Enter")
+        page.wait_for_selector("text=Done: add")
+        page.goto(d.url + "users")
+        row = page.locator("tr[data-user='carol']")
+        assert "subscribe\norders/#" in row.inner_text()
+        row.locator("form.grant select[name='action']").select_option("publish")
+        row.locator("form.grant input[name='filter']").fill("orders/new")
+        row.locator("button", has_text="Grant").click()
+        page.click("#confirm")
+        page.wait_for_selector("text=Done: grant")
+        assert grants_of(url, "carol") == [("publish", "orders/new"), ("subscribe", "orders/#")]
+        page.goto(d.url + "users")
+        page.click("tr[data-user='carol'] button[aria-label='Revoke subscribe on orders/# from carol']")
+        page.click("#confirm")
+        page.wait_for_selector("text=Done: revoke")
+        assert grants_of(url, "carol") == [("publish", "orders/new")]
+        page.goto(d.url + "users")
+        page.locator("tr[data-user='carol'] button.danger").click()
+        assert "Remove user 'carol'?" in page.inner_text(".confirm")
+        page.click("#confirm")
+        page.wait_for_selector("text=Done: remove")
+        assert grants_of(url, "carol") is None
+        assert w.errors == []
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280x800", "375px"])
+def test_the_users_page_renders_for_an_admin_without_sideways_scrolling(broker: dict, admin, tab, viewport,  # noqa: F811
+                                                                        tmp_path) -> None:
+    with DashboardThread(UI(broker["url"], interval=0.3)) as d:
+        w = tab(viewport)
+        w.page.goto(d.url + "login")
+        w.page.fill("#user", admin[0])
+        w.page.fill("#password", admin[1])
+        w.page.press("#password", "Enter")
+        w.page.wait_for_url(d.url)
+        w.page.goto(d.url + "users")
+        w.page.wait_for_selector("tr[data-user='viewer']")
+        overflow = w.page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the users page is {overflow} px wider than a {viewport['width']} px screen"
+        suffix = "" if viewport is DESKTOP else "-phone"
+        w.page.screenshot(path=str(shots_dir(tmp_path) / f"users{suffix}.png"), full_page=viewport is DESKTOP)
+        assert w.errors == []
