@@ -121,7 +121,7 @@ def test_every_page_renders_without_console_errors_or_sideways_scrolling(site: s
     w = tab(viewport)
     out = shots_dir(tmp_path)
     if os.environ.get("FENCEMQ_UI_SCREENSHOTS"):
-        traffic(broker, seconds=4)  # something on the charts
+        traffic(broker, seconds=16)  # something on the charts: three points of the 5 s history, at least
     for name, path in PAGES.items():
         if name == "overview":  # the pages as an operator sees them, actions included
             log_in(w.page, site, "operator", OPERATOR_PASSWORD)

@@ -57,10 +57,10 @@ def test_redis_filled_past_its_watermark_raises_an_alarm_on_the_open_overview_an
         assert page.inner_text(".alarms h2") == "No alarms"
         r.set("filler", b"x" * (32 << 20))
         r.config_set("maxmemory", int(r.info("memory")["used_memory"] / 0.95))
-        page.wait_for_selector(".alarms.on [data-alarm^='memory@']", timeout=15_000)
+        page.wait_for_selector(".alarms.on [data-alarm^='memory@']", timeout=30_000)
         assert "alarm" in page.inner_text(".alarms h2") and "% full" in page.inner_text(".alarms.on")
         r.delete("filler")
-        page.wait_for_selector(".alarms.off", timeout=15_000)
+        page.wait_for_selector(".alarms.off", timeout=30_000)
         assert page.evaluate("window.notReloaded") is True
         assert w.errors == []
 
