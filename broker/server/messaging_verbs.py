@@ -255,10 +255,22 @@ class MessagingVerbs:
                             break
                         await waiter.wait()
         if session.gone:
-            # The client hung up while it waited: nothing more is checked out to it. (A connection
-            # closing because its worker drains still answers: what a look checked out is in it.)
+            # The client hung up while it waited: what the last look checked out for it goes straight
+            # back (no failure counted) instead of waiting out its lease under a consumer that is not
+            # there. (A connection closing because its worker drains still answers with it.)
+            await self._hand_back(h, result)
             raise ClientGone
         return result if result is not None else await attempt()
+
+    async def _hand_back(self, h: Handle, result: Any) -> None:
+        found = getattr(result, "deliveries", None) or ([result] if hasattr(result, "tag") else [])
+        tags = [d.tag for d in found if not d.tag.startswith("q")]  # QoS 0 has no lease to return
+        if tags:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.services.core.leases.nack(h, tags, release=True)
+                except (FenceMQError, RedisError):
+                    pass  # they come back when their leases run out, as before
 
     async def ack(self, session: Session, handle: str, tags: list[str]) -> Any:
         n = await self.services.core.leases.ack(session.own(handle), tags)

@@ -142,8 +142,11 @@ class Worker:
                 await redis.aclose()
 
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
-        with scope:
-            await listener.serve(self._serve_connection, task_group=conns)
+        # closed when accepting stops: a draining worker refuses new connections rather than leave
+        # them in the kernel's backlog until it exits
+        async with listener:
+            with scope:
+                await listener.serve(self._serve_connection, task_group=conns)
 
     async def _accept_mqtt(self, scope: anyio.CancelScope, conns: anyio.abc.TaskGroup, *,
                            task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:

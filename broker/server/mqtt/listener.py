@@ -86,6 +86,8 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
         self.taken_over = False
         self.draining = False  # the worker shuts down: nothing new is sent
+        self.reading = anyio.Lock()  # held while what one read brought is handled
+        self.left = False  # DISCONNECT sent by the worker: nothing more is read
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
     async def _no_hangup_watch(self, scope: anyio.CancelScope) -> None:
@@ -112,7 +114,11 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         with anyio.move_on_after(bound_s):
             while self.in_flight or self.releasing:
                 await anyio.sleep(0.02)
-        await self._disconnect(ReasonCode.SERVER_SHUTTING_DOWN, self.config.server_reference)
+        # Between two reads: a PUBLISH is never stored with its PUBACK cut off by the DISCONNECT
+        # (the client would send it again elsewhere, and it would be stored twice)
+        async with self.reading:
+            self.left = True
+            await self._disconnect(ReasonCode.SERVER_SHUTTING_DOWN, self.config.server_reference)
 
     def cut(self) -> None:
         if self.tasks is not None:
@@ -148,7 +154,10 @@ class MqttConnection(MqttDelivery, MqttDeparture):
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await self._handle(self.mqtt.connection_lost())
                 break
-            await self._handle_and_flush(self.mqtt.receive_bytes(data, time.monotonic()))
+            async with self.reading:
+                if self.left:
+                    break  # the worker sent DISCONNECT meanwhile: what came after is not acknowledged (resent)
+                await self._handle_and_flush(self.mqtt.receive_bytes(data, time.monotonic()))
         await self._flush()
         assert self.tasks is not None
         self.tasks.cancel_scope.cancel()
