@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, Self, TypeVar
 
 from fencemq.sdk.client import DEFAULT_URL, Client, ConnectionLost, Subscription
+from fencemq.sdk.reconnect import Reconnect
 from fencemq.sdk.renewal import LockRenewer
 from fencemq.sdk.subscription import ITER_BLOCK_MS, ITER_COUNT
 from fencemq.model.messages import Delivery
@@ -31,7 +32,7 @@ class SyncClient:
     @classmethod
     def connect(
         cls,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         client_id: str | None = None,
         protocol: int = 3,
         password: str | None = None,
@@ -40,15 +41,17 @@ class SyncClient:
         on_notice: Callable[[dict[str, Any]], None] | None = None,
         connect_timeout: float | None = 10.0,
         takeover: bool = False,
+        reconnect: Reconnect | bool = True,
     ) -> SyncClient:
-        """Connect (HELLO); ``on_notice`` runs on the client's loop thread: it must not call this client."""
+        """Connect (HELLO), as :meth:`fencemq.sdk.client.Client.connect`; ``on_notice`` runs on the client's
+        loop thread: it must not call this client."""
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="fencemq-sync-client", daemon=True)
         thread.start()
         try:
             client = asyncio.run_coroutine_threadsafe(
                 Client.connect(url, client_id, protocol, password, username, on_notice=on_notice,
-                               connect_timeout=connect_timeout, takeover=takeover), loop
+                               connect_timeout=connect_timeout, takeover=takeover, reconnect=reconnect), loop
             ).result()
         except BaseException:
             loop.call_soon_threadsafe(loop.stop)
@@ -71,6 +74,18 @@ class SyncClient:
         return self._client.id
 
     @property
+    def closed(self) -> bool:
+        return self._client.closed
+
+    @property
+    def connected(self) -> bool:
+        return self._client.connected
+
+    @property
+    def worker(self) -> str | None:
+        return self._client.worker
+
+    @property
     def aio(self) -> Client:
         """The underlying async client (use it only from this facade's loop)."""
         return self._client
@@ -91,9 +106,10 @@ class SyncClient:
         return self._run(self._client.publish(topic, payload, lmq=lmq, qos=qos, retain=retain, dedup_id=dedup_id,
                                               headers=headers))
 
-    def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1) -> list[str]:
-        """MPUB; the message ids, in order."""
-        return self._run(self._client.mpublish(topic, payloads, lmq=lmq, qos=qos))
+    def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
+                 dedup_id: str | None = None) -> list[str]:
+        """MPUB; the message ids, in order (``dedup_id`` covers the batch)."""
+        return self._run(self._client.mpublish(topic, payloads, lmq=lmq, qos=qos, dedup_id=dedup_id))
 
     def subscribe(
         self,
