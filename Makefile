@@ -1,9 +1,11 @@
-# Two set-up commands on a fresh machine: `make demo` and `make test`.
+# On a fresh machine: `make` (fencemq into .venv, and what else there is), `make demo`, `make test`.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-fuzz test-cluster test-stateful test-ui ui-screenshots test-spark-cluster bench serve lint clean venv
+.DEFAULT_GOAL := install
+.PHONY: install help demo test test-long test-fuzz test-promises test-cluster test-stateful test-ui ui-screenshots \
+        test-spark-cluster bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
 QUIETLY = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -18,15 +20,34 @@ $(VENV)/.base: pyproject.toml | $(VENV)/bin/python
 	@$(PY) -m pip install -e . $(QUIETLY)
 	@touch $@
 
+# What `make test` needs: the test extra, and spark for the analytics (the bench's peers are not needed).
 $(VENV)/.test: pyproject.toml | $(VENV)/bin/python
-	@echo "installing fencemq with its test, spark and bench extras into $(VENV) (log: $(VENV)/install.log)"
-	@$(PY) -m pip install -e '.[test,spark,bench]' $(QUIETLY)
+	@echo "installing fencemq with its test and spark extras into $(VENV) (log: $(VENV)/install.log)"
+	@$(PY) -m pip install -e '.[test,spark]' $(QUIETLY)
 	@touch $@ $(VENV)/.base
 
-$(VENV)/.ui-test: pyproject.toml | $(VENV)/bin/python
-	@echo "installing fencemq with its test and ui-test extras into $(VENV) (log: $(VENV)/install.log)"
-	@$(PY) -m pip install -e '.[test,spark,bench,ui-test]' $(QUIETLY)
+$(VENV)/.bench: pyproject.toml | $(VENV)/bin/python
+	@echo "installing fencemq with its test, spark and bench extras into $(VENV) (log: $(VENV)/install.log)"
+	@$(PY) -m pip install -e '.[test,spark,bench]' $(QUIETLY)
 	@touch $@ $(VENV)/.test $(VENV)/.base
+
+$(VENV)/.ui-test: pyproject.toml | $(VENV)/bin/python
+	@echo "installing fencemq with its test, spark and ui-test extras into $(VENV) (log: $(VENV)/install.log)"
+	@$(PY) -m pip install -e '.[test,spark,ui-test]' $(QUIETLY)
+	@touch $@ $(VENV)/.test $(VENV)/.base
+
+install: $(VENV)/.base
+	@echo "fencemq is installed: $(VENV)/bin/fencemq (source $(VENV)/bin/activate puts it on your PATH)"
+	@$(MAKE) --no-print-directory help
+
+help:
+	@echo "make demo                a private Redis, a worker and a scripted tour of the guarantees (~2 s)"
+	@echo "make serve               a worker on 127.0.0.1:7379 (a private Redis unless FENCEMQ_REDIS_URL is set)"
+	@echo "make test                lint and the test suite (~10 min on 2 idle cores)"
+	@echo "make test-long, test-fuzz, test-promises, test-ui, test-spark-cluster, test-cluster, test-stateful"
+	@echo "                         the longer suites CI runs after make test (.ci/run)"
+	@echo "make bench               every speed goal, results in bench/results/"
+	@echo "make clean               remove $(VENV) and build leftovers"
 
 demo: $(VENV)/.base
 	@$(VENV)/bin/fencemq demo
@@ -34,9 +55,15 @@ demo: $(VENV)/.base
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check broker cli spark bench tests
 
-# The RESP fuzzer sends 6,000 frames here; `make test-fuzz` (run by .ci/run) sends its full 21,000.
+# The RESP fuzzer sends 6,000 frames here; `make test-fuzz` (run by .ci/run) sends its full 21,000. The fences
+# meet the reference model in 100 sequences per primary here; `make test-stateful` runs its full 300.
 test: lint
-	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-100} PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-100} FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-100} \
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The tests marked long (make test skips them, saying so): more Spark jobs over the same analytics.
+test-long: $(VENV)/.test
+	FENCEMQ_LONG_TESTS=1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m long -q $(PYTEST_ARGS)
 
 test-fuzz: $(VENV)/.test
 	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-350} $(PY) -m pytest tests/fuzz -q $(PYTEST_ARGS)
@@ -45,9 +72,17 @@ test-fuzz: $(VENV)/.test
 test-cluster: $(VENV)/.test
 	$(PY) -m pytest tests/fences --redis-cluster -q $(PYTEST_ARGS)
 
-# The model-based test of all five guarantees, 1,000 sequences (make test runs 30).
+# The model-based test of all five guarantees, 1,000 sequences (make test runs 30), and the fences against
+# the reference model, 300 sequences per primary (make test runs 100).
 test-stateful: $(VENV)/.test
-	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful -q $(PYTEST_ARGS)
+	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful \
+	    tests/fences/test_reference_model.py -q $(PYTEST_ARGS)
+
+# Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples)
+# and an MQTT worker killed at every step of the QoS 1 and QoS 2 flows (make test kills it at 4 of the 18).
+test-promises: $(VENV)/.test
+	FENCEMQ_PIPELINE_EXAMPLES=$${FENCEMQ_PIPELINE_EXAMPLES:-1000} FENCEMQ_KILL_STEPS=all $(PY) -m pytest \
+		tests/server/test_pipelined_runs.py tests/server/mqtt/test_kill_resume.py -q $(PYTEST_ARGS)
 
 # The web UI in a real browser: Debian's Chromium (/usr/bin/chromium, which .ci/run installs) driven by
 # Playwright; `make test` skips these. ui-screenshots also rewrites docs/ui/*.png (shown in the README).
@@ -64,7 +99,7 @@ test-spark-cluster: $(VENV)/.test
 
 # Every speed goal of issue #14 in one run: bench/results/*.json, e2e.png and goals.json/goals.png (pass/fail).
 BENCH_LMQS ?= 1000000
-bench: $(VENV)/.test
+bench: $(VENV)/.bench
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.fanout
 	$(PY) -m bench.preempt_rate
@@ -72,6 +107,7 @@ bench: $(VENV)/.test
 	$(PY) -m bench.scale
 	$(PY) -m bench.mqtt_share
 	$(PY) -m bench.attacks
+	$(PY) -m bench.connections
 	$(PY) -m bench.goals
 
 serve: $(VENV)/.base

@@ -1,6 +1,8 @@
-"""The hostile-client attacks of issue #16, re-measured: worker memory and a well-behaved client under each.
+"""The hostile-client attacks of issue #16, re-measured: worker memory and a well-behaved client under each;
+and (issue #25) the same at the MQTT and web UI doors, with 50 wrong passwords at once at each door
+(bench.attack_doors).
 
-    python -m bench.attacks [--out bench/results] [--scale 1.0]
+    python -m bench.attacks [--out bench/results] [--scale 1.0] [--only name,name]
 
 A worker runs in its own process (its RSS read from /proc) in front of a
 private Redis, with the shipped defaults except where an attack says (a
@@ -19,8 +21,6 @@ import argparse
 import json
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,89 +30,20 @@ from typing import Any
 
 import redis
 
+from bench import attack_doors
+from bench.attack_doors import closed, connect
+from bench.attack_harness import PASSWORD, GoodClient, Worker, add_user
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 
 MiB = 1 << 20
-PASSWORD = "bench secret"
 SETTINGS = dict(password=PASSWORD, auth_timeout_ms=2000, request_timeout_ms=2000, output_timeout_ms=2000,
                 tls_handshake_timeout_ms=2000)
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-class Worker:
-    def __init__(self, redis_url: str, **settings: Any) -> None:
-        code = ("import logging, sys, anyio; from fencemq.config import Config; from fencemq.server.runner import serve\n"
-                "logging.basicConfig(level=logging.INFO)\n"
-                f"cfg = Config(redis_url={redis_url!r}, port=0, **{settings!r})\n"
-                "anyio.run(serve, cfg, lambda w, port: print('PORT', port, flush=True))\n")
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("PORT"):
-            self.log.seek(0)
-            raise RuntimeError(f"worker did not start: {self.log.read().decode()[-2000:]}")
-        self.port = int(line.split()[1])
-
-    def rss(self) -> int:
-        return rss(self.proc.pid)
-
-    def log_lines(self) -> list[str]:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace").splitlines()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-class GoodClient(threading.Thread):
-    """PUB, PULL, ACK on its own topic, checked, over and over: its slowest round trip is the verdict."""
-
-    def __init__(self, port: int, tls: bool = False) -> None:
-        super().__init__(daemon=True)
-        self.port, self.tls, self.stop, self.failure = port, tls, threading.Event(), ""
-        self.latencies: list[float] = []
-
-    def run(self) -> None:
-        try:
-            tls = {"ssl": True, "ssl_cert_reqs": "none"} if self.tls else {}
-            r = redis.Redis(port=self.port, password=PASSWORD, socket_timeout=30, **tls)
-            r.execute_command("HELLO", 2, "SETNAME", "good")
-            reply = r.execute_command("SUB", "good", "GROUP", "g")
-            handle = dict(zip(reply[::2], reply[1::2]))[b"handle"]
-            n = 0
-            while not self.stop.is_set():
-                started = time.monotonic()
-                r.execute_command("PUB", "good", f"m{n}")
-                got = r.execute_command("PULL", handle, "COUNT", 1)
-                tag = dict(zip(got[0][::2], got[0][1::2]))[b"tag"]
-                assert r.execute_command("ACK", handle, tag) == 1
-                self.latencies.append(time.monotonic() - started)
-                n += 1
-                self.stop.wait(0.01)
-        except Exception as exc:  # noqa: BLE001 - reported, not raised
-            self.failure = repr(exc)[:300]
 
 
 def handle_of(sub_reply: bytes) -> bytes:
     """The handle in a RESP2 SUB reply (a flat map: *8, $6 handle, $n <handle>, ...)."""
     return sub_reply.split(b"\r\n")[4]
-
-
-def connect(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    return s
 
 
 def auth(s: socket.socket) -> None:
@@ -138,18 +69,6 @@ def send_quietly(s: socket.socket, data: bytes, chunk: int = 1 << 20) -> int:
     except OSError:
         pass
     return sent
-
-
-def closed(s: socket.socket, timeout: float = 10) -> bool:
-    s.settimeout(timeout)
-    try:
-        while s.recv(65536):
-            pass
-        return True
-    except TimeoutError:
-        return False
-    except OSError:
-        return True
 
 
 # -- the attacks --------------------------------------------------------------------------------------
@@ -370,12 +289,13 @@ ATTACKS: list[tuple[str, Callable[[int, float], dict[str, Any]], int]] = [
     ("slowloris_after_auth", slowloris_after_auth, 300 * 64 * 1024),
     ("not_reading", not_reading, 2 * Config().max_read_ahead + 64 * 1024 * 1024),
 ]
+DOOR_ATTACKS = attack_doors.ATTACKS  # at the MQTT and UI doors, and the password attacks at all three
 SLACK = 48 * MiB  # allocator and interpreter noise: Python does not give every freed page back at once
 
 
-def run_one(redis_url: str, name: str, attack: Callable[[int, float], dict[str, Any]], budget: int, scale: float,
-            **extra: Any) -> dict[str, Any]:
-    w = Worker(redis_url, **{**SETTINGS, **extra})
+def run_one(redis_url: str, name: str, attack: Callable[[Any, float], dict[str, Any]], budget: int, scale: float,
+            doors: bool = False, **extra: Any) -> dict[str, Any]:
+    w = Worker(redis_url, doors, **{**SETTINGS, **extra})
     try:
         good = GoodClient(w.port, tls="tls_cert_file" in extra)
         good.start()
@@ -394,7 +314,7 @@ def run_one(redis_url: str, name: str, attack: Callable[[int, float], dict[str, 
         sampler.start()
         good.latencies.clear()
         started = time.monotonic()
-        observed = attack(w.port, scale)
+        observed = attack(w.ports if doors else w.port, scale)
         elapsed = time.monotonic() - started
         time.sleep(0.3)
         done.set()
@@ -414,6 +334,8 @@ def run_one(redis_url: str, name: str, attack: Callable[[int, float], dict[str, 
                             "failure": good.failure or None},
             "good_client_not_starved": bool(lat) and not good.failure and slowest is not None and slowest < 1.0,
         }
+        if name == "mqtt_not_reading":
+            result["closed_by_worker"] = any("has not read what it was sent" in x for x in w.log_lines())
         if name == "stalled_tls_handshakes":
             lines = [x for x in w.log_lines() if "TLS handshake" in x]
             result["handshake_log_lines"] = len(lines)
@@ -438,6 +360,13 @@ def main() -> None:
             redis.Redis.from_url(server.url).flushall()
             results[name] = run_one(server.url, name, attack, budget, opts.scale)
             print(name, json.dumps(results[name]), flush=True)
+        for name, door_attack, budget in DOOR_ATTACKS:
+            if chosen and name not in chosen:
+                continue
+            redis.Redis.from_url(server.url).flushall()
+            add_user(server.url)
+            results[name] = run_one(server.url, name, door_attack, budget, opts.scale, doors=True, users=True)
+            print(name, json.dumps(results[name]), flush=True)
         if chosen is None or "stalled_tls_handshakes" in chosen:
             try:
                 import trustme
@@ -457,7 +386,8 @@ def main() -> None:
     doc = {"settings": {**SETTINGS, "password": "…", "defaults": {
         k: getattr(Config(), k) for k in ("preauth_max_args", "preauth_max_bulk", "max_frame_bulk", "max_read_ahead",
                                           "auth_max_failures", "auth_delay_ms", "auth_delay_max_ms",
-                                          "max_arg_bytes", "max_connections")}},
+                                          "max_arg_bytes", "max_connections", "max_password_checks")
+        if hasattr(Config(), k)}},
            "scale": opts.scale, "attacks": results}
     (out / "attacks.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out / 'attacks.json'}")

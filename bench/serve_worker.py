@@ -22,6 +22,7 @@ def main() -> None:
     ap.add_argument("--redis-url", required=True)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--mqtt-port", type=int, default=None, help="also serve MQTT (0: a free port; says MQTT <n>)")
+    ap.add_argument("--max-connections", type=int, default=None, help="Config.max_connections (capped to the open files)")
     ap.add_argument("--loop", default=None, help="event loop: auto (uvloop when installed), uvloop, asyncio;"
                     " default auto, or asyncio with --profile (cProfile counts uvloop's waits as time in a coroutine)")
     ap.add_argument("--profile", default=None, help="write a cProfile of the worker here on exit")
@@ -31,7 +32,8 @@ def main() -> None:
     if opts.loop is None:
         opts.loop = "asyncio" if opts.profile else "auto"
     trace = install_trace() if opts.trace else None
-    config = Config(redis_url=opts.redis_url, port=opts.port, mqtt_port=opts.mqtt_port)
+    config = Config(redis_url=opts.redis_url, port=opts.port, mqtt_port=opts.mqtt_port,
+                    **({"max_connections": opts.max_connections} if opts.max_connections else {}))
 
     def ready(worker: object, port: int) -> None:
         print(f"PORT {port}", flush=True)

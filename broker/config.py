@@ -19,6 +19,7 @@ class Config:
     # Clean Session 0 (a session that "never expires") gets
     mqtt_max_session_expiry_s: int = 7 * 24 * 3600
     mqtt_default_session_expiry_s: int = 24 * 3600
+    mqtt_server_keep_alive_s: int = 0  # 5.0: the Server Keep Alive every client is given (0: its own Keep Alive)
     users: bool = False  # clients must AUTH as a user of `fencemq user` (ops/users.py), with its permissions
     # TLS for clients: a certificate chain and its key make the worker listen
     # with TLS only; a CA file also requires client certificates signed by it.
@@ -27,6 +28,10 @@ class Config:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     metrics_port: int | None = None
+    # What a PUB's ids and an ACK's reply promise (fences/durability.py, docs/operations.md):
+    # local | replicas=N (WAIT) | aof (WAITAOF) | aof+replicas=N; past the timeout: UNCONFIRMED
+    durability: str = "local"
+    durability_timeout_ms: int = 1000
     # The sampled gauges (server/metrics.py): how often, how many queues a sample reads at most, and
     # how many series: one per topic (the largest backlogs first) plus the lmqs with the largest backlogs.
     metrics_sample_ms: int = 15_000
@@ -47,6 +52,15 @@ class Config:
     # ~250 B, more than the rest of it (docs/operations.md, "Lite queues")
     lite_journal_cap: int = 0
     lite_quota: int = 100_000  # lite subscriptions one client may hold per topic
+
+    # Redis memory (fences/memory.py; docs/operations.md, "Redis memory"): publishes are refused (FULL)
+    # once a node's memory reaches the high watermark of its limit, until it falls below the low one.
+    # A node's limit is its maxmemory; with maxmemory 0, memory_limit_bytes, else the machine's memory
+    # as Redis reports it (total_system_memory). Sampled on every node every memory_sample_ms.
+    memory_high_watermark: float = 0.9
+    memory_low_watermark: float = 0.85
+    memory_limit_bytes: int = 0
+    memory_sample_ms: int = 500
 
     session_lease_ms: int = 10_000  # a detached or orphaned session ends after this
     # SIGTERM drains (docs/operations.md, "Deploying"): clients are told to move and what is in
@@ -86,8 +100,11 @@ class Config:
     # wait: auth_delay_ms, doubled per recent failure, at most auth_delay_max_ms.
     auth_delay_ms: int = 100
     auth_delay_max_ms: int = 5_000
-    max_connections: int = 10_000  # per worker; past it a new connection is told so and closed
-    max_connections_per_user: int = 1_000  # authenticated connections of one user on one worker (0 = no limit)
+    max_connections: int = 10_000  # per worker, every door counted; past it a new connection is closed
+    max_connections_per_user: int = 1_000  # logged-in connections of one user on one worker, every door (0 = no limit)
+    # Password checks hash with scrypt (~16 MiB, tens of ms each): at most this many at a time per worker
+    # (the others wait their turn; the checks from one address are made one at a time anyway).
+    max_password_checks: int = 2
     # Bytes a client may send ahead while one of its commands waits (a long poll): past
     # this the connection stops reading until the command is done, and TCP holds the rest.
     max_read_ahead: int = 4 << 20
@@ -122,6 +139,9 @@ class Config:
             raw = os.environ.get("FENCEMQ_" + f.name.upper())
             if raw is None:
                 continue
-            values[f.name] = raw if f.type in ("str", "str | None") else int(raw)
+            if f.type in ("str", "str | None"):
+                values[f.name] = raw
+            else:
+                values[f.name] = float(raw) if f.type == "float" else int(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)

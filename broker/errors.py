@@ -63,6 +63,19 @@ class NotFound(FenceMQError):
     code = "NOTFOUND"
 
 
+class Full(FenceMQError):
+    """A publish refused because the broker's Redis is above its memory watermark (or at maxmemory)."""
+
+    code = "FULL"
+
+
+class EvictingRedis(FenceMQError):
+    """The broker's Redis may evict keys (``maxmemory-policy`` is not ``noeviction``): a worker refuses to
+    start on it, the CLI's writes refuse to run, and publishes are refused while it stays so."""
+
+    code = "EVICTING"
+
+
 class TransactionAborted(FenceMQError):
     """EXEC of a transaction that had a command refused while it was queued: nothing ran."""
 
@@ -128,6 +141,12 @@ TABLE: tuple[ErrorCode, ...] = (
     ErrorCode("STALE", Stale, "the caller acted on an epoch or session that has since moved on"),
     ErrorCode("LIMIT", LimitExceeded, "a size, count or quota limit was reached; nothing was changed"),
     ErrorCode("NOTFOUND", NotFound, "no such subscription, queue or member (any more)"),
+    ErrorCode("FULL", Full, "the broker's Redis is above its memory watermark: publishing is refused until consumers "
+              "drain it below the low watermark (or an operator raises maxmemory); consuming always works; nothing "
+              "was stored: send it again later", True),
+    ErrorCode("EVICTING", EvictingRedis, "the broker's Redis may evict keys (maxmemory-policy is not noeviction): "
+              "set it to noeviction; until then workers do not start and publishing is refused: send it again once "
+              "an operator did", True),
     ErrorCode("EXECABORT", TransactionAborted, "EXEC found a command refused while queued; none of them ran"),
     ErrorCode("INTERNAL", InternalError, "a fence failed inside Redis unexpectedly; the reply names it, the worker "
               "logged it"),

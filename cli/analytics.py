@@ -10,13 +10,14 @@ the fence audit FAILED (the report lists the violations).
 
 from __future__ import annotations
 
-import asyncio
 import json
+import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import redis
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -24,38 +25,21 @@ from rich.table import Table
 from fencemq.model.keys import Keyspace
 from fencemq.cli.common import (
     ENV_REDIS_URL,
-    EXIT_UNREACHABLE,
     CliError,
-    broker_redis,
-    connect,
     fail,
     safe_url,
-    unreachable_message,
 )
 
 EXIT_AUDIT_FAILED = 3
 
 
-def _is_cluster(client: redis.Redis) -> bool:
-    try:
-        return int(client.info("cluster").get("cluster_enabled", 0)) == 1
-    except redis.ResponseError:
-        return False
-
-
-async def _snapshot(url: str, cluster: bool, prefix: str, out: Path, batch: int, log_entries: int,
+async def _snapshot(client: Any, keys: Keyspace, url: str, out: Path, batch: int, log_entries: int,
                     journal_entries: int, progress: Any, since: Path | None = None, journal_buckets: int = 8) -> Any:
-    from redis.asyncio import Redis, RedisCluster
-
     from fencemq.ops.snapshot import take_snapshot  # needs pyarrow (checked by the command)
 
-    client = RedisCluster.from_url(url) if cluster else Redis.from_url(url, socket_connect_timeout=5)
-    try:
-        return await take_snapshot(client, Keyspace(prefix), out, progress, batch=batch, log_entries=log_entries,
-                                   journal_entries=journal_entries, source=safe_url(url), since=since,
-                                   journal_buckets=journal_buckets)
-    finally:
-        await client.aclose()
+    return await take_snapshot(client, keys, out, progress, batch=batch, log_entries=log_entries,
+                               journal_entries=journal_entries, source=safe_url(url), since=since,
+                               journal_buckets=journal_buckets)
 
 
 def snapshot(
@@ -63,7 +47,8 @@ def snapshot(
                                       "(created; an older snapshot there is replaced).")],
     redis_url: Annotated[Optional[str], typer.Option(
         "--redis-url", metavar="URL", show_default=False,
-        help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL}); "
+        help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL}, else the private Redis of "
+             "the one `fencemq serve` running here); "
              "a Cluster is detected and every master visited")] = None,
     prefix: Annotated[Optional[str], typer.Option(
         "--prefix", show_default=False,
@@ -92,33 +77,27 @@ def snapshot(
     With --since BASE, only queues whose state changed since BASE are written
     (every fence write changes a queue's state digest).
     """
-    url, key_prefix = broker_redis("snapshot", redis_url, prefix)
+    from fencemq.cli.opskit import Ctx
+
+    ctx = Ctx("snapshot", redis_url, prefix, cluster=False)  # the operator commands' URL, gate and errors
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:
         fail("snapshot", CliError(f"pyarrow is not installed ({exc}); pip install 'fencemq[spark]'"))
         raise typer.Exit(1) from None
-
-    try:
-        probe = connect(url)
-        try:
-            cluster = _is_cluster(probe)
-        finally:
-            probe.close()
-    except CliError as exc:
-        fail("snapshot", exc)
-        raise typer.Exit(exc.code) from None
-
     if since is not None and not (since / "manifest.json").is_file():
         fail("snapshot", CliError(f"no snapshot at {since} to build on (manifest.json missing)"))
         raise typer.Exit(1)
     from fencemq.ops.snapshot import SnapshotError
 
+    def take(progress: Any) -> Any:
+        return ctx.run(lambda r, k: _snapshot(r, k, ctx.url, out, batch, log_entries, journal_entries, progress,
+                                              since, journal_buckets))
+
     err = Console(stderr=True, highlight=False)
     try:
         if as_json:
-            manifest = asyncio.run(_snapshot(url, cluster, key_prefix, out, batch, log_entries, journal_entries,
-                                             None, since, journal_buckets))
+            manifest = take(None)
         else:
             from rich.progress import (
                 Progress,
@@ -130,17 +109,9 @@ def snapshot(
             with Progress(SpinnerColumn(), TextColumn("snapshot: {task.completed:,} queues"),
                           TimeElapsedColumn(), console=err, transient=True) as bar:
                 task = bar.add_task("snapshot", total=None)
-                manifest = asyncio.run(_snapshot(
-                    url, cluster, key_prefix, out, batch, log_entries, journal_entries,
-                    lambda done, _total: bar.update(task, completed=done), since, journal_buckets))
+                manifest = take(lambda done, _total: bar.update(task, completed=done))
     except SnapshotError as exc:
         fail("snapshot", CliError(str(exc)))
-        raise typer.Exit(1) from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        fail("snapshot", CliError(unreachable_message(url, exc)))
-        raise typer.Exit(EXIT_UNREACHABLE) from None
-    except redis.RedisError as exc:
-        fail("snapshot", CliError(f"Redis at {safe_url(url)} answered with an error: {exc}"))
         raise typer.Exit(1) from None
 
     if as_json:
@@ -175,7 +146,9 @@ def analyze(
 ) -> None:
     """Run the PySpark analytics job (in this process) and its fence audit over a snapshot.
 
-    Writes result tables (Parquet), summary.json and report.html with plots.
+    Writes result tables (Parquet), summary.json and report.html with plots;
+    the JVM's own output goes to spark.log beside them (a terminal sees one
+    progress line instead).
     Exit code 3 when the fence audit fails. Needs pyspark (the "spark"
     extra of the fencemq package) and Java 17+.
     """
@@ -187,33 +160,41 @@ def analyze(
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
-        from fencemq.spark.analytics import AnalyticsError, build_session
+        from fencemq.spark.analytics import AnalyticsError
         from fencemq.spark.analytics import analyze as run_job
+        from fencemq.spark.session import build_session, is_small
     except ImportError as exc:
         fail("analyze", CliError(f"PySpark is not installed ({exc}); pip install 'fencemq[spark]'"))
         raise typer.Exit(1) from None
 
-    err = Console(stderr=True, highlight=False)
+    results = out if out is not None else snapshot_dir / "analysis"
+    results.mkdir(parents=True, exist_ok=True)
+    log = results / "spark.log"
     # One SparkContext per process: when one runs already (a notebook, a test session), use it
     # (its master wins) and leave it running.
     running = SparkContext._active_spark_context is not None
-    try:
-        if not running and not as_json:
-            err.print(f"starting Spark ({master}) ...")
-        spark = (SparkSession.builder.getOrCreate() if running
-                 else build_session(master, conf={"spark.ui.showConsoleProgress": "false"}))
-    except Exception as exc:  # noqa: BLE001 — JAVA_GATEWAY_EXITED and friends
-        fail("analyze", CliError(f"Spark could not start ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                                 "is Java 17+ installed (JAVA_HOME)?"))
-        raise typer.Exit(1) from None
-    try:
-        summary = run_job(spark, snapshot_dir, out, report=report)
-    except AnalyticsError as exc:
-        fail("analyze", CliError(str(exc)))
-        raise typer.Exit(1) from None
-    finally:
-        if not running:
-            spark.stop()
+    with _progress_line(enabled=not as_json) as say:
+        try:
+            if running:
+                spark = SparkSession.builder.getOrCreate()
+            else:
+                say(f"starting Spark ({master})")
+                with _jvm_output_to(log):
+                    spark = build_session(master, conf={"spark.ui.showConsoleProgress": "false"},
+                                          small_input=is_small(snapshot_dir))
+        except Exception as exc:  # noqa: BLE001 — JAVA_GATEWAY_EXITED and friends
+            fail("analyze", CliError(f"Spark could not start ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                                     f"is Java 17+ installed (JAVA_HOME)? Spark's own output: {log}"))
+            raise typer.Exit(1) from None
+        try:
+            summary = run_job(spark, snapshot_dir, out, report=report, progress=say)
+        except AnalyticsError as exc:
+            fail("analyze", CliError(str(exc)))
+            raise typer.Exit(1) from None
+        finally:
+            if not running:
+                say("stopping Spark")
+                spark.stop()
 
     audit = summary["audit"]
     if as_json:
@@ -240,6 +221,45 @@ def analyze(
         console.print(f"results: {summary['out']}" + (f"  report: {summary['report']}" if summary["report"] else ""))
     if audit["verdict"] != "PASS":
         raise typer.Exit(EXIT_AUDIT_FAILED)
+
+
+@contextmanager
+def _jvm_output_to(log: Path) -> Iterator[None]:
+    """The JVM that PySpark starts inherits this process's stdout and stderr: while it starts, they are
+    ``log``, so its warnings (log4j, the JDK's, Hadoop's) and later messages go there, not to the terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    to_log = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(to_log, 1)
+        os.dup2(to_log, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, to_log):
+            os.close(fd)
+
+
+@contextmanager
+def _progress_line(enabled: bool) -> Iterator[Callable[[str], None]]:
+    """One line on a terminal's stderr saying what the job does now and for how long (gone when done);
+    nothing elsewhere. It writes to a copy of stderr, so it stays on the terminal while the JVM starts."""
+    terminal = enabled and os.isatty(2)
+    if not terminal:
+        yield lambda _what: None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with os.fdopen(os.dup(2), "w") as stderr_copy:
+        console = Console(file=stderr_copy, highlight=False)
+        with Progress(SpinnerColumn(), TextColumn("analyze: {task.description}"), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("starting", total=None)
+            yield lambda what: bar.update(task, description=what)
 
 
 def register(app: typer.Typer) -> None:

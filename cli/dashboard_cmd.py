@@ -25,7 +25,8 @@ def dashboard(
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
     redis_url: Annotated[Optional[str], typer.Option(
         "--redis-url", metavar="URL", show_default=False,
-        help=f"The broker's Redis/Valkey URL (default: ${ENV_REDIS_URL})")] = None,
+        help=f"The broker's Redis/Valkey URL (default: ${ENV_REDIS_URL}, else the private Redis of the one "
+             "`fencemq serve` running here)")] = None,
     prefix: Annotated[Optional[str], typer.Option(
         show_default=False, help="Key prefix of the broker's state (default: $FENCEMQ_PREFIX or fmq)")] = None,
     password: Annotated[Optional[str], typer.Option(

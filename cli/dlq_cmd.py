@@ -103,7 +103,7 @@ def dlq_replay(
     if waiting:  # with none, nothing to ask: it says so and exits 1
         _confirm(ctx, yes, f"Replay {min(count, waiting)} of the {waiting} dead letter(s) of "
                  f"{ops.display_name(ref)} into their groups?", f"replay dead letters of {ops.display_name(ref)}")
-    res = ctx.run(lambda r, k: maintenance.replay_dead(r, k, ref, count=count))
+    res = ctx.run(lambda r, k: maintenance.replay_dead(r, k, ref, count=count), writes=True)
     if as_json:
         _emit_json(res)
     else:

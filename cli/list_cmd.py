@@ -19,6 +19,7 @@ from fencemq.cli.opskit import (
     Json,
     Prefix,
     RedisUrl,
+    _count,
     _emit_json,
     _opt,
     _out,
@@ -74,7 +75,7 @@ def _list(command: str, redis_url: str | None, prefix: str | None, cluster: bool
     else:
         console.print(Text("No queues match." if page.cursor is None else "No queues on this page.", style="dim"))
     where = f"{page.nodes} masters" if page.nodes > 1 else "1 server"
-    console.print(Text(f"{len(page.rows)} shown, {page.scanned} keys scanned on {where}.", style="dim"))
+    console.print(Text(f"{len(page.rows)} shown, {_count(page.scanned, 'key')} scanned on {where}.", style="dim"))
     if page.cursor is not None:
         console.print(Text(f"More: --cursor {page.cursor}"))
     else:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
+import secrets
 import ssl
 import sys
 from typing import Annotated, Any, Optional
@@ -27,15 +27,16 @@ from fencemq import __version__
 from fencemq.errors import BadArgument
 from fencemq.model.keys import Keyspace
 from fencemq.cli import analytics, dashboard_cmd, ops
+from fencemq.cli.helptext import HelpGroup
+from fencemq.cli.opskit import RedisUrl as OperatorRedisUrl
+from fencemq.cli.local_broker import recorded, runtime_dir
 from fencemq.cli.common import (
     ENV_REDIS_URL,
-    EXIT_UNREACHABLE,
     CliError,
     connect,
     fail,
     redis_url_given,
     safe_url,
-    unreachable_message,
 )
 
 app = typer.Typer(
@@ -44,6 +45,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HelpGroup,  # help as written: no <bool>/<str>, no markup read into it (cli/helptext.py)
 )
 
 RedisUrlOption = Annotated[
@@ -182,9 +184,10 @@ def serve(
         if not embedded:
             connect(config.redis_url).close()  # fail fast, with a message that says what to check
         with contextlib.ExitStack() as stack:
-            config = stack.enter_context(redis_for(config))
+            # A private Redis gets a password of its own: the record below is how the CLI gets in.
+            config = stack.enter_context(redis_for(config, secrets.token_urlsafe(18) if embedded else None))
             if embedded:
-                print(f"no --redis-url or {ENV_REDIS_URL}: started a private Redis at {config.redis_url} "
+                print(f"no --redis-url or {ENV_REDIS_URL}: started a private Redis at {safe_url(config.redis_url)} "
                       "(its data is discarded on exit)", flush=True)
             if config.metrics_port:
                 start_http_server(config.metrics_port, addr=config.host)
@@ -201,6 +204,12 @@ def serve(
                     line += f"; MQTT on {config.host}:{worker.mqtt_port}{tls}"
                 if worker.mqtt_ws_port is not None:
                     line += f"; MQTT over WebSocket on {config.host}:{worker.mqtt_ws_port}{tls}"
+                if embedded:  # the CLI on this machine finds the private Redis without a URL (cli/local_broker.py)
+                    record = stack.enter_context(recorded(config.redis_url, config.prefix,
+                                                          f"{config.host}:{bound_port}"))
+                    line += (f"; `fencemq` commands of this user here use its Redis (recorded in {record})"
+                             if record else f"; no private directory to record its Redis in ({runtime_dir()}): give the CLI "
+                                     f"--redis-url {config.redis_url}")
                 asyncio.get_running_loop().call_soon(lambda: print(line, flush=True))
 
             if http_port is None:
@@ -287,48 +296,36 @@ def demo(redis_url: RedisUrlOption = None) -> None:
 
 @app.command()
 def status(
-    redis_url: RedisUrlOption = None,
+    redis_url: OperatorRedisUrl = None,
     prefix: PrefixOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object {workers, sessions, queues}.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object {alarms, redis, workers, sessions, queues}.")] = False,
     limit: Annotated[int, typer.Option(min=0, help="Show at most this many queues and sessions.")] = 1000,
 ) -> None:
     """Workers, sessions and queues (backlog, checkouts, groups, owners, suspects), read from Redis.
 
-    Read-only. Needs the broker's Redis: --redis-url or $FENCEMQ_REDIS_URL
-    (status never starts an embedded server).
+    Read-only. Needs the broker's Redis: --redis-url, $FENCEMQ_REDIS_URL, or the
+    private one of a `fencemq serve` running here (status never starts one).
+    Once the broker has an administrator, the operator needs the inspect permission
+    on every topic, as for queues, inspect and top (FENCEMQ_USER, docs/security.md).
     """
     from fencemq.cli import status as report
+    from fencemq.cli.opskit import Ctx
 
-    url = redis_url_given(redis_url)
-    if not url:
-        fail("status", CliError(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis "
-                                "(status never starts an embedded server)", EXIT_UNREACHABLE))
-        raise typer.Exit(EXIT_UNREACHABLE)
-    key_prefix = prefix or os.environ.get("FENCEMQ_PREFIX") or "fmq"
-    try:
-        Keyspace(key_prefix)
-    except BadArgument as exc:
-        fail("status", CliError(f"bad prefix {key_prefix!r}: {exc}"))
-        raise typer.Exit(1) from None
-    try:
-        client = connect(url)
+    ctx = Ctx("status", redis_url, prefix, cluster=False)
+
+    def collect() -> dict[str, Any]:
+        client = connect(ctx.url)
         try:
-            snap = report.collect(client, key_prefix, limit)
+            return report.collect(client, ctx.prefix, limit)
         finally:
             client.close()
-    except CliError as exc:
-        fail("status", exc)
-        raise typer.Exit(exc.code) from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:  # the server went away mid-read
-        fail("status", CliError(unreachable_message(url, exc)))
-        raise typer.Exit(EXIT_UNREACHABLE) from None
-    except redis.RedisError as exc:  # e.g. an ACL user without SCAN/HGETALL rights
-        fail("status", CliError(f"Redis at {safe_url(url)} answered {type(exc).__name__}: {exc}"))
-        raise typer.Exit(1) from None
+
+    # Through the operator commands' context: the same URL, the same gate, the same errors.
+    snap = ctx.run(lambda _r, _k: asyncio.to_thread(collect))
     if as_json:
         typer.echo(report.to_json(snap))
     else:
-        report.render(Console(highlight=False), snap, url)
+        report.render(Console(highlight=False), snap, ctx.url)
 
 
 # The operator and analytics commands live in their own modules; they add themselves here.

@@ -9,7 +9,8 @@ results: rich tables by default, ``--json`` for scripts (one JSON document on
 stdout; ``top --json`` prints one per refresh, one per line).
 
 Every command that talks to Redis takes ``--redis-url`` (default
-$FENCEMQ_REDIS_URL), ``--prefix`` (default $FENCEMQ_PREFIX or fmq) and
+$FENCEMQ_REDIS_URL, else the private Redis of the one ``fencemq serve``
+running here: cli/local_broker.py), ``--prefix`` (default $FENCEMQ_PREFIX or fmq) and
 ``--cluster`` (force Redis Cluster mode; otherwise detected from
 ``INFO cluster``: every master is visited).
 

@@ -28,9 +28,10 @@ from fencemq.cli.common import (
     ENV_REDIS_URL,
     EXIT_UNREACHABLE,
     CliError,
+    async_client,
+    broker_redis,
     connect,
     fail,
-    redis_url_given,
     safe_url,
     unreachable_message,
 )
@@ -42,7 +43,8 @@ ENV_PREFIX = "FENCEMQ_PREFIX"
 # Once the broker has users, operator commands act as one of them (docs/security.md, "Operators").
 ENV_USER, ENV_USER_PASSWORD = "FENCEMQ_USER", "FENCEMQ_USER_PASSWORD"
 # The permission (ops/users.py ACTIONS) each operator command needs, on its topic ('#' when it names none).
-PERMISSION_OF = {"inspect": "inspect", "queues": "inspect", "lmqs": "inspect", "top": "inspect", "dlq": "dlq",
+PERMISSION_OF = {"status": "inspect", "snapshot": "inspect",
+                 "inspect": "inspect", "queues": "inspect", "lmqs": "inspect", "top": "inspect", "dlq": "dlq",
                  "evict": "evict", "seek": "seek", "purge": "purge", "sweep": "admin", "user": "admin"}
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 RedisUrl = Annotated[str | None, typer.Option(
     "--redis-url", metavar="URL", show_default=False,
-    help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL})")]
+    help=f"Redis/Valkey URL, e.g. redis://host:6379/0 (default: ${ENV_REDIS_URL}, else the private Redis "
+         "of the one `fencemq serve` running here)")]
 Prefix = Annotated[str | None, typer.Option(
     "--prefix", show_default=False, help=f"Key prefix of the broker's state (default: ${ENV_PREFIX} or fmq)")]
 Cluster = Annotated[bool, typer.Option(
@@ -70,15 +73,8 @@ class Ctx:
 
     def __init__(self, command: str, redis_url: str | None, prefix: str | None, cluster: bool) -> None:
         self.command = command
-        url = redis_url_given(redis_url)
-        if not url:
-            self.fail(f"no Redis URL: pass --redis-url or set {ENV_REDIS_URL} to the broker's Redis", EXIT_UNREACHABLE)
-        self.url: str = url  # type: ignore[assignment]
-        self.prefix = prefix or os.environ.get(ENV_PREFIX) or "fmq"
-        try:
-            self.keys = Keyspace(self.prefix)
-        except BadArgument as exc:
-            self.fail(f"bad prefix {self.prefix!r}: {exc}", EXIT_USAGE)
+        self.url, self.prefix = broker_redis(command, redis_url, prefix)
+        self.keys = Keyspace(self.prefix)
         self.cluster = cluster
         self.topic = "#"  # what the command acts on, for its permission (set by _queue, or by the command)
         self._authorized = False
@@ -88,7 +84,7 @@ class Ctx:
         (FENCEMQ_USER, FENCEMQ_USER_PASSWORD) must be a user with this command's permission on its
         topic. Before that, Redis's own credentials are the only gate, as for any tool that reaches
         Redis directly: which is how the first administrator is added."""
-        action = PERMISSION_OF.get(self.command)
+        action = PERMISSION_OF.get(self.command.split()[0])  # "user add" needs what "user" needs
         if self._authorized or action is None:
             return
         from fencemq.ops.users import UserStore, grants_cover
@@ -127,23 +123,30 @@ class Ctx:
         finally:
             client.close()
 
-    def run(self, body: Callable[[Any, Keyspace], Awaitable[T]]) -> T:
-        """Run ``body(async client, keyspace)``; every failure becomes one line and an exit code."""
+    def run(self, body: Callable[[Any, Keyspace], Awaitable[T]], *, writes: bool = False) -> T:
+        """Run ``body(async client, keyspace)``; every failure becomes one line and an exit code.
+
+        ``writes``: the body changes the broker's state, which a Redis that may evict keys would
+        lose without a word: it is refused there (EVICTING, saying what to set), as a worker refuses
+        to start (fences/memory.py)."""
         cluster = self._probe()
 
         async def main() -> T:
-            from redis.asyncio import Redis, RedisCluster
-
-            client = (RedisCluster.from_url(self.url, socket_connect_timeout=3, socket_timeout=30) if cluster
-                      else Redis.from_url(self.url, socket_connect_timeout=3, socket_timeout=30))
+            client = async_client(self.url, cluster)
             try:
                 await self.authorize(client)
+                if writes:
+                    from fencemq.fences.memory import check_policy
+
+                    await check_policy(client)
                 return await body(client, self.keys)
             finally:
                 await client.aclose()
 
         try:
             return asyncio.run(main())
+        except CliError as exc:
+            self.fail(exc.message, exc.code)
         except NotFound as exc:
             self.fail(exc.message, EXIT_NOT_FOUND)
         except (NoPermission, WrongPassword) as exc:
@@ -295,6 +298,11 @@ def _table(title: str | None = None, drop: tuple[str, ...] = ()) -> FitTable:
                      pad_edge=False, collapse_padding=True, min_width=cell_len(title) if title else None)
     table.drop = drop
     return table
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 key', '2 keys', '0 keys'."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def _when(ms: int | None) -> str:

@@ -17,6 +17,10 @@ Per queue (a plain topic, or one lmq of a lite topic, ``topic[lmq]``):
   first deadline, in seconds from now (negative: overdue, the sweeper is about
   to return it).
 * ``backlog`` of the queue = the largest group backlog (null with no group).
+
+And the broker's alarms (memory above its watermark, a Redis that may evict:
+the records the workers keep, fences/memory.py), with the memory and eviction
+policy of the Redis it reads (``redis``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fencemq.fences import session_index
+from fencemq.fences.memory import decode_alarms, node_memory
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace
 from fencemq.ops.operations import parse_meta
@@ -108,9 +113,13 @@ def collect(client: redis.Redis, prefix: str = "fmq", limit: int = 1000) -> dict
         queues.extend(_queues(client, keys, ordered[start : start + PIPELINE_CHUNK], now))
     queues.sort(key=lambda q: (q["topic"], q["lmq"] or ""))
 
+    memory = node_memory("", client.info("memory"))
     return {
         "prefix": prefix,
         "now_ms": now,
+        "alarms": [{"alarm": a.kind, "node": a.node, "since_ms": a.since_ms, "detail": a.detail}
+                   for a in decode_alarms(client.hgetall(keys.alarms))],
+        "redis": {"used_memory": memory.used, "maxmemory": memory.maxmemory, "maxmemory_policy": memory.policy},
         "workers": workers,
         "sessions": sessions,
         "queues": queues,
@@ -230,10 +239,31 @@ def render(console: Console, snap: dict[str, Any], redis_url: str) -> None:
     console.print(Text.assemble(
         ("FenceMQ status", "bold"), f"  redis {safe_url(redis_url)}  prefix {snap['prefix']}",
     ))
+    render_memory(console, snap)
     render_workers(console, snap)
     render_sessions(console, snap)
     render_queues(console, snap)
     render_groups(console, snap)
+
+
+def render_memory(console: Console, snap: dict[str, Any]) -> None:
+    """The Redis's memory and policy on one line; the alarms, in red, when there are any."""
+    r = snap["redis"]
+    used, limit = r["used_memory"] / (1 << 20), r["maxmemory"] / (1 << 20)
+    of = f" of {limit:,.1f} MiB ({100 * r['used_memory'] / r['maxmemory']:.0f}%)" if r["maxmemory"] else \
+        " (no maxmemory)"
+    policy = Text(r["maxmemory_policy"], style="green" if r["maxmemory_policy"] == "noeviction" else "bold red")
+    console.print(Text.assemble(f"memory {used:,.1f} MiB{of}, maxmemory-policy ", policy))
+    if not snap["alarms"]:
+        return
+    alarms = _table("Alarms")
+    alarms.add_column("alarm", style="bold red")
+    alarms.add_column("node", overflow="fold")
+    alarms.add_column("since", justify="right")
+    alarms.add_column("what", overflow="fold")
+    for a in snap["alarms"]:
+        alarms.add_row(a["alarm"], a["node"], f"{max(0, snap['now_ms'] - a['since_ms']) / 1000:.0f}s ago", a["detail"])
+    console.print(alarms)
 
 
 def render_workers(console: Console, snap: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.text import Text
 
 from fencemq.ops import maintenance
@@ -32,6 +32,26 @@ from fencemq.cli.opskit import (
     _when,
 )
 
+class Flow:
+    """Parts laid out two spaces apart, a line broken only between two parts (never inside one, as
+    plain wrapping broke 'prefix fmq' at 80 columns); a part wider than the line folds on its own."""
+
+    def __init__(self, parts: list[Text]) -> None:
+        self.parts = parts
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = Text()
+        for part in self.parts:
+            if line and line.cell_len + 2 + part.cell_len > options.max_width:
+                yield line
+                line = Text()
+            if line:
+                line.append("  ")
+            line.append_text(part)
+        if line:
+            yield line
+
+
 def _fitted_view(console: Console, sample: dict[str, Any], url: str, prefix: str) -> Group:
     """The view, in the terminal's height: rows that do not fit are counted in a last line, not scrolled."""
     queues, suspects = list(sample["queues"]), list(sample["suspected"])
@@ -46,12 +66,13 @@ def _fitted_view(console: Console, sample: dict[str, Any], url: str, prefix: str
 
 
 def _top_view(sample: dict[str, Any], url: str, prefix: str, hidden: tuple[int, int] = (0, 0)) -> Group:
-    head = Text.assemble(
-        ("FenceMQ top", "bold"), f"  {_when(sample['now_ms'])}  redis {safe_url(url)}  prefix {prefix}  ",
-        f"workers {sample['workers_alive']}  sessions {sample['sessions_alive']}/{sample['sessions']}  ",
-        f"queues {sample['queues_seen']}{'+' if sample['queues_truncated'] else ''}  ",
-        f"publish/s {_rate(sample['totals']['publish'])}  deliver/s {_rate(sample['totals']['deliver'])}",
-    )
+    head = Flow([
+        Text("FenceMQ top", style="bold"), Text(_when(sample["now_ms"])), Text(f"redis {safe_url(url)}"),
+        Text(f"prefix {prefix}"), Text(f"workers {sample['workers_alive']}"),
+        Text(f"sessions {sample['sessions_alive']}/{sample['sessions']}"),
+        Text(f"queues {sample['queues_seen']}{'+' if sample['queues_truncated'] else ''}"),
+        Text(f"publish/s {_rate(sample['totals']['publish'])}"), Text(f"deliver/s {_rate(sample['totals']['deliver'])}"),
+    ])
     t = _table(drop=("last\nid", "expired/s", "nack/s", "dead", "ack/s", "checked\nout"))
     t.add_column("queue", overflow="fold", style="bold", ratio=2)
     for col in ("last\nid", "backlog", "checked\nout", "pub/s", "out/s", "ack/s", "nack/s", "expired/s", "dead"):

@@ -13,8 +13,12 @@ from typing import Annotated
 
 import typer
 
-from fencemq.cli.opskit import Cluster, Ctx, Json, Prefix, RedisUrl, Yes, _confirm, _emit_json, _out, _row, _table
-from fencemq.ops.users import ACTIONS, ALL, UserStore
+from fencemq.cli.opskit import (
+    EXIT_USAGE, Cluster, Ctx, Json, Prefix, RedisUrl, Yes, _confirm, _emit_json, _out, _row, _table,
+)
+from fencemq.errors import BadArgument
+from fencemq.model.topics import check_filter
+from fencemq.ops.users import ACTIONS, ALL, UserStore, check_action, check_password, check_user_name
 
 user_app = typer.Typer(help="Users and their permissions (stored in the broker's Redis).", no_args_is_help=True)
 
@@ -24,10 +28,34 @@ Filter = Annotated[str, typer.Argument(help="An MQTT-style topic filter: orders/
 PasswordStdin = Annotated[bool, typer.Option("--password-stdin", help="Read the password from standard input.")]
 
 
-def _password(from_stdin: bool) -> str:
+PROMPT_TRIES = 3
+
+
+def _password(ctx: Ctx, from_stdin: bool, name: str) -> str:
+    """The new password: one line of standard input with --password-stdin, else asked on the terminal
+    (checked as soon as it is typed, then asked again to confirm). Without a terminal and without
+    --password-stdin, a one-line error saying how to give it (exit 2), never a prompt nobody sees."""
     if from_stdin:
-        return sys.stdin.readline().rstrip("\n")
-    return typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+        password = sys.stdin.readline().rstrip("\r\n")
+        try:
+            return check_password(password)
+        except BadArgument as exc:
+            ctx.fail(exc.message, EXIT_USAGE)
+    if not sys.stdin.isatty():
+        ctx.fail("no terminal to ask the password on: give it on standard input with --password-stdin, e.g. "
+                 f"printf '%s\\n' \"$PASSWORD\" | fencemq {ctx.command} {name} --password-stdin", EXIT_USAGE)
+    for _ in range(PROMPT_TRIES):
+        password = typer.prompt("Password", hide_input=True, err=True)
+        try:
+            check_password(password)
+            break
+        except BadArgument as exc:
+            typer.echo(f"{exc.message}; try again", err=True)
+    else:
+        ctx.fail(f"no acceptable password in {PROMPT_TRIES} tries; nothing changed", EXIT_USAGE)
+    if typer.prompt("Repeat the password", hide_input=True, err=True) != password:
+        ctx.fail("the two passwords differ; nothing changed", EXIT_USAGE)
+    return password
 
 
 def _store(ctx: Ctx, r) -> UserStore:
@@ -36,16 +64,22 @@ def _store(ctx: Ctx, r) -> UserStore:
 
 @user_app.command("add")
 def user_add(name: Name, password_stdin: PasswordStdin = False,
-             grant: Annotated[list[str] | None, typer.Option("--grant", help="ACTION:FILTER, repeatable.")] = None,
+             grant: Annotated[list[str] | None, typer.Option("--grant", metavar="ACTION:FILTER", help="What the user may do on which topics, e.g. publish:orders/# (repeatable).")] = None,
              redis_url: RedisUrl = None, prefix: Prefix = None, cluster: Cluster = False) -> None:
     """Add a user (no permissions unless --grant)."""
-    ctx = Ctx("user", redis_url, prefix, cluster)
+    ctx = Ctx("user add", redis_url, prefix, cluster)
     grants = []
-    for g in grant or []:
-        action, _, filt = g.partition(":")
-        grants.append((action, filt or "#"))
-    password = _password(password_stdin)
-    ctx.run(lambda r, _k: _store(ctx, r).add(name, password, grants))
+    try:  # what can be checked is checked before the password is asked for
+        check_user_name(name)
+        for g in grant or []:
+            action, _, filt = g.partition(":")
+            grants.append((check_action(action), check_filter(filt or "#")))
+    except BadArgument as exc:
+        ctx.fail(exc.message, EXIT_USAGE)
+    if ctx.run(lambda r, _k: _store(ctx, r).exists(name)):
+        ctx.fail(f"user '{name}' exists; use passwd or grant", EXIT_USAGE)
+    password = _password(ctx, password_stdin, name)
+    ctx.run(lambda r, _k: _store(ctx, r).add(name, password, grants), writes=True)
     _out().print(f"user {name} added")
 
 
@@ -53,9 +87,15 @@ def user_add(name: Name, password_stdin: PasswordStdin = False,
 def user_passwd(name: Name, password_stdin: PasswordStdin = False, redis_url: RedisUrl = None, prefix: Prefix = None,
                 cluster: Cluster = False) -> None:
     """Set a user's password."""
-    ctx = Ctx("user", redis_url, prefix, cluster)
-    password = _password(password_stdin)
-    ctx.run(lambda r, _k: _store(ctx, r).passwd(name, password))
+    ctx = Ctx("user passwd", redis_url, prefix, cluster)
+    try:
+        check_user_name(name)
+    except BadArgument as exc:
+        ctx.fail(exc.message, EXIT_USAGE)
+    if not ctx.run(lambda r, _k: _store(ctx, r).exists(name)):
+        ctx.fail(f"no user '{name}'", EXIT_USAGE)
+    password = _password(ctx, password_stdin, name)
+    ctx.run(lambda r, _k: _store(ctx, r).passwd(name, password), writes=True)
     _out().print(f"password of {name} changed")
 
 
@@ -65,7 +105,7 @@ def user_del(name: Name, yes: Yes = False, redis_url: RedisUrl = None, prefix: P
     """Delete a user (its sessions keep running until they reconnect). Asks first unless --yes."""
     ctx = Ctx("user", redis_url, prefix, cluster)
     _confirm(ctx, yes, f"Delete user {name}?", f"delete user {name}")
-    if not ctx.run(lambda r, _k: _store(ctx, r).delete(name)):
+    if not ctx.run(lambda r, _k: _store(ctx, r).delete(name), writes=True):
         ctx.fail(f"no user {name!r}", 1)
     _out().print(f"user {name} deleted")
 
@@ -75,7 +115,7 @@ def user_grant(name: Name, action: Action, filt: Filter, redis_url: RedisUrl = N
                cluster: Cluster = False) -> None:
     """Let a user do ACTION on the topics FILTER matches."""
     ctx = Ctx("user", redis_url, prefix, cluster)
-    ctx.run(lambda r, _k: _store(ctx, r).grant(name, action, filt))
+    ctx.run(lambda r, _k: _store(ctx, r).grant(name, action, filt), writes=True)
     _out().print(f"{name} may {action} on {filt}")
 
 
@@ -84,7 +124,7 @@ def user_revoke(name: Name, action: Action, filt: Filter, redis_url: RedisUrl = 
                 cluster: Cluster = False) -> None:
     """Take back a grant (the same ACTION and FILTER it was given with)."""
     ctx = Ctx("user", redis_url, prefix, cluster)
-    ctx.run(lambda r, _k: _store(ctx, r).revoke(name, action, filt))
+    ctx.run(lambda r, _k: _store(ctx, r).revoke(name, action, filt), writes=True)
     _out().print(f"{name} may no longer {action} on {filt}")
 
 

@@ -66,7 +66,7 @@ def evict(
     ctx.run(lambda r, k: r.ping())  # an unreachable Redis is said before any question
     _confirm(ctx, yes, f"Evict {client} from group {group} of {ops.display_name(ref)} (its checkouts go back)?",
              f"evict {client} from {ops.display_name(ref)}")
-    res = ctx.run(lambda r, k: maintenance.evict(r, k, ref, group, client))
+    res = ctx.run(lambda r, k: maintenance.evict(r, k, ref, group, client), writes=True)
     if as_json:
         _emit_json(res)
         return
@@ -96,7 +96,8 @@ def sweep(
     if queue is not None and queue[:2] not in ("t:", "l:", "f:"):
         ctx.fail(f"{queue!r} is not a queue id (t:<topic>, l:<topic>:<lmq> or f:<owner>:<filter>)", EXIT_USAGE)
     with _progress("sweep: queues swept", enabled=all_due and not as_json) as progress:
-        res = ctx.run(lambda r, k: maintenance.sweep(r, k, [queue] if queue else None, progress=progress))
+        res = ctx.run(lambda r, k: maintenance.sweep(r, k, [queue] if queue else None, progress=progress),
+                      writes=True)
     if as_json:
         _emit_json(res)
         return
@@ -157,7 +158,7 @@ def seek(
     target = kind if arg is None else f"{kind} {arg}"
     _confirm(ctx, yes, f"Seek group {group} of {ops.display_name(ref)} to {target} (its checkouts go stale)?",
              f"seek group {group} of {ops.display_name(ref)}")
-    res = ctx.run(lambda r, k: maintenance.seek(r, k, ref, group, kind, arg))
+    res = ctx.run(lambda r, k: maintenance.seek(r, k, ref, group, kind, arg), writes=True)
     if as_json:
         _emit_json(res)
         return
@@ -202,7 +203,7 @@ def purge(
         if not typer.confirm(f"Purge {q['name']}: drop {drop} message(s) from {len(q['groups'])} group(s)?",
                              default=False, err=True):
             ctx.fail("not purged", EXIT_NOT_FOUND)
-    res = ctx.run(lambda r, k: maintenance.purge(r, k, ref))
+    res = ctx.run(lambda r, k: maintenance.purge(r, k, ref), writes=True)
     if as_json:
         _emit_json(res)
         return

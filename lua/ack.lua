@@ -1,6 +1,7 @@
 -- ack.lua: settle checkouts of one member.
 --@include lib/seek.lua
 --@include lib/lite.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] checkouts

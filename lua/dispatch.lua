@@ -1,5 +1,6 @@
 -- dispatch.lua: fill the push mailboxes of some members of one queue.
 --@include lib/shared.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

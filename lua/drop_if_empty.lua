@@ -1,5 +1,6 @@
 -- drop_if_empty.lua: delete a queue whose subscriptions have no members left.
 --@include lib/meta.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2..] others        every other fixed key of the queue

@@ -1,5 +1,6 @@
 -- end_after.lua: arm MAX on a member: end after n messages in total (UNSUB … MAX n).
 --@include lib/mailbox.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

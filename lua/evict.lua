@@ -1,5 +1,6 @@
 -- evict.lua: an operator fences a client off one subscription (force-evict).
 --@include lib/lite.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

@@ -1,5 +1,6 @@
 -- lease_intent.lua: list a queue in the lease schedule before a fence makes leases there.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] schedule        zset: queue id -> when its sweep is due
 -- KEYS[2] intents         zset: queue id -> when a lease intent was last written

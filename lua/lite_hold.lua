@@ -1,5 +1,6 @@
 -- lite_hold.lua: a client takes hold of more lite subscriptions of one topic, within its quota.
 --@include lib/base.lua
+--@flags none
 --
 -- KEYS[1] counts          the client's lite subscriptions per topic, for the quota
 -- KEYS[2..] buckets       the client's index bucket of each entry's lmq, in the entries' order (docs/data-model.md, "Sessions")

@@ -1,5 +1,6 @@
 -- lite_release.lua: a client lets go of a lite subscription (the inverse of lite_hold.lua).
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] bucket          the client's index bucket of the lmq
 -- KEYS[2] counts          the client's lite subscriptions per topic

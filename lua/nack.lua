@@ -1,5 +1,6 @@
 -- nack.lua: return checkouts of one member to the queue, later, or for good.
 --@include lib/seek.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

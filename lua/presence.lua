@@ -1,5 +1,6 @@
 -- presence.lua: mark a member online or offline (its session connected or not).
 --@include lib/meta.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] journal

@@ -1,6 +1,8 @@
 -- publish.lua: append a batch of messages to one queue's log.
 --@include lib/seek.lua
 --@include lib/lite.lua
+--@include lib/waiters.lua
+--@flags none
 --
 -- KEYS[1] meta
 -- KEYS[2] log
@@ -9,6 +11,12 @@
 -- KEYS[5] wake            sharded pub/sub channel (same hash tag)
 -- KEYS[6] dead
 -- KEYS[7] journal
+-- KEYS[8] checkouts       (checkouts … waiters: to hand the messages to waiting long polls)
+-- KEYS[9] deadlines
+-- KEYS[10] owned
+-- KEYS[11] ready
+-- KEYS[12] delayed
+-- KEYS[13] waiters
 -- ARGV[1] maxlen          messages to retain (0 = unbounded)
 -- ARGV[2] maxage_ms       age to retain (0 = unbounded)
 -- ARGV[3] dedup_window_ms
@@ -16,12 +24,18 @@
 -- ARGV[5] journal_cap     (0 = off)
 -- ARGV[6] spans           '' or 'i:n,…': the dedup id of message i covers messages i … i+n-1 (the others
 --                         of its run carry none): one dedup entry for a whole batch (MPUB … ID)
--- ARGV[7..] messages      pairs: body (opaque, packed by the caller), dedup id ('' = none)
--- Returns: {ids, push members}: one message id per pair (a repeated dedup id
+-- ARGV[7] intent_at       '' or the lease intent this call runs under: then it hands what it
+--                         appends to the queue's waiting long polls (lib/waiters.lua)
+-- ARGV[8] intent_ms       how old that intent may be (an older one: no hand-off)
+-- ARGV[9] default_lock_ms
+-- ARGV[10..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- Returns: {ids, push members, handed}: one message id per pair (a repeated dedup id
 --   within the window returns the id of the first publish and stores
---   nothing; for a run, the ids the run was given, consecutive from it), and
+--   nothing; for a run, the ids the run was given, consecutive from it),
 --   the queue's push members as 'group TAB member' lines (false when none) for
---   the worker to dispatch to.
+--   the worker to dispatch to, and handed: -1 when no long poll waits, 0 when
+--   some wait but nothing was handed to them (no fresh intent given, or they
+--   are fenced), else the earliest deadline of the leases handed out.
 -- Errors: BADARG when the messages are not pairs, a span is malformed or runs
 --   past the batch, or a number is not an integer.
 -- Cost: O(n + trimmed), trimming at most n + 100 old entries per call.
@@ -30,6 +44,9 @@ local maxlen = int_arg(A.maxlen, 'MAXLEN')
 local maxage = int_arg(A.maxage_ms, 'MAXAGE')
 local window = int_arg(A.dedup_window_ms, 'dedup window')
 local idle_ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
+local intent_at = A.intent_at ~= '' and int_arg(A.intent_at, 'lease intent')
+local intent_ms = int_arg(A.intent_ms, 'lease intent ms')
+local default_lock = int_arg(A.default_lock_ms, 'default lock ms', 1)
 if #A.messages % 2 ~= 0 then raise('BADARG', 'publish takes (body, dedup id) pairs') end
 local n = #A.messages / 2
 local span_at = {}
@@ -83,7 +100,12 @@ for i = 1, n do
     ids[i] = seq  -- written as text below, the batch's new ids at once
   end
 end
-if np == 0 then return {ids, false} end
+if np == 0 then
+  -- All repeats: written again as they are, so that a confirmation after this call (WAIT,
+  -- WAITAOF: fences/durability.py) also covers the first publish, on whatever connection it ran.
+  if n > 0 then redis.call('HSET', K.dedup_ids, A.messages[2], ids[1]) end
+  return {ids, false, -1}
+end
 -- the new ids are consecutive: their text is made in one go
 local texts = int_strs(first_new, seq - first_new + 1)
 local new_ids = journal_on(K, A.journal_cap) and {} or nil
@@ -122,6 +144,14 @@ if maxlen > 0 or maxage > 0 then
 end
 
 if idle_ttl > 0 then revive(K) end
+local handed, wake = -1, seq
+if redis.call('EXISTS', K.waiters) == 1 then
+  handed = 0
+  if intent_at and now - intent_at <= intent_ms then
+    local message, due = hand_off(K, now, default_lock, n + 16, seq)
+    if message then wake, handed = message, due end
+  end
+end
 flush_journal(K)
-redis.call('SPUBLISH', K.wake, seq)
-return {ids, redis.call('HGET', K.meta, 'push')}
+redis.call('SPUBLISH', K.wake, wake)
+return {ids, redis.call('HGET', K.meta, 'push'), handed}

@@ -1,5 +1,7 @@
 -- pull.lua: check out up to COUNT messages for one member of a subscription.
 --@include lib/mailbox.lua
+--@include lib/waiters.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log
@@ -10,13 +12,24 @@
 -- KEYS[7] delayed
 -- KEYS[8] journal
 -- KEYS[9] mailbox         the member's push mailbox (a pull member has none)
+-- KEYS[10] waiters        the queue's waiting long polls (lib/waiters.lua)
+-- KEYS[11] wake           its channel ('leave' gives messages back: others may look)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] count
 -- ARGV[4] default_lock_ms
 -- ARGV[5] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
 -- ARGV[6] intent_ms       how old that intent may be
--- Returns: {epoch, deadline, status, refill, tag1, id1, acquisitions1, body1, ...}
+-- ARGV[7] look            '' for a PULL, or one look of a PULL … BLOCK (lib/waiters.lua): 'first'
+--                         registers the waiter when it finds nothing (and answers since); 'again'
+--                         and 'last' answer status 'handed' when the waiter's record is gone (a
+--                         publish handed it messages), 'last' unregisters it; 'recover' answers
+--                         the checkouts handed to it; 'leave' unregisters it and returns to the
+--                         queue, unread, what was handed to it (status 'left' or 'released')
+-- ARGV[8] wid             the waiter's id (unique per long poll)
+-- ARGV[9] since           what 'first' answered
+-- ARGV[10] wait_ms        how long the record lives ('first'): the BLOCK left, and a margin
+-- Returns: {epoch, deadline, status, refill, since, tag1, id1, acquisitions1, body1, ...}
 --   status 'ok' with 0..count deliveries, or a fence that yields none:
 --   'evicted' (preempted; its old checkouts go back to the queue),
 --   'suspected' (a lease expired; settle or RENEW first), 'standby' (not the
@@ -24,6 +37,8 @@
 --   stream). deadline is the new leases' deadline, -1 when none were made.
 --   A push member takes up to COUNT from its mailbox, as TAKE does one at a
 --   time; refill = 1 when it is a shared group's member, for dispatch.lua.
+--   since is the queue's last tag when 'first' registered the waiter, else ''
+--   (a push member is never registered: a publish fills its mailbox).
 -- Errors: NOTFOUND when the member is not subscribed; BADARG on a bad count;
 --   STALE when the lease intent is too old (nothing done).
 -- Cost: O(count + due delayed) — returned messages first, in id order, then
@@ -33,8 +48,8 @@ local count = int_arg(A.count, 'COUNT', 1)
 check_intent(A.intent_at, A.intent_ms)
 local now = now_ms()
 
-local function reply(ep, deadline, status, refill, taken)
-  local out = {ep, deadline, status, refill}
+local function reply(ep, deadline, status, refill, taken, since)
+  local out = {ep, deadline, status, refill, since or ''}
   for _, t in ipairs(taken) do
     out[#out + 1] = t[1]
     out[#out + 1] = t[2]
@@ -52,9 +67,38 @@ if read_meta(K.meta, {mf(g, m, CAPACITY)})[1] then
   return reply(ep, deadline, #taken > 0 and 'ok' or status, refill, taken)
 end
 
-local status, ep, member
-status, ep, member, count = delivery_gate(K, g, m, count)
-if status ~= 'ok' then return reply(ep, -1, status, 0, {}) end
-local deadline = now + lock_of(K, member, A.default_lock_ms)
-local taken = check_out(K, g, m, count, ep, now, deadline, member.qos)
-return reply(ep, #taken > 0 and deadline or -1, 'ok', 0, taken)
+local look = A.look
+local status, ep, member, allowed = delivery_gate(K, g, m, count)
+if look ~= '' and look ~= 'first' then
+  local rec = waiter_record(A.wid, g, m, count, A.since)
+  if look == 'recover' then return reply(ep, -1, 'ok', 0, handed_since(K, g, m, A.since)) end
+  if look == 'leave' then
+    if redis.call('ZREM', K.waiters, rec) == 1 then return reply(ep, -1, 'left', 0, {}) end
+    for _, t in ipairs(handed_since(K, g, m, A.since)) do  -- as NACK … RELEASE: no failure counted
+      local c = take_checkout(K, t[1])
+      if c then
+        requeue(K, c, c.fail)
+        journal(now, 'nack', g, m, c.id, c.tag, c.epoch, c.fail)
+      end
+    end
+    redis.call('SPUBLISH', K.wake, 'released')
+    return reply(ep, -1, 'released', 0, {})
+  end
+  local present = look == 'last' and redis.call('ZREM', K.waiters, rec) == 1
+    or look == 'again' and redis.call('ZSCORE', K.waiters, rec)
+  if not present then return reply(ep, -1, 'handed', 0, {}) end
+end
+local taken = {}
+if status == 'ok' then
+  local deadline = now + lock_of(K, member, A.default_lock_ms)
+  taken = check_out(K, g, m, allowed, ep, now, deadline, member.qos)
+  if #taken > 0 then
+    if look == 'again' then redis.call('ZREM', K.waiters, waiter_record(A.wid, g, m, count, A.since)) end
+    return reply(ep, deadline, 'ok', 0, taken)
+  end
+end
+if look == 'first' then
+  local wait = int_arg(A.wait_ms, 'wait ms', 1)
+  return reply(ep, -1, status, 0, {}, register_waiter(K, A.wid, g, m, count, now + wait, now))
+end
+return reply(ep, -1, status, 0, {})

@@ -1,5 +1,6 @@
 -- purge.lua: an operator drops every message a queue's subscriptions have not been given yet.
 --@include lib/lite.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

@@ -1,5 +1,6 @@
 -- renew.lua: extend the leases of one member's checkouts.
 --@include lib/seek.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] checkouts

@@ -1,5 +1,6 @@
 -- replay_dead.lua: an operator puts dead letters back into their group's queue.
 --@include lib/lite.lua
+--@flags none
 --
 -- Errors: BADARG on a bad count.
 -- Cost: O(examined + position of the last replayed dead letter).

@@ -1,6 +1,7 @@
 -- seek.lua: move a subscription's cursor and raise its epoch.
 --@include lib/seek.lua
 --@include lib/members.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

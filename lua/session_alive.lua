@@ -1,5 +1,6 @@
 -- session_alive.lua: a connected session's lease moves on (its worker's keep-alive).
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] session
 -- KEYS[2] ending

@@ -1,5 +1,6 @@
 -- session_bind.lua: a connection joins a client id's session (creating it), or takes it over.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] session         the session hash (conn, worker, since, lease, gen)
 -- KEYS[2] ending          the lock a cleaner holds while it ends the session

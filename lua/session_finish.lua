@@ -1,5 +1,6 @@
 -- session_finish.lua: the last step of a session's end: its keys go, with the lock.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] session
 -- KEYS[2] ending

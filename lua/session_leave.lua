@@ -1,5 +1,6 @@
 -- session_leave.lua: a connection that shared a session closes; how many still share it.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] conns           the set of connections that share the session
 -- ARGV[1] conn            the closing connection's token

@@ -1,5 +1,6 @@
 -- session_linger.lua: the last connection of a session has gone; the session lives on for its own expiry.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- An MQTT client chooses how long its session outlives its connection (the
 -- Session Expiry Interval, capped by the server): that, not the worker's

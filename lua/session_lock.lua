@@ -1,5 +1,6 @@
 -- session_lock.lua: a cleaner takes a session to end it.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] session
 -- KEYS[2] ending

@@ -1,5 +1,6 @@
 -- session_unlist.lua: an ended session leaves the index of leases, unless it was bound again meanwhile.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] sessions        zset: client id -> lease deadline (how cleaners find expired sessions)
 -- ARGV[1] client

@@ -1,5 +1,6 @@
 -- session_unlock.lua: a cleaner that failed half-way lets go of the session, for the next sweep to finish.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] ending
 -- ARGV[1] token           the cleaner's: a lock that lapsed to another cleaner stays that one's

@@ -1,5 +1,6 @@
 -- snapshot.lua: one queue's whole state, read in one atomic call (read-only).
 --@include lib/seek.lua
+--@flags no-writes
 --
 -- KEYS[1] meta
 -- KEYS[2] log

@@ -1,6 +1,7 @@
 -- subscribe.lua: join (or create) a subscription of one queue as a member.
 --@include lib/seek.lua
 --@include lib/mailbox.lua
+--@flags none
 --
 -- Returns: {mode, epoch, owner, evicted member or '', checkouts returned, cursor,
 --   1 if the caller became a new member else 0}

@@ -1,5 +1,6 @@
 -- sweep.lua: return every checkout of one queue whose lease has expired.
 --@include lib/members.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

@@ -1,5 +1,6 @@
 -- take.lua: pop the next delivery from a member's push mailbox.
 --@include lib/mailbox.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

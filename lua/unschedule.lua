@@ -1,5 +1,6 @@
 -- unschedule.lua: the sweeper unlists a queue with nothing pending, unless a lease intent is still in play.
 --@include lib/base.lua
+--@flags allow-oom
 --
 -- KEYS[1] schedule
 -- KEYS[2] intents

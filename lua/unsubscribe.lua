@@ -1,5 +1,6 @@
 -- unsubscribe.lua: a member leaves its subscription (cancel or session end).
 --@include lib/mailbox.lua
+--@flags allow-oom
 --
 -- KEYS[1] meta
 -- KEYS[2] log

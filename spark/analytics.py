@@ -12,7 +12,7 @@ each holds, and the fence audit: spark/result_tables.py), a ``summary.json`` and
 Only pyspark (+ matplotlib for the plots) is needed: spark/ imports
 nothing from the broker, so ``spark-submit`` can ship the directory alone
 (run as a file, its siblings are found on ``sys.path``; on a cluster, add
-``--py-files spark/result_tables.py,spark/report.py``).
+``--py-files spark/result_tables.py,spark/report.py,spark/session.py``).
 """
 
 from __future__ import annotations
@@ -21,16 +21,19 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Callable
 
 try:
     from fencemq.spark.result_tables import RESULT_TABLES, compute
+    from fencemq.spark.session import MAX_CHAIN, SMALL_INPUT_CONF, build_session, is_small, settings
 except ImportError:  # run as a file (spark-submit spark/analytics.py): its directory is on sys.path
     from result_tables import RESULT_TABLES, compute  # type: ignore[no-redef]
+    from session import MAX_CHAIN, SMALL_INPUT_CONF, build_session, is_small, settings  # type: ignore[no-redef]
 
 __all__ = ["AGE_BUCKETS", "RESULT_TABLES", "AnalyticsError", "analyze", "build_session", "load_tables", "main"]
 
@@ -56,51 +59,12 @@ ADDED_IN_2 = {"groups": (("preemptions", "bigint"), ("evictions", "bigint"), ("f
                          ("churn_clients", "array<string>"), ("churn_clients_capped", "boolean"),
                          ("first_churn_ms", "bigint"), ("last_churn_ms", "bigint")),
               "queues": (("digest", "string"),)}
-MAX_CHAIN = 10_000
 AGE_BUCKETS = ((1_000, "< 1 s"), (10_000, "1-10 s"), (60_000, "10 s-1 min"), (600_000, "1-10 min"),
                (3_600_000, "10 min-1 h"), (86_400_000, "1 h-1 d"), (None, "> 1 d"))
 
 
 class AnalyticsError(Exception):
     """A problem the user can fix (no snapshot there, wrong schema version)."""
-
-
-def build_session(master: str | None = "local[*]", *, shuffle_partitions: int = 8,
-                  driver_memory: str | None = None, conf: dict[str, str] | None = None,
-                  app_name: str = "fencemq-analyze"):
-    """A SparkSession (or the running one: Spark allows one per process).
-
-    ``master`` None keeps the one spark-submit configured.
-    """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.appName(app_name)
-    if master is not None:
-        builder = builder.master(master)
-    builder = (builder
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.adaptive.enabled", "true"))
-    if driver_memory:
-        builder = builder.config("spark.driver.memory", driver_memory)
-    # The job is a batch of scans, shuffles and aggregations: the throughput collector spends less CPU
-    # than G1's concurrent work (1M lmqs / 10M events on 2 CPUs: 142 JVM CPU seconds instead of 194,
-    # bench/results/analyze.json). A JVM already running (spark-submit's driver) keeps its own.
-    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
-        if key not in (conf or {}):
-            builder = builder.config(key, "-XX:+UseParallelGC")
-    # The bucketed journal is a table in the session's catalog, whose default database Spark would
-    # otherwise make as an empty spark-warehouse/ in the current directory (no data goes there).
-    if "spark.sql.warehouse.dir" not in (conf or {}):
-        builder = builder.config("spark.sql.warehouse.dir",
-                                 str(Path(tempfile.gettempdir()) / "fencemq-spark-warehouse"))
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def _bucketed_journal(spark, path: Path, buckets: int, created: list[str]):
@@ -223,10 +187,35 @@ def _rows(df, limit: int | None = None) -> list[dict[str, Any]]:
     return [r.asDict(recursive=True) for r in df.collect()]
 
 
+@contextmanager
+def _cleaned_up(spark, created: list[str], persisted: list[Any]) -> Iterator[None]:
+    """Drops what the block cached (``persisted``) and the catalog tables it made (``created``)."""
+    try:
+        yield
+    finally:
+        for df in persisted:
+            df.unpersist()
+        for name in created:
+            spark.sql(f"DROP TABLE IF EXISTS {name}")  # external: the snapshot's files stay
+
+
 def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, *, report: bool = True,
-            report_rows: int = 50, partitions: int | None = None) -> dict[str, Any]:
-    """Run the job; returns the summary (also written to ``summary.json``)."""
+            report_rows: int = 50, partitions: int | None = None,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the job; returns the summary (also written to ``summary.json``). ``progress`` is told each
+    step as it starts ("writing backlog (1/16)"), for a progress line. A small snapshot (is_small) runs
+    with the settings for small inputs and one shuffle partition: the same tables, sooner."""
+    small = is_small(snapshot_dir)
+    with settings(spark, SMALL_INPUT_CONF if small else {}):
+        return _job(spark, snapshot_dir, out_dir, report, report_rows, partitions or (1 if small else None),
+                    progress)
+
+
+def _job(spark, snapshot_dir: str | Path, out_dir: str | Path | None, report: bool, report_rows: int,
+         partitions: int | None, progress: Callable[[str], None] | None) -> dict[str, Any]:
     from pyspark.sql import functions as F
+
+    step = progress or (lambda _what: None)
 
     started = time.perf_counter()
     timings: dict[str, float] = {}  # seconds per step (summary.json: where the time goes)
@@ -243,26 +232,16 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
         # persisted projection) has no join or aggregation yet: those come in later plans over it.
         "spark.sql.sources.bucketing.autoBucketedScan.enabled": "false",
     }
-    before = {key: spark.conf.get(key, None) for key in job_conf}
-    for key, value in job_conf.items():
-        spark.conf.set(key, value)
-    try:
+    with settings(spark, job_conf), _cleaned_up(spark, created, persisted):
+        step("reading the snapshot")
         manifest, tables = load_tables(spark, snapshot_dir, created)
         results = compute(tables, partitions, persisted, journal_bucketed=manifest["journal_bucketed"])
-        for name in RESULT_TABLES:
+        for i, name in enumerate(RESULT_TABLES, 1):
+            step(f"writing {name} ({i}/{len(RESULT_TABLES)})")
             t0 = time.perf_counter()
             results[name].write.mode("overwrite").parquet(str(out / name))
             timings[f"write {name}"] = round(time.perf_counter() - t0, 2)
-    finally:
-        for df in persisted:
-            df.unpersist()
-        for name in created:
-            spark.sql(f"DROP TABLE IF EXISTS {name}")  # external: the snapshot's files stay
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
+    step("summing up and auditing")
     t0 = time.perf_counter()
     res = {name: spark.read.parquet(str(out / name)) for name in RESULT_TABLES}
     every = None  # every table's row count in one job (Parquet footers), not one job per table
@@ -333,6 +312,7 @@ def analyze(spark, snapshot_dir: str | Path, out_dir: str | Path | None = None, 
     timings["summary"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
     if report:
+        step("drawing the report")
         try:
             from fencemq.spark import report as html
         except ImportError:  # run as a file (spark-submit spark/analytics.py): its directory is on sys.path
@@ -387,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     running = SparkContext._active_spark_context is not None  # one per process: reuse, leave running
     spark = (SparkSession.builder.getOrCreate() if running else
              build_session(master, shuffle_partitions=args.shuffle_partitions, driver_memory=args.driver_memory,
-                           conf={"spark.ui.showConsoleProgress": "false"}))
+                           conf={"spark.ui.showConsoleProgress": "false"}, small_input=is_small(args.snapshot)))
     try:
         summary = analyze(spark, args.snapshot, args.out, report=not args.no_report)
     except AnalyticsError as exc:

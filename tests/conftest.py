@@ -6,10 +6,12 @@ CI machines have none, and a developer's may hold real data.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -20,6 +22,10 @@ from fencemq.server.embedded import EmbeddedRedis, start_cluster
 
 # Spark's Python workers must run the venv's interpreter, not whatever `python3` is on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# `fencemq serve` records its private Redis for the CLI (cli/local_broker.py): this session's records go
+# to a directory of its own, so no test finds a broker a developer (or another test run) has running.
+os.environ["FENCEMQ_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fencemq-test-run-")
+atexit.register(shutil.rmtree, os.environ["FENCEMQ_RUNTIME_DIR"], True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,6 +35,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than ~10 s (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "long: runs in `make test-long` (.ci/run, after make test), skipped by "
+                                       "make test: what it adds is worth less than its minute there")
     config.addinivalue_line("markers", "standalone: needs one server (kills, restarts or reads it whole); "
                                        "skipped under --redis-cluster")
     if config.getoption("--redis-cluster"):
@@ -36,6 +44,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("FENCEMQ_LONG_TESTS") != "1":
+        later = pytest.mark.skip(reason="a long test: `make test-long` runs it (FENCEMQ_LONG_TESTS=1)")
+        for item in items:
+            if "long" in item.keywords:
+                item.add_marker(later)
     if not config.getoption("--redis-cluster"):
         return
     skip = pytest.mark.skip(reason="needs one standalone server")

@@ -15,7 +15,9 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import resource
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -23,7 +25,8 @@ import sys
 import tempfile
 import termios
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Self
 
 import redis
@@ -120,20 +123,66 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float
         time.sleep(interval)
 
 
+def long_polls_parked(w: WorkerThread, n: int = 1, timeout: float = 10.0) -> None:
+    """Wait until ``n`` long polls (PULL/TAKE … BLOCK) wait on worker ``w`` for a publish to wake them.
+
+    A test of the wake-up must publish after that: published earlier, the PULL finds the message at
+    once and the test never sees a wake-up (a sleep "until it is parked" guessed at it)."""
+    wait_for(lambda: parked_long_polls(w) >= n, timeout, 0.005, what=f"{n} long poll(s) parked on the worker")
+
+
+def parked_long_polls(w: WorkerThread) -> int:
+    """How many long polls wait on worker ``w`` now (one that ended, its client gone, no longer counts)."""
+    return sum(len(s) for s in list(w.worker.services.wakeups.waiters.values()))
+
+
+@contextmanager
+def fencemq_serve(*args: str, env: dict[str, str] | None = None, cwd: str | None = None,
+                  stop: int = signal.SIGTERM) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`fencemq serve ARGS` in a process of its own, once it has printed its 'listening on' line:
+    (the process, that line). Stopped with ``stop`` (SIGTERM: it drains) and waited for at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "fencemq.cli.main", "serve", *args], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if "listening on" in line:
+                break
+        else:
+            raise AssertionError(f"serve ended before listening (exit {proc.wait()})")
+        yield proc, line
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(stop)
+        proc.wait(30)
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]
 
 
-def subprocess_worker(redis_url: str, port: int, **settings: Any) -> subprocess.Popen:
-    """A worker in its own process (``fencemq.server.runner.serve``), answering PING on ``port``."""
+def subprocess_worker(redis_url: str, port: int, *, file_limit: int | None = None, loop: str = "asyncio",
+                      **settings: Any) -> subprocess.Popen:
+    """A worker in its own process (``fencemq.server.runner.serve``), answering PING on ``port``.
+
+    ``file_limit``: the process starts with this many open files at most (soft and hard limit);
+    ``loop``: the event loop (fencemq.server.runner.LOOPS). The worker's log is ``proc.log``
+    (a file: a chatty worker never blocks on a full pipe)."""
     extra = "".join(f", {k}={v!r}" for k, v in settings.items())
     code = (
-        "import anyio; from fencemq.server.runner import serve; from fencemq.config import Config; "
-        f"anyio.run(serve, Config(redis_url={redis_url!r}, port={port}{extra}))"
+        "import logging; from fencemq.server.runner import run, serve; from fencemq.config import Config; "
+        "logging.basicConfig(level=logging.INFO); "
+        f"run(serve, Config(redis_url={redis_url!r}, port={port}{extra}), loop={loop!r})"
     )
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (file_limit, file_limit))
+
     log = tempfile.TemporaryFile()  # noqa: SIM115 — not a pipe: a chatty worker must never block on a full one
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=limited if file_limit else None)
+    proc.log = log  # type: ignore[attr-defined]
 
     def answers() -> bool:
         if proc.poll() is not None:
@@ -383,6 +432,15 @@ class Terminal:
 
     def type(self, keys: bytes) -> None:
         os.write(self.fd, keys)
+
+    def type_hidden(self, keys: bytes, timeout: float = 5.0) -> None:
+        """Type at a password prompt: once the program has turned echo off (getpass flushes what was
+        typed before that, so typing on seeing the prompt would be lost)."""
+        deadline = time.monotonic() + timeout
+        while termios.tcgetattr(self.fd)[3] & termios.ECHO:
+            assert time.monotonic() < deadline, f"echo never went off: {self.seen!r}"
+            time.sleep(0.01)
+        self.type(keys)
 
     def exit_code(self, timeout: float = 10.0) -> int:
         """Wait for the program to end (reading what it prints meanwhile): its exit code."""

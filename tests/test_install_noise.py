@@ -24,7 +24,8 @@ def test_building_the_package_raises_no_setuptools_deprecation(tmp_path: Path) -
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout + run.stderr
     assert "running bdist_wheel" in out or "Building wheel" in out, "pip -v hid the backend's output"
-    for noise in ("SetuptoolsDeprecationWarning", "License classifiers are deprecated", "project.license"):
+    for noise in ("SetuptoolsDeprecationWarning", "License classifiers are deprecated", "project.license",
+                  "is absent from the `packages` configuration"):  # e.g. the UI's templates/ and static/
         assert noise not in out, f"the build warns: {noise}"
 
 
@@ -41,3 +42,15 @@ def test_make_demo_in_a_fresh_venv_says_two_lines_before_the_demo(tmp_path: Path
         f"creating {venv}", f"installing fencemq into {venv} (log: {venv}/install.log)"]
     assert run.stderr == "", run.stderr[-2000:]
     assert (venv / "install.log").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_bare_make_installs_fencemq_and_says_what_else_there_is(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    run = subprocess.run(["make", "-n", "--no-print-directory", f"VENV={venv}", f"PYTHON={sys.executable}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "-m venv" in run.stdout and "-m pip install -e . " in run.stdout, run.stdout  # fencemq, not just a venv
+    for target in ("make demo", "make test", "make serve"):
+        assert target in run.stdout, run.stdout
+    assert f"{venv}/bin/fencemq" in run.stdout

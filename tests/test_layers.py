@@ -10,8 +10,8 @@ the bench.
 The layers, top uses bottom (docs/architecture.md)::
 
     cli                                      spark (ships alone)
+    ui         (the web UI: presentation over ops, like cli; a door of the server's gate)
     server                                   bench (anything, but no circle)
-    ui         (the web UI: presentation over ops, like cli)
     ops        sdk (model and errors only; the package root is its façade)
     fences     (+ the lua package data)
     protocol
@@ -41,7 +41,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sdk": {"model", "errors"},
     "facade": {"sdk"},  # the package root: ``from fencemq import Client``, and the version
     "server": {"ops", "sdk", "facade", "fences", "lua"} | BELOW_FENCES,
-    "ui": {"ops", "fences", "lua"} | BELOW_FENCES,  # the web UI: presents broker/ops/, as the CLI does
+    # the web UI: presents broker/ops/, as the CLI does, behind the server's gate (server/gate.py)
+    "ui": {"server", "ops", "fences", "lua"} | BELOW_FENCES,
     "cli": {"server", "ui", "ops", "sdk", "facade", "fences", "lua", "spark"} | BELOW_FENCES,
     "spark": set(),
     "lua": set(),

@@ -175,6 +175,9 @@ def test_the_wheel_installs_one_import_root_with_the_lua_fences(wheel: Path) -> 
             rel = module.relative_to(ROOT / folder).as_posix()
             assert f"{package}/{rel}" in names, f"{folder}/{rel} is missing from the wheel"
     assert "fencemq/py.typed" in names
+    ui_files = sorted(p.relative_to(ROOT / "broker").as_posix() for folder in ("templates", "static")
+                      for p in (ROOT / "broker" / "ui" / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    assert ui_files and not [f for f in ui_files if f"fencemq/{f}" not in names], "UI files missing from the wheel"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "fencemq = fencemq.cli.main:app" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

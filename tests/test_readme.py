@@ -1,15 +1,20 @@
 """The README's command blocks run as written.
 
 Each fenced block is taken from README.md in order and run the way a reader
-would: ``sh`` blocks line by line in a shell (``make`` lines as a dry run,
-since ``make test`` runs this very test; a line ending in ``&`` in the
-background; a line the README calls live until interrupted; a line whose
-comment says it exits N must exit N, any other 0), and a redis-cli
-transcript (lines after a ``127.0.0.1:7379>`` prompt) typed into the
-``redis-cli`` the block before it opened, each reply held against the one the
-README shows. What the reader fills in is filled in: ``redis://…`` is this
-test's Redis, port 7379 a free port, ``<field>`` the value of ``field`` in a
-reply above, and ``…`` in a reply stands for whatever the server says there.
+would, in a fresh shell — the PATH as the test found it, nothing added: ``sh``
+blocks line by line in a shell (``make`` lines as a dry run, since ``make
+test`` runs this very test; a line ending in ``&`` in the background; a line
+the README calls live until interrupted; a line whose comment says it exits N
+must exit N, any other 0; a line it calls optional is left out, as a newcomer
+would), a redis-cli transcript (lines after a ``127.0.0.1:7379>`` prompt)
+typed into the ``redis-cli`` the block before it opened, each reply held
+against the one the README shows, and a ``python`` block run by the Python
+that has fencemq's dependencies. What the reader fills in is filled in:
+``redis://…`` is this test's Redis, port 7379 a free port, ``<field>`` the
+value of ``field`` in a reply above, and ``…`` in a reply stands for whatever
+the server says there. The reader works in a scratch directory, so
+``.venv/bin/`` (relative to the repository, where the reader stands) is the
+venv that runs this test.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "127.0.0.1:7379> "
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LIVE = re.compile(r"#.*\blive\b")
+OPTIONAL = re.compile(r"#\s*optional\b")
 EXIT = re.compile(r"#.*\bexits? (\d+)\b")
 
 
@@ -59,9 +65,10 @@ class Reader:
         self.port = _free_port()
         self.redis_url = redis_url
         self.cwd = cwd
-        bin_dir = Path(sys.executable).parent
-        self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-        self.env.pop("FENCEMQ_REDIS_URL", None)
+        self.env = dict(os.environ)  # a fresh shell: PATH as it was, no FENCEMQ_* settings
+        for name in [n for n in self.env if n.startswith("FENCEMQ_")]:
+            del self.env[name]
+        self.env["FENCEMQ_RUNTIME_DIR"] = str(cwd / "run")  # where serve records its private Redis for the CLI
         self.background: list[subprocess.Popen] = []
         self.cli: subprocess.Popen | None = None
         self.replies: list[str] = []  # every reply so far, for <field>
@@ -81,7 +88,7 @@ class Reader:
 
     def shell_line(self, line: str) -> None:
         command = line.split("  #", 1)[0].strip()
-        if not command:
+        if not command or OPTIONAL.search(line):
             return
         command = self.fill_in(command)
         words = shlex.split(command)
@@ -89,8 +96,7 @@ class Reader:
             name, _, val = words[1].partition("=")
             self.env[name] = val
         elif words[0] == "make":
-            self._run(command.replace("make ", "make -n --no-print-directory -C " + shlex.quote(str(ROOT)) + " ", 1),
-                      line)
+            self._run(shlex.join(["make", "-n", "--no-print-directory", "-C", str(ROOT), *words[1:]]), line)
         elif command.endswith("&"):
             self.background.append(subprocess.Popen(command[:-1], shell=True, cwd=self.cwd, env=self.env,
                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -133,7 +139,13 @@ class Reader:
         assert run.returncode == expected, f"{line!r} exited {run.returncode}:\n{out[-3000:]}"
         if expected == 0:
             assert not re.search(r"^\(error\)|^(ERR|NOPERM|BADARG|NOTFOUND) ", out, re.M), f"{line!r}:\n{out}"
+        # what the terminal would show is the command's own: no JVM or library warnings (Spark's go to spark.log)
+        assert not re.search(r"\bWARN(ING)?\b|log4j|Traceback", run.stderr), f"{line!r} printed:\n{run.stderr}"
         self.replies.append(out)
+
+    def python(self, lines: list[str]) -> None:
+        code = self.fill_in("\n".join(lines))
+        self._run(shlex.join([sys.executable, "-c", code]), "the python block")
 
     def transcript(self, lines: list[str]) -> None:
         assert self.cli is not None, "a transcript with no `redis-cli -p 7379` before it"
@@ -210,6 +222,9 @@ def test_every_command_block_of_the_readme_runs_as_written(redis_url: str, tmp_p
                 for line in lines:
                     reader.shell_line(line)
                     ran += 1
+            elif kind == "python":
+                reader.python(lines)
+                ran += 1
             elif lines and lines[0].startswith(PROMPT):
                 reader.transcript(lines)
                 ran += 1
@@ -217,3 +232,5 @@ def test_every_command_block_of_the_readme_runs_as_written(redis_url: str, tmp_p
         reader.close()
     assert ran > 15, "the README has fewer command lines than it used to: was a block's fence changed?"
     assert (tmp_path / "report" / "report.html").exists(), "the analytics block made no report"
+    found = [r for r in reader.replies if "the broker of `fencemq serve` here" in r]
+    assert len(found) >= 10, "the operating section's commands did not find the quick start's broker by themselves"

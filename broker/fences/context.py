@@ -18,6 +18,8 @@ from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded, Stale
+from fencemq.fences.durability import Durability
+from fencemq.fences.memory import MemoryGuard
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.values import text
@@ -25,7 +27,9 @@ from fencemq.model.values import text
 log = logging.getLogger(__name__)
 
 LEASE_INTENT = fence("lease_intent", "schedule intents", "qid lock_ms")
+INDEX_SCORES = fence("index_scores", "index", "mode", argv_rest="entries")
 SCHEDULE_COALESCE_S = 0.001  # how long background schedule writes gather before one ZADD
+WAITERS_REMEMBERED_S = 10.0  # a queue seen with long polls waiting: its publishes hand off to them this long
 
 
 @dataclass
@@ -34,16 +38,19 @@ class FenceContext:
     config: Config
     keys: Keyspace = field(init=False)
     fences: Fences = field(init=False)
+    memory: MemoryGuard = field(init=False)  # the watermark and the eviction policy: every publish asks it
     # Set by a worker: runs a background write beside the reply (e.g. the
     # global lease schedule) instead of before it.
     spawn: Callable[..., None] | None = None
     _topic_kinds: dict[str, str] = field(init=False, default_factory=dict)
     _intents: dict[str, tuple[int, float]] = field(init=False, default_factory=dict)  # qid -> (Redis ms, monotonic)
     _due_soon: dict[str, int] = field(init=False, default_factory=dict)  # schedule writes not flushed yet
+    _waiting: dict[str, float] = field(init=False, default_factory=dict)  # qid -> when long polls were seen on it
 
     def __post_init__(self) -> None:
         self.keys = Keyspace(self.config.prefix)
-        self.fences = Fences(self.redis)
+        self.fences = Fences(self.redis, Durability.parse(self.config.durability, self.config.durability_timeout_ms))
+        self.memory = MemoryGuard(self.redis, self.config, self.keys, self.fences)
 
     async def check_topic_kind(self, topic: str, lite: bool) -> None:
         """A topic is lite or plain for good (the first use decides); using it the other way is BADARG."""
@@ -116,9 +123,41 @@ class FenceContext:
             args["intent_at"] = await self.lease_intent(qid, fresh=True)
             return await call(args)
 
+    async def set_scores(self, index: str, scores: dict[str, int], mode: str = "") -> None:
+        """ZADD [GT|LT] to one of the broker's index sorted sets (the schedule, the sessions', the workers'
+        leases) through an allow-oom fence: this bookkeeping goes on when Redis is at maxmemory."""
+        entries: list[Any] = []
+        for member, score in scores.items():
+            entries += [int(score), member]
+        await self.fences.run(INDEX_SCORES, None, extra_keys={"index": index}, mode=mode, args_rest=entries)
+
+    async def handoff_intent(self, qid: str) -> dict[str, int | str]:
+        """A publish's lease intent: one when long polls were seen waiting on ``qid`` lately (the publish
+        then hands them its messages: lua/lib/waiters.lua), else none ('': no hand-off)."""
+        seen = self._waiting.get(qid)
+        if seen is None or time.monotonic() - seen > WAITERS_REMEMBERED_S:
+            return {"intent_at": "", "intent_ms": self.config.lease_intent_ms}
+        return {"intent_at": await self.lease_intent(qid), "intent_ms": self.config.lease_intent_ms}
+
+    async def waiters_seen(self, qid: str, handed: int) -> None:
+        """What a publish said of ``qid``'s long polls: none wait (-1), some wait (0), or it handed them
+        leases due at ``handed`` (scheduled like a PULL's)."""
+        if handed < 0:
+            self._waiting.pop(qid, None)
+            return
+        self.note_waiting(qid)
+        if handed > 0:
+            await self.schedule_soon(qid, handed)
+
+    def note_waiting(self, qid: str) -> None:
+        """A long poll waits on ``qid``: the next publishes to it run under a lease intent, to hand off."""
+        if len(self._waiting) > 65_536:
+            self._waiting.clear()
+        self._waiting[qid] = time.monotonic()
+
     async def schedule(self, qid: str, due_ms: int) -> None:
         """The global lease schedule: the queue is swept at ``due_ms`` at the latest."""
-        await self.redis.zadd(self.keys.schedule, {qid: due_ms}, lt=True)
+        await self.set_scores(self.keys.schedule, {qid: due_ms}, "LT")
 
     async def schedule_soon(self, qid: str, due_ms: int) -> None:
         """:meth:`schedule`, in the background when a worker runs us: the writes of one
@@ -140,7 +179,7 @@ class FenceContext:
         await anyio.sleep(SCHEDULE_COALESCE_S)
         due, self._due_soon = self._due_soon, {}
         try:
-            await self.redis.zadd(self.keys.schedule, due, lt=True)
+            await self.set_scores(self.keys.schedule, due, "LT")
         except RedisError as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
             log.warning("could not schedule the sweep of %d queues: %s", len(due), exc)
 

@@ -31,6 +31,7 @@ class Core:
     def __init__(self, redis: Any, config: Config) -> None:
         self.ctx = ctx = FenceContext(redis, config)
         self.redis, self.config, self.keys, self.fences = redis, config, ctx.keys, ctx.fences
+        self.durability = ctx.fences.durability
         self.lite = Lite(ctx)
         self.mailboxes = Mailboxes(ctx)
         self.leases = Leases(ctx, self.mailboxes)

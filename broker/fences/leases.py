@@ -26,7 +26,8 @@ from fencemq.model.values import text
 
 _LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
 
-PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox", "group member count default_lock_ms intent_at intent_ms")
+PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake",
+             "group member count default_lock_ms intent_at intent_ms look wid since wait_ms")
 ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal wake",
             "group member idle_ttl_ms", argv_rest="tags")
 NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal", "group member delay_ms discard max_failures release",
@@ -39,8 +40,21 @@ UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 @dataclass(slots=True)
 class PullResult:
     epoch: int
-    status: str  # ok | evicted | suspected | standby | ended
+    status: str  # ok | evicted | suspected | standby | ended; a long poll's look: handed | left | released
     deliveries: list[Delivery] = field(default_factory=list)
+    since: str = ""  # a long poll's first look registered it (lua/lib/waiters.lua): the queue's last tag then
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """One look of a ``PULL … BLOCK`` at its queue (lua/pull.lua, ARGV look): ``first`` registers the
+    waiter, ``again`` and ``last`` see whether a publish handed it messages, ``recover`` fetches them,
+    ``leave`` gives them back."""
+
+    kind: str
+    wid: str
+    since: str = ""
+    wait_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -56,33 +70,43 @@ class Leases:
         self.ctx = ctx
         self.mailboxes = mailboxes
 
-    async def pull(self, handle: Handle, count: int = 1) -> PullResult:
+    async def pull(self, handle: Handle, count: int = 1, look: Look | None = None) -> PullResult:
         config = self.ctx.config
         if not 0 < count <= config.max_batch:
             raise BadArgument(f"COUNT must be between 1 and {config.max_batch}")
         k = self.ctx.keys.queue(handle.queue)
         res = await self.ctx.under_intent(handle.queue.qid, lambda intent: self.ctx.fences.run(
-            PULL, k, **self._pull_args(handle, count, intent)))
-        return await self._pulled(handle, res)
+            PULL, k, **self._pull_args(handle, count, intent, look)))
+        result = await self._pulled(handle, res)
+        if result.since:
+            self.ctx.note_waiting(handle.queue.qid)  # this worker's next publishes to it hand off
+        return result
 
-    def _pull_args(self, handle: Handle, count: int, intent: dict[str, int]) -> dict[str, Any]:
+    def _pull_args(self, handle: Handle, count: int, intent: dict[str, int],
+                   look: Look | None = None) -> dict[str, Any]:
         k = self.ctx.keys.queue(handle.queue)
         return {"extra_keys": {"mailbox": k.mailbox(handle.group, handle.member)}, "group": handle.group,
                 "member": handle.member, "count": count, "default_lock_ms": self.ctx.config.default_lock_ms,
-                **intent}
+                "look": look.kind if look else "", "wid": look.wid if look else "",
+                "since": look.since if look else "", "wait_ms": look.wait_ms if look else 0, **intent}
 
     async def _pulled(self, handle: Handle, res: list[Any]) -> PullResult:
-        epoch, deadline, status, refill = int(res[0]), int(res[1]), text(res[2]), int(res[3])
+        """A PULL's reply (or a publish's hand-off to a long poll: the same layout) as a PullResult."""
+        epoch, deadline, status, refill, since = int(res[0]), int(res[1]), text(res[2]), int(res[3]), text(res[4])
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [
             unpack_delivery(topic, lmq, epoch, res[i], int(res[i + 1]), int(res[i + 2]), res[i + 3])
-            for i in range(4, len(res), 4)
+            for i in range(5, len(res), 4)
         ]
         if deadline >= 0:
             await self.ctx.schedule_soon(handle.queue.qid, deadline)
         if refill and deliveries:
             await self.mailboxes.dispatch_all(handle.queue)  # a shared group's strategy refills its members
-        return PullResult(epoch, status, deliveries)
+        return PullResult(epoch, status, deliveries, since)
+
+    async def handed(self, handle: Handle, reply: list[Any]) -> PullResult:
+        """What a publish handed to a long poll of ``handle`` (lua/lib/waiters.lua): as its PULL's reply."""
+        return await self._pulled(handle, reply)
 
     async def ack(self, handle: Handle, tags: list[str]) -> int:
         k = self.ctx.keys.queue(handle.queue)
@@ -141,6 +165,28 @@ class Leases:
             await self.ctx.schedule(handle.queue.qid, int(res[2]))
         return int(res[0]), int(res[1])
 
+    async def member_tags(self, handle: Handle) -> list[str]:
+        """The tags of every checkout the member holds (leased, or waiting in its push mailbox):
+        O(its own), read from the queue's ownership index."""
+        k = self.ctx.keys.queue(handle.queue)
+        prefix = f"{handle.group}\0{handle.member}\0".encode()
+        owned = await self.ctx.redis.zrangebylex(k.owned, b"[" + prefix,
+                                                 b"(" + f"{handle.group}\0{handle.member}\1".encode())
+        return [m[len(prefix):].decode() for m in owned]
+
+    async def alive(self, handle: Handle, tags: list[str] | None = None) -> int:
+        """The member proves alive (a connection delivering to it): its suspicion is cleared and
+        ``tags`` handed back unprocessed (NACK … RELEASE, no failure counted). Checkouts returned."""
+        k = self.ctx.keys.queue(handle.queue)
+        returned = 0
+        tags = tags or []
+        for start in range(0, max(len(tags), 1), self.ctx.config.max_batch):
+            res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=0,
+                                            discard=0, max_failures=self.ctx.config.max_failures, release=1,
+                                            args_rest=tags[start:start + self.ctx.config.max_batch])
+            returned += int(res[0])
+        return returned
+
     async def renew(self, handle: Handle, tags: list[str], *, lock_ms: int | None = None) -> int:
         config = self.ctx.config
         if lock_ms is not None and not 0 < lock_ms <= config.max_lock_ms:
@@ -165,7 +211,7 @@ class Leases:
                                       "intents": keys.schedule_intents},
                                       qid=qid, quiet_ms=self.ctx.intent_quiet_ms)
         else:
-            await redis.zadd(keys.schedule, {qid: next_due})
+            await self.ctx.set_scores(keys.schedule, {qid: next_due})
         # A checkout made between the sweep and the line above was scheduled
         # with LT against the old (due) entry, which we just overwrote: look again.
         async with redis.pipeline(transaction=False) as pipe:

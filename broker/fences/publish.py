@@ -6,7 +6,10 @@ the first id and stores nothing, retention trims from the head. A dedup id
 may cover a run of messages (``dedup_ids`` of ``[id, None, None]``: an
 MPUB … ID): one dedup entry for the batch, and a repeat of it returns the
 run's ids. Then the
-queue's push members get their share (fences/mailbox.py).
+queue's push members get their share (fences/mailbox.py). Every publish
+asks the memory guard first (fences/memory.py): above the watermark, or on
+a Redis that may evict keys, it is refused (FULL, EVICTING) before anything
+is written, whichever door it came through.
 Protocol: docs/protocol.md, "Publishing".
 """
 
@@ -15,13 +18,15 @@ from __future__ import annotations
 from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.context import FenceContext
 from fencemq.fences.mailbox import Mailboxes, parse_push_members
+from fencemq.fences.memory import is_oom
 from fencemq.fences.registry import fence
 from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body
 from fencemq.model.values import text
 
-PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal",
-                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap spans", argv_rest="messages")
+PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal checkouts deadlines owned ready delayed waiters",
+                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap spans intent_at intent_ms default_lock_ms",
+                argv_rest="messages")
 
 
 class Publishing:
@@ -56,6 +61,14 @@ class Publishing:
         producer: str | None = None,
     ) -> tuple[list[str], bytes | None]:
         """:meth:`publish`, reading ``read_key`` (another slot's) in the same round trip: the ids and its value."""
+        ref = self.check(topic, payloads, lmq=lmq, qos=qos)
+        return await self.publish_checked(ref, payloads, read_key, qos=qos, dedup_ids=dedup_ids, headers=headers,
+                                          producer=producer)
+
+    def check(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1) -> QueueRef:
+        """The queue a publish goes to, once every check that needs no Redis has passed (the
+        topic's kind is :meth:`publish_checked`'s): BADARG or LIMIT saying what to fix, then FULL or
+        EVICTING while a memory alarm is on (the worker's own state: no round trip)."""
         config = self.ctx.config
         ref = self.ctx.queue(topic, lmq)
         if not payloads:
@@ -64,10 +77,18 @@ class Publishing:
             raise LimitExceeded(f"batch of {len(payloads)} exceeds {config.max_batch} messages; split it")
         if qos not in (0, 1):
             raise BadArgument("QOS must be 0 or 1")
-        for p in payloads:
-            if len(p) > config.max_payload:
-                raise LimitExceeded(f"payload of {len(p)} bytes exceeds {config.max_payload}; split it")
-        await self.ctx.check_topic_kind(topic, lmq is not None)
+        limit = config.max_payload
+        if max(map(len, payloads)) > limit:
+            size = next(len(p) for p in payloads if len(p) > limit)
+            raise LimitExceeded(f"payload of {size} bytes exceeds {limit}; split it")
+        self.ctx.memory.check_publish()  # FULL, EVICTING: the broker's Redis is short of memory (fences/memory.py)
+        return ref
+
+    async def publish_checked(self, ref: QueueRef, payloads: list[bytes], read_key: str | None, *, qos: int = 1,
+                              dedup_ids: list[str | None] | None = None, headers: dict[str, str] | None = None,
+                              producer: str | None = None) -> tuple[list[str], bytes | None]:
+        """Publish to ``ref`` what :meth:`check` passed (at most max_batch messages)."""
+        await self.ctx.check_topic_kind(ref.topic, ref.lite)
         return await self._append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids, read_key)
 
     async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str | None] | None = None) -> list[str]:
@@ -94,14 +115,22 @@ class Publishing:
                 spans.append(f"{head}:{len(bodies) + 1 - head}")
         args = dict(maxlen=config.retention_maxlen, maxage_ms=config.retention_maxage_ms,
                     dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
-                    journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans))
+                    journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans), default_lock_ms=config.default_lock_ms,
+                    **await self.ctx.handoff_intent(ref.qid))
         keys = self.ctx.keys.queue(ref)
         value = None
-        if read_key is None:
-            ids, push_members = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
-        else:
-            (ids, push_members), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
-                                                                           args_rest=messages, **args)
+        try:
+            if read_key is None:
+                ids, push_members, handed = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
+            else:
+                (ids, push_members, handed), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
+                                                                                       args_rest=messages, **args)
+        except Exception as exc:
+            # Redis refuses the fence whole (it is not allow-oom): nothing was stored
+            if is_oom(exc):
+                raise self.ctx.memory.refused_by_redis(exc) from None
+            raise
+        await self.ctx.waiters_seen(ref.qid, int(handed))
         members = parse_push_members(push_members)
         if members:
             await self.mailboxes.dispatch(ref, members)

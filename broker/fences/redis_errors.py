@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 
 from redis.exceptions import (
@@ -49,12 +50,30 @@ UNAVAILABLE_WORDS = frozenset({"READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING"
 _WORD = re.compile(r"(?:^|[\s:-])(READONLY|NOREPLICAS|MASTERDOWN|LOADING|CLUSTERDOWN|TRYAGAIN|MOVED|ASK|UNBLOCKED"
                    r"|OOM|MISCONF)\b")
 _SHA = re.compile(r"(?:script: |f_)([0-9a-f]{40})")
+_WARN_EVERY_S = 1.0
+_last_warned: dict[str, float] = {}
 _logged: set[tuple[str, str]] = set()  # (fence, first words of the error) already logged by this process
 _MAX_LOGGED = 1000
 
 
+def _warn(message: str, verb: str, said: str) -> None:
+    """A warning, at most once a second per kind: a failover fails thousands of commands."""
+    now = time.monotonic()
+    kind = message[:12] + said[:24]
+    if now - _last_warned.get(kind, -_WARN_EVERY_S) >= _WARN_EVERY_S:
+        if len(_last_warned) > 1000:
+            _last_warned.clear()
+        _last_warned[kind] = now
+        log.warning(message, verb, said)
+
+
 def _said(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong, in one short line: the Redis word (or the exception's name) and its message."""
+    return f"{redis_word(exc) or type(exc).__name__}: {_said(exc)[:120]}"
 
 
 def redis_word(exc: BaseException) -> str | None:
@@ -84,19 +103,22 @@ def unavailable(exc: BaseException) -> bool:
     return False
 
 
-def redis_failure(exc: BaseException, verb: str = "the command", fences: Any = None) -> FenceMQError:
+def redis_failure(exc: BaseException, verb: str = "the command", fences: Any = None, *,
+                  quiet: bool = False) -> FenceMQError:
     """The reply to a command that failed in Redis: a documented code and what to do.
 
     ``fences`` (a fences.registry.Fences) names the fence a script error came
     from. A fence's own coded error (BADARG, STALE…) comes back as itself.
+    ``quiet``: the caller says it itself (Redis's state is not logged here).
     """
+    warn = (lambda *a: None) if quiet else _warn
     if isinstance(exc, FenceMQError):
         return exc
     if isinstance(exc, ResponseError) and (mapped := translate(exc)) is not None:
         return mapped
     word = redis_word(exc)
     if isinstance(exc, OutOfMemoryError) or word == "OOM":
-        log.warning("%s refused: Redis is out of memory (%s)", verb, _said(exc))
+        warn("%s refused: Redis is out of memory (%s)", verb, _said(exc))
         return OutOfMemory(f"the broker's Redis is out of memory (maxmemory) and refused {verb}; nothing was "
                            f"written: consume (ACK) or purge to free memory, then send it again")
     if word == "MISCONF":
@@ -104,7 +126,7 @@ def redis_failure(exc: BaseException, verb: str = "the command", fences: Any = N
         return PersistenceFailing(f"the broker's Redis cannot persist (RDB/AOF write failed) and refused {verb}; "
                                   f"nothing was written: send it again once an operator fixed its disk")
     if unavailable(exc):
-        log.warning("%s failed against Redis: %s", verb, _said(exc))
+        warn("%s failed against Redis: %s", verb, _said(exc))
         why = word or type(exc).__name__
         return TryAgain(f"the broker's Redis is unavailable during {verb} ({why}: {_said(exc)[:100]}); it may or "
                         f"may not have run: send it again (a PUB with the same ID stores nothing twice)")
@@ -120,7 +142,7 @@ def redis_failure(exc: BaseException, verb: str = "the command", fences: Any = N
             log.error("fence %s failed inside Redis during %s: %s", fence, verb, text[:500])
         return InternalError(f"fence {fence} failed inside Redis during {verb}; the worker logged it "
                              f"({text[:160]})")
-    log.warning("%s failed against Redis: %s", verb, _said(exc))
+    warn("%s failed against Redis: %s", verb, _said(exc))
     return TryAgain(f"the broker's Redis failed during {verb} ({type(exc).__name__}: {_said(exc)[:100]}); "
                     f"send it again")
 

@@ -9,7 +9,13 @@ comment lines at its top) documents it in a fixed form, one line each::
     -- Returns: …
     -- Errors: …
 
-and may pull helpers in with ``--@include lib/<name>.lua``. The loader
+and may pull helpers in with ``--@include lib/<name>.lua``. Every fence
+declares how Redis may run it when memory is short, ``--@flags allow-oom``
+(it runs at ``maxmemory`` too: it consumes, and what it adds is bounded;
+docs/operations.md, "Redis memory"), ``--@flags no-writes`` (it only reads)
+or ``--@flags none`` (Redis refuses it whole, before it writes anything,
+while its memory is over ``maxmemory``); the loader turns that line into the
+script's ``#!lua`` shebang. The loader
 (:func:`sources`) expands the includes (each file once, in the order first
 asked for; an include that is missing, repeated in one file or circular is
 refused with its file and line) and then binds the header's names, so the
@@ -37,10 +43,20 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from fencemq.errors import translate
+from fencemq.fences.durability import (
+    CONFIRMED_FENCES,
+    Durability,
+    add_confirmations,
+    confirmation_refused,
+)
+from fencemq.fences.redis_link import RedisLink
 
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
 _SECTION = re.compile(r"^--[ \t]*(Returns|Errors):")
+_FLAGS = re.compile(r"^--@flags(?:[ \t]+(.*?))?[ \t]*$")
+# Redis 7 script flags a fence may declare (``#!lua flags=…``): the memory rule, and read-only fences.
+SCRIPT_FLAGS = frozenset({"allow-oom", "no-writes"})
 
 
 class LoadError(RuntimeError):
@@ -56,6 +72,7 @@ class Header:
     argv: tuple[str, ...]
     argv_rest: str | None
     sections: frozenset[str]
+    flags: tuple[str, ...] | None = None  # its ``--@flags`` line; None: it has none (the loader refuses that)
 
 
 def _slots(found: list[tuple[int, bool, str]], where: str, what: str) -> tuple[tuple[str, ...], str | None]:
@@ -78,16 +95,27 @@ def parse_header(source: str, where: str = "?") -> Header:
     keys: list[tuple[int, bool, str]] = []
     argv: list[tuple[int, bool, str]] = []
     sections = set()
+    flags: tuple[str, ...] | None = None
     for line in source.splitlines():
         if not line.startswith("--"):
             break
+        if m := _FLAGS.match(line):
+            if flags is not None:
+                raise LoadError(f"{where}: a second --@flags line")
+            flags = tuple(f for f in (m.group(1) or "").replace(",", " ").split())
+            if flags == ("none",):
+                flags = ()
+            unknown = sorted(set(flags) - SCRIPT_FLAGS)
+            if unknown:
+                raise LoadError(f"{where}: --@flags {' '.join(unknown)} is not one of {sorted(SCRIPT_FLAGS)}")
+            continue
         for kind, index, variadic, name in _SLOT.findall(line):
             (keys if kind == "KEYS" else argv).append((int(index), bool(variadic), name))
         if m := _SECTION.match(line):
             sections.add(m.group(1))
     k, k_rest = _slots(keys, where, "KEYS")
     a, a_rest = _slots(argv, where, "ARGV")
-    return Header(k, k_rest, a, a_rest, frozenset(sections))
+    return Header(k, k_rest, a, a_rest, frozenset(sections), flags)
 
 
 def _raw_files() -> dict[str, str]:
@@ -112,8 +140,13 @@ def _bind(header: Header) -> str:
             f"local A = {table('ARGV', header.argv, header.argv_rest)}\n")
 
 
+def shebang(header: Header) -> str:
+    """The ``#!lua`` line a fence's ``--@flags`` declares (Redis 7 reads a script's flags from it)."""
+    return "#!lua" + (f" flags={','.join(header.flags)}" if header.flags else "")
+
+
 def assemble(name: str, files: Mapping[str, str]) -> str:
-    """A fence's full source: its includes (each once), the K/A binding, then its body."""
+    """A fence's full source: its shebang, its includes (each once), the K/A binding, then its body."""
     included: list[str] = []
     chunks: list[str] = []
 
@@ -121,6 +154,10 @@ def assemble(name: str, files: Mapping[str, str]) -> str:
         asked: dict[str, int] = {}
         body: list[str] = []
         for lineno, line in enumerate(files[file].splitlines(), start=1):
+            if _FLAGS.match(line):
+                if file.startswith("lib/"):
+                    raise LoadError(f"lua/{file}:{lineno}: --@flags belongs to a fence, not an include")
+                continue
             m = _INCLUDE.match(line)
             if m is None:
                 body.append(line)
@@ -139,9 +176,12 @@ def assemble(name: str, files: Mapping[str, str]) -> str:
                 chunks.append(f"-- from {target}\n" + expand(target, (*chain, target)))
         return "\n".join(body)
 
+    header = parse_header(files[f"{name}.lua"], f"lua/{name}.lua")
+    if header.flags is None:
+        raise LoadError(f"lua/{name}.lua has no --@flags line (allow-oom, no-writes, or none: docs/operations.md, "
+                        "\"Redis memory\")")
     body = expand(f"{name}.lua", (f"{name}.lua",))
-    binding = _bind(parse_header(files[f"{name}.lua"], f"lua/{name}.lua"))
-    return "\n".join([*_only_reached(chunks, body), binding, body]) + "\n"
+    return "\n".join([shebang(header), *_only_reached(chunks, body), _bind(header), body]) + "\n"
 
 
 _FUNCTION = re.compile(r"^local function ([A-Za-z_]\w*)\s*\(")
@@ -269,13 +309,45 @@ class Fences:
     turns its coded errors into FenceMQError subclasses.
     """
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, durability: Durability | None = None) -> None:
         self.redis = redis
+        # What a PUB's ids and an ACK's reply wait for (fences/durability.py); local: nothing.
+        self.durability = durability if durability is not None else Durability()
+        # Set by a worker: its fence calls go over one pipelined connection (fencemq.fences.redis_link)
+        # instead of redis-py's pool; None: through ``redis``.
+        self.link: RedisLink | None = None
         # Told each call's fence name and seconds (the worker's latency histogram); None: not timed.
         self.observe: Callable[[str, float], None] | None = None
         self.scripts: dict[str, AsyncScript] = {
             name: redis.register_script(src) for name, src in sources().items()
         }
+
+    def _confirms(self, names: Any) -> bool:
+        return not self.durability.local and not CONFIRMED_FENCES.isdisjoint(names)
+
+    async def _load(self, name: str) -> None:
+        """Load a fence again (NOSCRIPT: Redis restarted, failed over or flushed its scripts)."""
+        if self.link is not None:
+            await self.link.execute("SCRIPT", "LOAD", self.scripts[name].script)
+        else:
+            await self.redis.script_load(self.scripts[name].script)
+
+    async def _execute_many(self, commands: list[tuple[Any, ...]], confirm: list[list[str]] | None = None,
+                            ) -> tuple[list[Any], list[Any], list[Any]]:
+        """Commands in one round trip, replies in order, an error reply as its exception; then, for the
+        fences whose keys are ``confirm``, the durability's confirmation on their connections
+        (fences/durability.py). (the commands' replies, the confirmations' replies, their masters)"""
+        if self.link is not None:  # one connection: the confirmation goes behind the fences on it
+            extra = [self.durability.command()] if confirm else []
+            replies = await self.link.execute_many([*commands, *extra])
+            return replies[:len(commands)], replies[len(commands):], [None] * len(extra)
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
+            pipe.execute_command(*command)
+        nodes = add_confirmations(self.redis, pipe, self.durability, confirm) if confirm else []
+        replies = await pipe.execute(raise_on_error=False)
+        return replies[:len(commands)], replies[len(commands):], nodes
 
     async def run(self, spec: FenceSpec, keys: Any, *, extra_keys: Mapping[str, str] | None = None,
                   keys_rest: Sequence[str] = (), args_rest: Sequence[Any] = (), **args: Any) -> Any:
@@ -299,32 +371,43 @@ class Fences:
 
         On NOSCRIPT only the calls that met it run again (once their fences are
         loaded): a call that ran is never run twice."""
+        return await self._run_calls([(spec.name, spec.key_list(keys, extra, rest), spec.arg_list(args, args_rest))
+                                      for spec, keys, extra, rest, args, args_rest in calls])
+
+    async def _run_calls(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """(fence name, keys, arguments) each, in one pipeline; then the durability's confirmation of
+        the acknowledging ones on the same connection (an UNCONFIRMED result when it does not come)."""
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(3):
-            pipe = self.redis.pipeline(transaction=False)
+            commands = []
             for i in todo:
-                spec, keys, extra, rest, args, args_rest = calls[i]
-                key_list = spec.key_list(keys, extra, rest)
-                # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
-                pipe.execute_command("EVALSHA", self.scripts[spec.name].sha, len(key_list), *key_list,
-                                     *spec.arg_list(args, args_rest))
+                name, key_list, arg_list = calls[i]
+                commands.append(("EVALSHA", self.scripts[name].sha, len(key_list), *key_list, *arg_list))
+            confirmed = [i for i in todo if calls[i][0] in CONFIRMED_FENCES] if self._confirms(
+                calls[i][0] for i in todo) else []
             started = perf_counter()
-            replies = await pipe.execute(raise_on_error=False)
+            replies, confirmations, nodes = await self._execute_many(
+                commands, [calls[i][1] for i in confirmed] if confirmed else None)
             if self.observe is not None:
-                for name in {calls[i][0].name for i in todo}:
+                for name in {calls[i][0] for i in todo}:
                     self.observe(name, perf_counter() - started)
+            refusal = confirmation_refused(self.redis, self.durability, confirmations, nodes,
+                                           [calls[i][1] for i in confirmed]) if confirmed else None
             again = []
             for i, reply in zip(todo, replies, strict=True):
                 if attempt < 2 and (isinstance(reply, NoScriptError)
                                     or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply))):
                     again.append(i)
+                elif isinstance(reply, ResponseError):
+                    results[i] = translate(reply) or reply
                 else:
-                    results[i] = (translate(reply) or reply) if isinstance(reply, ResponseError) else reply
+                    results[i] = refusal if refusal is not None and i in confirmed and not isinstance(
+                        reply, Exception) else reply
             if not again:
                 break
-            for name in {calls[i][0].name for i in again}:
-                await self.redis.script_load(self.scripts[name].script)
+            for name in {calls[i][0] for i in again}:
+                await self._load(name)
             todo = again
         return results
 
@@ -335,23 +418,35 @@ class Fences:
         The fence's coded error is raised; NOSCRIPT loads the fence and runs it alone again."""
         key_list = spec.key_list(keys, {}, ())
         script = self.scripts[spec.name]
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.execute_command("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest))
-        pipe.get(read_key)
         started = perf_counter()
-        reply, value = await pipe.execute(raise_on_error=False)
+        (reply, value), confirmations, nodes = await self._execute_many(
+            [("EVALSHA", script.sha, len(key_list), *key_list, *spec.arg_list(args, args_rest)), ("GET", read_key)],
+            [key_list] if self._confirms([spec.name]) else None)
         if self.observe is not None:
             self.observe(spec.name, perf_counter() - started)
         if isinstance(value, Exception):
             raise value
         if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply)):
             return await self.call(spec.name, key_list, spec.arg_list(args, args_rest)), value
-        return self.check(reply), value
+        reply = self.check(reply)
+        if nodes and (refusal := confirmation_refused(self.redis, self.durability, confirmations, nodes,
+                                                      [key_list])) is not None:
+            raise refusal
+        return reply, value
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        if self._confirms([name]):
+            return self.check((await self._run_calls([(name, keys, args)]))[0])
         started = perf_counter()
         try:
-            return await self.scripts[name](keys=keys, args=args)
+            if self.link is None:
+                return await self.scripts[name](keys=keys, args=args)
+            command = ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
+            try:
+                return await self.link.execute(*command)
+            except NoScriptError:
+                await self._load(name)
+                return await self.link.execute(*command)
         except ResponseError as exc:
             mapped = translate(exc)
             if mapped is not None:

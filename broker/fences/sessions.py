@@ -25,6 +25,8 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
+from collections.abc import Callable, Collection
 from typing import Any
 
 import anyio
@@ -37,9 +39,11 @@ from fencemq.fences import session_index
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
 from fencemq.fences.lite import Lite, unsubscribe_notice
-from fencemq.fences.redis_client import pipeline_then_publish, pipeline_then_publish_all
+from fencemq.fences.gathering import Gathering
+from fencemq.fences.redis_client import pipeline_then_publish_all
 from fencemq.fences.subscribe import Subscriptions
 from fencemq.model.keys import Handle
+from fencemq.model.values import text
 
 MAX_QUEUED_NOTICES = 1000
 LOCK_TTL_MS = 10_000  # a cleaner renews its lock while it works; one that died is followed after this
@@ -53,6 +57,16 @@ SESSION_FINISH = fence("session_finish", "session ending", "token", keys_rest="s
 SESSION_UNLOCK = fence("session_unlock", "ending", "token")
 SESSION_UNLIST = fence("session_unlist", "sessions", "client upto")
 SESSION_LINGER = fence("session_linger", "session ending conns", "lease_ms")
+SESSION_NOTIFY = fence("session_notify", "notices channel", "cap announce", argv_rest="notices")
+
+
+@dataclass(frozen=True, slots=True)
+class _Bind:
+    client: str
+    connection: str
+    worker: str
+    takeover: int
+    fresh: int
 
 
 class SessionEnding(Busy):
@@ -87,6 +101,7 @@ def announce_many(packed: list[bytes]) -> bytes:
 class Sessions:
     def __init__(self, ctx: FenceContext, subscriptions: Subscriptions, lite: Lite, clock: RedisClock,
                  lease_ms: int) -> None:
+        self.ctx = ctx
         self.redis = ctx.redis
         self.keys = ctx.keys
         self.fences = ctx.fences
@@ -94,6 +109,11 @@ class Sessions:
         self.lite = lite
         self.clock = clock
         self.lease_ms = lease_ms
+        # the binds and presence changes of concurrent connects (a reconnect storm) go out together
+        self._binds: Gathering[_Bind, Any] = Gathering(self._bind_batch, lambda: ctx.spawn)
+        self._presence: Gathering[tuple[str, bool], None] = Gathering(self._presence_batch, lambda: ctx.spawn)
+        self._leaves: Gathering[tuple[str, str], Any] = Gathering(self._leave_batch, lambda: ctx.spawn)
+        self._lingers: Gathering[tuple[str, int], Any] = Gathering(self._linger_batch, lambda: ctx.spawn)
 
     def _session_keys(self, client: str) -> dict[str, str]:
         return {"session": self.keys.session(client), "ending": self.keys.session_ending(client)}
@@ -107,43 +127,63 @@ class Sessions:
         session's generation (1: this bind created it; more: it was there, and
         is resumed) and how many connections share it now.
         """
-        keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
+        call = _Bind(client, connection, worker, int(takeover), int(fresh))
         with anyio.move_on_after(BIND_WAIT_S):
             while True:
-                res = await self.fences.run(SESSION_BIND, None, extra_keys=keys, conn=connection,
-                                            worker=worker, lease_ms=self.lease_ms, takeover=int(takeover))
+                res = await self._binds(call)
                 if res[0] in (b"bound", "bound"):
                     break
                 await anyio.sleep(0.05)
         if res[0] not in (b"bound", "bound"):
             raise SessionEnding(f"the session of {client} is being ended; connect again in a moment")
-        deadline = int(res[2])
-
-        def writes(pipe: Any) -> None:
-            pipe.zadd(self.keys.sessions, {client: deadline}, gt=True)
-
-        if takeover:
-            # ``fresh``: the new connection starts the session afresh (MQTT Clean Start), which ends
-            # the old one's session: its MQTT will goes at once rather than after its delay
-            told = msgpack.packb({"type": "takeover", "conn": connection, "fresh": int(fresh)})
-            await pipeline_then_publish(self.redis, writes, self.keys.session_channel(client), told)
-        else:
-            await self.redis.zadd(self.keys.sessions, {client: deadline}, gt=True)
         return int(res[1]), int(res[3])
+
+    async def _bind_batch(self, calls: list[_Bind]) -> list[Any]:
+        """SESSION_BIND for each call in one pipeline, then the bound sessions' leases in the
+        sessions index (one ZADD) and the takeover notices (PUBLISH) in one more round trip.
+        A call's reply is its fence's (or its error); ``ending`` ones are the caller's to retry."""
+        replies = await self.fences.run_many(SESSION_BIND, [
+            (None, {**self._session_keys(c.client), "conns": self.keys.session_conns(c.client)}, (),
+             {"conn": c.connection, "worker": c.worker, "lease_ms": self.lease_ms, "takeover": c.takeover})
+            for c in calls])
+        deadlines: dict[str, int] = {}
+        told: list[tuple[str, bytes]] = []
+        for c, res in zip(calls, replies):
+            if isinstance(res, Exception) or res[0] not in (b"bound", "bound"):
+                continue
+            deadlines[c.client] = max(int(res[2]), deadlines.get(c.client, 0))
+            if c.takeover:
+                # ``fresh``: the new connection starts the session afresh (MQTT Clean Start), which ends
+                # the old one's session: its MQTT will goes at once rather than after its delay
+                told.append((self.keys.session_channel(c.client),
+                             msgpack.packb({"type": "takeover", "conn": c.connection, "fresh": c.fresh})))
+        if deadlines:
+            await self.ctx.set_scores(self.keys.sessions, deadlines, "GT")
+        if told:
+            await pipeline_then_publish_all(self.redis, lambda _pipe: None, told)
+        return replies
 
     async def leave(self, client: str, connection: str) -> int:
         """A connection of the session closes: how many connections still share it."""
-        return int(await self.fences.run(SESSION_LEAVE, None, extra_keys={"conns": self.keys.session_conns(client)},
-                                         conn=connection))
+        return int(await self._leaves((client, connection)))
+
+    async def _leave_batch(self, calls: list[tuple[str, str]]) -> list[Any]:
+        return await self.fences.run_many(SESSION_LEAVE, [
+            (None, {"conns": self.keys.session_conns(client)}, (), {"conn": connection}) for client, connection in calls])
 
     async def linger(self, client: str, lease_ms: int) -> bool:
         """A session none of whose connections is left lives ``lease_ms`` more (an MQTT Session
         Expiry Interval), shorter or longer than the worker's lease; False if a connection holds it."""
-        keys = {**self._session_keys(client), "conns": self.keys.session_conns(client)}
-        deadline = int(await self.fences.run(SESSION_LINGER, None, extra_keys=keys, lease_ms=lease_ms))
-        if deadline:
-            await self.redis.zadd(self.keys.sessions, {client: deadline})  # not GT: it may be sooner
-        return bool(deadline)
+        return bool(await self._lingers((client, lease_ms)))
+
+    async def _linger_batch(self, calls: list[tuple[str, int]]) -> list[Any]:
+        replies = await self.fences.run_many(SESSION_LINGER, [
+            (None, {**self._session_keys(client), "conns": self.keys.session_conns(client)}, (), {"lease_ms": lease_ms})
+            for client, lease_ms in calls])
+        deadlines = {client: int(r) for (client, _), r in zip(calls, replies) if not isinstance(r, Exception) and int(r)}
+        if deadlines:
+            await self.ctx.set_scores(self.keys.sessions, deadlines)  # not GT: it may be sooner
+        return replies
 
     async def keep_alive(self, clients: list[str]) -> list[str]:
         """Move the leases of connected sessions on; returns those that are gone (their connections must close)."""
@@ -154,7 +194,7 @@ class Sessions:
         alive = {c: int(r) for c, r in zip(clients, replies) if isinstance(r, (int, bytes)) and int(r) > 0}
         if alive:
             # GT, not XX: a connected session is never without an entry (after an outage removed one)
-            await self.redis.zadd(self.keys.sessions, alive, gt=True)
+            await self.ctx.set_scores(self.keys.sessions, alive, "GT")
         return [c for c, r in zip(clients, replies) if not isinstance(r, Exception) and int(r) == 0]
 
     async def end(self, client: str, *, force: bool = False) -> int | None:
@@ -215,15 +255,28 @@ class Sessions:
         out: a client may hold a hundred thousand of them, and an lmq is held
         by its owner whether connected or not.
         """
-        await self.subscriptions.set_presence(await session_index.non_lite_handles(self.redis, self.keys, client), online)
+        await self._presence((client, online))
 
-    async def claim_expired(self, worker_id: str = "", attached: set[str] | frozenset[str] = frozenset(),
+    async def _presence_batch(self, calls: list[tuple[str, bool]]) -> list[None]:
+        """The memberships of many clients, read in one pipeline and marked in one more."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for client, _ in calls:
+                pipe.smembers(self.keys.session_handles(client))
+            held = await pipe.execute()
+        marks = [(Handle.decode(text(raw)), online) for (_, online), raws in zip(calls, held) for raw in raws]
+        if marks:
+            await self.subscriptions.set_presence_many(marks)
+        return [None] * len(calls)
+
+    async def claim_expired(self, worker_id: str = "",
+                            attached: Collection[str] | Callable[[], Collection[str]] = frozenset(),
                             limit: int = 100) -> list[str]:
         """Sessions whose lease ran out and that no live worker answers for: for end() to clean.
 
         A session bound through a worker that still holds its own lease is
         that worker's (``worker_id`` ends its own sessions that none of its
-        connections holds, ``attached``); another worker
+        connections holds, ``attached``: asked only when some lease ran out,
+        since a worker with many connections takes a while to list them); another worker
         takes it only once that worker has been silent for a whole session
         lease more — so a Redis outage shorter than that ends no live session.
         end() itself re-checks the lease under the session's lock.
@@ -243,8 +296,9 @@ class Sessions:
             scores = await self.redis.zmscore(self.keys.workers, list(named))
             leases = dict(zip(named, scores))
         mine = worker_id.encode()
+        held = attached() if callable(attached) else attached
         return [c for c, w in zip(expired, workers)
-                if c not in attached and (not w or w == mine or (leases.get(w) or 0) < now - self.lease_ms)]
+                if c not in held and (not w or w == mine or (leases.get(w) or 0) < now - self.lease_ms)]
 
     async def notify(self, client: str, notice: dict[str, Any]) -> None:
         """Queue a notice for the client's next HEARTBEAT and push it if connected.
@@ -260,14 +314,15 @@ class Sessions:
         for client, notice in notices:
             by_client.setdefault(client, []).append(msgpack.packb({**notice, "nid": secrets.token_hex(8)}))
 
-        def queue(pipe: Any) -> None:
-            for client, packed in by_client.items():
-                pipe.rpush(self.keys.session_notices(client), *packed)
-                pipe.ltrim(self.keys.session_notices(client), -MAX_QUEUED_NOTICES, -1)
-
-        await pipeline_then_publish_all(self.redis, queue, [
-            (self.keys.session_channel(client), packed[0] if len(packed) == 1 else announce_many(packed))
+        replies = await self.fences.run_each([
+            (SESSION_NOTIFY, None,
+             {"notices": self.keys.session_notices(client), "channel": self.keys.session_channel(client)}, (),
+             {"cap": MAX_QUEUED_NOTICES, "announce": packed[0] if len(packed) == 1 else announce_many(packed)},
+             packed)
             for client, packed in by_client.items()])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     async def drain_notices(self, client: str) -> list[dict[str, Any]]:
         key = self.keys.session_notices(client)

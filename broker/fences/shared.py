@@ -27,15 +27,18 @@ from typing import Any
 
 import anyio
 import msgpack
+from redis.exceptions import RedisError
 
-from fencemq.errors import BadArgument
+from fencemq.errors import BadArgument, FenceMQError
 from fencemq.fences.context import FenceContext
+from fencemq.fences.memory import is_oom
 from fencemq.fences.publish import Publishing
 from fencemq.fences.redis_client import pipeline_then_publish
+from fencemq.fences.retained import Retained
 from fencemq.fences.subscribe import Subscription, Subscriptions
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.messages import pack_body
-from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, matches, parse_target
+from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, parse_target
 
 NOT_READ = object()
 
@@ -111,6 +114,7 @@ class Shared:
         self.keys = ctx.keys
         self.config = ctx.config
         self.registry = FilterRegistry(ctx.redis, ctx.keys)
+        self.retained = Retained(ctx)
         subscriptions.on_queue_dropped = self._forget
 
     async def _forget(self, ref: QueueRef) -> None:
@@ -155,12 +159,19 @@ class Shared:
         return sub
 
     async def _send_retained(self, ref: QueueRef, filt: str) -> None:
-        bodies = [
-            body for topic, body in (await self.redis.hgetall(self.keys.retained)).items()
-            if matches(filt, topic.decode())
-        ]
-        for start in range(0, len(bodies), self.config.max_batch):
-            await self.publishing.append(ref, bodies[start : start + self.config.max_batch])
+        async for bodies in self.retained.matching(filt):
+            for start in range(0, len(bodies), self.config.max_batch):
+                await self.publishing.append(ref, bodies[start : start + self.config.max_batch])
+
+    def check_publish(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1,
+                      retain: bool = False) -> QueueRef:
+        """The queue a publish goes to, once every check that needs no Redis has passed, in the
+        order a publish meets them: BADARG or LIMIT saying what to fix."""
+        if lmq is None:
+            check_topic_name(topic)
+        elif retain:
+            raise BadArgument("RETAIN applies to plain topics, not lite queues")
+        return self.publishing.check(topic, payloads, lmq=lmq, qos=qos)
 
     async def publish(
         self,
@@ -175,33 +186,100 @@ class Shared:
         retain: bool = False,
     ) -> list[str]:
         """Publish to the topic's own queue, then copy to every matching filter."""
-        if lmq is None:
-            check_topic_name(topic)
-        elif retain:
-            raise BadArgument("RETAIN applies to plain topics, not lite queues")
-        if lmq is not None:
-            return await self.publishing.publish(
-                topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=producer
-            )
+        ref = self.check_publish(topic, payloads, lmq=lmq, qos=qos, retain=retain)
+        return await self._publish_checked(ref, payloads, qos=qos, dedup_ids=dedup_ids, headers=headers,
+                                           producer=producer, retain=retain)
+
+    async def publish_many(
+        self,
+        topic: str,
+        commands: list[list[bytes]],
+        *,
+        lmq: str | None = None,
+        qos: int = 1,
+        dedup_ids: list[list[str | None] | None] | None = None,
+        headers: dict[str, str] | None = None,
+        producer: str | None = None,
+    ) -> list[list[str] | Exception]:
+        """Pipelined publishes to one queue (RESP PUBs, an MQTT PUBLISH run), each command's
+        payloads: one outcome per command, its ids or its refusal as an exception.
+
+        A batch is an optimisation, never a semantic: each command is checked as it would be
+        alone, only those that pass are merged, into calls of at most max_batch messages that
+        never split a command (an MPUB stays atomic). A call that fails is every one of its
+        commands' failure: none runs again, since the call may have committed.
+        """
+        outcomes: list[list[str] | Exception | None] = [None] * len(commands)
+        passed: list[int] = []
+        ref: QueueRef | None = None
+        for i, payloads in enumerate(commands):
+            try:
+                ref = self.check_publish(topic, payloads, lmq=lmq, qos=qos)
+            except FenceMQError as exc:
+                outcomes[i] = exc
+                continue
+            passed.append(i)
+        calls: list[list[int]] = []
+        size = self.config.max_batch
+        for i in passed:
+            if size + len(commands[i]) > self.config.max_batch:
+                calls.append([])
+                size = 0
+            calls[-1].append(i)
+            size += len(commands[i])
+        for call in calls:
+            assert ref is not None
+            payloads = [p for i in call for p in commands[i]]
+            dedup = None  # a command without dedup ids: "" for each of its messages
+            if dedup_ids is not None and any(dedup_ids[i] for i in call):
+                dedup = [d for i in call for d in (dedup_ids[i] or [""] * len(commands[i]))]
+            try:
+                ids = await self._publish_checked(ref, payloads, qos=qos, dedup_ids=dedup, headers=headers,
+                                                  producer=producer)
+            except (FenceMQError, RedisError) as exc:
+                for i in call:
+                    outcomes[i] = exc
+                continue
+            at = 0
+            for i in call:
+                outcomes[i] = ids[at:at + len(commands[i])]
+                at += len(commands[i])
+        return outcomes  # type: ignore[return-value]
+
+    async def _publish_checked(self, ref: QueueRef, payloads: list[bytes], *, qos: int,
+                               dedup_ids: list[str | None] | None, headers: dict[str, str] | None,
+                               producer: str | None, retain: bool = False) -> list[str]:
+        topic = ref.topic
+        if ref.lite:
+            return (await self.publishing.publish_checked(ref, payloads, None, qos=qos, dedup_ids=dedup_ids,
+                                                          headers=headers, producer=producer))[0]
         # The registry's version is read in the publish's round trip: a filter SUB answered
         # before this publish began has raised it already, so the copies below reach it.
-        ids, version = await self.publishing.publish_reading(
-            topic, payloads, self.keys.filters_version, qos=qos, dedup_ids=dedup_ids, headers=headers,
+        ids, version = await self.publishing.publish_checked(
+            ref, payloads, self.keys.filters_version, qos=qos, dedup_ids=dedup_ids, headers=headers,
             producer=producer,
         )
         if retain:
             # The last retained message per topic; an empty payload clears it.
             if payloads[-1]:
-                await self.redis.hset(self.keys.retained, topic, pack_body(payloads[-1], headers, qos, producer, topic))
+                try:
+                    await self.retained.keep(topic, pack_body(payloads[-1], headers, qos, producer, topic))
+                except RedisError as exc:
+                    if is_oom(exc):  # past the watermark between two samples: the publish is stored, not retained
+                        raise self.publishing.ctx.memory.refused_by_redis(exc) from None
+                    raise
             else:
-                await self.redis.hdel(self.keys.retained, topic)
+                await self.retained.clear(topic)
         refs = await self.registry.matching(topic, version)
         if refs:
             # a copy names its source topic (the filter queue's is the filter)
             bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]
-            async with anyio.create_task_group() as tg:
-                for ref in refs:
-                    # the producer's dedup ids go with every copy: a repeated publish adds
-                    # nothing anywhere, and completes a fan-out a crash cut short
-                    tg.start_soon(self.publishing.append, ref, bodies, dedup_ids)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for ref in refs:
+                        # the producer's dedup ids go with every copy: a repeated publish adds
+                        # nothing anywhere, and completes a fan-out a crash cut short
+                        tg.start_soon(self.publishing.append, ref, bodies, dedup_ids)
+            except* FenceMQError as group:  # a copy refused (FULL at maxmemory): the publish's answer is its error
+                raise group.exceptions[0] from None
         return ids

@@ -274,6 +274,13 @@ class Subscriptions:
         return dropped
 
     async def set_presence(self, handles: list[Handle], online: bool) -> None:
-        for h in handles:
-            await self.ctx.fences.run(PRESENCE, self.ctx.keys.queue(h.queue), group=h.group, member=h.member,
-                                      online=int(online))
+        await self.set_presence_many([(h, online) for h in handles])
+
+    async def set_presence_many(self, marks: list[tuple[Handle, bool]]) -> None:
+        """Mark members online or offline, one PRESENCE call each, all in one pipeline."""
+        replies = await self.ctx.fences.run_many(PRESENCE, [
+            (self.ctx.keys.queue(h.queue), {}, (), {"group": h.group, "member": h.member, "online": int(online)})
+            for h, online in marks])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply

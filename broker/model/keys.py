@@ -115,6 +115,7 @@ class QueueKeys:
     dead: str  # list: dead-lettered messages
     journal: str  # list: capped event journal
     wake: str  # sharded pub/sub channel: "something became ready"
+    waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
 
     def mailbox(self, group: str, member: str) -> str:
         return f"{self.meta}:mb:{escape(group)}:{escape(member)}"
@@ -126,7 +127,7 @@ class QueueKeys:
     def all_keys(self) -> list[str]:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
         return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed,
-                self.dedup, self.dedup_ids, self.dead, self.journal]
+                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters]
 
 
 class Keyspace:
@@ -164,6 +165,7 @@ class Keyspace:
             dead=base + ":dlq",
             journal=base + ":jr",
             wake=base + ":wake",
+            waiters=base + ":lp",
         )
 
     def topic(self, topic: str) -> str:
@@ -195,6 +197,11 @@ class Keyspace:
         return f"{self.prefix}:users"
 
     @property
+    def users_channel(self) -> str:
+        """Pub/sub: the name of a user whose record changed (ops/users.py announces, the gate listens)."""
+        return f"{self.users}:changed"
+
+    @property
     def client_owners(self) -> str:
         """Hash: client id -> the user that first named a session with it (server/session.py)."""
         return f"{self.prefix}:client-owners"
@@ -218,9 +225,32 @@ class Keyspace:
         return f"{self.prefix}:filters:changed"
 
     @property
+    def alarms(self) -> str:
+        """Hash: alarm name (``memory@host:port``, ``eviction@host:port``) -> JSON record; fences/memory.py."""
+        return f"{self.prefix}:alarms"
+
+    @property
     def retained(self) -> str:
         """Hash: topic -> its retained message (stored form)."""
         return f"{self.prefix}:retained"
+
+    # The retained messages' index (fences/retained.py), in the slot of ``retained`` (a hash tag of
+    # its whole name: a key without braces hashes whole), so one fence keeps both.
+
+    @property
+    def retained_topics(self) -> str:
+        """Zset (lex): every topic with a retained message."""
+        return f"{self.prefix}:{{{self.retained}}}:topics"
+
+    @property
+    def retained_levels(self) -> str:
+        """Zset (lex): the trie of the retained topics' levels, ``parent path NUL level`` per edge."""
+        return f"{self.prefix}:{{{self.retained}}}:levels"
+
+    @property
+    def retained_indexed(self) -> str:
+        """String: set once the index holds every retained topic (those kept before it existed)."""
+        return f"{self.prefix}:{{{self.retained}}}:indexed"
 
     def session_lite_counts(self, client: str) -> str:
         """Hash: lite topic -> lite subscriptions the client holds (the quota)."""

@@ -4,12 +4,20 @@ One hash, ``<prefix>:users`` (a single key: one slot on a Cluster), holds a
 JSON record per user name: the scrypt parameters, salt and hash of the
 password (scrypt is memory-hard: a guess costs ~16 MiB and ~50 ms), and the
 grants, each an action and an MQTT-style topic filter (``+``/``#``). A user may
-do an action on a topic when one of its grants names the action (or ``all``)
-with a filter that matches the topic. Operator actions that are not about one
-topic (``admin``: user management) are granted with the filter ``#``.
+do an action on a topic, or on every topic of a filter, when one of its grants
+names the action (or ``all``) with a filter that covers it (:func:`covers`: the
+one matcher every door uses, through the gate in fencemq.server.gate). As MQTT
+matches, a grant whose filter starts with a wildcard never reaches a topic that
+starts with ``$``: those need a grant that names them (``publish:$SYS/#``).
+Operator actions that are not about one topic (``admin``: user management) are
+granted with the filter ``#``.
 
 The legacy single password of a worker (``--password``) is the ``default``
-user: it may do everything, as before users existed.
+user: a superuser, who may do everything ($-topics included), as before users
+existed.
+
+Every change to a user is announced on ``<users key>:changed`` (the user's name),
+so that workers end or update the connections of a user whose record changed.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Any
 import anyio
 
 from fencemq.errors import BadArgument
-from fencemq.model.topics import check_filter, has_wildcard, matches
+from fencemq.model.topics import check_filter
 
 # What a grant may name. publish/subscribe are the application's; the rest are the operator's.
 ACTIONS = ("publish", "subscribe", "inspect", "evict", "seek", "purge", "dlq", "admin")
@@ -35,6 +43,11 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 MIN_PASSWORD, MAX_PASSWORD = 8, 1024
 # scrypt: n * r * 128 bytes of memory per guess (2**14 * 8 * 128 = 16 MiB)
 SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+
+
+def changes_channel(users_key: str) -> str:
+    """The pub/sub channel a change to a user is announced on (its name)."""
+    return users_key + ":changed"
 
 
 def check_user_name(name: str) -> str:
@@ -65,7 +78,11 @@ async def _derive(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
 
 
 def covers(grant: str, filt: str) -> bool:
-    """True when every topic ``filt`` matches is matched by ``grant`` (both MQTT filters)."""
+    """True when every topic ``filt`` matches is matched by ``grant`` (``filt`` a filter or a topic name).
+
+    For a topic name this is MQTT's matching; for a filter, every level the
+    filter leaves open (``+``, ``#``) must be open in the grant too.
+    """
     g_levels, f_levels = grant.split("/"), filt.split("/")
     if filt.startswith("$") and g_levels[0] in ("+", "#"):
         return False  # as matching does: leading wildcards do not reach $-topics
@@ -83,19 +100,15 @@ def covers(grant: str, filt: str) -> bool:
 class User:
     name: str
     grants: tuple[tuple[str, str], ...] = field(default=())
+    superuser: bool = False  # the legacy password's default user: every action on every topic, $-topics too
+    credential: str = field(default="", compare=False)  # the stored hash: a changed password changes it
 
-    def may(self, action: str, topic: str = "#") -> bool:
-        """True when a grant covers ``action`` on ``topic`` (a topic name, or ``#`` for "any")."""
-        for granted, filt in self.grants:
-            if granted not in (action, ALL):
-                continue
-            if filt == "#" or (topic != "#" and matches(filt, topic)):
-                return True
-        return False
-
-    def may_subscribe(self, filt: str) -> bool:
-        """True when a subscribe grant covers every topic ``filt`` (a topic name or filter) can match."""
-        return any(granted in ("subscribe", ALL) and covers(g, filt) for granted, g in self.grants)
+    def may(self, action: str, target: str = "#") -> bool:
+        """True when a grant covers ``action`` on ``target``: a topic name, or a filter (then every topic
+        it can match; ``#`` for "any topic")."""
+        if self.superuser:
+            return True
+        return any(granted in (action, ALL) and covers(filt, target) for granted, filt in self.grants)
 
     def missing(self, action: str, topic: str = "#") -> str:
         """The words of a NOPERM: what this user lacks."""
@@ -104,10 +117,8 @@ class User:
 
 
 def grants_cover(user: User, action: str, target: str) -> bool:
-    """``user`` may do ``action`` on ``target``: a topic name, or a filter (then on every topic it can match)."""
-    if not has_wildcard(target):
-        return user.may(action, target)
-    return any(granted in (action, ALL) and covers(filt, target) for granted, filt in user.grants)
+    """``user`` may do ``action`` on ``target`` (a topic name or a filter): :meth:`User.may`."""
+    return user.may(action, target)
 
 
 SUPERUSER_GRANTS = ((ALL, "#"),)
@@ -115,7 +126,11 @@ SUPERUSER_GRANTS = ((ALL, "#"),)
 
 def default_user() -> User:
     """The worker's legacy password: every permission, as before users existed."""
-    return User(DEFAULT_USER, SUPERUSER_GRANTS)
+    return User(DEFAULT_USER, SUPERUSER_GRANTS, superuser=True)
+
+
+def user_of(name: str, record: dict[str, Any]) -> User:
+    return User(name, tuple((str(a), str(f)) for a, f in record["grants"]), credential=str(record["hash"]))
 
 
 class UserStore:
@@ -123,6 +138,7 @@ class UserStore:
 
     def __init__(self, redis: Any, key: str) -> None:
         self.redis, self.key = redis, key
+        self.channel = changes_channel(key)
 
     async def _record(self, name: str) -> dict[str, Any] | None:
         raw = await self.redis.hget(self.key, name)
@@ -130,6 +146,16 @@ class UserStore:
 
     async def _write(self, name: str, record: dict[str, Any]) -> None:
         await self.redis.hset(self.key, name, json.dumps(record, separators=(",", ":")))
+        await self._announce(name)
+
+    async def _announce(self, name: str) -> None:
+        """Tell the workers (best effort: a worker that misses it applies the change at the next login)."""
+        await self.redis.publish(self.channel, name)
+
+    async def get(self, name: str) -> User | None:
+        """The user's current record (grants and the stamp of its password), or None."""
+        record = await self._record(name) if NAME.match(name or "") else None
+        return None if record is None else user_of(name, record)
 
     async def add(self, name: str, password: str, grants: list[tuple[str, str]] | None = None) -> User:
         check_user_name(name)
@@ -152,8 +178,14 @@ class UserStore:
         record.update({"salt": salt.hex(), "hash": (await _derive(password, salt, **SCRYPT)).hex(), **SCRYPT})
         await self._write(name, record)
 
+    async def exists(self, name: str) -> bool:
+        return bool(await self.redis.hexists(self.key, check_user_name(name)))
+
     async def delete(self, name: str) -> bool:
-        return bool(await self.redis.hdel(self.key, check_user_name(name)))
+        deleted = bool(await self.redis.hdel(self.key, check_user_name(name)))
+        if deleted:
+            await self._announce(name)
+        return deleted
 
     async def grant(self, name: str, action: str, filt: str) -> User:
         record = await self._record(check_user_name(name))
@@ -163,21 +195,22 @@ class UserStore:
         if pair not in record["grants"]:
             record["grants"].append(pair)
             await self._write(name, record)
-        return User(name, tuple(tuple(g) for g in record["grants"]))
+        return user_of(name, record)
 
     async def revoke(self, name: str, action: str, filt: str) -> User:
         record = await self._record(check_user_name(name))
         if record is None:
             raise BadArgument(f"no user '{name}'")
         pair = [check_action(action), filt]
-        record["grants"] = [g for g in record["grants"] if g != pair]
-        await self._write(name, record)
-        return User(name, tuple(tuple(g) for g in record["grants"]))
+        kept = [g for g in record["grants"] if g != pair]
+        if kept != record["grants"]:
+            record["grants"] = kept
+            await self._write(name, record)
+        return user_of(name, record)
 
     async def list(self) -> list[User]:
         raw = await self.redis.hgetall(self.key)
-        users = [User(k.decode() if isinstance(k, bytes) else k, tuple(tuple(g) for g in json.loads(v)["grants"]))
-                 for k, v in raw.items()]
+        users = [user_of(k.decode() if isinstance(k, bytes) else k, json.loads(v)) for k, v in raw.items()]
         return sorted(users, key=lambda u: u.name)
 
     async def any(self) -> bool:
@@ -192,4 +225,4 @@ class UserStore:
         got = await _derive(password, bytes.fromhex(record["salt"]), record["n"], record["r"], record["p"])
         if not hmac.compare_digest(got, bytes.fromhex(record["hash"])):
             return None
-        return User(name, tuple(tuple(g) for g in record["grants"]))
+        return user_of(name, record)

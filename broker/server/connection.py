@@ -1,105 +1,199 @@
-"""One client connection: read requests, run them, write replies, push notices.
+"""One RESP client connection: an asyncio protocol that holds no task while its client is idle.
 
-The loop is thin: requests are read by fencemq.protocol.request_reader (no I/O), the
-verbs live in fencemq.server.verbs and act for the connection's session
-(fencemq.server.session), and the state lives in Redis. The connection alone
-reads and writes the socket: while a verb waits, it keeps reading on the
-verb's behalf to notice a hang-up. Whatever fails inside one connection
-closes that connection only.
+The event loop reads: each read lands in a buffer all connections share (64 KiB at most, so a
+flood is read in bounded steps) and is fed to the request reader (fencemq.protocol.request_reader,
+no I/O). A task runs only while there are requests to answer: it runs them (fencemq.server.pipeline,
+for the session they act for: fencemq.server.session), writes the replies, lingers a moment for the
+next request of a busy client, and ends. An idle connection is its transport, this object, its
+reader and its session; its timers (idle, request, authentication) are the event loop's handles.
+
+While a verb waits (a long poll) reading goes on: a hang-up cancels the wait at once, and what the
+client sends meanwhile is buffered up to ``max_read_ahead``, then reading pauses and TCP holds the
+client back. Replies and pushes are written whole to the transport; a client that leaves them unread
+past the transport's high-water mark for ``output_timeout_ms`` is closed, as Redis'
+client-output-buffer-limit does, and a push it has no room for stays queued for HEARTBEAT.
+Whatever fails inside one connection closes that connection only.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
-from anyio.abc import SocketAttribute, SocketStream
-from anyio.streams.memory import MemoryObjectReceiveStream
 from redis.exceptions import RedisError
 
-from fencemq.errors import FenceMQError, LimitExceeded
-from fencemq.fences.redis_errors import redis_failure
-from fencemq.protocol.commands import Request, parse
+from fencemq.errors import FenceMQError
 from fencemq.protocol.request_reader import RequestReader
 from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
-from fencemq.server import metrics
+from fencemq.server.gate import Pass
+from fencemq.server.long_poll import ClientGone
+from fencemq.server.pipeline import Pipeline
 from fencemq.server.services import Services
 from fencemq.server.session import Session
-from fencemq.server.messaging_verbs import ClientGone
 from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 
-RECEIVE_SIZE = 65536
+READ_SIZE = 65536
+# One read buffer for every connection of the process: the event loop calls get_buffer and
+# buffer_updated back to back, and the reader copies what it keeps.
+_READ_BUFFER = bytearray(READ_SIZE)
+_READ_VIEW = memoryview(_READ_BUFFER)
 # Commands parsed and run in one go: the replies of one batch are one write, so
 # this bounds what a pipelining client makes the worker hold for it at once.
 MAX_PIPELINE = 256
-STREAM_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
+LINGER_S = 0.25  # a task that answered waits this long for the client's next request before it ends
+PUSH_ROOM = 256 * 1024  # bytes unread by the client past which a push waits for HEARTBEAT instead
+FAREWELL_S = 1.0  # what is written last (a farewell notice) has this long to leave before the socket is cut
 
 
-def _addresses(stream: SocketStream) -> tuple[str, str]:
-    """host:port of the client and of the worker (CLIENT INFO), as far as the socket tells."""
-    try:
-        return tuple(":".join(map(str, stream.extra(a)[:2]))  # type: ignore[return-value]
-                     for a in (SocketAttribute.remote_address, SocketAttribute.local_address))
-    except (anyio.TypedAttributeLookupError, TypeError):  # a Unix socket, a wrapper without the attribute
-        return ("", "")
+class ClientConnection(Pipeline, asyncio.BufferedProtocol):
+    __slots__ = ("services", "config", "gate", "verbs", "token", "session", "parser", "transport", "_spawn",
+                 "_on_closed", "_preauth", "_busy", "_scope", "_hangup", "_more", "_write_room", "_reading_paused",
+                 "_lost", "_eof", "_ending", "_auth_timer", "_idle_timer", "_drain_timer", "_request_timer",
+                 "_last_read")
 
-
-def _transport_of(stream: Any) -> Any:
-    """The event loop transport under an anyio stream (TLS or not), or None.
-
-    anyio pauses a transport's reading only after a receive had to wait: a
-    client that keeps the socket busy from the first byte is read without
-    end into anyio's own queue, whatever the connection stops asking for.
-    The connection pauses it itself after each receive (anyio resumes it when
-    a receive next has to wait), so only what is asked for is read.
-    """
-    inner = getattr(stream, "transport_stream", stream)
-    transport = getattr(inner, "_transport", None)
-    return transport if hasattr(transport, "pause_reading") and hasattr(transport, "is_reading") else None
-
-
-class ClientConnection:
-    def __init__(self, services: Services, verbs: Verbs, stream: SocketStream, token: str) -> None:
-        self.config = services.config
-        self.verbs = verbs
-        self.stream = stream
-        self.idle = True  # waiting for a request: nothing in hand to finish
-        self.scope = anyio.CancelScope()
-        self.send_lock = anyio.Lock()
-        self.session = Session(services, token, watch_for_hangup=self._watch_for_hangup,
-                               end_connection=self.scope.cancel, addresses=_addresses(stream))
+    def __init__(self, services: Services, verbs: Verbs, token: str, gate_pass: Pass, *,
+                 addresses: tuple[str, str], spawn: Callable[..., None],
+                 on_closed: Callable[[ClientConnection], None]) -> None:
+        self.services, self.config, self.gate, self.verbs, self.token = (
+            services, services.config, services.gate, verbs, token)
+        self._spawn = spawn  # starts a task in the worker's group of connections
+        self._on_closed = on_closed  # the worker's bookkeeping, once the connection is closed
+        self.transport: asyncio.Transport | None = None
+        self.session = Session(services, token, watch_for_hangup=self._watch_for_hangup, end_connection=self.cut,
+                               addresses=addresses, gate_pass=gate_pass, push=self._push)
         # The parser's limits only guard memory (the connection is closed past
         # them); payload and batch limits are checked per command, so a client
         # that sends one oversize payload gets LIMIT and keeps its connection.
         self.parser = RequestReader(max_bulk=self.config.frame_bulk_limit, max_args=self.config.frame_args_limit)
         self._preauth = False
         self._set_frame_limits()
-        self._idle_s = self.config.idle_timeout_ms / 1000 if self.config.idle_timeout_ms else float("inf")
-        self._transport = _transport_of(stream)
-        self._request_s = self.config.request_timeout_ms / 1000 if self.config.request_timeout_ms else float("inf")
-        self._request_began: float | None = None
-        self._tasks: anyio.abc.TaskGroup | None = None
+        self._busy = False  # a task is answering this client's requests
+        self._scope: anyio.CancelScope | None = None  # that task's: cut() cancels what is in hand
+        self._hangup: anyio.CancelScope | None = None  # a verb's wait, which the client hanging up ends
+        self._more: asyncio.Future[bool] | None = None  # the lingering task waits on it for the next request
+        self._write_room: asyncio.Event | None = None  # while the client leaves our writes unread
+        self._reading_paused = False
+        self._lost = self._eof = self._ending = False
+        self._auth_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._request_timer: asyncio.TimerHandle | None = None
+        self._last_read = 0.0
 
-    def _read_wait_s(self) -> float:
-        """How long to wait for more bytes: a begun request has request_timeout_ms from its first byte."""
-        if not self.parser.mid_request:
-            self._request_began = None
-            return self._idle_s
-        if self._request_began is None:
-            self._request_began = time.monotonic()
-        return max(0.0, self._request_began + self._request_s - time.monotonic())
+    # -- the event loop's side -----------------------------------------------------------------
 
-    async def _receive(self) -> bytes:
-        data = await self.stream.receive(RECEIVE_SIZE)
-        transport = self._transport
-        if transport is not None and transport.is_reading():
-            transport.pause_reading()
-        return data
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        loop = asyncio.get_running_loop()
+        if not self.session.authed and self.gate.auth_timeout_s is not None:
+            self._auth_timer = loop.call_later(self.gate.auth_timeout_s, self._auth_expired)
+        if self.gate.idle_timeout_s != float("inf"):
+            self._last_read = time.monotonic()
+            self._idle_timer = loop.call_later(self.gate.idle_timeout_s, self._idle_check)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ_VIEW
+
+    def buffer_updated(self, nbytes: int) -> None:
+        parser = self.parser
+        parser.feed(_READ_BUFFER[:nbytes])
+        if self._idle_timer is not None:
+            self._last_read = time.monotonic()
+        if parser.mid_request:
+            if self._request_timer is None and self.gate.request_timeout_s != float("inf"):
+                self._request_timer = asyncio.get_running_loop().call_later(self.gate.request_timeout_s,
+                                                                            self._request_expired)
+        elif self._request_timer is not None:
+            self._request_timer.cancel()
+            self._request_timer = None
+        if self._busy:
+            more = self._more
+            if more is not None and not more.done():
+                more.set_result(True)
+        elif not self._ending:
+            commands, fatal = self._parsed()
+            if commands or fatal is not None:
+                self._busy = True
+                self._spawn(self._serve, commands, fatal)
+        if parser.buffered >= self.config.max_read_ahead and not self._reading_paused and self.transport is not None:
+            # past the budget (what the client sends while its commands wait): the socket's own
+            # back-pressure holds the client back
+            self.transport.pause_reading()
+            self._reading_paused = True
+
+    def eof_received(self) -> bool:
+        """The client will send no more: what it sent is answered, then the connection closes."""
+        self._eof = True
+        if self._hangup is not None:  # a verb waiting for it: it is gone (as a hang-up)
+            self._client_gone()
+        elif not self._busy:
+            self._begin_close()
+        # keep writing what is being answered (TLS cannot half-close: asyncio closes it anyway)
+        return self.transport is None or self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        self._client_gone()
+        room = self._write_room
+        if room is not None:
+            room.set()
+        if not self._busy:
+            self._begin_close()
+
+    def pause_writing(self) -> None:
+        if self._write_room is None:
+            self._write_room = asyncio.Event()
+
+    def resume_writing(self) -> None:
+        room, self._write_room = self._write_room, None
+        if room is not None:
+            room.set()
+
+    def _client_gone(self) -> None:
+        self.session.closing = self.session.gone = True
+        if self._hangup is not None:
+            self._hangup.cancel()
+
+    def _watch_for_hangup(self, scope: anyio.CancelScope | None) -> None:
+        """The session's hook: while a verb waits, a hang-up cancels ``scope``."""
+        self._hangup = scope
+        if scope is not None and (self._lost or self._eof):
+            self._client_gone()
+
+    # -- timers --------------------------------------------------------------------------------
+
+    def _auth_expired(self) -> None:
+        """A connection that never authenticates holds nothing for long (slowloris)."""
+        if not self.session.authed:
+            log.info("closing %s: not authenticated within %d ms", self.session.peer, self.config.auth_timeout_ms)
+            self.cut()
+
+    def _idle_check(self) -> None:
+        idle_s = self.gate.idle_timeout_s
+        left = self._last_read + idle_s - time.monotonic()
+        if self._busy or left > 0 or self.parser.mid_request:
+            self._idle_timer = asyncio.get_running_loop().call_later(idle_s if self._busy else max(left, 0.05),
+                                                                     self._idle_check)
+            return
+        log.info("closing %s: idle for %d ms", self.session.peer, self.config.idle_timeout_ms)
+        self.cut()
+
+    def _request_expired(self) -> None:
+        self._request_timer = None
+        if self.parser.mid_request and not self._busy:
+            log.info("closing %s: a request unfinished for %d ms", self.session.peer, self.config.request_timeout_ms)
+            self.cut()
+        elif self.parser.mid_request:  # timed again from when the requests in hand are answered
+            self._request_timer = asyncio.get_running_loop().call_later(self.gate.request_timeout_s,
+                                                                        self._request_expired)
+
+    # -- answering -----------------------------------------------------------------------------
 
     def _set_frame_limits(self) -> None:
         """Tiny frames until the connection authenticates (again, after a RESET)."""
@@ -112,9 +206,108 @@ class ClientConnection:
             else:
                 self.parser.set_limits(max_bulk=config.frame_bulk_limit, max_args=config.frame_args_limit)
 
-    @property
-    def token(self) -> str:
-        return self.session.token
+    def _parsed(self) -> tuple[list[list[bytes]], RequestError | None]:
+        """The next batch of complete commands (and a fatal framing error, if one came); reading
+        resumes if it paused and the reader has room again."""
+        # Before authentication one command at a time: what follows an AUTH is
+        # read with the limits that AUTH's outcome sets.
+        most = 1 if self._preauth else MAX_PIPELINE
+        commands: list[list[bytes]] = []
+        fatal: RequestError | None = None
+        try:
+            while len(commands) < most and (cmd := self.parser.gets()) is not None:
+                commands.append(cmd)
+        except RequestError as exc:
+            if self._preauth and isinstance(exc, RequestTooLarge):
+                exc = RequestError(f"NOAUTH before authentication a frame holds at most "
+                                   f"{self.config.preauth_max_args} arguments of at most "
+                                   f"{self.config.preauth_max_bulk} bytes; authenticate first")
+            fatal = exc
+        if self._reading_paused and self.parser.buffered < self.config.max_read_ahead // 2 and fatal is None:
+            self._reading_paused = False
+            if self.transport is not None and not self._lost:
+                self.transport.resume_reading()
+        return commands, fatal
+
+    async def _serve(self, commands: list[list[bytes]], fatal: RequestError | None) -> None:
+        session = self.session
+        scope = self._scope = anyio.CancelScope()
+        try:
+            with scope:
+                while True:
+                    await self._answer(commands, fatal)
+                    if session.closing or self._lost:
+                        return
+                    commands, fatal = self._parsed()
+                    if commands or fatal is not None:
+                        # A client that keeps its buffer full (PINGs, say) must not keep the event loop
+                        # from every other connection while it lasts.
+                        await anyio.lowlevel.checkpoint()
+                        continue
+                    if self._eof or not await self._next_request():
+                        return
+                    commands, fatal = self._parsed()
+        except Exception:  # one connection's failure must never take the worker down
+            log.exception("connection %s failed; closing it", self.token)
+            session.closing = True
+        finally:
+            self._busy = False
+            self._scope = None
+            if session.closing or self._lost or self._eof:
+                self._begin_close()
+
+    async def _next_request(self) -> bool:
+        """Linger for the client's next request; False if none came (the task ends, the connection idles)."""
+        loop = asyncio.get_running_loop()
+        more = self._more = loop.create_future()
+        timer = loop.call_later(LINGER_S, _settle, more, False)
+        try:
+            return await more
+        finally:
+            timer.cancel()
+            self._more = None
+
+    async def _answer(self, commands: list[list[bytes]], fatal: RequestError | None) -> None:
+        session = self.session
+        try:
+            replies = await self.execute(commands) if commands else []
+        except ClientGone:
+            session.closing = True
+            return
+        if fatal is not None:
+            replies.append(ErrorReply(fatal.message))
+            session.closing = True
+        self._set_frame_limits()
+        if replies:
+            await self._write(encode_many(replies, session.proto))
+
+    async def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if self._lost or transport is None or transport.is_closing():
+            self.session.closing = self.session.gone = True
+            return
+        transport.write(data)
+        room = self._write_room
+        if room is None:
+            return
+        with anyio.move_on_after(self.gate.output_timeout_s) as waited:
+            await room.wait()
+        if waited.cancelled_caught:
+            # The client has not read its earlier replies for output_timeout_ms: as
+            # Redis' client-output-buffer-limit, close it rather than hold more for it.
+            log.info("closing %s: it has not read its replies for %d ms", self.session.peer,
+                     self.config.output_timeout_ms)
+            self.session.closing = self.session.gone = True
+
+    def _push(self, push: Push) -> bool:
+        """The session's hook: a push frame goes out now, unless the client leaves too much unread."""
+        transport = self.transport
+        if self._lost or self._ending or transport is None or transport.get_write_buffer_size() > PUSH_ROOM:
+            return False
+        transport.write(encode_many([push], 3))
+        return True
+
+    # -- ending --------------------------------------------------------------------------------
 
     def drain(self, notice: dict[str, Any] | None = None, move_s: float = 0.0) -> None:
         """The worker is shutting down: long polls answer now; finish the commands in hand, then close.
@@ -124,252 +317,54 @@ class ClientConnection:
         this one closes; a RESP2 client, which cannot be told, is closed once idle.
         """
         self.session.drain()
-        if notice is not None and self.session.proto == 3 and move_s > 0 and self._tasks is not None:
-            try:
-                self.session.tell(notice)
-            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass  # a full outbox: the close tells it instead
-            self._tasks.start_soon(self._close_after, move_s)
+        if notice is not None and self.session.proto == 3 and move_s > 0 and not self._ending:
+            self.session.tell(notice)  # a client with no room for it: the close tells it instead
+            self._drain_timer = asyncio.get_running_loop().call_later(move_s, self._close_when_idle)
             return
-        self._close_when_idle()
-
-    async def _close_after(self, seconds: float) -> None:
-        await anyio.sleep(seconds)
         self._close_when_idle()
 
     def _close_when_idle(self) -> None:
         self.session.closing = True
-        if self.idle:
-            self.scope.cancel()
+        if not self._busy:
+            self._begin_close()
 
     def cut(self) -> None:
         """Close now, whatever is in hand."""
-        self.scope.cancel()
+        self.session.closing = True
+        if self._scope is not None:
+            self._scope.cancel()  # the task ends, then closes
+        elif not self._busy:
+            self._begin_close()
 
-    # -- I/O loop ----------------------------------------------------------------
-
-    async def run(self) -> None:
-        with self.scope:
-            async with anyio.create_task_group() as tg:
-                self._tasks = tg
-                tg.start_soon(self._send_pushes, self.session.outbox)
-                if not self.session.authed and self.config.auth_timeout_ms:
-                    tg.start_soon(self._close_unless_authenticated)
-                await self._serve_requests()
-                tg.cancel_scope.cancel()
-
-    async def _close_unless_authenticated(self) -> None:
-        """A connection that never authenticates holds nothing for long (slowloris)."""
-        await anyio.sleep(self.config.auth_timeout_ms / 1000)
-        if not self.session.authed:
-            log.info("closing %s: not authenticated within %d ms", self.session.peer, self.config.auth_timeout_ms)
-            self.cut()
-
-    async def _send_pushes(self, pushes: MemoryObjectReceiveStream[Push]) -> None:
-        async with pushes:
-            async for push in pushes:
-                await self.send(encode_many([push], 3))
-
-    def _parsed(self) -> tuple[list[list[bytes]], RequestError | None]:
-        # Before authentication one command at a time: what follows an AUTH is
-        # read with the limits that AUTH's outcome sets.
-        most = 1 if self._preauth else MAX_PIPELINE
-        commands: list[list[bytes]] = []
-        try:
-            while len(commands) < most and (cmd := self.parser.gets()) is not None:
-                commands.append(cmd)
-        except RequestError as exc:
-            if self._preauth and isinstance(exc, RequestTooLarge):
-                exc = RequestError(f"NOAUTH before authentication a frame holds at most "
-                                   f"{self.config.preauth_max_args} arguments of at most "
-                                   f"{self.config.preauth_max_bulk} bytes; authenticate first")
-            return commands, exc
-        return commands, None
-
-    async def _serve_requests(self) -> None:
-        session = self.session
-        while not session.closing:
-            # Bytes read while a blocking command ran are already buffered.
-            commands, fatal = self._parsed()
-            if not commands and fatal is None:
-                try:
-                    data = None
-                    with anyio.move_on_after(self._read_wait_s()):
-                        data = await self._receive()
-                except STREAM_GONE:
-                    return
-                if data is None:
-                    log.info("closing %s: %s", session.peer, "a request unfinished for "
-                             f"{self.config.request_timeout_ms} ms" if self.parser.mid_request
-                             else f"idle for {self.config.idle_timeout_ms} ms")
-                    return
-                self.parser.feed(data)
-                continue
-            self.idle = False
-            self._request_began = None  # what remains is a request of its own, timed from now
-            try:
-                replies = await self.execute(commands) if commands else []
-            except ClientGone:
-                return
-            if fatal is not None:
-                replies.append(ErrorReply(fatal.message))
-                session.closing = True
-            if replies:
-                await self.send(encode_many(replies, session.proto))
-            self._set_frame_limits()
-            self.idle = True
-            # A batch of commands that never waited (PINGs, say) must not keep the event loop
-            # from every other connection while this client's buffer lasts.
-            await anyio.lowlevel.checkpoint()
-
-    async def _watch_for_hangup(self, scope: anyio.CancelScope) -> None:
-        """While a verb waits, keep reading: buffer what comes (up to max_read_ahead), notice a hang-up.
-
-        Past the budget it stops reading: the socket's own back-pressure holds
-        the client back, and a hang-up is noticed once the verb is done.
-        """
-        while self.parser.buffered < self.config.max_read_ahead:
-            try:
-                data = await self._receive()
-            except STREAM_GONE:
-                self.session.closing = self.session.gone = True
-                scope.cancel()
-                return
-            self.parser.feed(data)
-
-    async def send(self, data: bytes) -> None:
-        async with self.send_lock:
-            try:
-                with anyio.move_on_after(self.config.output_timeout_ms / 1000) as waited:
-                    await self.stream.send(data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self.session.closing = self.session.gone = True
-                return
-            if waited.cancelled_caught:
-                # The client has not read its earlier replies for output_timeout_ms: as
-                # Redis' client-output-buffer-limit, close it rather than hold more for it.
-                log.info("closing %s: it has not read its replies for %d ms", self.session.peer,
-                         self.config.output_timeout_ms)
-                self.session.closing = self.session.gone = True
-                self.cut()
-
-    async def close(self) -> None:
-        try:
-            await self.session.release()
-        except (OSError, RedisError) as exc:
-            log.warning("cleanup of %s failed, its lease will expire: %s", self.session.client_id, exc)
-        farewell = self.session.farewell
-        if farewell is not None and self.session.proto == 3:
-            # Say why before hanging up (a session taken over), if the client still reads.
-            with anyio.move_on_after(1), contextlib.suppress(*STREAM_GONE):
-                await self.stream.send(encode_many([farewell], 3))
-        await self.stream.aclose()
-
-    # -- running a pipeline ----------------------------------------------------------
-
-    async def execute(self, commands: list[list[bytes]]) -> list[Any]:
-        """The replies to pipelined commands, in order; PUBs back to back to one queue run as one."""
-        requests: list[Request | FenceMQError] = []
-        for args in commands:
-            try:
-                if len(args) > self.config.max_args:
-                    raise LimitExceeded(
-                        f"{len(args)} arguments exceed the limit of {self.config.max_args}; split the command"
-                    )
-                self._check_arg_sizes(args)
-                requests.append(parse(args))
-            except FenceMQError as exc:
-                requests.append(exc)
-        replies: list[Any] = []
-        i = 0
-        while i < len(requests):
-            req = requests[i]
-            if isinstance(req, FenceMQError):
-                self.session.refused(req)
-                replies.append(self._error(req))
-                i += 1
-                continue
-            batching = self.session.authed and self.session.transaction is None
-            if batching and self._ack_then_pull(requests, i):
-                ack, pull = requests[i], requests[i + 1]
-                try:
-                    outcomes = await self.verbs.ack_then_pull(self.session, ack, pull)  # type: ignore[arg-type]
-                except FenceMQError:  # refused before anything ran (a bad tag list, COUNT, handle)
-                    outcomes = [await self._run_one(ack), await self._run_one(pull)]  # type: ignore[arg-type]
-                except RedisError as exc:
-                    outcomes = [exc, exc]
-                replies.extend(self._outcome(r, out) for r, out in zip((ack, pull), outcomes))  # type: ignore
-                i += 2
-                if self.session.quit:
-                    break
-                continue
-            key = req.batch_key() if batching else None
-            j = i + 1
-            if key is not None:
-                while j < len(requests) and isinstance(requests[j], Request) and requests[j].batch_key() == key:
-                    j += 1
-            if j - i > 1:
-                publishing = key[0] == "PUB"  # type: ignore[index]
-                run = self.verbs.publish_batch if publishing else self.verbs.sub_lmq_batch
-                try:
-                    outcomes = await run(self.session, requests[i:j])  # type: ignore[arg-type]
-                except RedisError as exc:
-                    if publishing:
-                        # A publish cut short by Redis may have run: each PUB is told so (TRYAGAIN:
-                        # send it again; with an ID nothing is stored twice), never run again here.
-                        outcomes = [exc] * (j - i)
-                    else:  # a SUB may run twice (the same member again)
-                        outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
-                except FenceMQError:
-                    # One bad command must not fail its neighbours: run them one by one.
-                    outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
-                replies.extend(self._outcome(req, out) for req, out in zip(requests[i:j], outcomes))  # type: ignore
-            else:
-                replies.append(await self._run_one(req))
-            i = j
-            if self.session.quit:
-                break
-        return replies
-
-    @staticmethod
-    def _ack_then_pull(requests: list[Request | FenceMQError], i: int) -> bool:
-        """``ACK h …`` followed by ``PULL h …`` of the same handle: one round trip to Redis for both."""
-        if i + 1 >= len(requests):
-            return False
-        a, b = requests[i], requests[i + 1]
-        return (isinstance(a, Request) and isinstance(b, Request) and a.verb == "ACK" and b.verb == "PULL"
-                and a.args.get("handle") == b.args.get("handle"))
-
-    def _check_arg_sizes(self, args: list[bytes]) -> None:
-        """Every argument but a payload is small: names, tags, handles, options."""
-        limit = self.config.max_arg_bytes
-        if max(map(len, args)) <= limit:  # the common case, without a Python step per argument
+    def _begin_close(self) -> None:
+        if self._ending:
             return
-        verb = args[0][:8].upper()
-        # PUB topic payload …, MPUB topic n payload… …: the payloads have max_payload
-        payloads = (range(2, 3) if verb == b"PUB" else
-                    range(3, len(args)) if verb == b"MPUB" else range(0))
-        for i, arg in enumerate(args):
-            if len(arg) > limit and i not in payloads:
-                raise LimitExceeded(f"an argument of {len(arg)} bytes exceeds max_arg_bytes ({limit}); "
-                                    f"only payloads may be larger")
+        self._ending = True
+        for timer in (self._auth_timer, self._idle_timer, self._drain_timer, self._request_timer):
+            if timer is not None:
+                timer.cancel()
+        self._spawn(self._close)
 
-    async def _run_one(self, req: Request) -> Any:
-        try:
-            return await self.verbs.run(self.session, req)
-        except FenceMQError as exc:
-            return self._error(exc)
-        except RedisError as exc:
-            return self._error(redis_failure(exc, req.verb, self.session.services.core.fences))
+    async def _close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.session.release()
+            except (OSError, RedisError, FenceMQError) as exc:  # out of open files, Redis gone, the worker stopping
+                log.warning("cleanup of %s failed, its lease will expire: %s", self.session.client_id, exc)
+            except Exception:  # a bug in a cleanup must not stop the worker either
+                log.exception("cleanup of %s failed, its lease will expire", self.session.client_id)
+            transport = self.transport
+            if transport is not None:
+                farewell = self.session.farewell
+                if farewell is not None and self.session.proto == 3 and not self._lost:
+                    # Say why before hanging up (a session taken over), if the client still reads.
+                    transport.write(encode_many([farewell], 3))
+                transport.close()
+                if transport.get_write_buffer_size():
+                    asyncio.get_running_loop().call_later(FAREWELL_S, transport.abort)
+            self._on_closed(self)
 
-    def _outcome(self, req: Request, outcome: Any) -> Any:
-        """A batched command's reply: its value, or its refusal as an error reply."""
-        if isinstance(outcome, FenceMQError):
-            return self._error(outcome)
-        if isinstance(outcome, RedisError):
-            return self._error(redis_failure(outcome, req.verb, self.session.services.core.fences))
-        return outcome
 
-    def _error(self, exc: FenceMQError) -> ErrorReply:
-        metrics.ERRORS.labels(exc.code).inc()
-        return ErrorReply(exc.resp())
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -169,14 +169,7 @@ class EmbeddedRedis:
     def _spawn_and_wait(self) -> bool:
         """True once our server answers; False if its port was taken."""
         log = self.data_dir / "server.log"
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.data_dir), "--save", "",
-                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-                "--daemonize", "no", "--logfile", str(log), "--protected-mode", "no",
-                # FenceMQ's tuning (docs/operations.md): lease sets grow by a
-                # batch at a time, and a listpack-encoded zset pays O(n) per insert.
-                "--zset-max-listpack-entries", "16"]
-        args += ["--requirepass", self.password] if self.password else []
+        args = self._arguments(log)
         with open(log, "ab") as out:  # errors before the logfile opens go to stderr
             # Its own session: a Ctrl-C in the terminal reaches the worker,
             # which drains and then stops this server, not both at once.
@@ -209,6 +202,22 @@ class EmbeddedRedis:
                 time.sleep(0.02)
         finally:
             probe.close()
+
+    def _arguments(self, log: Path) -> list[str]:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.data_dir), "--save", "",
+                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+                "--daemonize", "no", "--logfile", str(log), "--protected-mode", "no",
+                # FenceMQ's tuning (docs/operations.md): lease sets grow by a
+                # batch at a time, and a listpack-encoded zset pays O(n) per insert.
+                "--zset-max-listpack-entries", "16"]
+        if self.password:  # from a file only we may read: on the command line `ps` would show it to anyone
+            conf = self.data_dir / "auth.conf"
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write('requirepass "%s"\n' % self.password.replace("\\", "\\\\").replace('"', '\\"'))
+            args.insert(1, str(conf))  # `redis-server <config file> [--option value ...]`
+        return args
 
     def _start_guard(self) -> None:
         """The sh that kills the server (and removes its temp dir) once this process is gone."""
@@ -311,6 +320,76 @@ def start_cluster(masters: int = 3, *, timeout: float = 20.0, **options: Any) ->
         return servers
     except BaseException:
         for srv in servers:
+            srv.stop()
+        raise
+
+
+class EmbeddedSentinel(EmbeddedRedis):
+    """A private Redis Sentinel watching one primary (``service``); tests of failover start three."""
+
+    def __init__(self, primary_port: int, *, service: str = "mymaster", quorum: int = 2,
+                 down_after_ms: int = 1000, failover_timeout_ms: int = 3000, **options: Any) -> None:
+        super().__init__(**options)
+        self.primary_port, self.service, self.quorum = primary_port, service, quorum
+        self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
+
+    def _arguments(self, log: Path) -> list[str]:
+        conf = self.data_dir / "sentinel.conf"  # a Sentinel rewrites its own file: it must be writable
+        if not conf.exists():
+            s = self.service
+            conf.write_text(f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.data_dir}\n"
+                            f"logfile {log}\ndaemonize no\n"
+                            f"sentinel monitor {s} 127.0.0.1 {self.primary_port} {self.quorum}\n"
+                            f"sentinel down-after-milliseconds {s} {self.down_after_ms}\n"
+                            f"sentinel failover-timeout {s} {self.failover_timeout_ms}\n"
+                            f"sentinel parallel-syncs {s} 1\n")
+        else:  # a restart on a new port (start() picks one when the port was taken)
+            text = conf.read_text()
+            conf.write_text(re.sub(r"(?m)^port \d+$", f"port {self.port}", text))
+        return [self.binary, str(conf), "--sentinel"]
+
+
+def start_cluster_with_replicas(masters: int = 3, replicas: int = 1, *, node_timeout_ms: int = 1000,
+                                timeout: float = 30.0, **options: Any) -> tuple[list[EmbeddedRedis],
+                                                                               list[EmbeddedRedis]]:
+    """A Cluster of ``masters`` masters with ``replicas`` replicas each: (masters, replicas), the i-th
+    master's replicas at ``replicas[i * n: (i + 1) * n]``. Stop every server when done."""
+    extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", str(node_timeout_ms)]
+    extra += list(options.pop("extra_args", ()))
+    primaries = [EmbeddedRedis(extra_args=extra, **options) for _ in range(masters)]
+    followers = [EmbeddedRedis(extra_args=extra, **options) for _ in range(masters * replicas)]
+    everyone = primaries + followers
+    try:
+        for srv in everyone:
+            srv.start()
+        clients = [srv.client() for srv in everyone]
+        per = 16384 // masters
+        for i, c in enumerate(clients[:masters]):
+            lo, hi = i * per, (16383 if i == masters - 1 else (i + 1) * per - 1)
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        for srv in everyone[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", srv.port)
+        deadline = time.monotonic() + timeout
+        while not all(int(c.cluster("info")["cluster_known_nodes"]) == len(everyone) for c in clients):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {len(everyone)} nodes did not meet in {timeout:.0f} s")
+            time.sleep(0.1)
+        ids = [c.execute_command("CLUSTER", "MYID") for c in clients[:masters]]
+        for j, c in enumerate(clients[masters:]):
+            master_id = ids[j // replicas]
+            c.execute_command("CLUSTER", "REPLICATE", master_id.decode() if isinstance(master_id, bytes)
+                              else master_id)
+        while not all(c.cluster("info")["cluster_state"] == "ok" for c in clients) or not all(
+                c.info("replication").get("master_link_status") == "up" for c in clients[masters:]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"could not form a {masters}-master cluster with replicas in {timeout:.0f} s")
+            time.sleep(0.1)
+        for c in clients:
+            c.close()
+        return primaries, followers
+    except BaseException:
+        for srv in everyone:
             srv.stop()
         raise
 

@@ -11,20 +11,20 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 from redis.exceptions import RedisError
 
 from fencemq.config import Config
-from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission
+from fencemq.errors import BadArgument, FenceMQError, NoPermission
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
 from fencemq.fences.subscribe import Subscription
-from fencemq.model.keys import Handle
-from fencemq.model.topics import parse_target
+from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.meta import LITE_GROUP
+from fencemq.model.topics import SHARE_PREFIX, FilterTarget, parse_target
 from fencemq.protocol.commands import Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
 from fencemq.protocol.resp import Prebuilt, SimpleString, encode_bulk_array
-from fencemq.server import metrics
+from fencemq.server import long_poll, metrics
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 
@@ -36,22 +36,15 @@ def id_array(ids: list[str]) -> Prebuilt:
     return Prebuilt(encode_bulk_array(" ".join(ids).encode().split()))
 
 
-class ClientGone(Exception):
-    """The client hung up while its command was running."""
-
-
 class MessagingVerbs:
     services: Services
     config: Config
+    admit: Callable[[Session, Request], None]  # Verbs.admit: what every command meets first
+    handlers: dict[str, Callable[..., Awaitable[Any]]]
 
-    def _check_pub_extras(self, args: dict[str, Any]) -> None: ...  # Verbs': dedup id and header limits
-
-    @staticmethod
-    def _may(session: Session, action: str, topic: str) -> None:
-        """NOPERM naming what is missing, when the session's user lacks ``action`` on ``topic``."""
-        user = session.user
-        if user is not None and not user.may(action, topic):
-            raise NoPermission(user.missing(action, topic))
+    def _may(self, session: Session, action: str, target: str) -> None:
+        """NOPERM naming what is missing, when the session's user lacks ``action`` on ``target`` (the gate's)."""
+        self.services.gate.check(session.user, action, target)
 
     # -- publishing ------------------------------------------------------------------
 
@@ -75,53 +68,45 @@ class MessagingVerbs:
         return id_array(ids)
 
     async def publish_batch(self, session: Session, requests: list[Request]) -> list[Any]:
-        """Pipelined PUB/MPUB to one queue: one fence call, ids handed back per command."""
-        for r in requests:
-            session.note_command(r.verb)
-            metrics.COMMANDS.labels(r.verb).inc()
-            self._check_pub_extras(r.args)  # a refusal runs them one by one, each with its own reply
+        """Pipelined PUB/MPUB to one queue: each command admitted and checked as it would be
+        alone, those that pass published together (Shared.publish_many). Each command's reply
+        in order, a refusal as its exception."""
+        outcomes: list[Any] = [None] * len(requests)
+        admitted: list[int] = []
+        for i, r in enumerate(requests):
+            try:
+                self.admit(session, r)
+                self._may(session, "publish", r.args["topic"])
+            except FenceMQError as exc:
+                outcomes[i] = exc
+                continue
+            admitted.append(i)
         first = requests[0].args
-        self._may(session, "publish", first["topic"])
-        ids: list[str] = []
-        # Fence calls of at most max_batch messages, each command whole in one of them (an MPUB's
-        # dedup id covers its whole batch: a run is never split)
-        start = 0
-        while start < len(requests):
-            end, size = start, 0
-            while end < len(requests) and (end == start or size + len(requests[end].args["payloads"])
-                                           <= self.config.max_batch):
-                size += len(requests[end].args["payloads"])
-                end += 1
-            run = requests[start:end]
-            dedup = None
-            if any(r.args.get("dedup_ids") for r in run):
-                dedup = [d for r in run for d in (r.args.get("dedup_ids") or [""] * len(r.args["payloads"]))]
-            ids += await self.services.core.shared.publish(
-                first["topic"], [p for r in run for p in r.args["payloads"]], lmq=first.get("lmq"),
-                qos=first.get("qos", 1), dedup_ids=dedup, producer=session.client_id,
-            )
-            start = end
-        metrics.PUBLISHED.inc(len(ids))
-        replies: list[Any] = []
-        at = 0
-        for r in requests:
-            n = len(r.args["payloads"])
-            replies.append(id_array(ids[at : at + n]) if r.verb == "MPUB" else ids[at])
-            at += n
-        return replies
+        published = await self.services.core.shared.publish_many(
+            first["topic"], [requests[i].args["payloads"] for i in admitted], lmq=first.get("lmq"),
+            qos=first.get("qos", 1), dedup_ids=[requests[i].args.get("dedup_ids") for i in admitted],
+            producer=session.client_id)
+        for i, out in zip(admitted, published, strict=True):
+            if isinstance(out, list):
+                metrics.PUBLISHED.inc(len(out))
+                out = id_array(out) if requests[i].verb == "MPUB" else out[0]
+            outcomes[i] = out
+        return outcomes
 
     # -- subscribing and consuming ---------------------------------------------------
 
     async def sub(self, session: Session, topic: str, push: bool = False, **options: Any) -> Any:
         if push:
             options["capacity"] = options.get("capacity") or self.config.mailbox_capacity
-        if session.user is not None:
-            filt = parse_target(topic).filter if is_filter_target(topic) else topic
-            if not session.user.may_subscribe(filt):
-                raise NoPermission(session.user.missing("subscribe", filt))
+        gate = self.services.gate
+        gate.check_target(topic, options.get("group"))
+        target = parse_target(topic) if is_filter_target(topic) else None
+        gate.check(session.user, "subscribe", target.filter if target is not None else topic)
         client = await session.ensure()
         if options.get("lmq") is None:
-            await self._check_subscription_count(client)
+            await gate.check_subscriptions(client)
+        if options.get("epoch") is not None:  # raising the group's epoch fences every member's checkouts
+            await self._check_group_wide(session, client, topic, target, options)
         if is_filter_target(topic):
             if options.get("lmq") is not None or options.get("group") is not None or options.get("mode"):
                 raise BadArgument("a topic filter takes no LMQ, GROUP or MODE; share it as $share/<group>/<filter>")
@@ -139,24 +124,40 @@ class MessagingVerbs:
         """Pipelined ``SUB topic LMQ …`` (pull mode) of one topic: the holds, the subscribe
         fences and the preempted owners' notices each in one round trip for the whole run.
         Each reply in order; a refused SUB's as its exception."""
-        for r in requests:
-            session.note_command(r.verb)
-            metrics.COMMANDS.labels(r.verb).inc()
+        replies: list[Any] = [None] * len(requests)
+        admitted: list[int] = []
+        for i, r in enumerate(requests):
+            try:
+                self.admit(session, r)
+            except FenceMQError as exc:
+                replies[i] = exc
+                continue
+            admitted.append(i)
         topic = requests[0].args["topic"]
-        if session.user is not None and not session.user.may_subscribe(topic):
-            raise NoPermission(session.user.missing("subscribe", topic))
+        gate = self.services.gate
+        try:
+            gate.check(session.user, "subscribe", topic)
+        except NoPermission as refusal:
+            return [refusal if i in admitted else reply for i, reply in enumerate(replies)]
         client = await session.ensure()
+        for i in list(admitted):  # each one's own names and options, refused on its own
+            try:
+                gate.check_target(topic, requests[i].args.get("group"))
+                if requests[i].args.get("epoch") is not None:
+                    await self._check_group_wide(session, client, topic, None, requests[i].args)
+            except FenceMQError as exc:
+                replies[i] = exc
+                admitted.remove(i)
         outcomes = await self.services.core.subscriptions.subscribe_lite_many(
-            client, topic, [{k: v for k, v in r.args.items() if k != "topic"} for r in requests])
-        replies: list[Any] = []
+            client, topic, [{k: v for k, v in requests[i].args.items() if k != "topic"} for i in admitted])
         notices: list[tuple[str, dict[str, Any]]] = []
-        for sub in outcomes:
+        for i, sub in zip(admitted, outcomes, strict=True):
             if isinstance(sub, Exception):
-                replies.append(sub)
+                replies[i] = sub
                 continue
             if sub.evicted:
                 notices.append((sub.evicted, self._preempted(sub, client)))
-            replies.append(self._signed(sub.as_reply()))
+            replies[i] = self._signed(sub.as_reply())
         if notices:
             await self.services.sessions.notify_all(notices)
         return replies
@@ -173,104 +174,88 @@ class MessagingVerbs:
         reply["handle"] = self.services.handles.sign(reply["handle"])
         return reply
 
-    async def _check_subscription_count(self, client: str) -> None:
-        """LIMIT once the session holds max_subscriptions (lite ones are lite_quota's).
-
-        Checked before the fence, not inside it: connections of one session
-        subscribing at the same instant may pass it by a few.
-        """
-        held = await self.services.redis.scard(self.services.keys.session_handles(client))
-        if held >= self.config.max_subscriptions:
-            raise LimitExceeded(f"this session holds {held} subscriptions (max_subscriptions "
-                                f"{self.config.max_subscriptions}); UNSUB some first")
+    async def _check_group_wide(self, session: Session, client: str, topic: str, target: FilterTarget | None,
+                                options: dict[str, Any]) -> None:
+        """``SUB … EPOCH e`` raises the epoch of the group it joins: group-wide, like SEEK."""
+        if target is not None:
+            if target.share is None:
+                return  # a private filter subscription: the client's own group
+            queue, group = QueueRef(target.filter, None, SHARE_PREFIX + target.share), target.share
+        else:
+            lmq, group = options.get("lmq"), options.get("group")
+            if group is None:
+                if lmq is None:
+                    return  # the client's own group
+                group = LITE_GROUP
+            queue = QueueRef(topic, lmq)
+        await self.services.gate.check_group_wide(session.user, queue, group, client)
 
     async def pull(self, session: Session, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
         h = session.own(handle)
-        leases = self.services.core.leases
-        result = await leases.pull(h, count)
-        if not result.deliveries and block_ms is not None:
+        if block_ms is None:
+            result = await self.services.core.leases.pull(h, count)
+        else:
             # A fenced member (evicted, suspected, standby, ended) waits like any long
             # poll: woken when it may receive again, not answered at once to spin.
-            result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
-                                           lambda r: bool(r.deliveries))
+            result = await long_poll.pull(self.services, session, h, count, block_ms)
         metrics.DELIVERED.inc(len(result.deliveries))
         return Prebuilt(encode_deliveries(result.deliveries, session.proto))
 
     async def ack_then_pull(self, session: Session, ack: Request, pull: Request) -> list[Any]:
         """``ACK h tags…`` pipelined with ``PULL h …`` (the consume loop): both fence calls in one
-        round trip to Redis, in this order. The two outcomes, a refusal as its exception."""
-        h = session.own(ack.args["handle"])
+        round trip to Redis, in this order. The two outcomes, a refusal as its exception: those
+        of running them one by one."""
+        refusals: list[FenceMQError | None] = []
+        for r in (ack, pull):
+            try:
+                self.admit(session, r)
+                refusals.append(None)
+            except FenceMQError as exc:
+                refusals.append(exc)
+        if any(refusals):
+            return [exc if exc is not None else await self._outcome_alone(session, r)
+                    for r, exc in zip((ack, pull), refusals, strict=True)]
+        try:
+            h = session.own(ack.args["handle"])
+        except FenceMQError as exc:
+            return [exc, exc]  # the same handle: alone, each is refused the same way
         count, block_ms = pull.args.get("count", 1), pull.args.get("block_ms")
         leases = self.services.core.leases
-        acked, result = await leases.ack_then_pull(h, ack.args["tags"], count)
-        for r in (ack, pull):  # (counted once they ran: a refusal before runs them one by one)
-            session.note_command(r.verb)
-            metrics.COMMANDS.labels(r.verb).inc()
+        try:
+            acked, result = await leases.ack_then_pull(h, ack.args["tags"], count)
+        except FenceMQError:  # refused before anything ran (a bad tag, COUNT): one by one
+            return [await self._outcome_alone(session, r) for r in (ack, pull)]
         if not isinstance(acked, Exception):
             metrics.ACKED.inc(acked)
         if isinstance(result, Exception):
             return [acked, result]
         if not result.deliveries and block_ms is not None:
             try:
-                result = await self._long_poll(session, h, block_ms, lambda: leases.pull(h, count),
-                                               lambda r: bool(r.deliveries))
+                result = await long_poll.pull(self.services, session, h, count, block_ms)
             except (FenceMQError, RedisError) as exc:  # the ACK ran: only the PULL's reply is this refusal
                 return [acked, exc]
         metrics.DELIVERED.inc(len(result.deliveries))
         return [acked, Prebuilt(encode_deliveries(result.deliveries, session.proto))]
+
+    async def _outcome_alone(self, session: Session, request: Request) -> Any:
+        """An admitted command's handler run on its own: its reply, or its refusal as the exception."""
+        try:
+            return await self.handlers[request.verb](session, **request.args)
+        except (FenceMQError, RedisError) as exc:
+            return exc
 
     async def take(self, session: Session, handle: str, block_ms: int | None = None) -> Any:
         h = session.own(handle)
         mailboxes = self.services.core.mailboxes
         result = await mailboxes.take(h)
         if result is None and block_ms is not None:
-            result = await self._long_poll(session, h, block_ms, lambda: mailboxes.take(h), lambda r: r is not None)
+            result = await long_poll.wait(self.services, session, h, block_ms, lambda: mailboxes.take(h), lambda r: r is not None)
         if result == "EOS":
             return SimpleString("EOS")
         if result is None:
             return None
         metrics.DELIVERED.inc()
         return Prebuilt(encode_delivery(result, session.proto))
-
-    async def _long_poll(self, session: Session, h: Handle, block_ms: int, attempt: Callable[[], Awaitable[Any]],
-                         done: Callable[[Any], bool]) -> Any:
-        """Wait on the queue's wake channel, looking again after each wake-up.
-
-        The subscription is confirmed before the first look, so a publish
-        between a look and the wait is never missed; BLOCK 0 waits up to
-        max_block_ms.
-        """
-        timeout = min(block_ms or self.config.max_block_ms, self.config.max_block_ms) / 1000
-        result = None
-        async with session.until_hangup():
-            # A worker draining for a deploy ends the wait (not a look): the verb answers what it has
-            with anyio.move_on_after(timeout) as waiting, session.interruptible(waiting):
-                async with self.services.wakeups.watching(self.services.keys.queue(h.queue).wake) as waiter:
-                    while True:
-                        # The BLOCK time runs out in the wait, not in a look: a fence call cut
-                        # short could check messages out to a reply nobody sends.
-                        with anyio.CancelScope(shield=True):
-                            result = await attempt()
-                        if done(result):
-                            break
-                        await waiter.wait()
-        if session.gone:
-            # The client hung up while it waited: what the last look checked out for it goes straight
-            # back (no failure counted) instead of waiting out its lease under a consumer that is not
-            # there. (A connection closing because its worker drains still answers with it.)
-            await self._hand_back(h, result)
-            raise ClientGone
-        return result if result is not None else await attempt()
-
-    async def _hand_back(self, h: Handle, result: Any) -> None:
-        found = getattr(result, "deliveries", None) or ([result] if hasattr(result, "tag") else [])
-        tags = [d.tag for d in found if not d.tag.startswith("q")]  # QoS 0 has no lease to return
-        if tags:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self.services.core.leases.nack(h, tags, release=True)
-                except (FenceMQError, RedisError):
-                    pass  # they come back when their leases run out, as before
 
     async def ack(self, session: Session, handle: str, tags: list[str]) -> Any:
         n = await self.services.core.leases.ack(session.own(handle), tags)
@@ -292,6 +277,7 @@ class MessagingVerbs:
 
     async def seek(self, session: Session, handle: str, kind: str, arg: int | None) -> Any:
         h = session.own(handle)
+        await self.services.gate.check_group_wide(session.user, h.queue, h.group, h.member)
         epoch, cursor, clamped = await self.services.core.seek.move(h, kind, arg)
         if clamped:
             # The reply stays the epoch (the contract); the client is told apart.

@@ -51,6 +51,21 @@ BACKLOG = Gauge("fencemq_backlog_messages", "Messages not yet delivered to the s
 OLDEST_UNACKED = Gauge("fencemq_oldest_unacked_age_seconds",
                        "Age of the oldest message some group has not acknowledged (sampled)", ["topic", "lmq"])
 SAMPLED_QUEUES = Gauge("fencemq_sampled_queues", "Queues the last sample read (capped by metrics_scan_limit)")
+# The memory guard's sample (fences/memory.py, every memory_sample_ms), per Redis node (a Cluster's primaries)
+REDIS_MEMORY = Gauge("fencemq_redis_memory_bytes", "Redis memory as counted against maxmemory (sampled)", ["node"])
+REDIS_MEMORY_LIMIT = Gauge("fencemq_redis_memory_limit_bytes",
+                           "What the memory watermarks are fractions of: maxmemory, or its fallback", ["node"])
+ALARM = Gauge("fencemq_alarm", "1 while an alarm is on: memory (publishes refused FULL), eviction "
+              "(maxmemory-policy is not noeviction: publishes refused EVICTING)", ["alarm", "node"])
+
+
+def memory_sampled(guard: Any) -> None:
+    """After each sample of the memory guard: its figures and alarms, per node."""
+    for node, n in guard.nodes.items():
+        REDIS_MEMORY.labels(node).set(n.used)
+        REDIS_MEMORY_LIMIT.labels(node).set(n.limit(guard.config.memory_limit_bytes))
+        for kind in ("memory", "eviction"):
+            ALARM.labels(kind, node).set(1 if f"{kind}@{node}" in guard.alarms else 0)
 
 
 def observe_fence(name: str, seconds: float) -> None:

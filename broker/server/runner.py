@@ -50,12 +50,12 @@ def run(func: Any, *args: Any, loop: str = "auto") -> Any:
 
 
 @contextlib.contextmanager
-def redis_for(config: Config) -> Iterator[Config]:
-    """The config with a Redis URL: the given one, or a private embedded server's."""
+def redis_for(config: Config, password: str | None = None) -> Iterator[Config]:
+    """The config with a Redis URL: the given one, or a private embedded server's (with ``password``)."""
     if config.redis_url:
         yield config
         return
-    with EmbeddedRedis() as server:
+    with EmbeddedRedis(password=password) as server:
         yield replace(config, redis_url=server.url)
 
 

@@ -1,4 +1,4 @@
-"""What one worker shares with all its connections: Redis, the fences, pub/sub.
+"""What one worker shares with all its connections: Redis, the fences, pub/sub, the gate.
 
 The worker builds these once its Redis answers and hands them to every
 connection, session and verb; nothing here knows a worker or a connection,
@@ -17,7 +17,7 @@ from fencemq.fences.core import Core
 from fencemq.fences.sessions import RedisClock, Sessions
 from fencemq.model.keys import Keyspace
 from fencemq.ops.users import UserStore
-from fencemq.server.guard import AuthThrottle
+from fencemq.server.gate import Gate
 from fencemq.server.handles import HandleSigner
 from fencemq.server.roster import Roster
 from fencemq.server.wakeups import Wakeups
@@ -34,14 +34,15 @@ class Services:
     sessions: Sessions
     wakeups: Wakeups
     users: UserStore
+    gate: Gate  # identity, grants, limits and budgets: what every door asks (server/gate.py)
     roster: Roster = field(default_factory=Roster)
-    throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(0.1, 5.0))
     handles: HandleSigner = field(default_factory=HandleSigner)  # its secret is loaded when the worker starts
 
     @classmethod
     def over(cls, redis: Redis | RedisCluster, config: Config, worker_id: str) -> Services:
         """The services of a worker on this Redis connection (nothing is started yet)."""
         core = Core(redis, config)
+        users = UserStore(redis, core.keys.users)
         return cls(
             config=config,
             worker_id=worker_id,
@@ -51,6 +52,6 @@ class Services:
             clock=core.clock,
             sessions=core.sessions,
             wakeups=Wakeups(redis, f"{config.prefix}:worker:{worker_id}"),
-            users=UserStore(redis, core.keys.users),
-            throttle=AuthThrottle(config.auth_delay_ms / 1000, config.auth_delay_max_ms / 1000),
+            users=users,
+            gate=Gate(config, users, keys=core.keys, core=core),
         )

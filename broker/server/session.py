@@ -4,7 +4,7 @@ The session itself lives in Redis (fencemq.fences.sessions); this is the
 connection's side of it: the client id (named by HELLO/CLIENT SETNAME, or
 anonymous and made on first use), whether this connection holds it, the
 protocol version, authentication, whether the connection is ending, and the
-outbox of notices pushed to a RESP3 client.
+way notices are pushed to a RESP3 client.
 
 Connections presenting the same client id share its session (a client's
 pool): each keeps it alive, and it is left to its lease (or ended, after a
@@ -14,13 +14,14 @@ explicit (``HELLO … SETNAME id TAKEOVER``, ``CLIENT TAKEOVER``).
 A session never touches the socket. The connection lends it two hooks: one
 that watches for a hang-up while a verb waits, one that ends the connection
 when another connection takes the session over. It also holds the
-connection's transaction (MULTI … EXEC) while one is open.
+connection's transaction (MULTI … EXEC) while one is open, and its pass at the
+gate (fencemq.server.gate): who logged in, counted against the limits.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,13 +32,16 @@ import msgpack
 from fencemq.errors import BadArgument, FenceMQError, NoPermission
 from fencemq.ops.users import User
 from fencemq.model.keys import Handle, check_name
+from fencemq.server.gate import Pass
 from fencemq.protocol.commands import Request
 from fencemq.protocol.resp import Push
 from fencemq.server.services import Services
 
-OUTBOX_SIZE = 64
-
-HangupWatch = Callable[[anyio.CancelScope], Awaitable[None]]
+# The connection is told which wait to cancel if its client hangs up (None: the wait is over).
+HangupWatch = Callable[[anyio.CancelScope | None], None]
+# The connection's way to push a frame to a RESP3 client now: False when it cannot take more
+# (the client is not reading what it was sent), and the notice stays queued for HEARTBEAT.
+Pusher = Callable[[Push], bool]
 
 
 @dataclass(slots=True)
@@ -48,9 +52,19 @@ class Transaction:
     refused: bool = False
 
 
+def revoked_notice(handle: Handle) -> dict[str, Any]:
+    """Told to a client whose subscription was dropped: its user may no longer subscribe to its topic."""
+    notice: dict[str, Any] = {"type": "unsubscribe", "reason": "permission revoked", "topic": handle.queue.topic,
+                              "handle": handle.encode()}
+    if handle.queue.lmq is not None:
+        notice["lmq"] = handle.queue.lmq
+    return notice
+
+
 class Session:
     def __init__(self, services: Services, token: str, *, watch_for_hangup: HangupWatch,
-                 end_connection: Callable[[], None], addresses: tuple[str, str] = ("", "")) -> None:
+                 end_connection: Callable[[], None], addresses: tuple[str, str] = ("", ""),
+                 gate_pass: Pass | None = None, push: Pusher | None = None) -> None:
         self.services = services
         self.token = token  # this connection, unique across the fleet: "<worker id>:<n>"
         self.peer, self.local = addresses  # host:port of the client and of the worker, for CLIENT INFO
@@ -64,8 +78,10 @@ class Session:
         self.anonymous = True
         self.bound = False  # this connection holds its session
         self.authed = not services.config.needs_auth
-        self.user: User | None = None  # who AUTH proved; None while no authentication is asked for
-        self.auth_failures = 0  # failed AUTHs on this connection (closed at config.auth_max_failures)
+        # the connection at the gate: who logged in (None while no authentication is asked for)
+        self.gate_pass = gate_pass or Pass("resp", self.peer.rsplit(":", 1)[0])
+        if self.gate_pass.shut_out is None:
+            self.gate_pass.shut_out = end_connection
         self.quit = False  # QUIT ends a named session too, not only the connection
         self.closing = False  # the connection ends once the commands in hand are answered
         self.gone = False  # the client hung up (or stopped reading): a reply would reach nobody
@@ -76,7 +92,7 @@ class Session:
         self.taken_over_afresh = False  # taken over by a connection that started the session anew
         self._watch_for_hangup = watch_for_hangup
         self._end_connection = end_connection
-        self._outbox, self.outbox = anyio.create_memory_object_stream[Push](OUTBOX_SIZE)
+        self._push = push
         services.roster.enter(self)
 
     @property
@@ -85,9 +101,9 @@ class Session:
         return int(self.token.rsplit(":", 1)[1])
 
     @property
-    def peer_host(self) -> str:
-        """The client's address without its port: what AUTH throttling counts failures by."""
-        return self.peer.rsplit(":", 1)[0]
+    def user(self) -> User | None:
+        """Who logged in on this connection (the gate keeps it current when the user's record changes)."""
+        return self.gate_pass.user
 
     @property
     def anonymous_id(self) -> str:
@@ -123,18 +139,13 @@ class Session:
         is set; whatever the client sent meanwhile stays buffered for later.
         """
         self.waiting = True
+        scope = anyio.CancelScope()
+        self._watch_for_hangup(scope)
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_for_hangup, tg.cancel_scope)
+            with scope:
                 yield
-                tg.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            # The body's own error (a fence refusing the look: NOTFOUND once the member is gone)
-            # goes to the verb as itself, not wrapped in the watcher's task group.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
         finally:
+            self._watch_for_hangup(None)
             self.waiting = False
 
     @contextmanager
@@ -163,13 +174,20 @@ class Session:
         assert self.client_id is not None
         return self.client_id
 
-    async def bind(self, client_id: str, anonymous: bool, *, takeover: bool = False, fresh: bool = False) -> None:
-        """Join the client id's session (sharing it with its other connections), or take it over."""
+    async def bind(self, client_id: str, anonymous: bool, *, takeover: bool = False, fresh: bool = False,
+                   tell_revoked: bool = True) -> list[Handle]:
+        """Join the client id's session (sharing it with its other connections), or take it over.
+
+        A session taken up again keeps only the subscriptions its user may still hold (the gate
+        checks them against the user's grants of now): those it dropped are returned, and told to
+        the client as ``unsubscribe`` notices (reason ``permission revoked``) unless ``tell_revoked``
+        is False (MQTT tells in its own way)."""
         check_name(client_id, "client")
         if self.bound and self.client_id != client_id:
             raise BadArgument("this connection already has a client id; open a new connection for another")
         services = self.services
         if not anonymous:
+            services.gate.check_client_id(client_id, self.anonymous_id)
             await self._claim(client_id)
         following = self.client_id == client_id and self.bound
         self.client_id, self.anonymous = client_id, anonymous
@@ -185,8 +203,13 @@ class Session:
             raise
         self.bound = True
         self.resumed = generation > 1
-        if not anonymous:
-            await services.sessions.set_presence(client_id, online=True)
+        if anonymous or not self.resumed:
+            return []  # a session this bind created holds no membership, nothing to check, yet
+        await services.sessions.set_presence(client_id, online=True)
+        revoked = await services.gate.drop_revoked(self.user, client_id)
+        if revoked and tell_revoked:
+            await services.sessions.notify_all([(client_id, revoked_notice(h)) for h in revoked])
+        return revoked
 
     async def _claim(self, client_id: str) -> None:
         """A client id belongs to the user that first named a session with it: NOPERM for any other.
@@ -197,9 +220,6 @@ class Session:
         """
         if self.user is None:
             return
-        if client_id.startswith("anon-") and client_id != self.anonymous_id:
-            raise NoPermission("client ids starting with 'anon-' name other connections' anonymous sessions; "
-                               "choose another id")
         redis, key = self.services.redis, self.services.keys.client_owners
         if await redis.hsetnx(key, client_id, self.user.name):
             return
@@ -242,13 +262,12 @@ class Session:
         await self._let_go()
         self.client_id, self.anonymous, self.transaction, self.proto = None, True, None, 2
         self.authed = not self.services.config.needs_auth
-        self.user = None
+        self.services.gate.admit(self.gate_pass, None)
         self.library = {}
 
-    def tell(self, notice: dict[str, Any]) -> None:
-        """Push a notice about this connection (not queued for HEARTBEAT): anyio.WouldBlock when the
-        outbox is full."""
-        self._outbox.send_nowait(Push(["notice", notice]))
+    def tell(self, notice: dict[str, Any]) -> bool:
+        """Push a notice about this connection (not queued for HEARTBEAT); False if it could not go."""
+        return self._push is not None and self._push(Push(["notice", notice]))
 
     def _on_message(self, data: bytes) -> None:
         told = msgpack.unpackb(data)
@@ -266,8 +285,6 @@ class Session:
                 self.farewell = Push(["notice", {"type": "session_taken_over", "client": self.client_id}])
                 self._end_connection()
             return
-        if self.proto == 3 and not self.closing:
-            try:
-                self._outbox.send_nowait(Push(["notice", self.services.handles.sign_notice(notice)]))
-            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass  # never block the pub/sub reader; the notice stays queued for HEARTBEAT
+        if self.proto == 3 and not self.closing and self._push is not None:
+            # never blocks the pub/sub reader; what cannot go now stays queued for HEARTBEAT
+            self._push(Push(["notice", self.services.handles.sign_notice(notice)]))

@@ -51,7 +51,7 @@ class Sweeper:
                 returned += await self._sweep(qid)
             except (FenceMQError, RedisError) as exc:  # one queue's failure must not skip the others
                 log.warning("sweep of %s failed: %s", qid, exc)
-        for client in await self.sessions.claim_expired(self.worker_id, self.attached()):
+        for client in await self.sessions.claim_expired(self.worker_id, self.attached):
             try:
                 if await self.sessions.end(client) is not None:
                     metrics.SESSIONS_EXPIRED.inc()

@@ -12,19 +12,13 @@ fencemq.server.messaging_verbs's.
 
 from __future__ import annotations
 
-import hmac
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 from redis.exceptions import RedisError
 
 from fencemq import __version__
-from fencemq.errors import (
-    BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted, WrongPassword,
-)
-from fencemq.ops.users import DEFAULT_USER, User, default_user
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted
 from fencemq.fences.redis_errors import redis_failure
 from fencemq.protocol.command_docs import command_docs, command_info, known
 from fencemq.protocol.commands import COMMANDS, TABLE, Request
@@ -52,6 +46,18 @@ class Verbs(MessagingVerbs):
         self.handlers: dict[str, Handler] = {verb: getattr(self, verb.lower()) for verb in TABLE}
 
     async def run(self, session: Session, request: Request) -> Any:
+        self.admit(session, request)
+        if session.transaction is not None and request.verb not in TRANSACTION_CONTROL:
+            try:
+                return self._queue(session.transaction, request)
+            except FenceMQError as exc:
+                session.refused(exc)
+                raise
+        return await self.handlers[request.verb](session, **request.args)
+
+    def admit(self, session: Session, request: Request) -> None:
+        """What every command meets before its handler, alone or in a pipelined run: noted,
+        counted, and refused (LIMIT, NOAUTH) as it would be alone."""
         args = request.args
         session.note_command(request.verb)
         try:
@@ -63,12 +69,9 @@ class Verbs(MessagingVerbs):
             metrics.COMMANDS.labels(request.verb).inc()
             if not session.authed and request.verb not in BEFORE_AUTH:
                 raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
-            if session.transaction is not None and request.verb not in TRANSACTION_CONTROL:
-                return self._queue(session.transaction, request)
         except FenceMQError as exc:
             session.refused(exc)
             raise
-        return await self.handlers[request.verb](session, **args)
 
     def _check_pub_extras(self, args: dict[str, Any]) -> None:
         """Headers and dedup ids are stored with the message: they have limits of their own."""
@@ -150,43 +153,14 @@ class Verbs(MessagingVerbs):
     async def auth(self, session: Session, argv: list[bytes]) -> Any:
         if not self.config.needs_auth:
             raise FenceMQError("AUTH called without any password configured for this worker")
-        name, password = (b"default", argv[0]) if len(argv) == 1 else (argv[0], argv[1])
-        throttle, address = self.services.throttle, session.peer_host
-        await anyio.sleep(throttle.wait(address, time.monotonic()))
-        user = await self._authenticate(name.decode("utf-8", "replace"), password)
-        if user is None:
-            throttle.failed(address, time.monotonic())
-            session.auth_failures += 1
-            if session.auth_failures >= self.config.auth_max_failures:
+        name, password = (None, argv[0]) if len(argv) == 1 else (argv[0].decode("utf-8", "replace"), argv[1])
+        try:
+            await self.services.gate.log_in(session.gate_pass, name, password)
+        finally:
+            if session.gate_pass.closing:
                 session.closing = True  # the reply goes out, then the connection closes
-                raise WrongPassword(f"invalid username-password pair or user is disabled; "
-                                    f"{session.auth_failures} failures, closing the connection")
-            raise WrongPassword("invalid username-password pair or user is disabled.")
-        if user.name != DEFAULT_USER or self.config.users:
-            self._check_user_connections(session, user)
-        throttle.succeeded(address)
-        session.authed, session.user = True, user
+        session.authed = True
         return OK
-
-    def _check_user_connections(self, session: Session, user: User) -> None:
-        limit = self.config.max_connections_per_user
-        if not limit:
-            return
-        held = sum(1 for s in self.services.roster.sessions.values()
-                   if s is not session and s.user is not None and s.user.name == user.name)
-        if held >= limit:
-            raise LimitExceeded(f"user '{user.name}' already holds {held} connections on this worker "
-                                f"(max_connections_per_user {limit}); close one first")
-
-    async def _authenticate(self, name: str, password: bytes) -> User | None:
-        expected = self.config.password
-        if expected is not None and (name == DEFAULT_USER or not self.config.users):
-            # the legacy single password is the default user's: every permission (without
-            # users, any user name goes with it, as before users existed)
-            return default_user() if hmac.compare_digest(password, expected.encode()) else None
-        if not self.config.users:
-            return None
-        return await self.services.users.authenticate(name, password.decode("utf-8", "replace"))
 
     async def ping(self, session: Session, argv: list[bytes]) -> Any:
         return argv[0] if argv else SimpleString("PONG")
@@ -262,6 +236,7 @@ class Verbs(MessagingVerbs):
         client = await session.ensure()
         if sync is not None:
             topic, group, lmqs = sync
+            self.services.gate.check_group(group)
             await self.services.sessions.resync(client, topic, group, lmqs)
         sign = self.services.handles.sign_notice
         return [sign(n) for n in await self.services.sessions.drain_notices(client)]

@@ -14,68 +14,41 @@ another worker (docs/operations.md, "Deploying").
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import os
 import socket
 import ssl
 import uuid
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import anyio
-from anyio.abc import SocketAttribute, SocketStream
-from anyio.streams.tls import TLSListener
+from anyio.abc import SocketAttribute
 from redis.exceptions import RedisError
 
 from fencemq.config import Config
-from fencemq.errors import BadArgument
+from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.core import Core
-from fencemq.fences.redis_client import open_redis
-from fencemq.server import metrics
+from fencemq.fences.durability import Durability
+from fencemq.fences.redis_client import limit_connections, servers_of
+from fencemq.fences.redis_link import RedisLink
+from fencemq.server import file_limit, metrics
+from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, serve_sockets, shedding
 from fencemq.server.connection import ClientConnection
 from fencemq.server.services import Services
+from fencemq.server.startup import ready_services
 from fencemq.server.sweeper import Sweeper
+from fencemq.server.tls import client_tls
 from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 
+KEEP_ALIVE_BATCH = 512  # session leases refreshed per round trip
 MOVE_WINDOW_S = 1.0  # how long a draining worker serves a RESP3 client it told to move, at most
-
-
-def client_tls(config: Config) -> ssl.SSLContext | None:
-    """The TLS context clients connect with, or None for plain TCP."""
-    if not config.tls_cert_file and not config.tls_key_file:
-        if config.tls_ca_file:
-            raise BadArgument("tls_ca_file needs tls_cert_file and tls_key_file (the worker's own certificate)")
-        return None
-    if not (config.tls_cert_file and config.tls_key_file):
-        raise BadArgument("TLS needs both tls_cert_file and tls_key_file")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
-    if config.tls_ca_file:
-        context.load_verify_locations(config.tls_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
-class QuietTLSListener(TLSListener):
-    """A failed or stalled handshake is one log line (who, why), never a traceback."""
-
-    @staticmethod
-    async def handle_handshake_error(exc: BaseException, stream: Any) -> None:
-        peer = ""
-        try:
-            peer = ":".join(map(str, stream.extra(SocketAttribute.remote_address)[:2]))
-        except Exception:  # noqa: BLE001 - only for the log line: a socket already gone has no address
-            pass
-        with anyio.CancelScope(shield=True):
-            await anyio.aclose_forcefully(stream)
-        if isinstance(exc, anyio.get_cancelled_exc_class()) or not isinstance(exc, Exception):
-            raise exc
-        why = "no handshake within the timeout" if isinstance(exc, TimeoutError) else \
-            (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        log.info("TLS handshake with %s failed: %s", peer or "a client", why)
 
 
 class Worker:
@@ -84,6 +57,7 @@ class Worker:
             raise BadArgument("a worker needs redis_url (fencemq serve starts an embedded Redis when none is given)")
         self.config = config
         self.tls = client_tls(config)  # a bad TLS setting fails here, before anything starts
+        Durability.parse(config.durability, config.durability_timeout_ms)  # as does a bad durability
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.port: int | None = None
         self.mqtt_port: int | None = None  # where MQTT clients connect, when config.mqtt_port asks for it
@@ -91,21 +65,33 @@ class Worker:
         self.connections: dict[str, ClientConnection] = {}  # by connection token
         self._numbers = itertools.count(1)
         self._draining = anyio.Event()
+        self.refusals = Refusals()  # connections past max_connections being told so
+        self.spare: SpareDescriptor | None = None  # what accept sheds a connection with when no descriptor is left
+        self.files: file_limit.FileBudget | None = None  # how the open files are shared out, once started
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        redis = await open_redis(self.config.redis_url)
+        files = file_limit.budget()
+
+        async def check_memory(services: Services) -> None:
+            services.core.ctx.memory.on_sample = metrics.memory_sampled
+            await services.core.ctx.memory.start()  # a Redis that may evict keys: EVICTING, before anything listens
+
+        # waits for Redis (down, loading, failing over, NOREPLICAS), saying so
+        redis, services = await ready_services(self.config, self.id, max_connections=files.redis_pool,
+                                               prepare=check_memory)
+        link = RedisLink.for_client(redis)  # the fences' calls, pipelined on one connection (not on a Cluster)
+        spare = SpareDescriptor()
         try:
-            self.services = services = Services.over(redis, self.config, self.id)
-            await services.handles.load(redis, services.keys.handle_secret)
+            self.spare = spare
+            self._fit_open_files(redis, files)
+            self.services: Services = services
+            services.core.fences.link = link
+            memory = services.core.ctx.memory
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
-            if self.tls is not None:
-                # the handshake runs in the connection's own task: a client that
-                # fails it is logged and dropped, nobody else waits on it
-                listener = QuietTLSListener(listener, self.tls, standard_compatible=False,
-                                            handshake_timeout=self.config.tls_handshake_timeout_ms / 1000)
+            listener = shedding(listener, spare, b"" if self.tls is not None else RESP_REFUSAL)
             # Schedule writes run beside replies; their group outlives the background tasks
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:
@@ -114,8 +100,14 @@ class Worker:
                     background.start_soon(services.wakeups.run)
                     await services.wakeups.follow(
                         services.keys.filters_channel, lambda _: services.core.shared.registry.invalidate())
+                    # a user whose record changed: the gate updates or ends its connections here
+                    services.gate.spawn = background.start_soon
+                    await services.wakeups.follow(
+                        services.keys.users_channel,
+                        lambda name: services.gate.user_changed(name.decode("utf-8", "replace")))
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
+                    background.start_soon(memory.run)
                     if self.config.metrics_port is not None:
                         services.core.fences.observe = metrics.observe_fence
                         background.start_soon(partial(
@@ -139,14 +131,30 @@ class Worker:
                 await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
         finally:
             with anyio.CancelScope(shield=True):
+                if link is not None:
+                    await link.aclose()
                 await redis.aclose()
+            spare.close()
+
+    def _fit_open_files(self, redis: Any, files: file_limit.FileBudget) -> None:
+        """Cap max_connections (and the Redis pools) to the open files this process may have."""
+        servers = servers_of(redis)
+        if servers != files.redis_servers:  # a Cluster: a pool per master
+            files = file_limit.plan(files.limit, servers=servers, soft_before=files.soft_before, hard=files.hard)
+            limit_connections(redis, files.redis_pool)
+        self.files = files
+        configured = self.config.max_connections
+        (log.warning if configured > files.clients else log.info)("%s", files.describe(configured))
+        if configured > files.clients:
+            self.config = replace(self.config, max_connections=files.clients)
 
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
-        # closed when accepting stops: a draining worker refuses new connections rather than leave
-        # them in the kernel's backlog until it exits
-        async with listener:
-            with scope:
-                await listener.serve(self._serve_connection, task_group=conns)
+        with scope:
+            try:
+                await serve_sockets(listener, partial(self._serve_connection, conns))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await listener.aclose()
 
     async def _accept_mqtt(self, scope: anyio.CancelScope, conns: anyio.abc.TaskGroup, *,
                            task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -183,28 +191,54 @@ class Worker:
         """Stop accepting; tell clients to move; connections finish what they hold and close."""
         self._draining.set()
 
-    async def _serve_connection(self, stream: SocketStream) -> None:
-        if len(self.connections) >= self.config.max_connections:
-            # as Redis: say why, then close, before anything is allocated for it
-            with anyio.move_on_after(1):
-                try:
-                    await stream.send(b"-ERR max number of clients reached\r\n")
-                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
-            await anyio.aclose_forcefully(stream)
+    async def _serve_connection(self, conns: anyio.abc.TaskGroup, sock: socket.socket, address: Any) -> None:
+        """A RESP client: refused past max_connections before anything is allocated for it, else a
+        ClientConnection on a transport of its own (after the TLS handshake, with certificates)."""
+        gate = self.services.gate
+        host, port = (address[0], address[1]) if isinstance(address, tuple) else ("", "")
+        try:
+            gate_pass = gate.enter("resp", host)
+        except LimitExceeded:  # past max_connections, every door counted
+            with self.refusals.told() as telling, contextlib.suppress(OSError):
+                if telling and self.tls is None:
+                    sock.send(RESP_REFUSAL)  # as Redis: say why, then close (a fresh socket's buffer has room)
+            sock.close()
             return
-        conn = ClientConnection(self.services, self.verbs, stream, f"{self.id}:{next(self._numbers)}")
+        try:
+            local = ":".join(map(str, sock.getsockname()[:2]))
+        except OSError:
+            local = ""
+        conn = ClientConnection(self.services, self.verbs, f"{self.id}:{next(self._numbers)}", gate_pass,
+                                addresses=(f"{host}:{port}" if host else "", local), spawn=conns.start_soon,
+                                on_closed=self._connection_closed)
         self.connections[conn.token] = conn
         metrics.CONNECTIONS.inc()
+        if self.tls is None:
+            await self._attach(conn, sock)
+        else:  # the handshake runs in a task of its own: a client that fails it holds nobody up
+            conns.start_soon(self._attach, conn, sock)
+
+    async def _attach(self, conn: ClientConnection, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            await conn.run()
-        except Exception:  # one connection's failure must never take the worker down
-            log.exception("connection %s failed; closing it", conn.token)
-        finally:
-            del self.connections[conn.token]
-            metrics.CONNECTIONS.dec()
-            with anyio.CancelScope(shield=True):
-                await conn.close()
+            if self.tls is None:
+                await loop.connect_accepted_socket(lambda: conn, sock)
+            else:
+                await loop.connect_accepted_socket(lambda: conn, sock, ssl=self.tls,
+                                                   ssl_handshake_timeout=self.services.gate.handshake_timeout_s)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            # a failed or stalled handshake (or a client gone already) is one line, never a traceback
+            why = "no handshake within the timeout" if isinstance(exc, TimeoutError) else \
+                (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            log.info("TLS handshake with %s failed: %s" if self.tls else "connection from %s failed: %s",
+                     conn.session.peer or "a client", why)
+            sock.close()
+            conn.cut()
+
+    def _connection_closed(self, conn: ClientConnection) -> None:
+        self.connections.pop(conn.token, None)
+        metrics.CONNECTIONS.dec()
+        self.services.gate.leave(conn.session.gate_pass)
 
     @property
     def core(self) -> Core:
@@ -227,9 +261,12 @@ class Worker:
             pause = self.config.session_lease_ms / 3000
             try:
                 now = await services.clock.now_ms()
-                await services.redis.zadd(services.keys.workers, {self.id: now + self.config.session_lease_ms})
-                gone = set(await services.sessions.keep_alive(sorted(self.attached_clients())))
-                for conn in list(self.connections.values()):
+                await services.core.ctx.set_scores(services.keys.workers, {self.id: now + self.config.session_lease_ms})
+                clients = list(self.attached_clients())
+                gone: set[str] = set()
+                for start in range(0, len(clients), KEEP_ALIVE_BATCH):  # a slice at a time: others are served between
+                    gone.update(await services.sessions.keep_alive(clients[start:start + KEEP_ALIVE_BATCH]))
+                for conn in list(self.connections.values()) if gone else ():
                     if conn.session.client_id in gone and conn.session.bound:
                         # its session was ended (say, after an outage longer than the lease): the
                         # client reconnects to a fresh one rather than act for a session that is gone

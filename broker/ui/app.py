@@ -7,6 +7,10 @@ replay, discard) are POSTs that need a login, the user's permission on the
 queue's topic, the login's CSRF token and a confirmation (the first POST shows
 what will happen; the confirmed one does it).
 
+The UI is a door of the gate (fencemq.server.gate; ui/auth.py says what it asks of it):
+logins, grants, the pages' ``inspect`` grant, payloads and the event streams'
+connection counts are the gate's answers, turned into HTTP here.
+
 ``create_app`` serves ``fencemq dashboard`` and a worker's ``--http-port`` alike.
 """
 
@@ -24,17 +28,22 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from fencemq.errors import BadArgument, FenceMQError, NotFound
+from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission, NotFound, WrongPassword
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.ops import inspection, maintenance, operations, overview
 from fencemq.ops.users import UserStore
-from fencemq.ui import charts
-from fencemq.ui.auth import COOKIE, SESSION_S, Login, Logins
+from fencemq.server.gate import Gate, Pass
+from fencemq.ui import charts, formatting
+from fencemq.ui.actions import act, action_args
+from fencemq.ui.auth import (
+    ACTION_PERMISSION, COOKIE, PREAUTH_FORM_BYTES, SESSION_S, CountedStream, Logins, UIGate, client_address,
+    safe_next, small_form,
+)
 from fencemq.ui.live import Sampler
 
 HERE = Path(__file__).parent
@@ -43,69 +52,27 @@ SORTS = ("name", "kind", "backlog", "checkouts", "dead_letters", "members", "idl
 LIVE_PAGES = ("overview", "queues", "queue", "lmqs", "sessions", "dlq")
 
 
-def _ago(ms: int | None, now: int | None) -> str:
-    if ms is None or now is None:
-        return "–"
-    s = (now - ms) / 1000
-    return _span(s) + " ago" if s >= 0 else "in " + _span(-s)
-
-
-def _span(s: float) -> str:
-    if s < 60:
-        return f"{s:.1f} s"
-    if s < 3600:
-        return f"{s / 60:.1f} min"
-    if s < 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
-
-
-def _in(s: float | None) -> str:
-    if s is None:
-        return "–"
-    return ("in " + _span(s)) if s >= 0 else (_span(-s) + " overdue")
-
-
-def _num(v: Any, digits: int = 0) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:,.{digits or 1}f}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
-
-
-def member_state(m: dict[str, Any]) -> str:
-    """One word for a member, as the queue page lists it."""
-    if m.get("ended"):
-        return "ended"
-    if m.get("marker"):
-        return "evicted"
-    if m.get("suspected"):
-        return "suspected"
-    if not m.get("online", True):
-        return "offline"
-    if m.get("owner"):
-        return "active"
-    return "standby" if m.get("mode") == "single-active" else "active"
-
-
-class UI:
+class UI(UIGate):
     """The app's state: Redis, the keyspace, logins and the overview sampler."""
 
     def __init__(self, redis_url: str | None = None, *, redis: Any = None, prefix: str = "fmq",
                  password: str | None = None, interval: float = 2.0, lease_ms: int | None = 10_000,
-                 title: str = "FenceMQ") -> None:
+                 title: str = "FenceMQ", gate: Gate | None = None) -> None:
         if redis_url is None and redis is None:
             raise BadArgument("the UI needs a Redis URL or client")
         self.redis_url, self.redis = redis_url, redis
         self.keys = Keyspace(prefix)
-        self.logins = Logins(password)
+        self.password = password
+        # the worker's gate when a worker serves the UI (serve --http-port), else one of its own over Redis
+        self.gate = gate
+        self.logins = Logins()
         self.sampler = Sampler(self.keys, interval=interval, lease_ms=lease_ms)
         self.interval = interval
         self.title = title
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
                                trim_blocks=True, lstrip_blocks=True)
-        self.env.filters.update(ago=_ago, num=_num, span=_span, span_in=_in, state=member_state)
+        self.env.filters.update(ago=formatting.ago, num=formatting.num, span=formatting.span,
+                                span_in=formatting.span_in, state=formatting.member_state)
         self.env.globals.update(urlencode=urlencode, chart=charts.line_chart)
 
     @property
@@ -125,9 +92,6 @@ class UI:
         module = self.env.get_template(f"partials/{template}").make_module(
             {"request": request, "login": self.login(request), "prefix": self.keys.prefix})
         return str(module.live(ctx))  # type: ignore[attr-defined]
-
-    def login(self, request: Request) -> Login | None:
-        return self.logins.get(request.cookies.get(COOKIE))
 
     def error(self, request: Request, exc: Exception, status: int = 400) -> HTMLResponse:
         return self.render(request, "error.html", status=status, message=str(exc), code=type(exc).__name__)
@@ -208,22 +172,28 @@ class UI:
         raw = await self.redis.lrange(self.keys.queue(ref).dead, start, start + 19)
         for e, r in zip(res["dead_letters"], raw, strict=False):
             e["digest"] = overview.dead_letter_digest(r)
+            topic = e.get("topic") or ref.topic
+            if not self.shows_payload(request, topic):
+                e["preview"], e["headers"] = None, None
+                e["error"] = f"payload hidden: it needs the subscribe permission on '{topic[:128]}'"
         return {"d": res, "ref": ref, "start": start}
+
+
+def page_topic(name: str, request: Request) -> str:
+    """What a page is about, for the inspect grant it needs: one queue's topic, the topic a list is
+    narrowed to, or ``#`` (the whole broker)."""
+    p = request.query_params
+    if name in ("queue", "dlq"):
+        return _ref(p.get("q")).topic
+    if name in ("queues", "lmqs"):
+        return (p.get("topic") or "").strip() or "#"
+    return "#"
 
 
 def _ref(qid: str | None) -> QueueRef:
     if not qid or qid[:2] not in ("t:", "l:", "f:"):
         raise BadArgument("name a queue by its id (q=t:<topic>, l:<topic>:<lmq> or f:<owner>:<filter>)")
     return queue_ref(qid)
-
-
-def _int_or_none(text: str | None) -> int | None:
-    if text is None or text == "":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise BadArgument(f"{text[:32]!r} is not a whole number") from None
 
 
 PAGES = {
@@ -240,6 +210,9 @@ def create_app(ui: UI) -> Starlette:
     async def page(request: Request, name: str) -> Response:
         template, data = PAGES[name]
         try:
+            refusal = await ui.refused(request, page_topic(name, request))
+            if refusal is not None:
+                return refusal
             ctx = await data(ui, request)
         except NotFound as exc:
             return ui.error(request, exc, 404)
@@ -261,6 +234,25 @@ def create_app(ui: UI) -> Starlette:
         if name not in LIVE_PAGES:
             return PlainTextResponse("page is one of " + ", ".join(LIVE_PAGES), status_code=400)
         template, data = PAGES[name]
+        try:
+            refusal = await ui.refused(request, page_topic(name, request))
+        except (BadArgument, ValueError) as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        if refusal is not None:
+            return refusal
+        login = ui.login(request)
+        assert ui.gate is not None
+        gate = ui.gate
+        # An event stream is a connection held open: the gate counts it with the worker's others.
+        try:
+            gate_pass = gate.enter("ui", client_address(request))
+        except LimitExceeded as exc:
+            return PlainTextResponse(f"{exc.message}; try again later", status_code=503)
+        try:
+            gate.admit(gate_pass, login.user if login else None)
+        except LimitExceeded as exc:
+            gate.leave(gate_pass)
+            return PlainTextResponse(exc.message, status_code=429)
 
         async def stream() -> AsyncIterator[bytes]:
             version = ui.sampler.version
@@ -272,6 +264,9 @@ def create_app(ui: UI) -> Starlette:
                 else:
                     await anyio.sleep(ui.interval)
                 if await request.is_disconnected():
+                    return
+                if login is not None and await ui.resolve(request) is None:
+                    yield b"event: gone\ndata: your login ended; log in again\n\n"
                     return
                 try:
                     html = ui.fragment(template, request, **await data(ui, request))
@@ -285,17 +280,22 @@ def create_app(ui: UI) -> Starlette:
                 payload = "".join(f"data: {line}\n" for line in html.splitlines() or [""])
                 yield f"event: {event}\n{payload}\n".encode()
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return CountedStream(stream(), gate, gate_pass, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     async def login_page(request: Request) -> Response:
         if request.method == "GET":
-            return ui.render(request, "login.html", page="login", next=_safe_next(request.query_params.get("next")))
-        form = await request.form()
-        name, password = str(form.get("user", "")), str(form.get("password", ""))
-        nxt = _safe_next(str(form.get("next", "")))
-        user = await ui.logins.authenticate(ui.users, name, password)
-        if user is None:
+            return ui.render(request, "login.html", page="login", next=safe_next(request.query_params.get("next")))
+        assert ui.gate is not None
+        form = await small_form(request, ui.gate.preauth_max_bytes or PREAUTH_FORM_BYTES)
+        if form is None:
+            return ui.error(request, BadArgument("a login form is a user name and a password, and this one is too "
+                                                 "large; nothing was read of it"), 413)
+        name, password = form.get("user", ""), form.get("password", "")
+        nxt = safe_next(form.get("next", ""))
+        try:  # the gate's log_in: throttled per address, as AUTH and CONNECT are
+            user = await ui.gate.log_in(Pass("ui", client_address(request)), name or None, password.encode())
+        except WrongPassword:
             return ui.render(request, "login.html", status=401, page="login", next=nxt, user=name,
                              failed="Wrong user name or password.")
         token = ui.logins.start(user)
@@ -305,8 +305,8 @@ def create_app(ui: UI) -> Starlette:
         return resp
 
     async def logout(request: Request) -> Response:
-        login = ui.login(request)
-        form = await request.form()
+        login = await ui.resolve(request)
+        form = await request.form() if login is not None else await small_form(request, PREAUTH_FORM_BYTES) or {}
         if login is not None and not login.csrf_ok(form.get("csrf")):
             return ui.error(request, BadArgument("the form's CSRF token does not match your login"), 403)
         ui.logins.end(request.cookies.get(COOKIE))
@@ -318,26 +318,28 @@ def create_app(ui: UI) -> Starlette:
         name = request.path_params["name"]
         if name not in ("evict", "seek", "purge", "replay", "discard"):
             return ui.error(request, NotFound(f"no action {name[:32]!r}"), 404)
-        login = ui.login(request)
-        form = await request.form()
+        login = await ui.resolve(request)
         if login is None:
-            return ui.render(request, "login.html", status=401, page="login", next=_safe_next(str(form.get("back"))),
+            form = await small_form(request, PREAUTH_FORM_BYTES) or {}
+            return ui.render(request, "login.html", status=401, page="login", next=safe_next(str(form.get("back"))),
                              failed="Log in as a FenceMQ user with the operator permission to do that.")
+        form = await request.form()
         if not login.csrf_ok(form.get("csrf")):
             return ui.error(request, BadArgument("the form's CSRF token does not match your login; reload the page"),
                             403)
         try:
             ref = _ref(str(form.get("q", "")))
-            if not login.may(name, ref.topic):
-                return ui.error(request, PermissionError(login.user.missing(
-                    {"replay": "dlq", "discard": "dlq"}.get(name, name), ref.topic)), 403)
-            args = _action_args(name, form)
+            assert ui.gate is not None
+            ui.gate.check(login.user, ACTION_PERMISSION[name], ref.topic)  # the one matcher, as at every door
+            args = action_args(name, form)
             page_of = "/dlq" if name in ("replay", "discard") else "/queue"
-            back = _safe_next(str(form.get("back", "")) or f"{page_of}?{urlencode({'q': ref.qid})}")
+            back = safe_next(str(form.get("back", "")) or f"{page_of}?{urlencode({'q': ref.qid})}")
             if form.get("confirmed") != "yes":
                 return ui.render(request, "confirm.html", page="confirm", action=name, ref=ref, args=args,
                                  back=back, fields=[(k, v) for k, v in form.multi_items() if k not in ("csrf",)])
-            result = await _do(ui, name, ref, args)
+            result = await act(ui.redis, ui.keys, name, ref, args)
+        except NoPermission as exc:
+            return ui.error(request, exc, 403)
         except NotFound as exc:
             return ui.error(request, exc, 404)
         except (BadArgument, ValueError) as exc:
@@ -373,12 +375,17 @@ def create_app(ui: UI) -> Starlette:
             from fencemq.fences.redis_client import open_redis
 
             ui.redis = await open_redis(ui.redis_url)
+        own_gate = ui.gate is None
+        if own_gate:
+            ui.gate = ui.own_gate()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ui.sampler.run, ui.redis)
                 yield
                 tg.cancel_scope.cancel()
         finally:
+            if own_gate:
+                ui.gate = None
             if own:
                 await ui.redis.aclose()
                 ui.redis = None
@@ -386,53 +393,3 @@ def create_app(ui: UI) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.ui = ui
     return app
-
-
-def _safe_next(nxt: str | None) -> str:
-    """Only a path of this site (no scheme, no host): an open redirect is a phishing aid."""
-    if not nxt or not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:
-        return "/"
-    return nxt
-
-
-def _action_args(name: str, form: Any) -> dict[str, Any]:
-    if name == "evict":
-        group, member = str(form.get("group", "")), str(form.get("member", ""))
-        if not group or not member:
-            raise BadArgument("evict needs a group and a member")
-        return {"group": group, "member": member}
-    if name == "seek":
-        group, kind = str(form.get("group", "")), str(form.get("kind", ""))
-        if not group:
-            raise BadArgument("seek needs a group")
-        if kind not in maintenance.SEEK_KINDS:
-            raise BadArgument("seek to id, time, earliest or latest")
-        arg = _int_or_none(str(form.get("arg", "")))
-        if kind in ("id", "time") and arg is None:
-            raise BadArgument(f"seek to {kind} needs a value")
-        return {"group": group, "kind": kind, "arg": arg if kind in ("id", "time") else None}
-    if name == "purge":
-        return {}
-    if name == "replay":
-        count = _int_or_none(str(form.get("count", "1"))) or 0
-        if not 1 <= count <= 10_000:
-            raise BadArgument("replay 1 to 10,000 dead letters")
-        return {"count": count}
-    position = _int_or_none(str(form.get("position", "")))
-    if position is None or position < 0 or not str(form.get("digest", "")):
-        raise BadArgument("discard needs the position and digest of the dead letter shown")
-    return {"position": position, "digest": str(form.get("digest"))}
-
-
-async def _do(ui: UI, name: str, ref: QueueRef, args: dict[str, Any]) -> dict[str, Any]:
-    r, k = ui.redis, ui.keys
-    if name == "evict":
-        return await maintenance.evict(r, k, ref, args["group"], args["member"], by="operator")
-    if name == "seek":
-        return await maintenance.seek(r, k, ref, args["group"], args["kind"], args["arg"])
-    if name == "purge":
-        return await maintenance.purge(r, k, ref)
-    if name == "replay":
-        return await maintenance.replay_dead(r, k, ref, count=args["count"])
-    return await overview.discard_dead(r, k, ref, args["position"], args["digest"])
-

@@ -81,6 +81,7 @@ async def worker_with_ui(config: Any, on_ready: Any, http_port: int, run_worker:
     async with anyio.create_task_group() as tg:
 
         def ready(worker: Any, port: int) -> None:
+            ui.gate = worker.services.gate  # one gate for the worker's doors: the UI's logins, limits, counts
             if on_ready is not None:
                 on_ready(worker, port)
             tg.start_soon(srv.serve, [sock])  # once the worker is up: the first sample sees it

@@ -155,3 +155,18 @@ local function dispatch_group(K, g, boxes, now, default_lock)
   if strategy == 'round-robin' then redis.call('HSET', K.meta, gf(g, RR_POINTER), rr) end
   return sent, first_deadline
 end
+
+-- Retained messages are indexed by topic level, so a SUBSCRIBE reads only what its
+-- filter can match (fences/retained.py walks it). A topic a/b/c is three edges of a
+-- trie of levels, each 'parent path NUL level' in a lex-sorted set, the root's path
+-- empty and every other path ending in '/': '\0a', 'a/\0b', 'a/b/\0c'. Returns the
+-- edges, and the path (without its '/') each one leads to: 'a', 'a/b', 'a/b/c'.
+local function retained_edges(topic)
+  local edges, nodes, parent = {}, {}, ''
+  for i, level in ipairs(split(topic, '/')) do
+    edges[i] = parent .. SEP .. level
+    nodes[i] = parent .. level
+    parent = parent .. level .. '/'
+  end
+  return edges, nodes
+end

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
 from fencemq.model.keys import Keyspace, QueueRef
 from tests.cli.test_cli_ops import invoke
@@ -64,3 +65,51 @@ def test_once_an_administrator_exists_each_command_needs_its_permission_on_its_t
     as_user(monkeypatch, "root", "root password")
     assert '"alice"' in invoke("user", "list", "--json", *url).stdout
     assert invoke("inspect", "queue", "payments", *url).exit_code == 0
+
+
+# Every command that reads the broker's state through the operator layer, with the arguments it needs.
+READS = {
+    "status": [], "queues": [], "lmqs": [], "top": ["--iterations", "1"], "snapshot": ["--out", "{tmp}/snap"],
+    "inspect queue": ["payments"], "inspect group": ["payments", "g"], "inspect member": ["payments", "g", "m"],
+    "inspect session": ["alice"], "dlq list": ["payments"], "user list": [],
+}
+WRITES = {"evict", "sweep", "seek", "purge", "dlq replay", "user add", "user passwd", "user del", "user grant",
+          "user revoke"}
+NOT_THE_OPERATOR_LAYER = {"serve", "demo", "dashboard"}  # a worker, a tour, the UI (its own login)
+
+
+def _commands(command, path=()):
+    subs = getattr(command, "commands", None)
+    if subs:
+        for name, sub in subs.items():
+            yield from _commands(sub, (*path, name))
+    else:
+        yield " ".join(path), {o for p in command.params for o in p.opts}
+
+
+def test_every_command_that_talks_to_redis_is_a_read_a_write_or_not_the_operator_layer() -> None:
+    import typer.main
+
+    from fencemq.cli.main import app
+
+    talking = {name for name, opts in _commands(typer.main.get_command(app)) if "--redis-url" in opts}
+    assert talking == set(READS) | WRITES | NOT_THE_OPERATOR_LAYER
+
+
+@pytest.mark.parametrize("command", READS)
+def test_every_read_command_is_gated_alike_once_an_administrator_exists(
+        command: str, url: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    invoke("user", "add", "root", "--password-stdin", "--grant", "all:#", *url, input="root password\n")
+    from fencemq.cli.main import app
+
+    def fencemq(*args: str):
+        return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+    args = [*command.split(), *(a.format(tmp=tmp_path) for a in READS[command]), *url]
+    anonymous = fencemq(*args)
+    assert anonymous.exit_code == 4 and "FENCEMQ_USER" in anonymous.output, anonymous.output
+    as_user(monkeypatch, "root", "a wrong password")
+    assert fencemq(*args).exit_code == 4
+    as_user(monkeypatch, "root", "root password")
+    allowed = fencemq(*args)
+    assert allowed.exit_code in (0, 1), allowed.output  # 1: no such group, member or session (it was let in)

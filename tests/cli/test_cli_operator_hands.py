@@ -100,6 +100,10 @@ def test_top_fits_an_80_by_24_terminal_without_cutting_a_header(redis_url):
     frame = ANSI.sub(b"", term.seen).decode().replace("\r", "")
     frame = frame[frame.rindex("FenceMQ top"):].rstrip("\n").splitlines()
     assert len(frame) < 24, "\n".join(frame)
+    assert all(len(line) <= 80 for line in frame), "\n".join(frame)
+    head = frame[:2]
+    for part in ("FenceMQ top", f"redis {redis_url}", "prefix fmq", "workers 1", "queues 30", "publish/s", "deliver/s"):
+        assert any(part in line for line in head), f"{part!r} broken or missing in the header:\n" + "\n".join(head)
     headers = "\n".join(frame[:6])
     for header in ("queue", "backlog", "checked", "pub/s", "consumers"):
         assert re.search(rf"\b{re.escape(header)}(\s|$)", headers), f"{header!r} cut in:\n{headers}"

@@ -173,6 +173,8 @@ def test_queues_and_lmqs_tables(broker: dict) -> None:
         assert text in out, f"{text!r} missing from:\n{out}"
     out = ok("lmqs", "--redis-url", url, "--topic", "chat").stdout
     assert "Lite queues" in out and "s-1" in out and "s-2" in out and "orders" not in out
+    out = ok("queues", "--redis-url", url, "--topic", "orders").stdout
+    assert "1 shown, 1 key scanned on 1 server." in out, out  # one key, not '1 keys'
 
 
 def test_paging_with_the_cursor_visits_every_queue_once(redis_url: str) -> None:
@@ -516,19 +518,21 @@ def test_top_two_iterations(broker: dict) -> None:
 
     import threading
 
-    stop = threading.Event()
+    stop, publishing = threading.Event(), threading.Event()
 
     def publish() -> None:
         p = client(broker["worker"].port, 2, "busy")
         try:
             while not stop.is_set():
                 p.execute_command("MPUB", "orders", 10, *["x"] * 10)
+                publishing.set()
                 time.sleep(0.01)
         finally:
             p.close()
 
     t = threading.Thread(target=publish)
     t.start()
+    assert publishing.wait(10), "the publisher never published"  # top's two samples see it publish
     try:
         result = ok("top", "--iterations", "2", "--interval", "0.3", "--redis-url", url, "--json")
     finally:

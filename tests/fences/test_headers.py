@@ -9,12 +9,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+from pathlib import Path
 
 import pytest
 
 import fencemq
 from fencemq.errors import BY_CODE, TABLE, FenceMQError
-from fencemq.fences.registry import SPECS, FenceSpec, LoadError, _raw_files, assemble, parse_header
+from fencemq.fences.registry import SPECS, FenceSpec, LoadError, _raw_files, assemble, parse_header, sources
 
 LUA_BUILTINS = set(
     "pairs ipairs tonumber tostring type error pcall unpack select next assert setmetatable getmetatable rawget"
@@ -75,6 +76,7 @@ def raise_problems(files: dict[str, str]) -> list[str]:
 
 
 def _strip(src: str) -> str:
+    src = re.sub(r"^#![^\n]*", "", src)  # the shebang (its script flags)
     src = re.sub(r"--[^\n]*", "", src)
     src = re.sub(r"'(\\.|[^'\\])*'", "''", src)
     return re.sub(r'"(\\.|[^"\\])*"', '""', src)
@@ -194,3 +196,30 @@ def test_a_helper_without_its_own_closing_end_line_is_refused() -> None:
     files = _broken("lib/leases.lua", "  return best\nend\n", "  return best end\n")
     with pytest.raises(LoadError, match="lua/lib/leases.lua: local function next_due has no line 'end'"):
         assemble("sweep", files)
+
+
+def test_every_fence_says_how_redis_may_run_it_when_memory_is_short() -> None:
+    headers = {name: parse_header(src, name) for name, src in fence_files(_raw_files()).items()}
+    assert sorted(n for n, h in headers.items() if h.flags is None) == []
+    # the loader writes it as the shebang Redis reads a script's flags from
+    assert sources()["ack"].startswith("#!lua flags=allow-oom\n")
+    assert sources()["publish"].startswith("#!lua\n")
+    assert sources()["snapshot"].startswith("#!lua flags=no-writes\n")
+
+
+def test_a_fence_without_its_flags_or_with_a_flag_redis_does_not_know_is_refused() -> None:
+    with pytest.raises(LoadError, match="lua/ack.lua has no --@flags line"):
+        assemble("ack", _broken("ack.lua", "--@flags allow-oom\n", ""))
+    with pytest.raises(LoadError, match="--@flags allow-everything is not one of"):
+        assemble("ack", _broken("ack.lua", "--@flags allow-oom\n", "--@flags allow-everything\n"))
+    with pytest.raises(LoadError, match="lua/lib/base.lua:.*--@flags belongs to a fence"):
+        assemble("ack", _broken("lib/base.lua", "local SEP = ", "--@flags allow-oom\nlocal SEP = "))
+
+
+def test_the_operations_doc_lists_every_fence_that_may_write_when_redis_is_full() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs/operations.md").read_text()
+    table = doc.split("| fences that may write when Redis is full |")[1].split("\n\n")[0]
+    listed = set(re.findall(r"`(\w+)\.lua`", table))
+    flagged = {name for name, src in fence_files(_raw_files()).items()
+               if "allow-oom" in (parse_header(src, name).flags or ())}
+    assert listed == flagged

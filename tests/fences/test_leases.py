@@ -541,15 +541,16 @@ def test_the_pair_runs_each_fence_once_when_the_script_cache_was_flushed(w, dire
 
 
 def test_the_lease_schedule_writes_of_a_burst_of_pulls_go_out_together_and_list_every_queue(w, direct, monkeypatch):
-    redis_ = w.worker.core.redis
+    ctx = w.worker.core.ctx
     writes = []
-    zadd = redis_.zadd
+    set_scores = ctx.set_scores
 
-    async def counted(name, mapping, **kwargs):
-        writes.append(dict(mapping))
-        return await zadd(name, mapping, **kwargs)
+    async def counted(index, scores, mode=""):
+        if index == ctx.keys.schedule:
+            writes.append(dict(scores))
+        return await set_scores(index, scores, mode)
 
-    monkeypatch.setattr(redis_, "zadd", counted)
+    monkeypatch.setattr(ctx, "set_scores", counted)
     c = client(w.port, 2, "c")
     topics = [f"burst{i}" for i in range(20)]
     handles = []
@@ -576,13 +577,15 @@ def test_a_long_poll_whose_block_time_ends_during_a_look_still_hands_out_what_th
     leases = w.worker.core.leases
     pull = leases.pull
 
-    async def slow_after_checkout(handle, count=1):
-        result = await pull(handle, count)
+    async def slow_after_checkout(handle, count=1, look=None):
+        result = await pull(handle, count, look)
         if result.deliveries:
             await anyio.sleep(0.4)  # Redis answered; the reply is slow to come back (a loaded worker)
         return result
 
     monkeypatch.setattr(leases, "pull", slow_after_checkout)
+    # the publish wakes the long poll, which looks (no hand-off: the worker never learns a poll waits)
+    monkeypatch.setattr(w.worker.core.ctx, "note_waiting", lambda qid: None)
     c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
     h = join(c, "GROUP", "g")
     threading.Timer(0.1, lambda: p.execute_command("PUB", "orders", "late")).start()

@@ -483,10 +483,12 @@ class _FailOnce:
 
 
 def test_a_subscription_whose_session_write_failed_is_still_left_when_the_session_ends(w, r, monkeypatch):
-    redis_ = w.worker.core.redis
-    # the session's write (lua/lite_hold.lua: its index bucket is a key of the call) fails
-    monkeypatch.setattr(redis_, "execute_command", _FailOnce(
-        redis_.execute_command, lambda *cmd, **_: cmd[0] == "EVALSHA" and any(":lmqs:" in str(a) for a in cmd[3:5])))
+    # the session's write (lua/lite_hold.lua: its index bucket is a key of the call) fails; the fences call
+    # through the worker's link to Redis (redis-py's client on a Cluster)
+    core = w.worker.core
+    target, name = (core.fences.link, "execute") if core.fences.link else (core.redis, "execute_command")
+    monkeypatch.setattr(target, name, _FailOnce(
+        getattr(target, name), lambda *cmd, **_: cmd[0] == "EVALSHA" and any(":lmqs:" in str(a) for a in cmd[3:5])))
     with connect(w.port, "A", 2) as a:
         reply = a.call("SUB", "chat", "LMQ", "x", "POLICY", "reject")
         assert isinstance(reply, Err), "the injected failure reaches the client"

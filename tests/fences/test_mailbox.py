@@ -358,7 +358,7 @@ def test_an_abrupt_unsub_wakes_a_blocked_take_with_eos_within_milliseconds(redis
 
         t = threading.Thread(target=blocked)
         t.start()
-        time.sleep(0.3)
+        helpers.long_polls_parked(w)
         assert "reply" not in result, "TAKE BLOCK returned before anything happened"
         t0 = time.monotonic()
         direct.run(direct.queues.subscriptions.unsubscribe(Handle.decode(h)))
@@ -421,7 +421,7 @@ def test_the_consumer_moving_to_another_worker_takes_on_from_its_mailbox_in_orde
 
         t = threading.Thread(target=lambda: result.setdefault("d", take(c2, h, "BLOCK", 5000)))
         t.start()
-        time.sleep(0.2)
+        helpers.long_polls_parked(w2)
         p.execute_command("PUB", "t", "via-w1")  # published through the first worker
         t.join(6)
         assert result["d"]["payload"] == "via-w1"

@@ -10,7 +10,7 @@ import anyio
 import paho.mqtt.client as mqtt
 import pytest
 
-from tests.helpers import Push, RespConn, as_map, deliveries, worker
+from tests.helpers import Push, RespConn, as_map, deliveries, long_polls_parked, worker
 
 
 def draining(w) -> None:
@@ -54,7 +54,7 @@ def test_a_long_poll_in_hand_answers_at_once_when_the_worker_drains(redis_url, p
         c.hello(proto, "poller")
         h = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
         c.send("PULL", h, "BLOCK", 8000)
-        time.sleep(0.2)  # it waits
+        long_polls_parked(w)  # it waits
         started = time.monotonic()
         draining(w)
         # answered, not cut off with the connection (before, the drain closed it with no reply:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
+import signal
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import client, free_port, wait_for
+from tests.helpers import client, fencemq_serve, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "fencemq-dashboard.json"
@@ -48,22 +47,9 @@ def served(redis_url: str) -> Iterator[Served]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "FENCEMQ_METRICS_SAMPLE_MS": "100", "FENCEMQ_MAX_FAILURES": "1",
            "FENCEMQ_METRICS_TOP_LMQS": "3"}
     env.pop("FENCEMQ_REDIS_URL", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--redis-url", redis_url,
-         "--metrics-port", str(metrics_port)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if "listening on" in line:
-                break
-        else:
-            pytest.fail(f"serve ended before listening (exit {proc.wait()})")
+    with fencemq_serve("--port", str(port), "--redis-url", redis_url, "--metrics-port", str(metrics_port), env=env,
+                       cwd=ROOT, stop=signal.SIGKILL):
         yield Served(port, metrics_port)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def _workload(port: int) -> None:

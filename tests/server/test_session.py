@@ -29,21 +29,27 @@ class StandIns:
     """What a connection lends its session, recording what the session does with it."""
 
     def __init__(self) -> None:
-        self.hangup = anyio.Event()
-        self.watching = False
+        self.watched: anyio.CancelScope | None = None  # the wait a hang-up would cancel now
         self.ended = 0
+        self.pushed: list[Push] = []
+        self.room = True  # whether the client has room for a push
 
-    async def watch_for_hangup(self, scope: anyio.CancelScope) -> None:
-        self.watching = True
-        try:
-            await self.hangup.wait()
-            self.session.closing = True
-            scope.cancel()
-        finally:
-            self.watching = False
+    def watch_for_hangup(self, scope: anyio.CancelScope | None) -> None:
+        self.watched = scope
+
+    def hang_up(self) -> None:
+        """The client goes away: as the connection does, the session is closing and its wait cancelled."""
+        self.session.closing = True
+        if self.watched is not None:
+            self.watched.cancel()
 
     def end_connection(self) -> None:
         self.ended += 1
+
+    def push(self, frame: Push) -> bool:
+        if self.room:
+            self.pushed.append(frame)
+        return self.room
 
 
 SIGNER = HandleSigner(b"a test secret")
@@ -53,7 +59,7 @@ def session_with(config: Config | None = None) -> tuple[Session, StandIns]:
     lent = StandIns()
     services = SimpleNamespace(config=config or Config(), roster=Roster(), handles=SIGNER)
     lent.session = Session(services, "w1:7", watch_for_hangup=lent.watch_for_hangup,  # type: ignore[arg-type]
-                           end_connection=lent.end_connection)
+                           end_connection=lent.end_connection, push=lent.push)
     return lent.session, lent
 
 
@@ -64,10 +70,10 @@ def test_a_wait_is_cut_short_when_the_connection_sees_the_client_hang_up():
         with anyio.fail_after(5):
             async with session.until_hangup():
                 await anyio.sleep(0.01)
-                lent.hangup.set()
+                lent.hang_up()
                 await anyio.sleep(10)
                 waited = True
-        assert session.closing and not waited and not lent.watching
+        assert session.closing and not waited and lent.watched is None
 
     anyio.run(main)
 
@@ -78,8 +84,19 @@ def test_a_wait_that_ends_by_itself_stops_the_watch_and_leaves_the_connection_op
         with anyio.fail_after(5):
             async with session.until_hangup():
                 await anyio.sleep(0.01)
-                assert lent.watching
-        assert not lent.watching and not session.closing
+                assert lent.watched is not None and session.waiting
+        assert lent.watched is None and not session.closing and not session.waiting
+
+    anyio.run(main)
+
+
+def test_a_verbs_own_error_during_a_wait_reaches_it_as_itself():
+    async def main() -> None:
+        session, lent = session_with()
+        with pytest.raises(NoPermission):
+            async with session.until_hangup():
+                raise NoPermission("the member left")
+        assert lent.watched is None
 
     anyio.run(main)
 
@@ -115,15 +132,18 @@ def test_a_takeover_by_another_connection_ends_this_one_and_gives_up_the_session
     assert (lent.ended, session.bound, session.closing) == (1, False, True)
 
 
-def test_a_notice_is_pushed_to_a_resp3_client_only():
-    session, _ = session_with()
+def test_a_notice_is_pushed_to_a_resp3_client_only_and_one_without_room_waits_for_heartbeat():
+    session, lent = session_with()
     notice = {"type": "evicted", "handle": "h"}
     session._on_message(msgpack.packb(notice))
-    with pytest.raises(anyio.WouldBlock):
-        session.outbox.receive_nowait()
+    assert lent.pushed == []
     session.proto = 3
     session._on_message(msgpack.packb(notice))
-    assert session.outbox.receive_nowait() == Push(["notice", {**notice, "handle": SIGNER.sign("h")}])
+    assert lent.pushed == [Push(["notice", {**notice, "handle": SIGNER.sign("h")}])]
+    lent.room = False
+    session._on_message(msgpack.packb(notice))  # never blocks the pub/sub reader
+    assert len(lent.pushed) == 1
+    assert session.tell({"type": "draining"}) is False
 
 
 def test_a_session_starts_authenticated_only_when_the_worker_has_no_password():

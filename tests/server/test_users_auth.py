@@ -99,3 +99,25 @@ def test_a_refused_publish_or_subscribe_stores_nothing(w, redis_url) -> None:
     c.call("SUB", "billing", "GROUP", "g")
     after = sorted(k for k in r.scan_iter() if b"sess" not in k and b"worker" not in k and b"schedule" not in k)
     assert after == before
+
+
+def change(redis_url: str, how: str, *args: object) -> None:
+    async def main():
+        r = direct_async(redis_url)
+        try:
+            await getattr(UserStore(r, KEYS.users), how)(*args)
+        finally:
+            await r.aclose()
+    anyio.run(main)
+
+
+def test_a_grant_given_reaches_an_open_connection_and_one_taken_away_ends_it(w, redis_url) -> None:
+    from tests.helpers import wait_for
+
+    c = conn(w, "svc", "service secret")
+    assert c.call("PUB", "billing/eu", "x").code == "NOPERM"
+    change(redis_url, "grant", "svc", "publish", "billing/#")
+    wait_for(lambda: c.call("PUB", "billing/eu", "x") == "1", timeout=5, what="the new grant on the open connection")
+    change(redis_url, "revoke", "svc", "publish", "billing/#")
+    assert c.is_closed(5), "a connection whose user lost a grant went on with it"
+    assert conn(w, "svc", "service secret").call("PUB", "billing/eu", "x").code == "NOPERM", "back under the record of now"

@@ -25,6 +25,7 @@ from tests.helpers import (
     client,
     deliveries,
     error_code,
+    long_polls_parked,
     pipeline,
     text,
     wait_for,
@@ -853,7 +854,7 @@ def test_a_blocked_pull_wakes_within_milliseconds_of_a_publish_from_another_conn
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.3)  # the PULL is parked by now
+    long_polls_parked(w)
     published = time.monotonic()
     producer.execute_command("PUB", "orders", "wake up")
     t.join(6)
@@ -887,7 +888,7 @@ def test_a_blocked_pull_of_a_preempted_member_gets_nothing_and_waits_out_its_blo
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.3)
+    long_polls_parked(w)  # preempted while it waits, not before it asks
     sub(b, "chat", "LMQ", "s1")
     b.execute_command("PUB", "chat", "for B", "LMQ", "s1")
     t.join(6)
@@ -905,7 +906,7 @@ def test_a_worker_on_valkey_serves_the_round_trip_preemption_and_long_polls(valk
         result: dict = {}
         t = threading.Thread(target=lambda: result.update(reply=a.execute_command("PULL", h, "BLOCK", 3000)))
         t.start()
-        time.sleep(0.3)
+        long_polls_parked(v)
         b.execute_command("PUB", "orders", "on valkey")  # SPUBLISH wake-up on Valkey 8
         t.join(4)
         (d,) = deliveries(result["reply"])

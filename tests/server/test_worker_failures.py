@@ -23,6 +23,8 @@ from tests.helpers import (
     client,
     deliveries,
     free_port,
+    long_polls_parked,
+    parked_long_polls,
     subprocess_worker,
     text,
     wait_for,
@@ -196,7 +198,7 @@ def test_a_running_worker_recovers_from_a_redis_restart(fresh_redis):
         # pub/sub wake-ups are subscribed again: a long-poll wakes on a publish
         other = client(w.port, 2)
         c.send("PULL", h, "BLOCK", 3000)
-        time.sleep(0.3)
+        long_polls_parked(w)
         other.execute_command("PUB", "orders", "after restart")
         assert [d["payload"] for d in deliveries(c.reply(timeout=4))] == ["after restart"]
         c.close()
@@ -297,11 +299,10 @@ def test_a_client_that_disconnects_during_a_long_poll_gets_no_new_assignment(red
         h = as_map(gone.call("SUB", "orders", "GROUP", "g"))["handle"]
         hf = as_map(fresh.execute_command("SUB", "orders", "GROUP", "g"))["handle"]
         gone.send("PULL", h, "BLOCK", 5000)
-        time.sleep(0.2)
+        long_polls_parked(w)
         gone.close()
-        time.sleep(0.2)
+        wait_for(lambda: parked_long_polls(w) == 0, what="the worker to see the client hang up")
         fresh.execute_command("PUB", "orders", "new")
-        time.sleep(0.2)
         (d,) = wait_for(lambda: deliveries(fresh.execute_command("PULL", hf)), timeout=3, what="the new message")
         assert d["deliveries"] == 1, "the message was checked out to the disconnected client first"
 
@@ -316,7 +317,7 @@ def test_a_client_that_disconnects_during_a_long_poll_loses_its_session_after_th
         assert len(deliveries(gone.call("PULL", h))) == 1
         hf = as_map(fresh.execute_command("SUB", "orders", "GROUP", "g"))["handle"]
         gone.send("PULL", h, "BLOCK", 10_000)
-        time.sleep(0.2)
+        long_polls_parked(w)
         gone.close()
         (d,) = wait_for(lambda: deliveries(fresh.execute_command("PULL", hf)), timeout=2.5,
                         what="the disconnected session's checkout (lease 500 ms)")

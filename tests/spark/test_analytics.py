@@ -46,8 +46,8 @@ pytestmark = [pytest.mark.usefixtures("spark"), pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="session")
 def spark():
-    session = build_session("local[2]", shuffle_partitions=2,
-                            conf={"spark.ui.showConsoleProgress": "false"})
+    session = build_session("local[2]", shuffle_partitions=2,  # every snapshot here is small: a JVM for short jobs
+                            conf={"spark.ui.showConsoleProgress": "false"}, small_input=True)
     yield session
     session.stop()
 
@@ -532,6 +532,7 @@ def test_the_journal_buckets_put_each_queue_where_spark_hashes_it(spark) -> None
         assert list(buckets_of(pa.array(ids), buckets)) == [spark_says[q][1] for q in ids]
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analysis, snapshot_dir: Path,
                                                                     tmp_path: Path) -> None:
     """A snapshot from before the buckets: the job shuffles its journal instead, to the same result."""
@@ -562,6 +563,26 @@ def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analy
     assert len(list((snapshot_dir / "journal.parquet").iterdir())) == 8
 
 
+def test_a_small_snapshot_gives_the_same_tables_with_the_settings_for_small_inputs_as_without(
+        spark, analysis, snapshot_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings for small inputs (one partition, no adaptive plans, no generated code) are an
+    optimisation: held against the settings every larger snapshot runs with."""
+    from fencemq.spark import session
+
+    summary, out = analysis
+    assert session.is_small(snapshot_dir)
+    monkeypatch.setattr(session, "SMALL_ROWS", -1)  # as if it were large
+    assert not session.is_small(snapshot_dir)
+    settings = {key: spark.conf.get(key, None) for key in session.SMALL_INPUT_CONF}
+    large = analyze(spark, snapshot_dir, tmp_path / "large", report=False)
+    assert large["totals"] == summary["totals"] and large["audit"] == summary["audit"]
+    for name in RESULT_TABLES:
+        def rows(directory: Path) -> list[tuple]:
+            return sorted((tuple(sorted((k, repr(v)) for k, v in r.items())) for r in result(directory, name)))
+        assert rows(tmp_path / "large") == rows(out), name
+    assert {key: spark.conf.get(key, None) for key in session.SMALL_INPUT_CONF} == settings, "settings left behind"
+
+
 async def lite_churn_workload(url: str) -> None:
     """What a new user tries, with the default config (lmqs keep no journal): 4 lmq preemptions
     (two of them one room flapping between two clients) and an operator eviction."""
@@ -584,6 +605,7 @@ async def lite_churn_workload(url: str) -> None:
         await r.aclose()
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_lite_churn_without_a_journal_is_in_the_report_and_the_audit_says_what_it_proved(
         cli: typer.Typer, redis_url: str, tmp_path: Path) -> None:
     run(lite_churn_workload(redis_url))
@@ -643,6 +665,7 @@ def test_an_evicted_client_holding_a_checkout_fails_the_state_audit(cli: typer.T
     assert pick(row, "lmq", "member", "marker", "tag") == dict(lmq="room1", member="alice", marker="bob", tag="999")
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(redis_url: str, spark,
                                                                                tmp_path: Path) -> None:
     run(lite_churn_workload(redis_url))
@@ -678,6 +701,7 @@ def test_analyze_reads_a_chain_of_incremental_snapshots_as_one_full_snapshot(red
         assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_a_chain_reads_its_journals_in_their_buckets_to_the_same_tables_as_a_full_snapshot(
         redis_url: str, spark, tmp_path: Path) -> None:
     run(run_workload(redis_url))  # lmqs with journals: the unchanged ones' events come from the base
@@ -702,6 +726,7 @@ def test_a_chain_reads_its_journals_in_their_buckets_to_the_same_tables_as_a_ful
         assert rows(tmp_path / "a-chain") == rows(tmp_path / "a-full"), name
 
 
+@pytest.mark.long  # a Spark job or two more: `make test-long` runs it
 def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: Path) -> None:
     run(run_workload(redis_url))
     snap = tmp_path / "snap"

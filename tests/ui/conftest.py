@@ -94,15 +94,17 @@ def scripted_state(url: str, port: int) -> dict[str, Any]:
 
 
 def add_users(url: str) -> None:
-    """``operator``: every operator permission on every topic; ``viewer``: may only inspect."""
+    """``operator``: every operator permission on every topic; ``viewer``: may only inspect and read
+    payloads (subscribe), no operator action."""
     import redis.asyncio
 
     async def add() -> None:
         r = redis.asyncio.Redis.from_url(url)
         try:
             store = UserStore(r, Keyspace("fmq").users)
-            await store.add("operator", OPERATOR_PASSWORD, [(a, "#") for a in ("evict", "seek", "purge", "dlq")])
-            await store.add("viewer", VIEWER_PASSWORD, [("inspect", "#")])
+            await store.add("operator", OPERATOR_PASSWORD,
+                            [(a, "#") for a in ("inspect", "evict", "seek", "purge", "dlq")])
+            await store.add("viewer", VIEWER_PASSWORD, [("inspect", "#"), ("subscribe", "#")])
         finally:
             await r.aclose()
 
@@ -111,16 +113,22 @@ def add_users(url: str) -> None:
         pool.submit(asyncio.run, add()).result()
 
 
+VIEWER = ("viewer", VIEWER_PASSWORD)
+
+
 @pytest.fixture
 def dashboard_of(redis_url: str):
-    """Start a dashboard over ``redis_url``: ``dashboard_of(**UI options)`` -> an httpx client at it."""
+    """Start a dashboard over ``redis_url``: ``dashboard_of(**UI options, login=(user, password))`` -> an
+    httpx client at it (logged in as ``login`` when given: a broker with users shows nothing before)."""
     started: list[tuple[DashboardThread, httpx.Client]] = []
 
-    def start(**options: Any) -> httpx.Client:
+    def start(login: tuple[str, str] | None = None, **options: Any) -> httpx.Client:
         options.setdefault("interval", 0.2)
         d = DashboardThread(UI(redis_url, **options)).start()
         http = httpx.Client(base_url=d.url.rstrip("/"), timeout=10)
         started.append((d, http))
+        if login is not None:
+            log_in(http, *login)
         return http
 
     yield start

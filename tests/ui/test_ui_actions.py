@@ -27,10 +27,10 @@ def members_of(direct: redis.Redis, key: str = "fmq:{t:orders}") -> dict[str, st
     return {k.decode(): v.decode() for k, v in direct.hgetall(key).items()}
 
 
-def test_an_anonymous_visitor_sees_no_action_and_cannot_post_one(broker: dict, dashboard_of) -> None:
+def test_an_anonymous_visitor_sees_no_page_and_cannot_post_an_action(broker: dict, dashboard_of) -> None:
     http = dashboard_of()
-    page = http.get("/queue", params={"q": "t:orders"}).text
-    assert "/action/" not in page and "Log in as a user with the operator permission" in page
+    page = http.get("/queue", params={"q": "t:orders"})
+    assert page.status_code == 303 and page.headers["location"] == "/login?next=%2Fqueue%3Fq%3Dt%253Aorders"
     before = members_of(broker["direct"])
     r = http.post("/action/evict", data={"csrf": "x", "q": "t:orders", "group": "billing", "member": "c2",
                                          "confirmed": "yes"})
@@ -160,3 +160,16 @@ def test_login_never_redirects_off_the_site(broker: dict, dashboard_of) -> None:
     for target in ("https://evil.example/", "//evil.example/", "/\\evil.example"):
         r = http.post("/login", data={"user": "operator", "password": OPERATOR_PASSWORD, "next": target})
         assert r.headers["location"] == "/"
+
+
+def test_a_default_login_on_an_open_broker_ends_once_the_broker_has_users(redis_url: str, dashboard_of) -> None:
+    http = dashboard_of()
+    log_in(http, "default", "")
+    assert csrf_of(http.get("/queues").text), "logged in as default on an open broker"
+    from tests.ui.conftest import add_users
+
+    add_users(redis_url)  # an administrator gives the broker users: default has no password to give any more
+    r = http.get("/queues")
+    assert r.status_code == 303 and r.headers["location"].startswith("/login"), "the default login went on"
+    before = http.post("/action/purge", data={"csrf": "anything", "q": "t:orders", "confirmed": "yes"})
+    assert before.status_code == 401

@@ -137,6 +137,7 @@ def test_every_page_renders_without_console_errors_or_sideways_scrolling(site: s
 
 def test_the_keyboard_alone_reaches_the_content_and_the_pages(site: str, tab) -> None:
     page = tab().page
+    log_in(page, site, "viewer", VIEWER_PASSWORD)  # a broker with users shows its pages after a login
     page.goto(site + "/")
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
@@ -156,6 +157,7 @@ def test_the_keyboard_alone_reaches_the_content_and_the_pages(site: str, tab) ->
 
 def test_a_publish_shows_up_on_the_open_page_without_a_reload(site: str, tab, broker: dict) -> None:
     w = tab()
+    log_in(w.page, site, "viewer", VIEWER_PASSWORD)
     w.page.goto(site + "/queue?q=t%3Ajobs")
     w.page.evaluate("window.notReloaded = true")
     assert re.search(r"Messages\s*2\b", w.page.inner_text("#live"))

@@ -12,6 +12,7 @@ import httpx
 import redis
 
 from tests.helpers import free_port, wait_for
+from tests.ui.conftest import VIEWER, log_in
 
 
 def text(html: str) -> str:
@@ -25,7 +26,7 @@ def rows(html: str) -> list[str]:
 
 
 def test_the_overview_shows_workers_sessions_backlog_and_suspects(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
     page = http.get("/")
     assert page.status_code == 200
     words = text(page.text)
@@ -39,7 +40,7 @@ def test_the_overview_shows_workers_sessions_backlog_and_suspects(broker: dict, 
 
 
 def test_the_queues_page_lists_every_kind_and_filters_by_kind_topic_and_name(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
 
     def names(**params: Any) -> list[str]:
         page = http.get("/queues", params=params)
@@ -55,7 +56,7 @@ def test_the_queues_page_lists_every_kind_and_filters_by_kind_topic_and_name(bro
 
 
 def test_sorting_orders_the_page_by_the_column_either_way(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
 
     def order(sort: str, desc: bool) -> list[str]:
         page = http.get("/queues", params={"sort": sort, "order": "desc" if desc else "asc"})
@@ -90,7 +91,7 @@ def test_paging_with_scan_cursors_visits_every_lmq_once(redis_url: str, dashboar
 
 
 def test_a_queue_page_shows_groups_member_states_and_checkouts(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
     orders = text(http.get("/queue", params={"q": "t:orders"}).text)
     assert re.search(r"billing Mode shared Strategy round-robin Epoch 0 Cursor 4", orders), orders
     assert re.search(r"c1 active 3 3", orders) and re.search(r"c2 active 0 0", orders)
@@ -105,7 +106,7 @@ def test_a_queue_page_shows_groups_member_states_and_checkouts(broker: dict, das
 
 
 def test_lmq_search_finds_one_name_with_one_read_or_a_glob_by_scan(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
     exact = http.get("/lmqs", params={"topic": "chat", "name": "s-2"}).text
     assert re.findall(r">(s-\d)</a>", exact) == ["s-2"]
     glob = http.get("/lmqs", params={"topic": "chat", "name": "s-*"}).text
@@ -114,7 +115,7 @@ def test_lmq_search_finds_one_name_with_one_read_or_a_glob_by_scan(broker: dict,
 
 
 def test_the_sessions_page_lists_clients_with_worker_lease_and_subscriptions(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
     lines = rows(http.get("/sessions").text)
     by_client = {line.split()[0]: line for line in lines[1:]}
     assert set(by_client) == {"producer", "c1", "c2", "c3", "X", "Y", "d1", "s1"}
@@ -127,14 +128,14 @@ def test_the_sessions_page_lists_clients_with_worker_lease_and_subscriptions(bro
 
 
 def test_the_dead_letters_page_previews_each_payload(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
     words = text(http.get("/dlq", params={"q": "t:jobs"}).text)
     assert "1 dead letters" in words
     assert re.search(r"0 1 workers d1 1 .* ago job-1 5 B", words), words
 
 
 def test_bad_input_is_a_clear_error_page(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
     assert http.get("/queue", params={"q": "t:nope"}).status_code == 404
     bad = http.get("/queue", params={"q": "orders"})
     assert bad.status_code == 400 and "name a queue by its id" in bad.text
@@ -161,7 +162,7 @@ def live_events(http: httpx.Client, path: str, params: dict[str, Any], n: int) -
 
 
 def test_a_queue_page_stream_sends_the_page_again_after_a_publish(broker: dict, dashboard_of) -> None:
-    http = dashboard_of()
+    http = dashboard_of(login=VIEWER)
     producer = broker["c"]["producer"]
     seen: list[str] = []
     with http.stream("GET", "/events", params={"page": "queue", "q": "t:jobs"}) as stream:
@@ -181,7 +182,7 @@ def test_a_queue_page_stream_sends_the_page_again_after_a_publish(broker: dict, 
 
 
 def test_the_overview_stream_reports_the_publish_rate(broker: dict, dashboard_of) -> None:
-    http = dashboard_of(interval=0.3)
+    http = dashboard_of(login=VIEWER, interval=0.3)
     producer = broker["c"]["producer"]
     with http.stream("GET", "/events", params={"page": "overview"}) as stream:
         data: list[str] = []
@@ -229,7 +230,10 @@ def test_fencemq_dashboard_serves_a_brokers_redis_until_stopped(broker: dict) ->
     try:
         line = proc.stdout.readline()
         assert f"fencemq dashboard on http://127.0.0.1:{http_port}/" in line, line
-        assert "orders" in httpx.get(f"http://127.0.0.1:{http_port}/queues", timeout=10).text
+        with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=10) as http:
+            assert http.get("/queues").status_code == 303, "a broker with users shows nothing before a login"
+            log_in(http, *VIEWER)
+            assert "orders" in http.get("/queues").text
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=20)

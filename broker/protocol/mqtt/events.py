@@ -27,6 +27,9 @@ class MqttServerLimits:
     """What this server accepts and announces (5.0: in the CONNACK properties)."""
 
     maximum_packet_size: int = 1024 * 1024  # inbound; a larger packet is 0x95
+    # The first packet, the CONNECT, before any authentication (None: maximum_packet_size); larger
+    # closes the connection from its fixed header (5.0: CONNACK 0x95), before its body is read
+    maximum_connect_size: int | None = None
     receive_maximum: int = 1024  # inbound QoS 1/2 publishes the client may have unacknowledged
     topic_alias_maximum: int = 64  # inbound topic aliases the client may use (0: none)
     maximum_qos: int = 2
@@ -36,7 +39,7 @@ class MqttServerLimits:
     shared_subscription_available: bool = True
     server_keep_alive: int | None = None  # 5.0: overrides the client's Keep Alive
     maximum_session_expiry_interval: int | None = None  # None: grant what the client asks
-    maximum_client_id_bytes: int = 256
+    maximum_client_id_bytes: int = 0xFFFF  # any identifier MQTT allows (mqtt/client_ids.py names its session)
     connect_timeout: float = 10.0  # seconds from the connection to an accepted CONNECT
     maximum_inflight: int = 0xFFFF  # outbound QoS 1/2 deliveries in flight, under the client's Receive Maximum
     outbound_topic_aliases: bool = True  # use the aliases a 5.0 client allows
@@ -49,6 +52,8 @@ class MqttServerLimits:
             raise ValueError("receive_maximum is 1 … 65535 and topic_alias_maximum 0 … 65535")
         if not 1 <= self.maximum_inflight <= 0xFFFF:
             raise ValueError("maximum_inflight is 1 … 65535")
+        if self.maximum_connect_size is not None and not 2 <= self.maximum_connect_size <= self.maximum_packet_size:
+            raise ValueError("maximum_connect_size is 2 … maximum_packet_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +88,9 @@ class MessagePublished:
 
 @dataclass(frozen=True, slots=True)
 class PublishReleased:
-    """PUBREL: the client's QoS 2 publish ``packet_id`` is complete; the shell may forget the id."""
+    """PUBREL: the client's QoS 2 publish ``packet_id`` is complete. The shell forgets the id where
+    it keeps it, then answers with ``complete_release(packet_id)`` (PUBCOMP): a PUBCOMP sent before
+    that could let a new publish with the id be taken for this one after a crash."""
 
     packet_id: int
 
@@ -122,8 +129,9 @@ class UnsubscribeRequested:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryReceived:
-    """PUBREC with success: QoS 2 delivery ``packet_id`` reached the client; PUBREL is on its way.
-    On a resumed session the shell resends it with ``resend_release(packet_id)``, not the message."""
+    """PUBREC with success: QoS 2 delivery ``packet_id`` reached the client. The shell settles it for
+    good, then answers with ``release_delivery(packet_id)`` (PUBREL). On a resumed session the
+    shell resends it with ``resend_release(packet_id)``, not the message."""
 
     packet_id: int
 

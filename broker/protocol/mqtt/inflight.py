@@ -19,6 +19,7 @@ from fencemq.protocol.mqtt.reasons import MqttError, ProtocolViolation, ReasonCo
 class Outbound(Enum):
     AWAITING_PUBACK = "QoS 1 sent"
     AWAITING_PUBREC = "QoS 2 sent"
+    RECEIVED = "QoS 2 received (PUBREC), the shell has not released it yet"
     AWAITING_PUBCOMP = "QoS 2 released"
 
 
@@ -30,7 +31,12 @@ class OutboundFlows:
     def __init__(self, send_maximum: int) -> None:
         self.send_maximum = send_maximum
         self.inflight: dict[int, Outbound] = {}
+        # identifiers of deliveries a resumed session will send again: no new delivery takes them
+        self.reserved: set[int] = set()
         self._next_id = 1
+
+    def reserve(self, packet_ids: set[int] | list[int]) -> None:
+        self.reserved.update(packet_ids)
 
     @property
     def quota(self) -> int:
@@ -44,6 +50,7 @@ class OutboundFlows:
             packet_id = self._allocate()
         elif not 1 <= packet_id <= 0xFFFF or packet_id in self.inflight:
             raise ValueError(f"packet identifier {packet_id} is not free to redeliver with")
+        self.reserved.discard(packet_id)
         if released:
             self.inflight[packet_id] = Outbound.AWAITING_PUBCOMP
         else:
@@ -58,7 +65,7 @@ class OutboundFlows:
         for _ in range(0xFFFF):
             candidate = self._next_id
             self._next_id = candidate % 0xFFFF + 1
-            if candidate not in self.inflight:
+            if candidate not in self.inflight and candidate not in self.reserved:
                 return candidate
         raise FlowControlBlocked("every packet identifier is in flight")
 
@@ -70,17 +77,24 @@ class OutboundFlows:
         return False
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> str:
-        """'release' (send PUBREL), 'refused' (flow over), 'again' (resend PUBREL) or 'unknown'."""
+        """'received' (the shell releases it), 'refused' (flow over), 'again' (resend PUBREL),
+        'pending' (the shell has not released it yet: its PUBREL will answer) or 'unknown'."""
         state = self.inflight.get(packet_id)
         if state is Outbound.AWAITING_PUBREC:
             if reason_code >= 0x80:
                 del self.inflight[packet_id]
                 return "refused"
-            self.inflight[packet_id] = Outbound.AWAITING_PUBCOMP
-            return "release"
+            self.inflight[packet_id] = Outbound.RECEIVED
+            return "received"
         if state is Outbound.AWAITING_PUBCOMP:
             return "again"
-        return "unknown"
+        return "pending" if state is Outbound.RECEIVED else "unknown"
+
+    def release(self, packet_id: int) -> None:
+        """The shell has settled a received QoS 2 delivery: PUBREL goes out, PUBCOMP ends it."""
+        if self.inflight.get(packet_id) is not Outbound.RECEIVED:
+            raise ValueError(f"no QoS 2 delivery with packet identifier {packet_id} awaits its release")
+        self.inflight[packet_id] = Outbound.AWAITING_PUBCOMP
 
     def on_pubcomp(self, packet_id: int) -> bool:
         if self.inflight.get(packet_id) is Outbound.AWAITING_PUBCOMP:
@@ -93,6 +107,7 @@ class Inbound(Enum):
     QOS1_RECEIVED = "QoS 1 awaiting the shell"
     QOS2_RECEIVED = "QoS 2 awaiting the shell"
     QOS2_RECORDED = "PUBREC sent, awaiting PUBREL"
+    QOS2_RELEASED = "PUBREL received, awaiting the shell's PUBCOMP"
 
 
 class InboundFlows:
@@ -140,18 +155,27 @@ class InboundFlows:
         session must remember, so a retransmission is never handed up twice (MQTT-4.3.3-10)."""
         return {pid for pid, state in self.flows.items() if state is Inbound.QOS2_RECORDED} | self.restored
 
-    def on_pubrel(self, packet_id: int) -> bool:
-        """True when the PUBREL completes a recorded QoS 2 publish; False for an unknown identifier."""
+    def on_pubrel(self, packet_id: int) -> str:
+        """'released' when the PUBREL ends a recorded QoS 2 publish (the shell completes it),
+        'pending' when it repeats one the shell has not completed yet, 'unknown' otherwise."""
+        state = self.flows.get(packet_id)
         if packet_id in self.restored:
             self.restored.discard(packet_id)
-            return True
-        state = self.flows.get(packet_id)
+            state = Inbound.QOS2_RECORDED
         if state is Inbound.QOS2_RECORDED:
-            del self.flows[packet_id]
-            return True
+            self.flows[packet_id] = Inbound.QOS2_RELEASED
+            return "released"
+        if state is Inbound.QOS2_RELEASED:
+            return "pending"
         if state is not None:
             raise ProtocolViolation(f"PUBREL {packet_id} before the server sent PUBREC")
-        return False
+        return "unknown"
+
+    def complete(self, packet_id: int) -> None:
+        """The shell completed a released QoS 2 publish (PUBCOMP goes out): the identifier is free."""
+        if self.flows.get(packet_id) is not Inbound.QOS2_RELEASED:
+            raise ValueError(f"no released QoS 2 publish with packet identifier {packet_id} awaits completion")
+        del self.flows[packet_id]
 
 
 class InboundAliases:

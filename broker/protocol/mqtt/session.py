@@ -57,7 +57,8 @@ class MqttServerSession:
         self.request: ConnectRequested | None = None
         self.will: Will | None = None
         self.session_expiry_interval = 0
-        self._decoder = MqttStreamDecoder(self.limits.maximum_packet_size)
+        self._decoder = MqttStreamDecoder(self.limits.maximum_packet_size,
+                                          maximum_first_size=self.limits.maximum_connect_size)
         self._out = bytearray()
         self._events: list[MqttEvent] = []
         self._opened_at = now
@@ -79,6 +80,11 @@ class MqttServerSession:
     @property
     def client_id(self) -> str | None:
         return self.request.client_id if self.request else None
+
+    @property
+    def mid_packet(self) -> bool:
+        """Part of a packet has arrived and the rest not yet (what a request timeout measures)."""
+        return self._decoder.mid_packet
 
     def outbound(self) -> bytes:
         data = bytes(self._out)
@@ -112,14 +118,16 @@ class MqttServerSession:
     # ------------------------------------------------------------------ commands: connection
 
     def accept(self, now: float, session_present: bool = False,
-               inbound_releases: frozenset[int] = frozenset()) -> list[MqttEvent]:
+               inbound_releases: frozenset[int] = frozenset(),
+               user_properties: tuple[tuple[str, str], ...] = ()) -> list[MqttEvent]:
         """Send CONNACK 0x00 and go on with what the client sent after its CONNECT.
 
         ``inbound_releases``: on a resumed session, the client's QoS 2 publishes
         recorded (PUBREC sent) before, still awaiting their PUBREL.
+        ``user_properties``: what the server tells a 5.0 client beside (dropped in 3.1.1).
         """
         request = self._expect_state(SessionState.CONNECTING)
-        self._send(accepting_connack(request, self.limits, session_present))
+        self._send(accepting_connack(request, self.limits, session_present, user_properties))
         self.state = SessionState.CONNECTED
         self._last_received = now
         self.inbound_flows.restore(inbound_releases)
@@ -224,6 +232,21 @@ class MqttServerSession:
         if packet_id is not None:
             self.outbound_flows.abandon(packet_id)
 
+    def release_delivery(self, packet_id: int) -> None:
+        """After ``DeliveryReceived`` (PUBREC): the shell has settled the delivery for good; PUBREL."""
+        if self.closed:
+            return
+        self.outbound_flows.release(packet_id)
+        self._send(Pubrel(packet_id))
+
+    def complete_release(self, packet_id: int) -> None:
+        """After ``PublishReleased`` (PUBREL): the shell has noted the publish is complete; PUBCOMP.
+        Until then the identifier stays taken, so a new publish cannot reuse it (MQTT-4.3.3-12)."""
+        if self.closed:
+            return
+        self.inbound_flows.complete(packet_id)
+        self._send(Pubcomp(packet_id))
+
     def resend_release(self, packet_id: int) -> None:
         """On a resumed session, a QoS 2 delivery the client already received: resend PUBREL."""
         self._expect_state(SessionState.CONNECTED)
@@ -262,10 +285,11 @@ class MqttServerSession:
             if self.outbound_flows.on_pubcomp(packet.packet_id):
                 self._events.append(DeliveryAcknowledged(packet.packet_id, 2, packet.reason_code, packet.properties))
         elif isinstance(packet, Pubrel):
-            known = self.inbound_flows.on_pubrel(packet.packet_id)
-            self._send(Pubcomp(packet.packet_id, 0 if known else self._v5_code(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)))
-            if known:
+            outcome = self.inbound_flows.on_pubrel(packet.packet_id)
+            if outcome == "released":  # the shell completes it (PUBCOMP) once it has written that down
                 self._events.append(PublishReleased(packet.packet_id))
+            elif outcome == "unknown":
+                self._send(Pubcomp(packet.packet_id, self._v5_code(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)))
         elif isinstance(packet, (Subscribe, Unsubscribe)):
             outcome = (self._requests.on_subscribe(packet) if isinstance(packet, Subscribe)
                        else self._requests.on_unsubscribe(packet))
@@ -321,8 +345,11 @@ class MqttServerSession:
         if outcome == "refused":  # MQTT-4.4.0-2: the identifier is free, the message is not resent
             self._events.append(DeliveryAcknowledged(packet.packet_id, 2, packet.reason_code, packet.properties))
             return
-        if outcome == "release":
+        if outcome == "received":  # the shell releases it (PUBREL) once it has settled it
             self._events.append(DeliveryReceived(packet.packet_id))
+            return
+        if outcome == "pending":
+            return
         not_found = self._v5_code(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND) if outcome == "unknown" else 0
         self._send(Pubrel(packet.packet_id, not_found))
 

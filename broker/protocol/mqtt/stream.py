@@ -21,13 +21,16 @@ class MqttStreamDecoder:
     """Feed bytes with :meth:`feed`; take packets with :meth:`next_packet` until it returns None.
 
     ``protocol_level`` None means "a server's first packet": only a CONNECT
-    decodes, and it sets the level for the packets after it.
+    decodes, and it sets the level for the packets after it; that first packet
+    may be at most ``maximum_first_size`` (the CONNECT before authentication).
     """
 
-    def __init__(self, maximum_packet_size: int = MAX_PACKET_SIZE, protocol_level: int | None = None) -> None:
+    def __init__(self, maximum_packet_size: int = MAX_PACKET_SIZE, protocol_level: int | None = None,
+                 maximum_first_size: int | None = None) -> None:
         if not 2 <= maximum_packet_size <= MAX_PACKET_SIZE:
             raise ValueError(f"maximum packet size {maximum_packet_size} is not in 2 … {MAX_PACKET_SIZE}")
         self.maximum_packet_size = maximum_packet_size
+        self.maximum_first_size = maximum_first_size if protocol_level is None else None
         self.protocol_level = protocol_level
         self._buffer = bytearray()
         self._failed: MqttError | None = None
@@ -35,6 +38,11 @@ class MqttStreamDecoder:
     @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    @property
+    def mid_packet(self) -> bool:
+        """Part of a packet is buffered: a request begun and not finished."""
+        return bool(self._buffer)
 
     def feed(self, data: bytes) -> None:
         if self._failed is not None:
@@ -69,6 +77,9 @@ class MqttStreamDecoder:
             return None
         remaining, used = found
         size = 1 + used + remaining
+        if self.maximum_first_size is not None and size > self.maximum_first_size:
+            raise PacketTooLarge(f"a first packet of {size} bytes is over the {self.maximum_first_size} bytes a "
+                                 f"CONNECT may have before authentication")
         if size > self.maximum_packet_size:
             raise PacketTooLarge(f"a packet of {size} bytes is over the maximum packet size "
                                  f"{self.maximum_packet_size}")
@@ -78,6 +89,7 @@ class MqttStreamDecoder:
         body = bytes(buffer[1 + used:size])
         del buffer[:size]
         packet = decode_body(first, body, self.protocol_level)
+        self.maximum_first_size = None
         if isinstance(packet, Connect) and self.protocol_level is None:
             # a second CONNECT changes nothing here: the session refuses it (MQTT-3.1.0-2)
             self.protocol_level = packet.protocol_level

@@ -96,12 +96,15 @@ def connack_properties(request: ConnectRequested, limits: MqttServerLimits) -> P
     )
 
 
-def accepting_connack(request: ConnectRequested, limits: MqttServerLimits, session_present: bool) -> Connack:
+def accepting_connack(request: ConnectRequested, limits: MqttServerLimits, session_present: bool,
+                      user_properties: tuple[tuple[str, str], ...] = ()) -> Connack:
     if session_present and request.clean_start:
         raise ValueError("a Clean Start session is never present (MQTT-3.2.2-2)")
-    v5 = request.protocol_level == MQTT_5
+    if request.protocol_level != MQTT_5:
+        return Connack(ReasonCode.SUCCESS, session_present, NO_PROPERTIES)
+    props = connack_properties(request, limits)
     return Connack(ReasonCode.SUCCESS, session_present,
-                   connack_properties(request, limits) if v5 else NO_PROPERTIES)
+                   replace(props, user_properties=user_properties) if user_properties else props)
 
 
 def subscription_request(topic_filter: str, options: SubscriptionOptions, limits: MqttServerLimits,

@@ -3,14 +3,13 @@
 A mixin of fencemq.server.mqtt.listener.MqttConnection. When the connection is gone, its
 unacknowledged deliveries and a shared member's unsent mailbox go back at once (no
 failure counted); a session with an expiry interval lingers that long (its in-flight
-packet ids kept for a resume), one without ends; the will goes after its delay, or at
+packet ids kept for a resume: mqtt/state.py), one without ends; the will goes after its delay, or at
 once when a new connection with Clean Start ends the session, unless the session was
 taken up again first.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 
 import anyio
@@ -22,19 +21,13 @@ from fencemq.protocol.mqtt.packets import Will
 from fencemq.protocol.mqtt.session import MqttServerSession
 from fencemq.server.mqtt.delivery import BATCH, MqttSubscription
 from fencemq.server.mqtt.messages import headers_of
+from fencemq.server.mqtt.state import InFlight, MqttSessionState, in_flight_record
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 
 log = logging.getLogger(__name__)
 
 MAILBOX_DRAIN_ROUNDS = 64  # batches handed back from a departing shared member's mailbox, at most
-INFLIGHT_FIELD = "mqtt-inflight"  # session hash field: the packet ids of what was unacknowledged at disconnect
-# session hash field: QoS 2 deliveries the client had received (PUBREC) but not completed (PUBCOMP) at
-# disconnect: a resumed session resends their PUBREL, never the message (MQTT-4.3.3, MQTT-4.4.0-1)
-RELEASING_FIELD = "mqtt-releasing"
-# session hash field: the client's QoS 2 publishes stored and PUBRECed but not yet released (PUBREL) at
-# disconnect: a resumed session knows them, so a retransmission is not stored twice (MQTT-4.3.3-10)
-RECORDED_FIELD = "mqtt-recorded"
 
 
 class MqttDeparture:
@@ -42,7 +35,8 @@ class MqttDeparture:
     session: Session
     mqtt: MqttServerSession
     subscriptions: dict[str, MqttSubscription]
-    in_flight: dict[int, tuple[Handle, str, str]]
+    in_flight: dict[int, InFlight]
+    mqtt_state: MqttSessionState
     releasing: set[int]
     expiry: int
     taken_over: bool
@@ -61,16 +55,17 @@ class MqttDeparture:
             self.session.quit = True
             await self.session.release()
             return
-        recorded = self.mqtt.inbound_flows.awaiting_release()
-        if (self.in_flight or self.releasing or recorded) and not self.taken_over:
-            # a resumed session sends them again with their original packet ids (MQTT-4.4.0-1),
-            # the PUBREL of what the client had received already, and knows the client's QoS 2
-            # publishes it stored
-            ids = {f"{handle.encode()}|{msg}": pid for pid, (handle, _tag, msg) in self.in_flight.items()}
-            kept = {INFLIGHT_FIELD: json.dumps(ids), RELEASING_FIELD: json.dumps(sorted(self.releasing)),
-                    RECORDED_FIELD: json.dumps(sorted(recorded))}
+        if self.taken_over:
+            # The connection that took the session over resumed it: what this one held is that
+            # one's to hand back (mqtt/resumption.py), its records that one's to keep.
+            await self.session.release()
+            return
+        if self.in_flight:
+            # What was in flight goes back to its queue below: the session's records say so first,
+            # so a resumed session expects it from there, with its original packet id (MQTT-4.4.0-1).
             try:
-                await self.services.redis.hset(self.services.keys.session(client), mapping=kept)
+                await self.mqtt_state.sending({pid: in_flight_record(f.qos, f.handle, "", f.message)
+                                               for pid, f in self.in_flight.items()})
             except (OSError, RedisError) as exc:
                 log.info("MQTT packet ids of %r not kept (fresh ones on resume): %s", client, exc)
         await self.session.release()  # marks the client offline: a group gives it nothing new
@@ -78,8 +73,8 @@ class MqttDeparture:
         # a shared group gives them to another member (Mosquitto #2662), a resumed session gets
         # them again with DUP (MQTT-3.3.1-1).
         held: dict[Handle, list[str]] = {}
-        for handle, tag, _msg in self.in_flight.values():
-            held.setdefault(handle, []).append(tag)
+        for f in self.in_flight.values():
+            held.setdefault(f.handle, []).append(f.tag)
         self.in_flight.clear()
         for handle, tags in held.items():
             try:
@@ -91,8 +86,7 @@ class MqttDeparture:
         for sub in list(self.subscriptions.values()):
             if sub.shared and sub.qos:
                 await self._hand_back_mailbox(sub.handle)
-        if not self.taken_over:  # the new connection owns the session and its lease
-            await self.services.sessions.linger(client, self.expiry * 1000)
+        await self.services.sessions.linger(client, self.expiry * 1000)
 
     async def _hand_back_mailbox(self, handle: Handle) -> None:
         leases = self.services.core.leases
@@ -130,10 +124,15 @@ class MqttDeparture:
 
     async def _publish_will(self, will: Will) -> None:
         try:
+            if not await self.services.gate.allows_now(self.session.user, "publish", will.topic):
+                # the will was allowed at CONNECT; the user's grants of now decide whether it goes out
+                log.info("MQTT will of %r not published: its user may no longer publish on %r",
+                         self.session.client_id, will.topic[:128])
+                return
             now_ms = await self.services.clock.now_ms()
             await self.services.core.shared.publish(
                 will.topic, [will.payload], qos=min(will.qos, 1),
                 headers=headers_of(will.qos, will.retain, will.properties, now_ms), retain=will.retain,
                 producer=self.session.client_id)
-        except FenceMQError as exc:
+        except (FenceMQError, RedisError) as exc:
             log.info("MQTT will of %r not published: %s", self.session.client_id, exc)

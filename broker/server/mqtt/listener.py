@@ -30,19 +30,18 @@ lingering, the will — is server/mqtt/departure.py's.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
 import anyio
 import anyio.abc
+from redis.exceptions import RedisError
 
-from fencemq.errors import FenceMQError, NoPermission
-from fencemq.fences import session_index
+from fencemq.errors import EvictingRedis, FenceMQError, Full, LimitExceeded, NoPermission, WrongPassword
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
-from fencemq.model.keys import Handle
-from fencemq.model.topics import matches
+from fencemq.protocol.mqtt.client_ids import session_name
+from fencemq.protocol.mqtt.codec import MQTT_5
 from fencemq.protocol.mqtt.events import (
     SESSION_NEVER_EXPIRES, ConnectionClosed, ConnectRequested, DeliveryAcknowledged, DeliveryReceived,
     MessagePublished, MqttEvent, MqttServerLimits, PublishReleased, SubscribeRequested, UnsubscribeRequested,
@@ -51,50 +50,73 @@ from fencemq.protocol.mqtt.packets import Will
 from fencemq.protocol.mqtt.reasons import ReasonCode
 from fencemq.protocol.mqtt.session import MqttServerSession
 from fencemq.server.mqtt.messages import (
-    as_sent_for_subscribe, headers_of,
+    headers_of,
 )
-from fencemq.server.mqtt.delivery import MqttDelivery, MqttSubscription
-from fencemq.server.mqtt.departure import INFLIGHT_FIELD, RECORDED_FIELD, RELEASING_FIELD, MqttDeparture
+from fencemq.server.mqtt.delivery import MqttDelivery, MqttSubscription, filter_of
+from fencemq.server.mqtt.departure import MqttDeparture
+from fencemq.server.mqtt.resumption import MqttResumption
+from fencemq.server.mqtt.state import InFlight, MqttSessionState, dedup_id
+from fencemq.server.mqtt.subscribing import MqttSubscribing
+from fencemq.server.gate import Pass
 from fencemq.server.session import Session
 
 log = logging.getLogger(__name__)
 
 READ_SIZE = 65536
-REFUSED = 0x80  # the SUBACK reason code "unspecified error"
-SUB_FIELD = "mqtt-sub:"  # session hash field per subscription: the options a resumed session needs
+LINGER_S = 1.0  # how long a connection the server ended waits for the client to close it
 
 
-class MqttConnection(MqttDelivery, MqttDeparture):
-    def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str) -> None:
+class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumption):
+    def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str, gate_pass: Pass | None = None) -> None:
         self.worker, self.services, self.verbs = worker, worker.services, worker.verbs
         self.config = worker.config
+        self.gate = self.services.gate
         self.stream = stream
-        limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s)
+        # the gate's budgets: the time to an accepted CONNECT, and its size before authentication
+        limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s,
+                                  connect_timeout=self.gate.connect_timeout_s,
+                                  maximum_connect_size=self.gate.preauth_max_bytes,
+                                  server_keep_alive=self.config.mqtt_server_keep_alive_s or None)
         self.mqtt = MqttServerSession(limits, now=time.monotonic())
+        self.revoked_filters: tuple[str, ...] = ()  # a resumed session's, its user may no longer subscribe to
+        self.gate_pass = gate_pass or Pass("mqtt", "")
+        self.gate_pass.shut_out = self._shut_out
         self.session = Session(self.services, token, watch_for_hangup=self._no_hangup_watch,
-                               end_connection=self._taken_over)
+                               end_connection=self._taken_over, gate_pass=self.gate_pass)
         self.token = token
         self.write_lock = anyio.Lock()
+        self.output_turn = anyio.Lock()
         self.quota_freed = anyio.Event()
         self.subscriptions: dict[str, MqttSubscription] = {}  # by topic filter as the client sent it
-        self.in_flight: dict[int, tuple[Handle, str, str]] = {}  # packet id -> handle, tag, message id
+        self.in_flight: dict[int, InFlight] = {}  # packet id -> the delivery sent with it
         self.resumed_ids: dict[str, int] = {}  # "<handle>|<message id>" -> the packet id it was sent with
+        self.mqtt_state: MqttSessionState  # the session's MQTT state in Redis, once CONNECT names it
+        self.nonce = ""  # the session's own id, in its QoS 2 publishes' dedup ids (mqtt/state.py)
+        self.completed: dict[int, int] = {}  # packet id -> the client's QoS 2 publishes completed with it
         # QoS 2 deliveries the client received (PUBREC): settled in FenceMQ, awaiting PUBCOMP
         self.releasing: set[int] = set()
         self.tasks: anyio.abc.TaskGroup | None = None
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
         self.taken_over = False
+        self.ended_by_server = False
+        self._tick_wait = anyio.CancelScope()
+        self.quota_refused = False  # a 3.1.1 PUBLISH met FULL: the connection is being closed unacknowledged
         self.draining = False  # the worker shuts down: nothing new is sent
         self.reading = anyio.Lock()  # held while what one read brought is handled
         self.left = False  # DISCONNECT sent by the worker: nothing more is read
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
 
-    async def _no_hangup_watch(self, scope: anyio.CancelScope) -> None:
-        await anyio.sleep_forever()  # MQTT verbs never wait inside the session: the reader runs all along
+    def _no_hangup_watch(self, scope: anyio.CancelScope | None) -> None:
+        pass  # MQTT verbs never wait inside the session: the reader runs all along
 
     def _taken_over(self) -> None:
         self._handle_later(self.mqtt.take_over())
+
+    def _shut_out(self) -> None:
+        """The gate ends this connection (its user's record changed): DISCONNECT 0x98 (5.0), then close."""
+        if self.tasks is not None and not self.mqtt.closed:
+            self.tasks.start_soon(self._disconnect, ReasonCode.ADMINISTRATIVE_ACTION)
 
     # The worker holds its MQTT connections beside its RESP ones (Worker.connections): it keeps
     # their sessions' leases alive, cuts one whose session is gone, and drains them on shutdown.
@@ -144,14 +166,46 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         finally:
             self.tasks = None  # drain() and a takeover notice now find nothing to start
             with anyio.CancelScope(shield=True):
+                if self.ended_by_server:
+                    await self._linger()
                 await self.stream.aclose()
                 await self._session_over()
 
-    async def _read(self) -> None:
-        while not self.mqtt.closed:
+    async def _linger(self) -> None:
+        """After the server ended the connection: half-close it and read (and drop) what the client
+        still sends until it closes, for at most LINGER_S. Closing a socket with bytes unread
+        resets it, and a client that is still writing (PUBRELs, say) would lose the DISCONNECT that
+        says why before reading it."""
+        try:
+            await self.stream.send_eof()
+        except (NotImplementedError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return  # TLS and WebSocket cannot half-close: closed at once, as before
+        with anyio.move_on_after(LINGER_S):
             try:
-                data = await self.stream.receive(READ_SIZE)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                while await self.stream.receive(READ_SIZE):
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+
+    async def _read(self) -> None:
+        began: float | None = None  # when the packet still unfinished began (the gate's request timeout)
+        while not self.mqtt.closed:
+            wait = float("inf")
+            if self.mqtt.mid_packet:
+                began = began or time.monotonic()
+                wait = max(0.0, began + self.gate.request_timeout_s - time.monotonic())
+            else:
+                began = None
+            data = None
+            with anyio.move_on_after(wait):
+                try:
+                    data = await self.stream.receive(READ_SIZE)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    data = b""
+            if not data:
+                if data is None:
+                    log.info("closing MQTT connection %s: a packet unfinished for %d ms", self.token,
+                             self.config.request_timeout_ms)
                 await self._handle(self.mqtt.connection_lost())
                 break
             async with self.reading:
@@ -165,7 +219,8 @@ class MqttConnection(MqttDelivery, MqttDeparture):
     async def _tick(self) -> None:
         while True:
             deadline = self.mqtt.next_deadline()
-            await anyio.sleep(1.0 if deadline is None else max(0.0, deadline - time.monotonic()))
+            with anyio.CancelScope() as self._tick_wait:  # cancelled when the deadline moves earlier
+                await anyio.sleep(1.0 if deadline is None else max(0.0, deadline - time.monotonic()))
             await self._handle_and_flush(self.mqtt.tick(time.monotonic()))
             if self.mqtt.closed:
                 assert self.tasks is not None
@@ -175,10 +230,7 @@ class MqttConnection(MqttDelivery, MqttDeparture):
         async with self.write_lock:
             data = self.mqtt.outbound()
             if data:
-                try:
-                    await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
+                await self._write(data)
 
     async def _handle_and_flush(self, events: list[MqttEvent]) -> None:
         try:
@@ -223,15 +275,12 @@ class MqttConnection(MqttDelivery, MqttDeparture):
                 acks = []
                 await self._closed(event)
             elif isinstance(event, DeliveryReceived):
-                # The client has the message (PUBREC): settle it now, so it is never sent again;
-                # what remains, PUBREL/PUBCOMP, is the handshake's, and a resumed session ends it.
-                held = self.in_flight.pop(event.packet_id, None)
-                self.releasing.add(event.packet_id)
-                if held is not None:
-                    handle, tag, _msg = held
-                    await self.services.core.leases.ack(handle, [tag])
+                await self._received(event.packet_id)
             elif isinstance(event, PublishReleased):
-                pass  # the session machine keeps the inbound QoS 2 handshake; the message is stored already
+                # the message is stored already: forget its packet id (the next publish with it is
+                # a new message), then PUBCOMP
+                self.completed[event.packet_id] = await self.mqtt_state.completed(event.packet_id)
+                self.mqtt.complete_release(event.packet_id)
         if publishes:
             await self._published(publishes)
         if acks:
@@ -252,164 +301,122 @@ class MqttConnection(MqttDelivery, MqttDeparture):
 
     async def _connect(self, event: ConnectRequested) -> None:
         session = self.session
-        if self.services.config.needs_auth:
-            user = None
-            if event.password is not None:
-                user = await self.verbs._authenticate(event.username or "default", event.password)
-            if user is None:
-                self.mqtt.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD)
-                return
-            session.authed, session.user = True, user
+        refusal = await self._admitted(event)
+        if self.mqtt.closed:
+            return  # the connect timeout ran out while the gate made it wait
+        if refusal is not None:
+            self.mqtt.refuse(refusal)
+            return
+        name = session_name(event.client_id)  # any UTF-8 identifier, as a FenceMQ session name
+        self.mqtt_state = MqttSessionState(self.services.redis, self.services.keys, name)
         try:
-            await session.bind(event.client_id, anonymous=False, takeover=True, fresh=event.clean_start)
+            revoked = await session.bind(name, anonymous=False, takeover=True, fresh=event.clean_start,
+                                         tell_revoked=False)
         except FenceMQError as exc:
             log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
             self.mqtt.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
             return
+        if revoked:
+            # its user may no longer subscribe to these: left, and told in the CONNACK (5.0)
+            log.info("MQTT session %r resumed without %d subscriptions its user may no longer hold",
+                     event.client_id, len(revoked))
+            self.revoked_filters = tuple(filter_of(h) for h in revoked)
+            for filt in self.revoked_filters:
+                await self.mqtt_state.unsubscribed(filt)
         self.protocol_level = event.protocol_level
         self.expiry = self._granted_expiry(event.protocol_level, event.session_expiry_interval)
         if event.will is not None:
             self.will = (event.will, event.will.properties.will_delay_interval or 0)
-        redis, keys = self.services.redis, self.services.keys
-        held = await session_index.non_lite_handles(redis, keys, event.client_id)
-        fields = await redis.hgetall(keys.session(event.client_id))
-        saved = {k.decode()[len(SUB_FIELD):]: v for k, v in fields.items() if k.startswith(SUB_FIELD.encode())}
-        releasing: list[int] = []
-        recorded: list[int] = []
-        if any(f.encode() in fields for f in (INFLIGHT_FIELD, RELEASING_FIELD, RECORDED_FIELD)):
-            await redis.hdel(keys.session(event.client_id), INFLIGHT_FIELD, RELEASING_FIELD, RECORDED_FIELD)
-            if not event.clean_start:
-                self.resumed_ids = json.loads(fields.get(INFLIGHT_FIELD.encode()) or b"{}")
-                releasing = json.loads(fields.get(RELEASING_FIELD.encode()) or b"[]")
-                recorded = json.loads(fields.get(RECORDED_FIELD.encode()) or b"[]")
-        if event.clean_start:
-            for handle in held:
-                await self.services.core.subscriptions.unsubscribe(handle)
-            held = []
-            if saved:
-                await redis.hdel(keys.session(event.client_id), *[SUB_FIELD + f for f in saved])
-            saved = {}
-        pipelined = self.mqtt.accept(time.monotonic(), session_present=bool(held or releasing or recorded),
-                                     inbound_releases=frozenset(recorded))
-        for packet_id in releasing:  # received before the connection dropped: complete the handshake
-            self.mqtt.resend_release(packet_id)
-            self.releasing.add(packet_id)
-        if releasing:
-            await self._flush()
-        for handle in held:  # a resumed session: its subscriptions deliver again, with their options
-            owner = handle.queue.owner or ""
-            shared = owner.startswith("$share/")
-            filt = f"{owner}/{handle.queue.topic}" if shared else handle.queue.topic
-            qos, no_local, rap, ident = json.loads(saved[filt]) if filt in saved else (1, False, False, None)
-            self._start_delivery(filt, MqttSubscription(handle, qos, shared, no_local, rap, ident))
         # what the client sent right behind its CONNECT (a SUBSCRIBE, say) waited for the accept
+        pipelined = await self._take_up(event)
+        # the keep alive is the session's deadline now, not the connect timeout (a client whose
+        # Keep Alive is shorter than that was checked only at the connect timeout: its will late)
+        self._tick_wait.cancel()
         await self._handle(pipelined)
 
-    async def _published(self, run: list[MessagePublished]) -> None:
-        first = run[0]
-        reason = ReasonCode.SUCCESS
-        try:
-            self.verbs._may(self.session, "publish", first.topic)
-            headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
-            for start in range(0, len(run), self.services.config.max_batch):
-                part = run[start:start + self.services.config.max_batch]
-                await self.services.core.shared.publish(
-                    first.topic, [e.payload for e in part], qos=min(first.qos, 1),
-                    headers=headers, retain=first.retain, producer=self.session.client_id)
-        except NoPermission:
-            reason = ReasonCode.NOT_AUTHORIZED
-        except FenceMQError as exc:
-            log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], exc)
-            reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
-        for event in run:
-            if event.packet_id is not None:
-                self.mqtt.acknowledge_publish(event.packet_id, reason)
-
-    async def _subscribe(self, event: SubscribeRequested) -> None:
-        codes = []
-        client = self.session.client_id
-        assert client is not None
-        for request in event.requests:
-            if request.refusal is not None:
-                codes.append(request.refusal)
-                continue
-            user = self.session.user
-            if user is not None and not user.may_subscribe(request.filter):
-                codes.append(ReasonCode.NOT_AUTHORIZED)
-                continue
-            qos, options = request.granted_qos, request.options
-            shared = request.share_group is not None
+    async def _admitted(self, event: ConnectRequested) -> int | None:
+        """The gate's answer to a CONNECT: None (let in), or the CONNACK reason code that refuses it."""
+        gate = self.gate
+        user = None
+        if gate.needs_auth:
+            if event.password is None:
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
             try:
-                sub = await self.services.core.shared.subscribe(client, request.topic_filter, qos=min(qos, 1),
-                                                                retained=False)
-            except FenceMQError as exc:
-                log.info("MQTT SUBSCRIBE to %r refused: %s", request.topic_filter[:128], exc)
-                codes.append(REFUSED)
-                continue
-            mine = MqttSubscription(Handle.decode(sub.handle), qos, shared, options.no_local,
-                                    options.retain_as_published, event.subscription_identifier)
-            before = self.subscriptions.get(request.topic_filter)
-            if before is not None and before.handle == mine.handle:
-                # the same subscription again: new options, the same delivery task (MQTT-3.8.4-3),
-                # so nothing it pulled is cut off half sent
-                before.qos, before.no_local = mine.qos, mine.no_local
-                before.retain_as_published, before.identifier = mine.retain_as_published, mine.identifier
-                mine = before
-            await self.services.redis.hset(self.services.keys.session(client), SUB_FIELD + request.topic_filter,
-                                           mine.saved())
-            # Retain Handling (MQTT-3.3.1-9/10/11): 0 at every SUBSCRIBE, 1 only for a new
-            # subscription, 2 never; never to a shared subscription (MQTT 5.0 §4.8.2)
-            if not shared and (options.retain_handling == 0 or (options.retain_handling == 1 and sub.new_member)):
-                await self._send_retained(mine.handle, request.filter)
-            if mine is not before:
-                self._start_delivery(request.topic_filter, mine)
-            codes.append(qos)
-        self.mqtt.complete_subscribe(event.packet_id, codes)
+                user = await gate.log_in(self.gate_pass, event.username, event.password)
+            except WrongPassword:
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            except LimitExceeded as exc:
+                log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
+                return ReasonCode.QUOTA_EXCEEDED
+            self.session.authed = True
+        if event.will is not None and not gate.allows(user, "publish", event.will.topic):
+            # a will is a publish, checked now and again when it goes out (MQTT-3.1.2-… as Mosquitto)
+            log.info("MQTT CONNECT of %r refused: %s (its will)", event.client_id,
+                     user.missing("publish", event.will.topic) if user else "")
+            return ReasonCode.NOT_AUTHORIZED
+        return None
 
-    async def _send_retained(self, handle: Handle, filt: str) -> None:
-        stored = await self.services.redis.hgetall(self.services.keys.retained)
-        bodies = [as_sent_for_subscribe(body) for topic, body in stored.items() if matches(filt, topic.decode())]
-        publishing = self.services.core.shared.publishing
-        for start in range(0, len(bodies), self.config.max_batch):
-            await publishing.append(handle.queue, bodies[start:start + self.config.max_batch])
-
-    async def _unsubscribe(self, event: UnsubscribeRequested) -> None:
-        codes = []
-        client = self.session.client_id
-        assert client is not None
-        for filt in event.filters:
-            held = self.subscriptions.pop(filt, None)
-            if held is None:
-                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
-                continue
-            held.scope.cancel()
-            await self.services.core.subscriptions.unsubscribe(held.handle)
-            await self.services.redis.hdel(self.services.keys.session(client), SUB_FIELD + filt)
-            codes.append(ReasonCode.SUCCESS)
-        self.mqtt.complete_unsubscribe(event.packet_id, codes)
-
-    async def _acknowledged(self, events: list[DeliveryAcknowledged]) -> None:
-        settled: dict[Handle, list[str]] = {}
-        refused: dict[Handle, list[str]] = {}
-        for event in events:
-            if event.packet_id in self.releasing:  # PUBCOMP of a delivery settled at its PUBREC
-                self.releasing.discard(event.packet_id)
-                continue
-            held = self.in_flight.pop(event.packet_id, None)
-            if held is not None:
-                handle, tag, _msg = held
-                # refused by the client (>= 0x80): dropped, never redispatched (MQTT-234)
-                (refused if event.reason_code >= 0x80 else settled).setdefault(handle, []).append(tag)
-        if events:
-            self.quota_freed.set()
-        leases = self.services.core.leases
-        for handle, tags in settled.items():
-            await leases.ack(handle, tags)
-        for handle, tags in refused.items():
-            await leases.nack(handle, tags, discard=True)
+    async def _published(self, run: list[MessagePublished]) -> None:
+        """PUBLISHes to one topic that one read brought: published together, each packet checked as
+        if alone and acknowledged with its own reason code, in order (MQTT-4.6.0-2)."""
+        first = run[0]
+        try:
+            self.gate.check(self.session.user, "publish", first.topic)
+        except NoPermission:
+            outcomes: list[Any] = [NoPermission("")] * len(run)
+        else:
+            shared = self.services.core.shared
+            headers = headers_of(first.qos, first.retain, first.properties, await self.services.clock.now_ms())
+            # a QoS 2 publish is stored under a dedup id of its own (mqtt/state.py): sent again after
+            # a crash that came before it was recorded, it is not stored twice
+            dedup = [[dedup_id(self.nonce, e.packet_id, self.completed.get(e.packet_id, 0))]
+                     if e.qos == 2 and e.packet_id is not None else None for e in run]
+            if first.retain:  # never merged (_same_run): the last retained message is this one
+                try:
+                    outcomes = [await shared.publish(first.topic, [first.payload], qos=min(first.qos, 1),
+                                                     headers=headers, retain=True, dedup_ids=dedup[0],
+                                                     producer=self.session.client_id)]
+                except FenceMQError as exc:
+                    outcomes = [exc]
+            else:
+                outcomes = await shared.publish_many(first.topic, [[e.payload] for e in run], qos=min(first.qos, 1),
+                                                     headers=headers, producer=self.session.client_id, dedup_ids=dedup)
+            # the session knows the QoS 2 ones before their PUBRECs go out (MQTT-4.3.3-10)
+            await self.mqtt_state.recorded([e.packet_id for e, out in zip(run, outcomes, strict=True)
+                                            if e.qos == 2 and e.packet_id is not None and isinstance(out, list)])
+        for event, outcome in zip(run, outcomes, strict=True):
+            if isinstance(outcome, RedisError):
+                # Unknown whether it was stored: the connection ends unacknowledged and the client
+                # sends it (and what followed it) again.
+                raise outcome
+            why = None
+            if isinstance(outcome, NoPermission):
+                reason = ReasonCode.NOT_AUTHORIZED
+            elif isinstance(outcome, (Full, EvictingRedis)):
+                # the broker's Redis is short of memory (or may evict): held back, as a RESP PUB gets FULL
+                log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], outcome.resp())
+                if self.mqtt.protocol_level != MQTT_5:
+                    # 3.1.1 has no failure PUBACK: close with this one (and what follows) unacknowledged,
+                    # and the client sends it again once it reconnects (MQTT-4.4.0-1)
+                    if not self.quota_refused and self.tasks is not None:
+                        self.quota_refused = True
+                        self.tasks.start_soon(self._disconnect, ReasonCode.QUOTA_EXCEEDED)
+                    return
+                reason, why = ReasonCode.QUOTA_EXCEEDED, outcome.resp()
+            elif isinstance(outcome, FenceMQError):
+                log.info("MQTT PUBLISH to %r refused: %s", first.topic[:128], outcome)
+                reason = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+            else:
+                reason = ReasonCode.SUCCESS
+            if event.packet_id is not None:
+                self.mqtt.acknowledge_publish(event.packet_id, reason, why)
 
     async def _closed(self, event: ConnectionClosed) -> None:
         self.taken_over = event.taken_over
+        # the server ended it (a protocol error, a limit, a DISCONNECT it sent): the client is told why
+        # (a client silent past its keep alive is gone: nothing to linger for)
+        self.ended_by_server = (event.initiated_by == "server" and not event.taken_over
+                                and event.reason_code != ReasonCode.KEEP_ALIVE_TIMEOUT)
         if self.session.bound:
             # a DISCONNECT may change the Session Expiry Interval (5.0 §3.14.2.2.2)
             self.expiry = self._granted_expiry(self.protocol_level, event.session_expiry_interval)

@@ -26,8 +26,10 @@ from fencemq.model.topics import matches  # noqa: E402
 from fencemq.protocol.mqtt.events import (  # noqa: E402
     ConnectionClosed,
     ConnectRequested,
+    DeliveryReceived,
     MessagePublished,
     MqttServerLimits,
+    PublishReleased,
     SubscribeRequested,
     UnsubscribeRequested,
 )
@@ -159,6 +161,10 @@ class LoopbackBroker(threading.Thread):
                 for topic_filter in event.filters:
                     self.filters.pop(topic_filter, None)
                 self.session.complete_unsubscribe(event.packet_id)
+            elif isinstance(event, PublishReleased):
+                self.session.complete_release(event.packet_id)
+            elif isinstance(event, DeliveryReceived):
+                self.session.release_delivery(event.packet_id)
             elif isinstance(event, MessagePublished):
                 if event.qos:
                     self.session.acknowledge_publish(event.packet_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 import time
 from typing import Any
@@ -11,6 +12,11 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from fencemq.protocol.mqtt.codec import encode
+from fencemq.protocol.mqtt.packets import MQTT_5, Connect
+from fencemq.protocol.mqtt.properties import Properties as MqttProperties
+from fencemq.protocol.mqtt.stream import MqttStreamDecoder
 
 VERSIONS = {"3.1.1": mqtt.MQTTv311, "5.0": mqtt.MQTTv5}
 
@@ -87,3 +93,38 @@ class Client:
         else:
             self.c.socket().close()  # the network goes: no DISCONNECT
         self.c.loop_stop()
+
+
+class RawClient:
+    """An MQTT client spoken with FenceMQ's own codec: it sends exactly what a test says, nothing
+    else (``send_all``: several packets in one write)."""
+
+    def __init__(self, port: int, client_id: str, *, clean_start: bool = True, expiry: int = 0,
+                 level: int = MQTT_5, connect: bool = True, **connect_fields: Any) -> None:
+        self.level = level
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.decoder = MqttStreamDecoder(protocol_level=level)
+        self.connack: Any = None
+        if connect:
+            props = MqttProperties(session_expiry_interval=expiry) if level == MQTT_5 and expiry else MqttProperties()
+            self.send(Connect(client_id=client_id, clean_start=clean_start, keep_alive=30, properties=props,
+                              protocol_level=level, **connect_fields))
+            self.connack = self.next()
+
+    def send(self, packet: Any) -> None:
+        self.sock.sendall(encode(packet, self.level))
+
+    def send_all(self, packets: list[Any]) -> None:
+        self.sock.sendall(b"".join(encode(p, self.level) for p in packets))
+
+    def next(self, timeout: float = 10.0) -> Any:
+        self.sock.settimeout(timeout)
+        while (got := self.decoder.next_packet()) is None:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.decoder.feed(chunk)
+        return got
+
+    def close(self) -> None:
+        self.sock.close()

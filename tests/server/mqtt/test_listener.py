@@ -163,10 +163,16 @@ def test_mosquitto_pub_and_sub_talk_through_the_worker(w) -> None:
     port = str(w.worker.mqtt_port)
     sub = subprocess.Popen(["mosquitto_sub", "-p", port, "-t", "cli/#", "-q", "1", "-C", "1", "-W", "10"],
                            stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)
-    subprocess.run(["mosquitto_pub", "-p", port, "-t", "cli/x", "-q", "1", "-m", "hello"], check=True, timeout=10)
+    # mosquitto_sub says nothing when it has subscribed: publish until it has the message (one published
+    # before its SUBSCRIBE reaches no one), instead of guessing how long subscribing takes
+    while sub.poll() is None:
+        subprocess.run(["mosquitto_pub", "-p", port, "-t", "cli/x", "-q", "1", "-m", "hello"], check=True, timeout=10)
+        try:
+            sub.wait(0.3)
+        except subprocess.TimeoutExpired:
+            pass
     out, _ = sub.communicate(timeout=15)
-    assert out.strip() == "hello"
+    assert sub.returncode == 0 and out.strip() == "hello"
 
 
 def test_a_tls_worker_serves_mqtt_over_tls_with_the_same_certificates(redis_url, tmp_path) -> None:
@@ -184,8 +190,10 @@ def test_a_tls_worker_serves_mqtt_over_tls_with_the_same_certificates(redis_url,
         c.loop_start()
         try:
             assert connected.wait(10), "no CONNACK over TLS"
+            subscribed = threading.Event()
+            c.on_subscribe = lambda *_a: subscribed.set()
             c.subscribe("secure/#", qos=1)
-            time.sleep(0.3)
+            assert subscribed.wait(10), "no SUBACK over TLS"  # published before it, the message reaches no one
             c.publish("secure/x", b"sealed", qos=1).wait_for_publish(10)
             assert got.get(timeout=10) == b"sealed"
         finally:
@@ -208,3 +216,51 @@ def test_MQTT_3_1_4_5_a_subscribe_sent_in_the_same_write_as_connect_is_served(w)
     assert got[:4] == bytes([0x20, 2, 0, 0]), "CONNACK accepted"
     assert got[4:9] == bytes([0x90, 3, 0, 1, 1]), "SUBACK granting QoS 1 came without anything more sent"
     s.close()
+
+
+def test_a_client_the_server_disconnects_may_still_write_and_then_reads_why_not_a_reset(w) -> None:
+    """The server half-closes and reads on for a moment: a client still writing (the Paho suite's
+    test_flow_control2 answers PUBRECs with PUBRELs) is not reset before it reads the DISCONNECT."""
+    from fencemq.protocol.mqtt.packets import Connect, Disconnect, Pingreq
+    from tests.server.mqtt.clients import RawClient
+
+    c = RawClient(w.worker.mqtt_port, "violator")
+    c.send(Connect(client_id="again"))  # a second CONNECT: DISCONNECT 0x82 (MQTT-3.1.0-2)
+    time.sleep(0.2)  # the server has ended the connection by now
+    for _ in range(20):  # a client that has not read yet goes on writing
+        c.send(Pingreq())
+        time.sleep(0.01)
+    packet = c.next()
+    while not isinstance(packet, Disconnect):
+        packet = c.next()
+    assert packet.reason_code == 0x82
+    c.close()
+
+
+def test_MQTT_3_3_4_8_a_client_past_the_receive_maximum_reads_its_disconnect_0x93_while_it_still_writes(w) -> None:
+    from fencemq.protocol.mqtt.packets import Disconnect, Publish, Pubrec, Pubrel
+    from tests.server.mqtt.clients import RawClient
+
+    c = RawClient(w.worker.mqtt_port, "too-many")
+    allowed = c.connack.properties.receive_maximum
+    for i in range(1, allowed + 2):  # one write each, read nothing meanwhile
+        c.send(Publish("flow/a", b"m%d" % i, qos=2, packet_id=i))
+    # as the Paho suite's client does: each PUBREC read is answered with a PUBREL, while the
+    # server has already ended the connection; the DISCONNECT must still be read, not a reset
+    while True:
+        packet = c.next(timeout=20)
+        if isinstance(packet, Disconnect):
+            break
+        assert isinstance(packet, Pubrec)
+        c.send(Pubrel(packet.packet_id))
+    assert packet.reason_code == 0x93  # Receive Maximum exceeded
+    c.close()
+
+
+def test_MQTT_3_2_2_21_a_worker_configured_with_a_server_keep_alive_gives_it_to_every_v5_client(redis_url) -> None:
+    from tests.server.mqtt.clients import RawClient
+
+    with worker(redis_url, mqtt_port=0, mqtt_server_keep_alive_s=60) as w:
+        c = RawClient(w.worker.mqtt_port, "kept-alive")  # asks for 30
+        assert c.connack.properties.server_keep_alive == 60
+        c.close()

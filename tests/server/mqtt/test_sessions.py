@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.helpers import worker
-from tests.server.mqtt.clients import Client
+from tests.server.mqtt.clients import Client, RawClient
 
 
 @pytest.fixture
@@ -221,40 +221,6 @@ def test_MQTT_3_14_2_a_disconnect_that_sets_the_session_expiry_to_0_ends_the_ses
         again.close()
 
 
-class RawClient:
-    """An MQTT 5 client spoken with FenceMQ's own codec: it sends exactly what a test says, nothing else."""
-
-    def __init__(self, port: int, client_id: str, *, clean_start: bool, expiry: int) -> None:
-        import socket
-
-        from fencemq.protocol.mqtt.codec import encode
-        from fencemq.protocol.mqtt.packets import Connect
-        from fencemq.protocol.mqtt.properties import Properties
-        from fencemq.protocol.mqtt.stream import MqttStreamDecoder
-
-        self.encode = encode
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.decoder = MqttStreamDecoder(protocol_level=5)
-        self.send(Connect(client_id=client_id, clean_start=clean_start, keep_alive=30,
-                          properties=Properties(session_expiry_interval=expiry)))
-        self.connack = self.next()
-
-    def send(self, packet) -> None:
-        self.sock.sendall(self.encode(packet))
-
-    def next(self, timeout: float = 10.0):
-        self.sock.settimeout(timeout)
-        while (got := self.decoder.next_packet()) is None:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed")
-            self.decoder.feed(chunk)
-        return got
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_MQTT_4_3_3_a_qos2_delivery_received_before_the_connection_dropped_is_released_on_resume_not_sent_again(
         w) -> None:
     import socket
@@ -306,3 +272,50 @@ def test_MQTT_4_3_3_10_a_qos2_publish_retransmitted_on_a_resumed_session_is_stor
     got = deliveries(reader.execute_command("PULL", handle, "COUNT", 10))
     assert [d["payload"] for d in got] == ["exactly once"]
     reader.close()
+
+
+def test_MQTT_3_1_2_4_clean_start_leaves_every_subscription_of_the_session_its_lmqs_included(w, redis_url) -> None:
+    from tests.helpers import RespConn, as_map, direct, held_handles
+
+    with RespConn(w.port) as resp:
+        resp.hello(3, "both-doors")
+        as_map(resp.call("SUB", "chat", "LMQ", "s1"))
+        as_map(resp.call("SUB", "plain-orders", "GROUP", "g"))
+    r = direct(redis_url)
+    assert len(held_handles(r, "both-doors")) == 2
+    c = Client(w.worker.mqtt_port, "both-doors", clean=True, expiry=60)
+    try:
+        assert c.session_present is False
+        assert held_handles(r, "both-doors") == set()
+    finally:
+        c.close()
+
+
+def test_MQTT_3_2_2_2_a_session_with_no_subscriptions_is_still_present_when_resumed(w) -> None:
+    first = Client(w.worker.mqtt_port, "no-subs", clean=False, expiry=60)
+    first.close()
+    again = Client(w.worker.mqtt_port, "no-subs", clean=False, expiry=60)
+    try:
+        assert again.session_present is True
+    finally:
+        again.close()
+
+
+def test_MQTT_3_1_2_24_a_client_silent_past_a_keep_alive_shorter_than_the_connect_timeout_has_its_will_sent_then(
+        w) -> None:
+    import socket
+
+    from fencemq.protocol.mqtt.codec import encode
+    from fencemq.protocol.mqtt.packets import Connect, Will
+
+    watcher = Client(w.worker.mqtt_port, "will-watcher")
+    watcher.subscribe("gone/silent", qos=0)
+    silent = socket.create_connection(("127.0.0.1", w.worker.mqtt_port))
+    silent.sendall(encode(Connect(client_id="silent", keep_alive=2, will=Will("gone/silent", b"bye", 0, False))))
+    started = time.monotonic()
+    try:
+        got = watcher.take(1, timeout=8)
+        assert [m.payload for m in got] == [b"bye"]
+        assert time.monotonic() - started < 5  # 1.5 x 2 s, not the 10 s connect timeout
+    finally:
+        silent.close(), watcher.close()

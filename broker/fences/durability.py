@@ -1,0 +1,143 @@
+"""What an acknowledgement promises: the ``durability`` setting (docs/operations.md, "Replicas, failover and Sentinel").
+
+- ``local`` (the default): a PUB's ids and an ACK's reply come once the fence
+  ran on the primary. A failover to a replica that had not received it yet
+  undoes it.
+- ``replicas=N``: they come once ``WAIT N`` confirms that N replicas hold the
+  fence's writes (the WAIT rides the same connection, in the same round trip).
+- ``aof``: once ``WAITAOF 1 0`` confirms the primary fsynced them to its
+  AOF (Redis ≥ 7.2, Valkey ≥ 8.0, ``appendonly yes``; refused at start-up
+  otherwise); ``aof+replicas=N``: and N replicas fsynced them too.
+
+A confirmation that does not come within ``durability_timeout_ms`` answers
+``UNCONFIRMED``: the write ran and may survive or not; the client sends the
+same request again (a ``PUB … ID`` is deduplicated, and the fence then writes
+again what the first one wrote, so the second confirmation covers the first).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import RedisCluster
+from redis.exceptions import ResponseError
+
+from fencemq.errors import BadArgument, Unconfirmed
+
+# The fences whose reply is an acknowledgement: a producer's ids, a consumer's settlement.
+CONFIRMED_FENCES = frozenset({"publish", "ack"})
+_FORM = re.compile(r"^(?:(local)|(aof)|replicas=(\d+)|aof\+replicas=(\d+))$")
+
+
+@dataclass(frozen=True, slots=True)
+class Durability:
+    replicas: int = 0
+    aof: bool = False
+    timeout_ms: int = 1000
+
+    @classmethod
+    def parse(cls, text: str, timeout_ms: int = 1000) -> Durability:
+        """``local`` | ``replicas=N`` | ``aof`` | ``aof+replicas=N``; BadArgument otherwise."""
+        m = _FORM.match(text.strip().lower())
+        if m is None:
+            raise BadArgument(f"durability is local, replicas=N, aof or aof+replicas=N, not {text!r}")
+        if timeout_ms <= 0:
+            raise BadArgument(f"durability_timeout_ms must be positive, not {timeout_ms}")
+        replicas = int(m.group(3) or m.group(4) or 0)
+        if (m.group(3) or m.group(4)) and replicas < 1:
+            raise BadArgument("replicas=N needs N >= 1 (durability=local waits for none)")
+        return cls(replicas=replicas, aof=bool(m.group(2) or m.group(4)), timeout_ms=timeout_ms)
+
+    @property
+    def local(self) -> bool:
+        return not self.replicas and not self.aof
+
+    def __str__(self) -> str:
+        if self.local:
+            return "local"
+        return "+".join(filter(None, ("aof" if self.aof else "", f"replicas={self.replicas}" if self.replicas else "")))
+
+    def command(self) -> tuple[Any, ...]:
+        """The confirmation to send right after the fence, on its connection."""
+        if self.aof:
+            return ("WAITAOF", 1, self.replicas, self.timeout_ms)
+        return ("WAIT", self.replicas, self.timeout_ms)
+
+    def confirmed(self, reply: Any) -> Unconfirmed | None:
+        """None when the reply to :meth:`command` confirms; else the error the client gets."""
+        if isinstance(reply, Exception):
+            why = " ".join(str(reply).split())[:120]
+        elif self.aof:
+            local, replicas = (int(x) for x in reply)
+            if local >= 1 and replicas >= self.replicas:
+                return None
+            why = f"{local} local and {replicas} replica fsyncs"
+        else:
+            if int(reply) >= self.replicas:
+                return None
+            why = f"{int(reply)} of {self.replicas} replicas"
+        return Unconfirmed(f"it ran, but durability={self} was not confirmed within {self.timeout_ms} ms ({why}); "
+                           f"a failover may undo it: send it again (the same PUB ID stores nothing twice)")
+
+
+async def check_server(redis: Any, durability: Durability) -> None:
+    """Refuse at start-up a durability the server cannot give (WAITAOF missing, AOF off)."""
+    if not durability.aof:
+        return
+    cluster = isinstance(redis, RedisCluster)
+    kwargs: dict[str, Any] = {"target_nodes": RedisCluster.PRIMARIES} if cluster else {}
+    try:
+        await redis.execute_command("WAITAOF", 0, 0, 0, **kwargs)  # waits for nothing: is it known?
+    except ResponseError as exc:
+        if "unknown command" not in str(exc).lower():
+            raise
+        server = await redis.info("server", **kwargs)
+        if cluster:
+            server = next(iter(server.values()))
+        version = server.get("valkey_version") or server.get("redis_version")
+        raise BadArgument(f"durability={durability} needs WAITAOF (Redis >= 7.2, Valkey >= 8.0); the broker's "
+                          f"server is {server.get('server_name', 'redis')} {version}: use local or replicas=N") from None
+    persistence = await redis.info("persistence", **kwargs)
+    states = list(persistence.values()) if cluster else [persistence]
+    if not all(int(p.get("aof_enabled", 0)) for p in states):
+        raise BadArgument(f"durability={durability} needs appendonly yes on every primary; the broker's Redis "
+                          f"runs without AOF")
+
+
+def add_confirmations(redis: Any, pipe: Any, durability: Durability, key_lists: list[list[str]]) -> list[Any]:
+    """Queue the confirmation behind fences whose keys are ``key_lists``, on their connections: one
+    at the end on one server (a pipeline is one connection); one per master on a Cluster, whose
+    pipeline sends each master's commands, in order, on one connection of that master. The
+    masters (None on one server), to hand to :func:`confirmation_refused`."""
+    if not key_lists:
+        return []
+    if not isinstance(redis, RedisCluster):
+        pipe.execute_command(*durability.command())
+        return [None]
+    nodes = {}
+    for keys in key_lists:
+        node = redis.get_node_from_key(keys[0])
+        nodes.setdefault(node.name, node)
+    for node in nodes.values():
+        pipe.execute_command(*durability.command(), target_nodes=node)
+    return list(nodes.values())
+
+
+def confirmation_refused(redis: Any, durability: Durability, replies: list[Any], nodes: list[Any],
+                         key_lists: list[list[str]]) -> Unconfirmed | None:
+    """The UNCONFIRMED the confirmed fences answer, or None when every confirmation came.
+
+    On a Cluster, a fence redirected (MOVED, ASK) ran on another master than the
+    one its confirmation waited on: unconfirmed, whatever that one said."""
+    for reply in replies[:len(nodes)]:
+        refusal = durability.confirmed(reply)
+        if refusal is not None:
+            return refusal
+    if isinstance(redis, RedisCluster):
+        names = {node.name for node in nodes}
+        for keys in key_lists:
+            if redis.get_node_from_key(keys[0]).name not in names:
+                return durability.confirmed(ResponseError("the slot moved to another master meanwhile"))
+    return None

@@ -1,0 +1,107 @@
+"""Session binds and presence changes of concurrent connects, gathered into batches, leave Redis
+exactly as the same calls made one by one do (the slow path the batches replace)."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import msgpack
+
+from fencemq.config import Config
+from fencemq.fences.core import Core
+from fencemq.fences.redis_client import connect
+from fencemq.model.meta import ONLINE
+from fencemq.model.values import text
+
+
+def _state(redis, core: Core, clients: list[str]) -> dict[str, object]:
+    keys = core.keys
+    out: dict[str, object] = {}
+    for client in clients:
+        session = {k: v for k, v in redis.hgetall(keys.session(client)).items() if k in (b"conn", b"worker", b"gen")}
+        out[client] = (session, sorted(redis.smembers(keys.session_conns(client))),
+                       redis.zscore(keys.sessions, client) is not None)
+    return out
+
+
+def _meta_online(redis, core: Core, topics: list[str]) -> dict[str, dict[bytes, bytes]]:
+    """Each member's online flag (the meta fields ``g|member|on``)."""
+    return {t: {k: v for k, v in redis.hgetall(core.keys.queue(core.ctx.queue(t, None)).meta).items()
+                if k.endswith(b"|" + ONLINE.encode())} for t in topics}
+
+
+def test_gathered_binds_and_presence_changes_end_as_the_same_calls_one_by_one(redis_url):
+    import redis as sync_redis
+
+    rng = random.Random(28)
+    clients = [f"c{i}" for i in range(25)]
+    # binds in arrival order: some clients twice or more (a pool joining, a takeover), then presence changes
+    binds = [(rng.choice(clients), f"w:{n}", rng.random() < 0.3, rng.random() < 0.5) for n in range(150)]
+    presence = [(rng.choice(clients), rng.random() < 0.5) for _ in range(80)]
+    leaves = [(client, conn) for client, conn, _, _ in rng.sample(binds, 60)]
+    lingers = [(rng.choice(clients), rng.choice([1, 5000, 60000])) for _ in range(30)]
+    answers: dict[str, list[object]] = {}
+    topics = [f"t{i}" for i in range(5)]
+    told: dict[str, list[object]] = {}
+
+    async def scenario(prefix: str, gathered: bool) -> None:
+        redis = connect(redis_url)
+        core = Core(redis, Config(redis_url=redis_url, prefix=prefix))
+        pubsub = redis.pubsub()
+        await pubsub.psubscribe(f"{prefix}:sess:*")
+        try:
+            for client in clients[:10]:  # memberships for the presence changes to mark
+                await core.sessions.bind(client, "setup", "w")
+                for topic in topics[: 1 + int(client[1:]) % len(topics)]:
+                    await core.subscriptions.subscribe(client, topic, group="g")
+            async with anyio.create_task_group() as tg:
+                if gathered:
+                    core.ctx.spawn = tg.start_soon
+                    async with anyio.create_task_group() as calls:
+                        for client, conn, takeover, fresh in binds:
+                            calls.start_soon(lambda c=client, t=conn, k=takeover, f=fresh:
+                                             core.sessions.bind(c, t, "w", takeover=k, fresh=f))
+                            await anyio.lowlevel.checkpoint() if rng.random() < 0.1 else None
+                    async with anyio.create_task_group() as calls:
+                        for client, online in presence:
+                            calls.start_soon(lambda c=client, o=online: core.sessions.set_presence(c, online=o))
+                    got: dict[int, object] = {}
+
+                    async def into(i: int, call) -> None:
+                        got[i] = await call
+
+                    async with anyio.create_task_group() as calls:
+                        for i, (client, conn) in enumerate(leaves):
+                            calls.start_soon(into, i, core.sessions.leave(client, conn))
+                    async with anyio.create_task_group() as calls:
+                        for i, (client, ms) in enumerate(lingers):
+                            calls.start_soon(into, len(leaves) + i, core.sessions.linger(client, ms))
+                    answers[prefix] = [got[i] for i in range(len(got))]
+                    assert core.sessions._binds.batches < len(binds) / 3, "binds were gathered"
+                else:
+                    for client, conn, takeover, fresh in binds:
+                        await core.sessions.bind(client, conn, "w", takeover=takeover, fresh=fresh)
+                    for client, online in presence:
+                        await core.sessions.set_presence(client, online=online)
+                    answers[prefix] = [await core.sessions.leave(c, conn) for c, conn in leaves]
+                    answers[prefix] += [await core.sessions.linger(c, ms) for c, ms in lingers]
+            notices = []
+            while (msg := await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)) is not None:
+                notices.append((text(msg["channel"]).split(":", 1)[1], msgpack.unpackb(msg["data"])))
+            told[prefix] = notices
+        finally:
+            await pubsub.aclose()
+            await redis.aclose()
+
+    anyio.run(scenario, "slow", False)
+    anyio.run(scenario, "fast", True)
+    r = sync_redis.Redis.from_url(redis_url)
+    slow_core, fast_core = (Core(r, Config(redis_url=redis_url, prefix=p)) for p in ("slow", "fast"))
+    assert _state(r, fast_core, clients) == _state(r, slow_core, clients)
+    online = _meta_online(r, fast_core, topics)
+    assert {v for flags in online.values() for v in flags.values()} == {b"0", b"1"}, "presence changed both ways"
+    assert online == _meta_online(r, slow_core, topics)
+    assert told["fast"] == told["slow"], "the same takeover notices, in the same order"
+    assert answers["fast"] == answers["slow"], "leave and linger answered the same"
+    assert True in answers["fast"] and False in answers["fast"]

@@ -1,0 +1,137 @@
+"""The worker's Redis client retries only what never left it: a publish cut off after it ran is stored once.
+
+A TCP proxy between the worker and Redis forwards a publish fence and then
+breaks the connection before Redis's reply comes back: Redis ran it; the
+client must not send it again (it would be stored twice). The client that
+sent the PUB gets TRYAGAIN and, sending it again with its ID, stores nothing
+twice. A connection that could not be made at all is retried: nothing was sent.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from fencemq.fences.redis_servers import is_sentinel_url, parse_sentinel_url
+from fencemq.errors import BadArgument
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.server.embedded import EmbeddedRedis
+from tests.helpers import RespConn, worker
+
+pytestmark = pytest.mark.standalone
+LOG = Keyspace().queue(QueueRef("orders")).log
+
+
+class CuttingProxy:
+    """Forwards to Redis; once armed, the first connection that sends an EVALSHA is cut after
+    forwarding it, before the reply goes back."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.cut = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            held = threading.Event()  # this connection's replies are no longer relayed
+            threading.Thread(target=self._pump, args=(client, upstream, held, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, held, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, held: threading.Event, to_redis: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if held.is_set():
+                    break
+                armed = to_redis and self.armed.is_set() and b"EVALSHA" in data
+                if armed:
+                    self.armed.clear()
+                    held.set()
+                    self.cut.set()
+                dst.sendall(data)
+                if armed:
+                    time.sleep(0.3)  # Redis runs it meanwhile; its reply is never relayed
+                    break
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_publish_whose_connection_broke_after_it_ran_is_stored_once() -> None:
+    with EmbeddedRedis() as server:
+        proxy = CuttingProxy(server.port)
+        try:
+            with worker(f"redis://127.0.0.1:{proxy.port}/0") as w, RespConn(w.port, timeout=20) as c:
+                assert c.call("PUB", "orders", "warm") == "1"
+                proxy.armed.set()
+                reply = c.call("PUB", "orders", "once")
+                assert proxy.cut.is_set(), reply
+                assert reply.startswith("TRYAGAIN"), reply
+                assert server.client().hlen(LOG) == 2  # ran once, never sent again
+                # with an ID, the client's own resend of a publish cut off the same way stores nothing twice
+                proxy.armed.set()
+                assert c.call("PUB", "orders", "twice", "ID", "order-7").startswith("TRYAGAIN")
+                assert c.call("PUB", "orders", "twice", "ID", "order-7") == "3"
+                assert server.client().hlen(LOG) == 3
+        finally:
+            proxy.close()
+
+
+def test_a_redis_restarting_under_a_worker_is_waited_for_not_reported() -> None:
+    with EmbeddedRedis() as server, worker(server.url) as w, RespConn(w.port, timeout=20) as c:
+        assert c.call("PUB", "orders", "before") == "1"
+        server.kill()
+        restarting = threading.Timer(1.0, server.start, kwargs={"_same_port": True})
+        restarting.start()
+        try:
+            assert c.call("PUB", "orders", "after") == "1"  # connecting again waited; nothing was sent before
+        finally:
+            restarting.join()
+
+
+@pytest.mark.parametrize("url, sentinels, service, options", [
+    ("redis+sentinel://127.0.0.1:26379/mymaster", [("127.0.0.1", 26379)], "mymaster", {}),
+    ("redis+sentinel://:s3cret@h1:26379,h2:26380/svc/2", [("h1", 26379), ("h2", 26380)], "svc",
+     {"password": "s3cret", "db": 2}),
+    ("redis+sentinel://app:pw@h1/svc?sentinel_password=sp", [("h1", 26379)], "svc",
+     {"username": "app", "password": "pw"}),
+])
+def test_a_sentinel_url_names_its_sentinels_service_and_auth(url, sentinels, service, options) -> None:
+    assert is_sentinel_url(url)
+    target = parse_sentinel_url(url)
+    assert list(target.sentinels) == sentinels and target.service == service and not target.tls
+    assert target.redis_options == options
+    if "sentinel_password" in url:
+        assert target.sentinel_options == {"password": "sp"}
+
+
+def test_a_tls_sentinel_url_uses_tls_to_the_sentinels_too() -> None:
+    target = parse_sentinel_url("rediss+sentinel://h1:26379/svc?ssl_ca_certs=/ca.pem")
+    assert target.tls and target.redis_options == {"ssl_ca_certs": "/ca.pem"}
+    assert target.sentinel_options == {"ssl": True, "ssl_ca_certs": "/ca.pem"}
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://h1:26379", "redis+sentinel:///svc",
+                                 "redis+sentinel://h1:x/svc", "redis+sentinel://h1/svc?ssl_ca_certs=/ca.pem"])
+def test_a_malformed_sentinel_url_is_refused_saying_why(url) -> None:
+    with pytest.raises(BadArgument):
+        parse_sentinel_url(url)
