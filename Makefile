@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
 .DEFAULT_GOAL := install
-.PHONY: install help demo test test-long test-fuzz test-promises test-cluster test-stateful test-ui ui-screenshots \
+.PHONY: install help demo test test-long test-fuzz test-promises test-rolling test-cluster test-stateful test-ui ui-screenshots \
         test-spark-cluster bench serve lint clean venv
 
 # Installs are quiet: one line, the log in $(VENV)/install.log, shown in full only when it fails.
@@ -83,6 +83,11 @@ test-stateful: $(VENV)/.test
 test-promises: $(VENV)/.test
 	FENCEMQ_PIPELINE_EXAMPLES=$${FENCEMQ_PIPELINE_EXAMPLES:-1000} FENCEMQ_KILL_STEPS=all $(PY) -m pytest \
 		tests/server/test_pipelined_runs.py tests/server/mqtt/test_kill_resume.py -q $(PYTEST_ARGS)
+
+# Issue #31's rolling restart: three worker processes SIGTERMed and started again in turn, then one killed
+# with -9, under SDK (async and blocking) and paho MQTT 5 load; no exception, nothing lost (~1 min).
+test-rolling: $(VENV)/.test
+	FENCEMQ_ROLLING=1 $(PY) -m pytest tests/rolling -q -s $(PYTEST_ARGS)
 
 # The web UI in a real browser: Debian's Chromium (/usr/bin/chromium, which .ci/run installs) driven by
 # Playwright; `make test` skips these. ui-screenshots also rewrites docs/ui/*.png (shown in the README).

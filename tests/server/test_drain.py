@@ -144,17 +144,20 @@ def test_a_long_poll_whose_client_hangs_up_during_a_look_hands_back_what_the_loo
                                                                                                monkeypatch):
     with worker(redis_url) as w:
         leases = w.worker.core.leases
-        pull = leases.pull
         looked = threading.Event()
 
-        async def slow_after_checkout(handle, count=1):
-            result = await pull(handle, count)
-            if result.deliveries:
-                looked.set()
-                await anyio.sleep(0.4)  # Redis answered; meanwhile the client goes (a worker killed, a cut)
-            return result
+        def slow_after_checkout(checkout):
+            async def slowly(*args, **kwargs):
+                result = await checkout(*args, **kwargs)
+                if result.deliveries:
+                    looked.set()
+                    await anyio.sleep(0.4)  # Redis answered; meanwhile the client goes (a worker killed, a cut)
+                return result
+            return slowly
 
-        monkeypatch.setattr(leases, "pull", slow_after_checkout)
+        # a look, or what a publish handed the waiting PULL: either checks the message out to it
+        monkeypatch.setattr(leases, "pull", slow_after_checkout(leases.pull))
+        monkeypatch.setattr(leases, "handed", slow_after_checkout(leases.handed))
         c = RespConn(w.port)
         c.hello(3, "hangs-up")
         h = as_map(c.call("SUB", "orders", "GROUP", "g", "LOCK", 60_000))["handle"]
