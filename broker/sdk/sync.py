@@ -8,6 +8,7 @@ Same methods as the async client, each run to completion with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,8 @@ from fencemq.sdk.subscription import ITER_BLOCK_MS, ITER_COUNT
 from fencemq.model.messages import Delivery
 
 T = TypeVar("T")
+
+CLOSE_CHECK_S = 0.5  # how often a blocked call looks whether the client was closed from another thread
 
 class SyncClient:
     """Blocking facade: a Client on a private event loop in a background thread."""
@@ -67,7 +70,17 @@ class SyncClient:
         if threading.current_thread() is self._thread:
             getattr(coro, "close", lambda: None)()
             raise RuntimeError("SyncClient called from its own loop thread (e.g. in on_notice): use the async API")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        if timeout is not None:
+            return future.result(timeout)
+        while True:
+            try:
+                return future.result(CLOSE_CHECK_S)
+            except TimeoutError:
+                # closed from another thread meanwhile: its loop stopped, and this call will never end
+                if not self._thread.is_alive():
+                    future.cancel()
+                    raise ConnectionLost("client closed") from None
 
     @property
     def id(self) -> str | None:
@@ -244,9 +257,14 @@ class SyncSubscription:
                     yield self._client._run(step())
                 except StopAsyncIteration:
                     return
+                except ConnectionLost:
+                    if self._client.closed:  # closed (from another thread): the loop ends, as async for does
+                        return
+                    raise
         finally:
-            if not self._client._loop.is_closed():
-                self._client._run(agen.aclose())
+            if self._client._thread.is_alive():
+                with contextlib.suppress(ConnectionLost):
+                    self._client._run(agen.aclose())
 
     def __iter__(self) -> Iterator[Delivery]:
         return self.iter()

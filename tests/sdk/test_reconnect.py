@@ -423,3 +423,25 @@ def test_execute_sends_again_only_what_is_safe_to_send_again() -> None:
     assert not resendable(["PUB", "t", "x"]) and not resendable(["PUB", "t", "ID"])  # "ID" is its payload there
     assert resendable(["ACK", "h", "t"]) and resendable(["pull", "h"])
     assert not resendable(["EXEC"]) and not resendable(["INCR", "k"])
+
+
+def test_a_blocking_for_loop_ends_quietly_when_its_client_is_closed_from_another_thread(redis_url) -> None:
+    with worker(redis_url) as w:
+        c = SyncClient.connect(url(w), client_id="closed-under")
+        sub = c.subscribe("quiet", group="g")
+        ended: list[Any] = []
+
+        def consume() -> None:
+            try:
+                for _ in sub.iter(block_ms=5000):  # a long poll in hand when the close comes
+                    pass
+                ended.append("ended")
+            except Exception as exc:  # noqa: BLE001
+                ended.append(exc)
+
+        t = threading.Thread(target=consume)
+        t.start()
+        time.sleep(0.3)
+        c.close()
+        t.join(10)
+        assert not t.is_alive() and ended == ["ended"]
