@@ -62,6 +62,21 @@ class Config:
     memory_limit_bytes: int = 0
     memory_sample_ms: int = 500
 
+    # The broker's health and its alarms (server/health_watch.py; docs/ui.md, "Alarms"): one worker at
+    # a time reads every Redis node and judges the broker-wide alarms every health_sample_ms; every
+    # worker judges its own limits. Each threshold below raises an alarm in the same store as the memory
+    # alarms (the `alarms` hash), shown on the overview and the alarms page, exported as fencemq_alarm.
+    health_sample_ms: int = 2_000
+    alarm_replication_lag_bytes: int = 1 << 20  # a replica this far behind its primary's offset (1 MiB)
+    alarm_replication_lag_s: int = 10  # or whose last acknowledgement is this old
+    alarm_min_replicas: int = 0  # a primary with fewer connected replicas (durability replicas=N raises it to N)
+    replica_forget_ms: int = 3_600_000  # a replica gone this long is forgotten (its alarm clears)
+    worker_forget_ms: int = 600_000  # a worker silent this long is dropped from the workers list (its alarm clears)
+    alarm_unacked_age_ms: int = 600_000  # a message some group has not acknowledged, published this long ago
+    alarm_dead_letter_growth: int = 100  # this many messages dead-lettered …
+    alarm_dead_letter_window_ms: int = 300_000  # … within this window
+    alarm_limit_share: float = 0.9  # connections or a session's subscriptions at this share of their limit
+
     session_lease_ms: int = 10_000  # a detached or orphaned session ends after this
     # SIGTERM drains (docs/operations.md, "Deploying"): clients are told to move and what is in
     # hand is finished within this; what is left is cut

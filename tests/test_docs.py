@@ -26,3 +26,15 @@ def test_the_architecture_table_names_a_lua_include_python_module_and_tests_for_
         for path in (f"lua/lib/{guarantee}.lua", f"broker/fences/{guarantee}.py"):
             assert f"`{path}`" in text, path
             assert (REPOSITORY / path).exists(), path
+
+
+def test_the_readme_links_and_names_only_what_the_repository_holds() -> None:
+    text = (REPOSITORY / "README.md").read_text()
+    linked = re.findall(r"\]\(([^)#\s]+)\)", text)  # markdown links and images
+    named = re.findall(r"`(\.\./[^`\s]+|(?:docs|bench|broker|cli|spark|tests|lua)/[\w./-]+)`", text)
+    assert linked and named
+    outside = [p for p in linked + named if not p.startswith(("http://", "https://"))
+               and not (REPOSITORY / p).resolve().is_relative_to(REPOSITORY)]
+    assert outside == [], "the README points outside the repository"
+    missing = [p for p in linked + named if not p.startswith(("http://", "https://")) and not (REPOSITORY / p).exists()]
+    assert missing == []

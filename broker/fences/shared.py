@@ -23,6 +23,8 @@ at most that delay. Protocol: docs/protocol.md, "Filters and shared subscription
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -38,9 +40,10 @@ from fencemq.fences.retained import Retained
 from fencemq.fences.subscribe import Subscription, Subscriptions
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.messages import pack_body
-from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, parse_target
+from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, matches, parse_target
 
 NOT_READ = object()
+SUBSCRIBE_WAIT_S = 1.0  # the longest a publish waits for a SUBSCRIBE under way on its worker
 
 
 def is_filter_target(target: str) -> bool:
@@ -64,9 +67,38 @@ class FilterRegistry:
         # The registry's version the index was read at; None is a version too (no filter
         # was ever registered), so "not read yet" needs a value of its own.
         self.version: bytes | None | object = NOT_READ
+        self._being_made: list[tuple[str, anyio.Event]] = []  # (filter, done) of SUBSCRIBEs under way here
 
     def invalidate(self) -> None:
         self.version = NOT_READ
+
+    @asynccontextmanager
+    async def announcing(self, filters: list[str]) -> AsyncIterator[None]:
+        """Filter subscriptions being made on this worker: a publish that reaches its fan-out
+        meanwhile waits for them (at most SUBSCRIBE_WAIT_S), so a SUBSCRIBE this worker read
+        before a PUBLISH is in place for it, as on a single-threaded broker. (MQTT promises no
+        order across connections, but clients count on it: the Paho suites publish right behind
+        another client's SUBSCRIBE.) Enter it before the first await of the SUBSCRIBE."""
+        done = anyio.Event()
+        entries = [(f, done) for f in filters]
+        self._being_made += entries
+        try:
+            yield
+        finally:
+            for entry in entries:
+                self._being_made.remove(entry)
+            done.set()
+
+    async def after_subscribes(self, topic: str) -> bool:
+        """Wait for the filter subscriptions being made on this worker that ``topic`` matches;
+        True when there were some (the registry's version must then be read again)."""
+        if not self._being_made:
+            return False
+        waits = {id(done): done for filt, done in self._being_made if matches(filt, topic)}
+        for done in waits.values():
+            with anyio.move_on_after(SUBSCRIBE_WAIT_S):
+                await done.wait()
+        return bool(waits)
 
     async def current_version(self) -> bytes | None:
         return await self.redis.get(self.keys.filters_version)
@@ -270,7 +302,10 @@ class Shared:
                     raise
             else:
                 await self.retained.clear(topic)
-        refs = await self.registry.matching(topic, version)
+        if await self.registry.after_subscribes(topic):
+            refs = await self.registry.matching(topic)  # the version again: they have raised it
+        else:
+            refs = await self.registry.matching(topic, version)
         if refs:
             # a copy names its source topic (the filter queue's is the filter)
             bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]

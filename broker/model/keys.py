@@ -230,6 +230,17 @@ class Keyspace:
         return f"{self.prefix}:alarms"
 
     @property
+    def redis_nodes(self) -> str:
+        """Hash: Redis node ``host:port`` -> JSON {role, primary, seen_ms}: the nodes the health watcher
+        saw (a replica that is gone is shown down until forgotten); ops/redis_health.py."""
+        return f"{self.prefix}:redis:nodes"
+
+    @property
+    def health_watcher(self) -> str:
+        """String: the worker that judges the broker-wide alarms now, with a lease (server/health_watch.py)."""
+        return f"{self.prefix}:health:watcher"
+
+    @property
     def retained(self) -> str:
         """Hash: topic -> its retained message (stored form)."""
         return f"{self.prefix}:retained"

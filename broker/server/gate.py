@@ -75,6 +75,7 @@ class Gate(SessionChecks):
         self.passwords = PasswordChecks(config.max_password_checks)
         self.connections = 0
         self._by_user: dict[str, set[Pass]] = {}
+        self.crowded: dict[str, int] = {}
         self.spawn: Callable[..., Any] | None = None  # a task group's start_soon, once the worker runs
 
     # -- connections -------------------------------------------------------------------
@@ -118,6 +119,10 @@ class Gate(SessionChecks):
 
     def held_by(self, name: str) -> int:
         return len(self._by_user.get(name, ()))
+
+    def users_held(self) -> dict[str, int]:
+        """Each logged-in user's connections on this worker (the limits alarm)."""
+        return {name: len(held) for name, held in self._by_user.items()}
 
     # -- identity ----------------------------------------------------------------------
 

@@ -27,8 +27,12 @@ def grants_stamp(user: User) -> str:
     return hashlib.sha256(json.dumps(sorted(user.grants)).encode()).hexdigest()[:16]
 
 
+CROWDED_KEPT = 16  # sessions near max_subscriptions a worker keeps in mind for the limits alarm
+
+
 class SessionChecks:
     config: Config
+    crowded: dict[str, int]  # sessions seen near max_subscriptions -> subscriptions held
     redis: Any
     keys: Keyspace
     core: Any
@@ -40,9 +44,28 @@ class SessionChecks:
         same instant may pass it by a few.
         """
         held = int(await self.redis.scard(self.keys.session_handles(client)))
+        if held + adding >= self.config.alarm_limit_share * self.config.max_subscriptions:
+            self.note_crowded(client, held + adding)
         if held + adding > self.config.max_subscriptions:
             raise LimitExceeded(f"this session holds {held} subscriptions (max_subscriptions "
                                 f"{self.config.max_subscriptions}); UNSUB some first")
+
+    def note_crowded(self, client: str, held: int) -> None:
+        """A session near max_subscriptions: the health watcher's limits alarm names it (a few at most)."""
+        if client in self.crowded or len(self.crowded) < CROWDED_KEPT:
+            self.crowded[client] = held
+
+    async def crowded_sessions(self) -> dict[str, int]:
+        """The sessions seen near max_subscriptions that still are (each counted again: one may have left
+        some since): client -> subscriptions held."""
+        crowded = self.crowded
+        for client in list(crowded):
+            held = int(await self.redis.scard(self.keys.session_handles(client)))
+            if held < self.config.alarm_limit_share * self.config.max_subscriptions:
+                del crowded[client]
+            else:
+                crowded[client] = held
+        return dict(crowded)
 
     async def drop_revoked(self, user: User | None, client: str) -> list[Handle]:
         """A session taken up again: its subscriptions its user may no longer subscribe to are left

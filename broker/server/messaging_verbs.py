@@ -96,6 +96,18 @@ class MessagingVerbs:
     # -- subscribing and consuming ---------------------------------------------------
 
     async def sub(self, session: Session, topic: str, push: bool = False, **options: Any) -> Any:
+        if is_filter_target(topic):
+            try:
+                filt = parse_target(topic).filter
+            except FenceMQError:
+                filt = None  # refused below, by the gate, in its words
+            if filt is not None:
+                # publishes this worker reads from now on wait for this filter (fences/shared.py)
+                async with self.services.core.shared.registry.announcing([filt]):
+                    return await self._sub(session, topic, push, **options)
+        return await self._sub(session, topic, push, **options)
+
+    async def _sub(self, session: Session, topic: str, push: bool = False, **options: Any) -> Any:
         if push:
             options["capacity"] = options.get("capacity") or self.config.mailbox_capacity
         gate = self.services.gate

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from fencemq.model.keys import Keyspace
 from fencemq.ops.operations import now_ms, queue_rows, scan_queues
+from fencemq.ops.redis_health import HealthReader
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,73 @@ REDIS_MEMORY = Gauge("fencemq_redis_memory_bytes", "Redis memory as counted agai
 REDIS_MEMORY_LIMIT = Gauge("fencemq_redis_memory_limit_bytes",
                            "What the memory watermarks are fractions of: maxmemory, or its fallback", ["node"])
 ALARM = Gauge("fencemq_alarm", "1 while an alarm is on: memory (publishes refused FULL), eviction "
-              "(maxmemory-policy is not noeviction: publishes refused EVICTING)", ["alarm", "node"])
+              "(maxmemory-policy is not noeviction: publishes refused EVICTING), and the health watcher's "
+              "(docs/ui.md, Alarms); node is the alarm's subject", ["alarm", "node"])
+
+
+# Every node's health (ops/redis_health.py), read by each worker's sampler: aggregate with max
+REDIS_UP = Gauge("fencemq_redis_up", "1 while the Redis node answers", ["node", "role"])
+REDIS_MAXMEMORY = Gauge("fencemq_redis_maxmemory_bytes", "The node's maxmemory (0: no limit)", ["node"])
+REDIS_FRAGMENTATION = Gauge("fencemq_redis_fragmentation_ratio", "RSS over used memory (mem_fragmentation_ratio)",
+                            ["node"])
+REDIS_EVICTED = Gauge("fencemq_redis_evicted_keys", "Keys the node has evicted since it started (must stay 0)",
+                      ["node"])
+REDIS_OPS = Gauge("fencemq_redis_ops_per_second", "Commands per second the node reports", ["node"])
+REDIS_LATENCY = Gauge("fencemq_redis_latency_seconds", "Round trip of a PING to the node", ["node"])
+REDIS_PERSISTENCE_OK = Gauge("fencemq_redis_persistence_ok", "1 while the last RDB save and AOF write succeeded",
+                             ["node"])
+REDIS_REPLICAS = Gauge("fencemq_redis_connected_replicas", "Replicas connected to the primary", ["node"])
+REDIS_LAG_BYTES = Gauge("fencemq_redis_replication_lag_bytes", "How far a replica's offset trails its primary's",
+                        ["node", "primary"])
+REDIS_LAG_SECONDS = Gauge("fencemq_redis_replication_lag_seconds",
+                          "Seconds since the replica's last acknowledgement, as its primary sees it", ["node"])
+REDIS_SLOTS_OK = Gauge("fencemq_redis_cluster_slots_ok", "Slots the Cluster node sees served (of 16384)", ["node"])
+REDIS_CLUSTER_OK = Gauge("fencemq_redis_cluster_state_ok", "1 while the Cluster node sees the state ok", ["node"])
+_HEALTH_GAUGES = (REDIS_UP, REDIS_MAXMEMORY, REDIS_FRAGMENTATION, REDIS_EVICTED, REDIS_OPS, REDIS_LATENCY,
+                  REDIS_PERSISTENCE_OK, REDIS_REPLICAS, REDIS_LAG_BYTES, REDIS_LAG_SECONDS, REDIS_SLOTS_OK,
+                  REDIS_CLUSTER_OK)
+_exported_alarms: set[tuple[str, str]] = set()
+
+
+def redis_health_read(health: Any) -> None:
+    """Every node of a Health (ops/redis_health.py) as gauges; nodes no longer listed are dropped."""
+    for gauge in _HEALTH_GAUGES:
+        gauge.clear()
+    for n in health.nodes:
+        REDIS_UP.labels(n.node, n.role).set(1 if n.up else 0)
+        if not n.up:
+            continue
+        REDIS_MEMORY.labels(n.node).set(n.used_memory)
+        REDIS_MAXMEMORY.labels(n.node).set(n.maxmemory)
+        if n.fragmentation is not None:
+            REDIS_FRAGMENTATION.labels(n.node).set(n.fragmentation)
+        REDIS_EVICTED.labels(n.node).set(n.evicted_keys)
+        REDIS_OPS.labels(n.node).set(n.ops_per_sec)
+        if n.latency_ms is not None:
+            REDIS_LATENCY.labels(n.node).set(n.latency_ms / 1000)
+        REDIS_PERSISTENCE_OK.labels(n.node).set(1 if n.persistence_ok else 0)
+        if n.role == "primary":
+            REDIS_REPLICAS.labels(n.node).set(n.replicas)
+        if n.lag_bytes is not None:
+            REDIS_LAG_BYTES.labels(n.node, n.primary or "").set(n.lag_bytes)
+        if n.lag_s is not None:
+            REDIS_LAG_SECONDS.labels(n.node).set(n.lag_s)
+        if n.slots_ok is not None:
+            REDIS_SLOTS_OK.labels(n.node).set(n.slots_ok)
+        if n.cluster_state is not None:
+            REDIS_CLUSTER_OK.labels(n.node).set(1 if n.cluster_state == "ok" else 0)
+
+
+def alarms_seen(alarms: Any) -> None:
+    """The alarms of the store (fences/memory.py Alarm records) as fencemq_alarm: 1 while on; one that
+    cleared is dropped. The memory guard sets its own kinds (memory, eviction) after each sample."""
+    on = {(a.kind, a.node) for a in alarms if a.kind not in ("memory", "eviction")}
+    for labels in _exported_alarms - on:
+        ALARM.remove(*labels)
+    for labels in on:
+        ALARM.labels(*labels).set(1)
+    _exported_alarms.clear()
+    _exported_alarms.update(on)
 
 
 def memory_sampled(guard: Any) -> None:
@@ -148,13 +215,20 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
 
 
 async def run_sampler(redis: Any, keys: Keyspace, *, every_ms: int, scan_limit: int, max_topics: int,
-                      top_lmqs: int) -> None:
-    """Sample the gauges for ever (a Redis outage skips samples, it never ends the worker)."""
-    while True:
-        try:
-            await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs)
-        except (OSError, RedisError) as exc:
-            log.warning("could not sample the metrics gauges: %s", exc)
-        except Exception:  # a sampling bug must never take the worker down: the gauges just go stale
-            log.exception("sampling the metrics gauges failed")
-        await anyio.sleep(every_ms / 1000)
+                      top_lmqs: int, url: str | None = None) -> None:
+    """Sample the gauges for ever, the Redis nodes' health with them (a Redis outage skips samples, it
+    never ends the worker)."""
+    reader = HealthReader(redis, keys, url)
+    try:
+        while True:
+            try:
+                await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs)
+                redis_health_read(await reader.read())
+            except (OSError, RedisError) as exc:
+                log.warning("could not sample the metrics gauges: %s", exc)
+            except Exception:  # a sampling bug must never take the worker down: the gauges just go stale
+                log.exception("sampling the metrics gauges failed")
+            await anyio.sleep(every_ms / 1000)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await reader.aclose()

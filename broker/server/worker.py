@@ -39,6 +39,7 @@ from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, serve_sockets, shedding
 from fencemq.server.connection import ClientConnection
+from fencemq.server.health_watch import HealthWatch
 from fencemq.server.services import Services
 from fencemq.server.startup import ready_services
 from fencemq.server.sweeper import Sweeper
@@ -108,12 +109,13 @@ class Worker:
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
                     background.start_soon(memory.run)
+                    background.start_soon(HealthWatch(services, self.config.redis_url).run)
                     if self.config.metrics_port is not None:
                         services.core.fences.observe = metrics.observe_fence
                         background.start_soon(partial(
                             metrics.run_sampler, redis, services.keys, every_ms=self.config.metrics_sample_ms,
                             scan_limit=self.config.metrics_scan_limit, max_topics=self.config.metrics_max_topics,
-                            top_lmqs=self.config.metrics_top_lmqs))
+                            top_lmqs=self.config.metrics_top_lmqs, url=self.config.redis_url))
                     async with anyio.create_task_group() as conns:
                         accepting = anyio.CancelScope()
                         conns.start_soon(self._accept, listener, conns, accepting)

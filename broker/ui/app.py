@@ -33,8 +33,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission, NotFound, WrongPassword
+from fencemq.fences.memory import read_alarms
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
+from fencemq.model.values import text
+from fencemq.ops.operations import now_ms
 from fencemq.ops import inspection, maintenance, operations, overview
 from fencemq.ops.users import UserStore
 from fencemq.server.gate import Gate, Pass
@@ -49,7 +52,7 @@ from fencemq.ui.live import Sampler
 HERE = Path(__file__).parent
 PAGE_SIZES = (25, 50, 100, 200)
 SORTS = ("name", "kind", "backlog", "checkouts", "dead_letters", "members", "idle_s")
-LIVE_PAGES = ("overview", "queues", "queue", "lmqs", "sessions", "dlq")
+LIVE_PAGES = ("overview", "queues", "queue", "lmqs", "sessions", "dlq", "alarms", "redis")
 
 
 class UI(UIGate):
@@ -66,13 +69,14 @@ class UI(UIGate):
         # the worker's gate when a worker serves the UI (serve --http-port), else one of its own over Redis
         self.gate = gate
         self.logins = Logins()
-        self.sampler = Sampler(self.keys, interval=interval, lease_ms=lease_ms)
+        self.sampler = Sampler(self.keys, interval=interval, lease_ms=lease_ms, url=redis_url)
         self.interval = interval
         self.title = title
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
                                trim_blocks=True, lstrip_blocks=True)
         self.env.filters.update(ago=formatting.ago, num=formatting.num, span=formatting.span,
-                                span_in=formatting.span_in, state=formatting.member_state)
+                                span_in=formatting.span_in, state=formatting.member_state,
+                                bytes=formatting.size, clock=formatting.clock)
         self.env.globals.update(urlencode=urlencode, chart=charts.line_chart)
 
     @property
@@ -105,6 +109,15 @@ class UI(UIGate):
         history = list(self.sampler.history)
         window = (history[-1]["t"] - history[0]["t"]) / 60_000 if len(history) > 1 else 0.0
         return {"snap": self.sampler.latest, "history": history, "window_min": window, "error": self.sampler.error}
+
+    async def alarms_data(self, request: Request) -> dict[str, Any]:
+        now = await now_ms(self.redis)
+        watcher = await self.redis.get(self.keys.health_watcher)
+        return {"alarms": await read_alarms(self.redis, self.keys), "now_ms": now,
+                "watcher": text(watcher) if watcher is not None else None}
+
+    async def redis_data(self, request: Request) -> dict[str, Any]:
+        return {"health": await self.sampler.health(self.redis)}
 
     async def queues_data(self, request: Request) -> dict[str, Any]:
         p = request.query_params
@@ -203,6 +216,8 @@ PAGES = {
     "lmqs": ("lmqs.html", UI.lmqs_data),
     "sessions": ("sessions.html", UI.sessions_data),
     "dlq": ("dlq.html", UI.dlq_data),
+    "alarms": ("alarms.html", UI.alarms_data),
+    "redis": ("redis.html", UI.redis_data),
 }
 
 
@@ -361,6 +376,8 @@ def create_app(ui: UI) -> Starlette:
         Route("/lmqs", route("lmqs")),
         Route("/sessions", route("sessions")),
         Route("/dlq", route("dlq")),
+        Route("/alarms", route("alarms")),
+        Route("/redis", route("redis")),
         Route("/events", events),
         Route("/login", login_page, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -386,6 +403,8 @@ def create_app(ui: UI) -> Starlette:
         finally:
             if own_gate:
                 ui.gate = None
+            with anyio.CancelScope(shield=True):
+                await ui.sampler.aclose()
             if own:
                 await ui.redis.aclose()
                 ui.redis = None

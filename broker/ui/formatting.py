@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -34,6 +35,23 @@ def num(v: Any, digits: int = 0) -> str:
     if isinstance(v, float):
         return f"{v:,.{digits or 1}f}"
     return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def clock(ms: int | None) -> str:
+    """A moment (ms since 1970, Redis's clock) as UTC date and time."""
+    if ms is None:
+        return "–"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def size(n: int | None) -> str:
+    """Bytes as people read them: 512 B, 1.5 KiB, 12.3 MiB, 2.0 GiB."""
+    if n is None:
+        return "–"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} B"
 
 
 def member_state(m: dict[str, Any]) -> str:

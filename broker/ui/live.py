@@ -19,7 +19,9 @@ from typing import Any
 import anyio
 
 from fencemq.model.keys import Keyspace
+from fencemq.fences.memory import read_alarms
 from fencemq.ops.overview import OverviewState, overview_sample
+from fencemq.ops.redis_health import Health, HealthReader
 
 log = logging.getLogger("fencemq.ui")
 IDLE_AFTER_S = 60.0  # no overview open for this long: the sampler waits for the next one
@@ -27,8 +29,9 @@ IDLE_AFTER_S = 60.0  # no overview open for this long: the sampler waits for the
 
 class Sampler:
     def __init__(self, keys: Keyspace, interval: float = 2.0, history_s: float = 600.0,
-                 lease_ms: int | None = None) -> None:
-        self.keys, self.interval, self.lease_ms = keys, interval, lease_ms
+                 lease_ms: int | None = None, url: str | None = None) -> None:
+        self.keys, self.interval, self.lease_ms, self.url = keys, interval, lease_ms, url
+        self.reader: HealthReader | None = None  # every Redis node's health, read with each sample
         self.state = OverviewState()
         self.history: deque[dict[str, Any]] = deque(maxlen=max(2, int(history_s / interval)))
         self.latest: dict[str, Any] | None = None
@@ -41,6 +44,8 @@ class Sampler:
 
     async def sample(self, redis: Any) -> dict[str, Any]:
         snap = await overview_sample(redis, self.keys, self.state, lease_ms=self.lease_ms)
+        snap["health"] = await self.health(redis)
+        snap["alarms"] = await read_alarms(redis, self.keys)
         self.latest = snap
         self.sampled_at = time.monotonic()
         self.error = None
@@ -71,6 +76,17 @@ class Sampler:
                 self.error = f"{type(exc).__name__}: {exc}"
                 log.warning("overview sample failed: %s", self.error)
             await anyio.sleep(self.interval)
+
+    async def health(self, redis: Any) -> Health:
+        """Every Redis node's health now (the sampler's reader: one small client per node, kept)."""
+        if self.reader is None:
+            self.reader = HealthReader(redis, self.keys, self.url)
+        return await self.reader.read()
+
+    async def aclose(self) -> None:
+        if self.reader is not None:
+            await self.reader.aclose()
+            self.reader = None
 
     async def wait_newer(self, version: int) -> int:
         """Return once a sample newer than ``version`` exists; its version."""

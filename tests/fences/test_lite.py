@@ -508,9 +508,12 @@ def test_a_session_whose_cleanup_failed_once_is_cleaned_up_later(redis_url, r):
         a.close()
         wait_for(lambda: r.zscore(KEYS.sessions, "A") is None, timeout=10, what="the session to be claimed")
         assert subscriptions.unsubscribe.failed == 1
-        time.sleep(2)  # many sweep rounds
-        left = {lmq: member_fields(meta(r, "chat", lmq), "A") for lmq in ("x", "y")}
-        assert left == {"x": {}, "y": {}} and session_keys(r, "A") == []
+
+        def cleaned() -> bool:  # by a later sweep round: waited for, not guessed at with a sleep
+            left = {lmq: member_fields(meta(r, "chat", lmq), "A") for lmq in ("x", "y")}
+            return left == {"x": {}, "y": {}} and session_keys(r, "A") == []
+
+        wait_for(cleaned, timeout=10, what="A's lmq memberships and session keys cleaned up by a later sweep")
 
 
 # =====================================================================================
@@ -645,8 +648,7 @@ def test_an_idle_lmq_that_had_dedup_ids_vanishes_whole(redis_url, r):
         (d,) = pull(a, h)
         a.call("ACK", h, d["tag"])
         a.call("UNSUB", h)
-        time.sleep(0.6)
-        assert lmq_keys(r, "chat", "x") == {}
+        wait_for(lambda: lmq_keys(r, "chat", "x") == {}, timeout=2, what="every key of the idle lmq to expire (TTL 300 ms)")
 
 
 # =====================================================================================

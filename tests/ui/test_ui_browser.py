@@ -33,6 +33,8 @@ PAGES = {
     "lmq-search": "/lmqs?topic=chat&name=s-*",
     "sessions": "/sessions",
     "dead-letters": "/dlq?q=t%3Ajobs",
+    "alarms": "/alarms",
+    "redis": "/redis",
 }
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 375, "height": 740}

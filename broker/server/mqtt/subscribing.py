@@ -43,6 +43,12 @@ class MqttSubscribing:
     _start_delivery: Callable[[str, MqttSubscription], None]
 
     async def _subscribe(self, event: SubscribeRequested) -> None:
+        # publishes this worker reads from now on wait for these filters (fences/shared.py)
+        async with self.services.core.shared.registry.announcing(
+                [r.filter for r in event.requests if r.refusal is None]):
+            await self._subscribe_each(event)
+
+    async def _subscribe_each(self, event: SubscribeRequested) -> None:
         codes = []
         client = self.session.client_id
         assert client is not None

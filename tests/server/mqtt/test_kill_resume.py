@@ -204,6 +204,18 @@ def produce(resumer, topic: str, payload: str, qos: int) -> None:
     p.close()
 
 
+def first_delivery(doomed: Doomed, resumer, c: RawClient, topic: str, qos: int, step: str) -> Publish | None:
+    """A message produced for the subscriber: the worker killed before it recorded the delivery
+    (step 'before-record': None), or the delivery as the client received it."""
+    if step == "before-record":
+        held = doomed.proxy.hold(hash_command(b"HSET", b"mqtt-out:"))
+        produce(resumer, topic, "m", qos)
+        assert held.wait(5)
+        return None
+    produce(resumer, topic, "m", qos)
+    return expect(c, Publish)
+
+
 def delivery_then_new_flow(again: RawClient, resumer, topic: str, qos: int) -> None:
     """A new message reaches the resumed session at once, as a first delivery."""
     produce(resumer, topic, "new", qos)
@@ -224,13 +236,8 @@ def test_a_qos1_delivery_killed_at_each_step_comes_again_with_its_packet_id_or_n
         doomed, resumer, step):
     cid, topic = f"out1-{step}", f"out1/{step}"
     c = subscribed(doomed.mqtt_port, cid, topic, 1)
-    if step == "before-record":
-        held = doomed.proxy.hold(hash_command(b"HSET", b"mqtt-out:"))
-        produce(resumer, topic, "m", 1)
-        assert held.wait(5)
-    else:
-        produce(resumer, topic, "m", 1)
-        first = expect(c, Publish)
+    first = first_delivery(doomed, resumer, c, topic, 1, step)
+    if first is not None:
         if step == "before-ack":
             held = doomed.proxy.hold(fence("ack"))
             c.send(Puback(first.packet_id))
@@ -262,13 +269,8 @@ def test_a_qos2_delivery_killed_at_each_step_reaches_the_client_exactly_once(doo
     cid, topic = f"out2-{step}", f"out2/{step}"
     c = subscribed(doomed.mqtt_port, cid, topic, 2)
     received: list[int] = []  # what the client's application got: a QoS 2 receiver's own records
-    if step == "before-record":
-        held = doomed.proxy.hold(hash_command(b"HSET", b"mqtt-out:"))
-        produce(resumer, topic, "m", 2)
-        assert held.wait(5)
-    else:
-        produce(resumer, topic, "m", 2)
-        first = expect(c, Publish)
+    first = first_delivery(doomed, resumer, c, topic, 2, step)
+    if first is not None:
         assert first.qos == 2
         received.append(first.packet_id)
         if step in ("before-ack", "before-released"):

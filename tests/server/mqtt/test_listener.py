@@ -264,3 +264,23 @@ def test_MQTT_3_2_2_21_a_worker_configured_with_a_server_keep_alive_gives_it_to_
         c = RawClient(w.worker.mqtt_port, "kept-alive")  # asks for 30
         assert c.connack.properties.server_keep_alive == 60
         c.close()
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_a_subscribe_read_before_another_clients_publish_is_in_place_for_it(w, round_) -> None:
+    """MQTT promises no order across connections, but on one worker a SUBSCRIBE read before a
+    PUBLISH gets it, as on a single-threaded broker: the Paho suite's test_subscribe_options and
+    test_request_response publish right behind another client's SUBSCRIBE, without its SUBACK."""
+    from fencemq.protocol.mqtt.packets import Publish, Puback, Suback, Subscribe, SubscriptionOptions
+    from tests.server.mqtt.clients import RawClient
+
+    topic = f"order/{round_}"
+    b = RawClient(w.worker.mqtt_port, f"order-b-{round_}")
+    a = RawClient(w.worker.mqtt_port, f"order-a-{round_}")
+    b.send(Subscribe(1, ((topic, SubscriptionOptions(qos=1)),)))
+    a.send(Publish(topic, b"right behind", qos=1, packet_id=1))
+    assert isinstance(a.next(), Puback)
+    got = [b.next(), b.next()]
+    assert isinstance(got[0], Suback)
+    assert isinstance(got[1], Publish) and got[1].payload == b"right behind"
+    a.close(), b.close()
