@@ -82,7 +82,7 @@ test-stateful: $(VENV)/.test
 # Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples)
 # and an MQTT worker killed at every step of the QoS 1 and QoS 2 flows (make test kills it at 4 of the 18).
 test-promises: $(VENV)/.test
-	FENCEMQ_PIPELINE_EXAMPLES=$${FENCEMQ_PIPELINE_EXAMPLES:-1000} FENCEMQ_KILL_STEPS=all $(PY) -m pytest \
+	FENCEMQ_PIPELINE_EXAMPLES=$${FENCEMQ_PIPELINE_EXAMPLES:-500} FENCEMQ_KILL_STEPS=all $(PY) -m pytest \
 		tests/server/test_pipelined_runs.py tests/server/mqtt/test_kill_resume.py -q $(PYTEST_ARGS)
 
 # Issue #31's rolling restart: three worker processes SIGTERMed and started again in turn, then one killed

@@ -93,8 +93,9 @@ def dlq_replay(
 ) -> None:
     """Put dead letters back into their group's ready set (one atomic fence), failures reset to 0.
 
-    A dead letter whose message retention has trimmed from the log, or whose
-    group is gone, stays where it is and is reported. Exit 1 when there was
+    A dead letter carries its message: one the log has let go (every group had
+    settled it, or retention trimmed it) is put back. One whose group is gone
+    stays where it is and is reported. Exit 1 when there was
     nothing to replay. Asks first unless --yes.
     """
     ctx = Ctx("dlq", redis_url, prefix, cluster)
@@ -121,7 +122,7 @@ def dlq_replay(
             t = _table("Kept as dead letters")
             for col in ("#", "id", "group", "why"):
                 t.add_column(col)
-            why = {"trimmed": "body trimmed from the log by retention", "no-group": "the group is gone",
+            why = {"trimmed": "its message is gone and the dead letter holds no copy", "no-group": "the group is gone",
                    "undecodable": "not a dead letter this version can read"}
             for s in res["skipped"]:
                 _row(t, str(s["position"]), _opt(s["id"]), _opt(s["group"]), why.get(s["reason"], s["reason"]))

@@ -9,7 +9,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from fencemq.fences.retention import Policy
 from fencemq.ops import inspection
+from fencemq.cli.retention_cmd import describe
 from fencemq.cli.opskit import (
     Cluster,
     Ctx,
@@ -48,6 +50,8 @@ def _queue_header(q: dict[str, Any]) -> Table:
     rows: list[tuple[str, Any]] = [
         ("queue", Text(q["name"], style="bold")), ("id", q["qid"]), ("kind", q["kind"]),
         ("log", f"ids {q['first']}..{q['seq']} ({q['retained']} retained)"),
+        ("retention", describe(Policy(**q["retention"])) if q.get("retention")
+         else Text("none: what every group settled is deleted", style="dim")),
         ("last tag", q["last_tag"]), ("created", _when(q["created_ms"])), ("last write", _when(q["last_write_ms"])),
         ("backlog", q["backlog"]),
         ("checkouts", (f"{q['checkouts_total']} ({q['leased']} leased, "

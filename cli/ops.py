@@ -1,8 +1,8 @@
-"""Operator commands: queues, lmqs, inspect, evict, sweep, seek, purge, dlq, top, bench.
+"""Operator commands: queues, lmqs, inspect, evict, sweep, seek, purge, dlq, retention, top, bench.
 
 ``register(app)`` adds them to a Typer app (cli/main.py calls it); each group
 of commands has its module: cli/list_cmd.py (queues, lmqs), cli/inspect_cmd.py,
-cli/write_cmd.py (evict, sweep, seek, purge), cli/dlq_cmd.py, cli/top_cmd.py,
+cli/write_cmd.py (evict, sweep, seek, purge), cli/dlq_cmd.py, cli/retention_cmd.py, cli/top_cmd.py,
 cli/bench_cmd.py. What they read and write is in broker/ops/ (operations.py,
 inspection.py, maintenance.py); the commands only parse options and present
 results: rich tables by default, ``--json`` for scripts (one JSON document on
@@ -29,6 +29,7 @@ from fencemq.cli.bench_cmd import bench
 from fencemq.cli.dlq_cmd import dlq_app
 from fencemq.cli.inspect_cmd import inspect_app
 from fencemq.cli.list_cmd import lmqs, queues
+from fencemq.cli.retention_cmd import retention_app
 from fencemq.cli.top_cmd import top
 from fencemq.cli.user_cmd import user_app
 from fencemq.cli.write_cmd import evict, purge, seek, sweep
@@ -46,6 +47,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(dlq_app, name="dlq")
     app.command("top")(top)
     app.add_typer(user_app, name="user")
+    app.add_typer(retention_app, name="retention")
     app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench)
 
 

@@ -45,7 +45,8 @@ ENV_USER, ENV_USER_PASSWORD = "FENCEMQ_USER", "FENCEMQ_USER_PASSWORD"
 # The permission (ops/users.py ACTIONS) each operator command needs, on its topic ('#' when it names none).
 PERMISSION_OF = {"status": "inspect", "snapshot": "inspect",
                  "inspect": "inspect", "queues": "inspect", "lmqs": "inspect", "top": "inspect", "dlq": "dlq",
-                 "evict": "evict", "seek": "seek", "purge": "purge", "sweep": "admin", "user": "admin"}
+                 "evict": "evict", "seek": "seek", "purge": "purge", "sweep": "admin", "user": "admin",
+                 "retention": "admin"}
 ROOT = Path(__file__).resolve().parent.parent
 
 # -- shared options -------------------------------------------------------------------------

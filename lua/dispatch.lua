@@ -7,11 +7,12 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] delayed
--- KEYS[8] wake
--- KEYS[9] journal
--- KEYS[10..] mailboxes    one per member named in ARGV, in the same order
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] delayed
+-- KEYS[9] wake
+-- KEYS[10] journal
+-- KEYS[11..] mailboxes    one per member named in ARGV, in the same order
 -- ARGV[1] default_lock_ms  the lease of a shared group's mailbox entries (lib/shared.lua)
 -- ARGV[2] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
 -- ARGV[3] intent_ms       how old that intent may be

@@ -7,9 +7,10 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] wake
--- KEYS[8] journal
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] wake
+-- KEYS[9] journal
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] by              who evicts (written in the marker)

@@ -1,5 +1,5 @@
 -- nack.lua: return checkouts of one member to the queue, later, or for good.
---@include lib/seek.lua
+--@include lib/retention.lua
 --@flags allow-oom
 --
 -- KEYS[1] meta
@@ -7,18 +7,23 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] delayed
--- KEYS[8] dead
--- KEYS[9] wake
--- KEYS[10] journal
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] delayed
+-- KEYS[9] dead
+-- KEYS[10] wake
+-- KEYS[11] journal
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] delay_ms        0 = now
 -- ARGV[4] discard         1/0
 -- ARGV[5] max_failures    default NACKs before dead-lettering (0 = never)
 -- ARGV[6] release         1/0: hand back unprocessed (no failure counted, never dead-lettered)
--- ARGV[7..] tags
+-- ARGV[7] keep            1: the topic has a retention policy (lib/retention.lua); 0: settled messages go
+-- ARGV[8] maxlen          messages kept at most, whatever their state (0 = no limit)
+-- ARGV[9] maxage_ms       (0 = no limit)
+-- ARGV[10] maxbytes       (0 = no limit)
+-- ARGV[11..] tags
 -- Returns: {returned, dead-lettered, due}: checkouts returned (or discarded),
 --   how many of them went to the dead-letter list, and when delayed ones
 --   become ready (-1 when none were delayed).
@@ -26,10 +31,16 @@
 -- list instead of back to the queue. DISCARD drops it (no redelivery).
 -- RELEASE hands back what a consumer fetched and never processed (an SDK
 -- iterator left early): no failure is counted, so it cannot dead-letter.
--- Errors: BADARG when DELAY is not an integer of 0 or more.
--- Cost: O(tags).
+-- A message discarded or dead-lettered is settled: the log's head is then
+-- trimmed as ACK trims it (lib/retention.lua); a dead letter carries its
+-- message (replay_dead.lua puts it back).
+-- Errors: BADARG when DELAY or a retention limit is not an integer of 0 or more.
+-- Cost: O(tags + groups · log n).
 local g, m = A.group, A.member
 local delay = int_arg(A.delay_ms, 'DELAY')
+local maxlen = int_arg(A.maxlen, 'MAXLEN')
+local maxage = int_arg(A.maxage_ms, 'MAXAGE')
+local maxbytes = int_arg(A.maxbytes, 'MAXBYTES')
 local discard = A.discard == '1'
 local release = A.release == '1'
 expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
@@ -37,6 +48,7 @@ local maxfail = tonumber(redis.call('HGET', K.meta, 'maxdel') or A.max_failures)
 local now = now_ms()
 local epoch = group_epoch(K.meta, g)
 local returned, dead, woke = 0, 0, false
+local gone = {}  -- ids discarded or dead-lettered: settled for this group
 for _, tag in ipairs(A.tags) do
   local rec = redis.call('HGET', K.checkouts, tag)
   local c = rec and parse_checkout(tag, rec)
@@ -45,11 +57,13 @@ for _, tag in ipairs(A.tags) do
     returned = returned + 1
     local fail = release and c.fail or c.fail + 1
     journal(now, discard and 'discard' or 'nack', g, m, c.id, c.tag, c.epoch, fail)
+    if discard then gone[#gone + 1] = c.id end
     if not discard then
       if not release and maxfail > 0 and fail >= maxfail then
         local body = redis.call('HGET', K.log, c.id)
         if body then redis.call('RPUSH', K.dead, cmsgpack.pack({c.id, g, m, c.acq, fail, now, body})) end
         dead = dead + 1
+        gone[#gone + 1] = c.id
         journal(now, 'dead', g, m, c.id, c.tag, c.epoch, fail)
       elseif delay > 0 then
         redis.call('ZADD', K.delayed, now + delay, ready_member(g, c.id, c.acq, fail))
@@ -59,6 +73,10 @@ for _, tag in ipairs(A.tags) do
       end
     end
   end
+end
+if #gone > 0 then
+  forget_below_first(K, gone)
+  trim_log(K, #gone + 100, A.keep == '1', maxlen, maxage, maxbytes, now)
 end
 -- alive, even if every tag had expired: a long poll it has waiting may receive again
 if clear_suspicion(K.meta, g, m) then woke = true end

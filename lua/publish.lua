@@ -1,5 +1,5 @@
 -- publish.lua: append a batch of messages to one queue's log.
---@include lib/seek.lua
+--@include lib/retention.lua
 --@include lib/lite.lua
 --@include lib/waiters.lua
 --@flags none
@@ -14,21 +14,24 @@
 -- KEYS[8] checkouts       (checkouts … waiters: to hand the messages to waiting long polls)
 -- KEYS[9] deadlines
 -- KEYS[10] owned
--- KEYS[11] ready
--- KEYS[12] delayed
--- KEYS[13] waiters
--- ARGV[1] maxlen          messages to retain (0 = unbounded)
--- ARGV[2] maxage_ms       age to retain (0 = unbounded)
+-- KEYS[11] held           (and ready, delayed: read to trim what every group has settled)
+-- KEYS[12] ready
+-- KEYS[13] delayed
+-- KEYS[14] waiters
+-- ARGV[1] maxlen          messages kept at most, whatever their state (0 = no limit)
+-- ARGV[2] maxage_ms       (0 = no limit)
 -- ARGV[3] dedup_window_ms
 -- ARGV[4] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- ARGV[5] journal_cap     (0 = off)
--- ARGV[6] spans           '' or 'i:n,…': the dedup id of message i covers messages i … i+n-1 (the others
+-- ARGV[6] keep            1: the topic has a retention policy (lib/retention.lua); 0: settled messages go
+-- ARGV[7] maxbytes        (0 = no limit)
+-- ARGV[8] spans           '' or 'i:n,…': the dedup id of message i covers messages i … i+n-1 (the others
 --                         of its run carry none): one dedup entry for a whole batch (MPUB … ID)
--- ARGV[7] intent_at       '' or the lease intent this call runs under: then it hands what it
+-- ARGV[9] intent_at       '' or the lease intent this call runs under: then it hands what it
 --                         appends to the queue's waiting long polls (lib/waiters.lua)
--- ARGV[8] intent_ms       how old that intent may be (an older one: no hand-off)
--- ARGV[9] default_lock_ms
--- ARGV[10..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- ARGV[10] intent_ms      how old that intent may be (an older one: no hand-off)
+-- ARGV[11] default_lock_ms
+-- ARGV[12..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
 -- Returns: {ids, push members, handed}: one message id per pair (a repeated dedup id
 --   within the window returns the id of the first publish and stores
 --   nothing; for a run, the ids the run was given, consecutive from it),
@@ -38,10 +41,13 @@
 --   are fenced), else the earliest deadline of the leases handed out.
 -- Errors: BADARG when the messages are not pairs, a span is malformed or runs
 --   past the batch, or a number is not an integer.
--- Cost: O(n + trimmed), trimming at most n + 100 old entries per call.
+-- Then the log's head is trimmed (lib/retention.lua): without a policy, what
+--   every group has settled; past the limits, whatever its state.
+-- Cost: O(n + trimmed + groups · log n), trimming at most n + 100 old entries per call.
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local maxlen = int_arg(A.maxlen, 'MAXLEN')
 local maxage = int_arg(A.maxage_ms, 'MAXAGE')
+local maxbytes = int_arg(A.maxbytes, 'MAXBYTES')
 local window = int_arg(A.dedup_window_ms, 'dedup window')
 local idle_ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
 local intent_at = A.intent_at ~= '' and int_arg(A.intent_at, 'lease intent')
@@ -123,25 +129,7 @@ redis.call('HSET', K.log, unpack(pairs_))
 if redis.call('HSETNX', K.meta, 'first', 1) == 1 then redis.call('HSET', K.meta, 'ct', now) end
 redis.call('HSET', K.meta, 'seq', seq, 'wt', now, 'jcap', A.journal_cap)
 
--- Retention trims from the head only, whatever the messages' state: a
--- consumer that later reaches a trimmed id skips it (documented in docs/).
-if maxlen > 0 or maxage > 0 then
-  local first = tonumber(redis.call('HGET', K.meta, 'first'))
-  local budget = n + 100
-  local start = first
-  while budget > 0 and first <= seq do
-    local drop = maxlen > 0 and seq - first + 1 > maxlen
-    if not drop and maxage > 0 then
-      local body = redis.call('HGET', K.log, first)
-      drop = (not body) or published_at(body) < now - maxage
-    end
-    if not drop then break end
-    redis.call('HDEL', K.log, first)
-    first = first + 1
-    budget = budget - 1
-  end
-  if first ~= start then redis.call('HSET', K.meta, 'first', first) end
-end
+trim_log(K, n + 100, A.keep == '1', maxlen, maxage, maxbytes, now)
 
 if idle_ttl > 0 then revive(K) end
 local handed, wake = -1, seq

@@ -8,12 +8,13 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] delayed
--- KEYS[8] journal
--- KEYS[9] mailbox         the member's push mailbox (a pull member has none)
--- KEYS[10] waiters        the queue's waiting long polls (lib/waiters.lua)
--- KEYS[11] wake           its channel ('leave' gives messages back: others may look)
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] delayed
+-- KEYS[9] journal
+-- KEYS[10] mailbox        the member's push mailbox (a pull member has none)
+-- KEYS[11] waiters        the queue's waiting long polls (lib/waiters.lua)
+-- KEYS[12] wake           its channel ('leave' gives messages back: others may look)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] count

@@ -24,9 +24,14 @@
 --     'cursor' (the group's cursor is at or before the id since a seek: it
 --     reads the message again from the log, nothing to add)
 --   skipped: flat {position, id, group, reason} per dead letter left where
---     it was; reason = 'trimmed' (retention removed its body from the log:
---     the ready set names messages by id only), 'no-group' (the group is
---     gone) or 'undecodable' (id and group are then '').
+--     it was; reason = 'no-group' (the group is gone), 'trimmed' (its
+--     message is gone from the log and the dead letter carries no copy of
+--     it: one written before dead letters did) or 'undecodable' (id and
+--     group are then '').
+-- A dead letter carries its message: one whose message the log no longer
+-- holds (every group had settled it, or retention trimmed it) puts it back
+-- under its id, where its group reads it again; once settled, it goes
+-- (lib/retention.lua, forget_below_first).
 -- A replayed dead letter is removed from the list and its message goes back
 -- to its group's ready set as `group NUL id(16 digits) NUL acquisitions NUL 0`
 -- (see ready_member in _common.lua): read before new messages, in id order,
@@ -65,8 +70,11 @@ while #gone < count and examined < limit do
     else
       local gs = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, CURSOR), 'first')
       local reason
+      local body = entry[7]
       if not gs[1] then reason = 'no-group'
-      elseif redis.call('HEXISTS', K.log, id) == 0 then reason = 'trimmed' end
+      elseif redis.call('HEXISTS', K.log, id) == 0 then
+        if type(body) == 'string' then redis.call('HSET', K.log, id, body) else reason = 'trimmed' end
+      end
       if reason then
         skipped[#skipped + 1] = at; skipped[#skipped + 1] = id; skipped[#skipped + 1] = g
         skipped[#skipped + 1] = reason

@@ -8,10 +8,11 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] delayed
--- KEYS[8] wake
--- KEYS[9] journal
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] delayed
+-- KEYS[9] wake
+-- KEYS[10] journal
 -- ARGV[1] group
 -- ARGV[2] member          who seeks: it must be the group's active member
 -- ARGV[3] operator        1: an operator's seek, which needs no membership

@@ -14,13 +14,14 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] wake
--- KEYS[8] delayed
--- KEYS[9] dedup
--- KEYS[10] dedup_ids
--- KEYS[11] dead
--- KEYS[12] journal
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] wake
+-- KEYS[9] delayed
+-- KEYS[10] dedup
+-- KEYS[11] dedup_ids
+-- KEYS[12] dead
+-- KEYS[13] journal
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] mode            asked for ('' = the group's, or default_mode for a new group)

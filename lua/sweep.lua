@@ -7,10 +7,11 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] delayed
--- KEYS[8] wake
--- KEYS[9] journal
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] delayed
+-- KEYS[9] wake
+-- KEYS[10] journal
 -- ARGV[1] limit           at most this many expired checkouts per call
 -- Returns: {next due (-1 = nothing pending), returned,
 --           {{group, member, {expired tags}, new active member or '', 1 if newly suspected}, ...}}

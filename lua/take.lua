@@ -7,11 +7,12 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] delayed
--- KEYS[8] wake
--- KEYS[9] journal
--- KEYS[10] mailbox        the member's
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] delayed
+-- KEYS[9] wake
+-- KEYS[10] journal
+-- KEYS[11] mailbox        the member's
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] default_lock_ms

@@ -7,14 +7,15 @@
 -- KEYS[3] checkouts
 -- KEYS[4] deadlines
 -- KEYS[5] owned
--- KEYS[6] ready
--- KEYS[7] delayed
--- KEYS[8] wake
--- KEYS[9] dedup           (dedup, dedup_ids and dead: only to reclaim an idle lmq)
--- KEYS[10] dedup_ids
--- KEYS[11] dead
--- KEYS[12] journal
--- KEYS[13] mailbox        the member's push mailbox
+-- KEYS[6] held
+-- KEYS[7] ready
+-- KEYS[8] delayed
+-- KEYS[9] wake
+-- KEYS[10] dedup           (dedup, dedup_ids and dead: only to reclaim an idle lmq)
+-- KEYS[11] dedup_ids
+-- KEYS[12] dead
+-- KEYS[13] journal
+-- KEYS[14] mailbox        the member's push mailbox
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] how             'cancel' (UNSUB: a push member's mailbox is cleared and

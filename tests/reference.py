@@ -28,6 +28,12 @@ For the "every id is in exactly one state" invariant each group also keeps a
 ``done`` set: ids settled for good (acked, dead-lettered, discarded) or skipped
 (before the cursor the group was created at, or before the cursor a seek or an
 exclusive ON-PREEMPT move set).
+
+Retention (lua/lib/retention.lua): without a policy (``keep`` False) a message
+every group has settled leaves the log — the publish, ACK or NACK after it
+trims the log's head up to the lowest id some group may still be given, at most
+a budget per call. With one (``keep``), nothing is trimmed here: the model runs
+without the count and age limits.
 """
 
 from __future__ import annotations
@@ -146,11 +152,12 @@ class SweepReply:
 
 
 class QueueModel:
-    def __init__(self, *, max_failures: int, default_lock_ms: int) -> None:
+    def __init__(self, *, max_failures: int, default_lock_ms: int, keep: bool = False) -> None:
         self.max_failures = max_failures
         self.default_lock_ms = default_lock_ms
+        self.keep = keep  # the topic has a retention policy: settled messages stay
         self.seq = 0
-        self.first = 1  # no retention trimming is modelled
+        self.first = 1  # the oldest id the log still holds
         self.tag = 0
         self.payloads: dict[int, bytes] = {}
         self.stamps: dict[int, int] = {}
@@ -185,6 +192,30 @@ class QueueModel:
                 moved += 1
         return moved
 
+    def _lowest_unsettled(self) -> int | None:
+        """The lowest id some group may still be given; None: keep everything (no group yet, a group
+        that rewinds to the earliest message on preemption, more delayed messages than a call looks at)."""
+        if not self.groups or any(g.onpre == "earliest" for g in self.groups.values()):
+            return None
+        if sum(len(g.delayed) for g in self.groups.values()) > 1000:
+            return None
+        low = self.seq + 1
+        for g in self.groups.values():
+            low = min([low, g.cursor, *g.ready, *g.delayed])
+        return min([low, *(c.id for c in self.checkouts.values())])
+
+    def _trim(self, budget: int) -> None:
+        """What trim_log does without limits: the settled head, at most ``budget`` ids."""
+        if self.keep or self.first > self.seq:
+            return
+        low = self._lowest_unsettled()
+        if low is None:
+            return
+        upto = min(low - 1, self.first + budget - 1, self.seq)
+        for i in range(self.first, upto + 1):
+            self.payloads.pop(i, None)
+        self.first = max(self.first, upto + 1)
+
     def first_at_or_after(self, ms: int) -> int:
         for i in range(self.first, self.seq + 1):
             if self.stamps[i] >= ms:
@@ -211,6 +242,7 @@ class QueueModel:
         None: covered by the dedup id before it (a run, MPUB … ID): a repeated run's members get the
         ids that follow its first, and store nothing; a new run's are stored as they come."""
         ids = []
+        before = self.seq
         repeated_run: int | None = None  # the first id of the repeated run being walked, else None
         for payload, dedup in items:
             if dedup is None and repeated_run is not None:
@@ -231,8 +263,9 @@ class QueueModel:
             for g in self.groups.values():
                 if self.seq < g.cursor:  # a group created FROM ID beyond the end skips it
                     g.done.add(self.seq)
-        if len(self.payloads) > 0:
+        if self.seq > before:
             self.touched_meta = True
+            self._trim(len(items) + 100)
         return ids
 
     def subscribe(
@@ -377,6 +410,8 @@ class QueueModel:
                 del self.checkouts[c.tag]
                 self.groups[group].done.add(c.id)
                 settled += 1
+        if settled:
+            self._trim(settled + 100)
         self._alive(group, member)
         return settled
 
@@ -384,7 +419,7 @@ class QueueModel:
         self, group: str, member: str, tags: list[str], *, delay_ms: int = 0, discard: bool = False,
         now: tuple[int, int] | None = None,
     ) -> int:
-        returned = 0
+        returned, gone = 0, 0
         g = self.groups.get(group)
         for t in tags:
             c = self._own(group, member, t)
@@ -395,16 +430,20 @@ class QueueModel:
             returned += 1
             if discard:
                 g.done.add(c.id)
+                gone += 1
                 continue
             fail = c.fail + 1
             if self.max_failures > 0 and fail >= self.max_failures:
                 self.dead.append((c.id, group, member, c.acq, fail, self.payloads[c.id]))
                 g.done.add(c.id)
+                gone += 1
             elif delay_ms > 0:
                 window = (now[0] + delay_ms, now[1] + delay_ms) if now else None
                 g.delayed[c.id] = Returned(c.acq, fail, window=window)
             else:
                 g.ready[c.id] = Returned(c.acq, fail)
+        if gone:
+            self._trim(gone + 100)
         self._alive(group, member)
         return returned
 
@@ -490,7 +529,10 @@ class QueueModel:
             cur = self.first_at_or_after(arg)
         else:
             raise BadArg("SEEK takes ID id, TIME ms, EARLIEST or LATEST")
-        clamped = cur < self.first
+        if kind == "time" and cur == self.first and 1 < self.first <= self.seq:
+            clamped = self.stamps[self.first] > arg  # the target is older than the oldest message kept
+        else:
+            clamped = cur < self.first
         cur = max(cur, self.first)
         for c in self.group_checkouts(group):
             del self.checkouts[c.tag]

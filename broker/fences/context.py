@@ -21,6 +21,7 @@ from fencemq.errors import BadArgument, LimitExceeded, Stale
 from fencemq.fences.durability import Durability
 from fencemq.fences.memory import MemoryGuard
 from fencemq.fences.registry import Fences, fence
+from fencemq.fences.retention import Retention
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.values import text
 
@@ -39,6 +40,7 @@ class FenceContext:
     keys: Keyspace = field(init=False)
     fences: Fences = field(init=False)
     memory: MemoryGuard = field(init=False)  # the watermark and the eviction policy: every publish asks it
+    retention: Retention = field(init=False)  # the topics' retention policies: what a log keeps
     # Set by a worker: runs a background write beside the reply (e.g. the
     # global lease schedule) instead of before it.
     spawn: Callable[..., None] | None = None
@@ -51,6 +53,7 @@ class FenceContext:
         self.keys = Keyspace(self.config.prefix)
         self.fences = Fences(self.redis, Durability.parse(self.config.durability, self.config.durability_timeout_ms))
         self.memory = MemoryGuard(self.redis, self.config, self.keys, self.fences)
+        self.retention = Retention(self.redis, self.keys, self.config)
 
     async def check_topic_kind(self, topic: str, lite: bool) -> None:
         """A topic is lite or plain for good (the first use decides); using it the other way is BADARG."""

@@ -24,13 +24,14 @@ from fencemq.model.keys import Handle
 from fencemq.model.messages import Delivery, unpack_delivery
 from fencemq.model.values import text
 
-_LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
+_LEASE_KEYS = "meta log checkouts deadlines owned held ready delayed"
 
 PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake",
              "group member count default_lock_ms intent_at intent_ms look wid since wait_ms")
-ACK = fence("ack", "meta checkouts deadlines owned ready delayed log dedup dedup_ids dead journal wake",
-            "group member idle_ttl_ms", argv_rest="tags")
-NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal", "group member delay_ms discard max_failures release",
+ACK = fence("ack", "meta checkouts deadlines owned held ready delayed log dedup dedup_ids dead journal wake",
+            "group member idle_ttl_ms keep maxlen maxage_ms maxbytes", argv_rest="tags")
+NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal",
+             "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
 RENEW = fence("renew", "meta checkouts deadlines wake", "group member lock_ms default_lock_ms", argv_rest="tags")
 SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
@@ -110,9 +111,11 @@ class Leases:
 
     async def ack(self, handle: Handle, tags: list[str]) -> int:
         k = self.ctx.keys.queue(handle.queue)
+        tags = self.ctx.tags(tags)
         return int(await self.ctx.fences.run(ACK, k, group=handle.group, member=handle.member,
                                              idle_ttl_ms=self.ctx.idle_ttl(handle.queue),
-                                             args_rest=self.ctx.tags(tags)))
+                                             **await self.ctx.retention.args(handle.queue.topic),
+                                             args_rest=tags))
 
     async def ack_then_pull(self, handle: Handle, tags: list[str],
                             count: int) -> tuple[int | Exception, PullResult | Exception]:
@@ -130,7 +133,8 @@ class Leases:
         pull_args = self._pull_args(handle, count, intent)
         acked, pulled = await self.ctx.fences.run_each([
             (ACK, k, {}, (), {"group": handle.group, "member": handle.member,
-                              "idle_ttl_ms": self.ctx.idle_ttl(handle.queue)}, tags),
+                              "idle_ttl_ms": self.ctx.idle_ttl(handle.queue),
+                              **await self.ctx.retention.args(handle.queue.topic)}, tags),
             (PULL, k, pull_args.pop("extra_keys"), (), pull_args, ()),
         ])
         ack_outcome = acked if isinstance(acked, Exception) else int(acked)
@@ -157,10 +161,11 @@ class Leases:
         if not 0 <= delay_ms <= config.max_lock_ms:
             raise BadArgument(f"DELAY must be between 0 and {config.max_lock_ms} ms")
         k = self.ctx.keys.queue(handle.queue)
+        tags = self.ctx.tags(tags)
         res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=delay_ms,
                                         discard=int(discard), max_failures=config.max_failures,
-                                        release=int(release),
-                                        args_rest=self.ctx.tags(tags))
+                                        release=int(release), **await self.ctx.retention.args(handle.queue.topic),
+                                        args_rest=tags)
         if int(res[2]) >= 0:
             await self.ctx.schedule(handle.queue.qid, int(res[2]))
         return int(res[0]), int(res[1])
@@ -180,10 +185,11 @@ class Leases:
         k = self.ctx.keys.queue(handle.queue)
         returned = 0
         tags = tags or []
+        retention = await self.ctx.retention.args(handle.queue.topic)
         for start in range(0, max(len(tags), 1), self.ctx.config.max_batch):
             res = await self.ctx.fences.run(NACK, k, group=handle.group, member=handle.member, delay_ms=0,
                                             discard=0, max_failures=self.ctx.config.max_failures, release=1,
-                                            args_rest=tags[start:start + self.ctx.config.max_batch])
+                                            **retention, args_rest=tags[start:start + self.ctx.config.max_batch])
             returned += int(res[0])
         return returned
 

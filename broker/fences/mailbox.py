@@ -17,7 +17,7 @@ from fencemq.model.keys import Handle, QueueRef
 from fencemq.model.messages import Delivery, unpack_delivery
 from fencemq.model.values import text
 
-_LEASE_KEYS = "meta log checkouts deadlines owned ready delayed"
+_LEASE_KEYS = "meta log checkouts deadlines owned held ready delayed"
 
 TAKE = fence("take", f"{_LEASE_KEYS} wake journal mailbox", "group member default_lock_ms intent_at intent_ms")
 DISPATCH = fence("dispatch", f"{_LEASE_KEYS} wake journal", "default_lock_ms intent_at intent_ms", keys_rest="mailboxes",

@@ -24,9 +24,10 @@ from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body
 from fencemq.model.values import text
 
-PUBLISH = fence("publish", "meta log dedup dedup_ids wake dead journal checkouts deadlines owned ready delayed waiters",
-                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap spans intent_at intent_ms default_lock_ms",
-                argv_rest="messages")
+PUBLISH = fence("publish",
+                "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters",
+                "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans intent_at intent_ms "
+                "default_lock_ms", argv_rest="messages")
 
 
 class Publishing:
@@ -113,10 +114,9 @@ class Publishing:
                     head = i if dedup else 0
             if head and len(bodies) + 1 - head > 1:
                 spans.append(f"{head}:{len(bodies) + 1 - head}")
-        args = dict(maxlen=config.retention_maxlen, maxage_ms=config.retention_maxage_ms,
-                    dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
+        args = dict(dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
                     journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans), default_lock_ms=config.default_lock_ms,
-                    **await self.ctx.handoff_intent(ref.qid))
+                    **await self.ctx.handoff_intent(ref.qid), **await self.ctx.retention.args(ref.topic))
         keys = self.ctx.keys.queue(ref)
         value = None
         try:

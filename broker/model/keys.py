@@ -108,6 +108,7 @@ class QueueKeys:
     checkouts: str  # hash: delivery tag -> group NUL member NUL id NUL epoch NUL acquisitions NUL failures
     deadlines: str  # zset: delivery tag scored by lease deadline (ms)
     owned: str  # zset (lex): group NUL member NUL tag, to return a member's checkouts in O(own)
+    held: str  # zset: delivery tag scored by its message id, to find the lowest id checked out (retention)
     ready: str  # zset (lex): group NUL id(16 digits) NUL acquisitions NUL failures: returned messages
     delayed: str  # zset: same members as ready, scored by the time they become ready
     dedup: str  # zset: dedup id scored by publish time
@@ -122,11 +123,11 @@ class QueueKeys:
 
     def lease_keys(self) -> list[str]:
         """The keys every lease-moving fence declares, in this order."""
-        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed]
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed]
 
     def all_keys(self) -> list[str]:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
-        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.ready, self.delayed,
+        return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed,
                 self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters]
 
 
@@ -158,6 +159,7 @@ class Keyspace:
             checkouts=base + ":co",
             deadlines=base + ":dl",
             owned=base + ":own",
+            held=base + ":held",
             ready=base + ":rd",
             delayed=base + ":dly",
             dedup=base + ":dd",
@@ -223,6 +225,11 @@ class Keyspace:
     @property
     def filters_channel(self) -> str:
         return f"{self.prefix}:filters:changed"
+
+    @property
+    def retention(self) -> str:
+        """Hash: topic -> its retention policy, "count age_ms bytes" (fences/retention.py)."""
+        return f"{self.prefix}:retention"
 
     @property
     def alarms(self) -> str:

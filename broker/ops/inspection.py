@@ -15,6 +15,7 @@ import msgpack
 
 from fencemq.model import meta
 from fencemq.fences import session_index
+from fencemq.fences.retention import Policy
 from fencemq.errors import NotFound
 from fencemq.model.keys import Handle, Keyspace, QueueKeys, QueueRef
 from fencemq.ops.operations import (
@@ -168,7 +169,8 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         pipe.llen(k.journal)
         pipe.zcard(k.deadlines)
         pipe.pttl(k.meta)
-        log_len, ready, delayed, dead, journal, leased, ttl = await pipe.execute()
+        pipe.hget(keys.retention, ref.topic)
+        log_len, ready, delayed, dead, journal, leased, ttl, policy = await pipe.execute()
     seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
     counts = await _group_counts(redis, k, groups)
     delayed_by = await _delayed_by_group(redis, k)
@@ -196,6 +198,8 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         "seq": seq,
         "first": first,
         "retained": int(log_len),
+        # the topic's retention policy (fences/retention.py); None: only what some group has yet to settle is kept
+        "retention": Policy.decode(policy).as_dict() if policy else None,
         "last_tag": _int(fields.get(meta.TAG)),
         "created_ms": ct,
         "last_write_ms": wt,

@@ -77,6 +77,16 @@ class Refusals:
         self.at_once = at_once
         self.now = 0
 
+    def take(self) -> bool:
+        """A place for a refusal that says why (False: close it at once); :meth:`give` it back."""
+        if self.now >= self.at_once:
+            return False
+        self.now += 1
+        return True
+
+    def give(self) -> None:
+        self.now -= 1
+
     @contextmanager
     def told(self) -> Iterator[bool]:
         """Whether this refusal may take the time to say why (and then holds a place while it does)."""

@@ -1,7 +1,7 @@
 """One RESP client connection: an asyncio protocol that holds no task while its client is idle.
 
-The event loop reads: each read lands in a buffer all connections share (64 KiB at most, so a
-flood is read in bounded steps) and is fed to the request reader (fencemq.protocol.request_reader,
+The event loop reads: each read lands in the buffer all connections share (fencemq.server.reading)
+and is fed to the request reader (fencemq.protocol.request_reader,
 no I/O). A task runs only while there are requests to answer: it runs them (fencemq.server.pipeline,
 for the session they act for: fencemq.server.session), writes the replies, lingers a moment for the
 next request of a busy client, and ends. An idle connection is its transport, this object, its
@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from fencemq.errors import FenceMQError
 from fencemq.protocol.request_reader import RequestReader
 from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
+from fencemq.server import reading
 from fencemq.server.gate import Pass
 from fencemq.server.long_poll import ClientGone
 from fencemq.server.pipeline import Pipeline
@@ -38,11 +39,6 @@ from fencemq.server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 65536
-# One read buffer for every connection of the process: the event loop calls get_buffer and
-# buffer_updated back to back, and the reader copies what it keeps.
-_READ_BUFFER = bytearray(READ_SIZE)
-_READ_VIEW = memoryview(_READ_BUFFER)
 # Commands parsed and run in one go: the replies of one batch are one write, so
 # this bounds what a pipelining client makes the worker hold for it at once.
 MAX_PIPELINE = 256
@@ -98,11 +94,11 @@ class ClientConnection(Pipeline, asyncio.BufferedProtocol):
             self._idle_timer = loop.call_later(self.gate.idle_timeout_s, self._idle_check)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ_VIEW
+        return reading.VIEW
 
     def buffer_updated(self, nbytes: int) -> None:
         parser = self.parser
-        parser.feed(_READ_BUFFER[:nbytes])
+        parser.feed(reading.received(nbytes))
         if self._idle_timer is not None:
             self._last_read = time.monotonic()
         if parser.mid_request:

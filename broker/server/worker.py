@@ -71,7 +71,7 @@ class Worker:
         self.files: file_limit.FileBudget | None = None  # how the open files are shared out, once started
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        files = file_limit.budget()
+        files = self._fit_open_files()
 
         async def check_memory(services: Services) -> None:
             services.core.ctx.memory.on_sample = metrics.memory_sampled
@@ -84,7 +84,9 @@ class Worker:
         spare = SpareDescriptor()
         try:
             self.spare = spare
-            self._fit_open_files(redis, files)
+            servers = servers_of(redis)
+            if servers > 1:  # a Cluster has a pool per master: within the same share of the open files
+                limit_connections(redis, max(file_limit.MIN_REDIS_POOL, files.redis_pool // servers))
             self.services: Services = services
             services.core.fences.link = link
             memory = services.core.ctx.memory
@@ -138,17 +140,15 @@ class Worker:
                 await redis.aclose()
             spare.close()
 
-    def _fit_open_files(self, redis: Any, files: file_limit.FileBudget) -> None:
-        """Cap max_connections (and the Redis pools) to the open files this process may have."""
-        servers = servers_of(redis)
-        if servers != files.redis_servers:  # a Cluster: a pool per master
-            files = file_limit.plan(files.limit, servers=servers, soft_before=files.soft_before, hard=files.hard)
-            limit_connections(redis, files.redis_pool)
-        self.files = files
+    def _fit_open_files(self) -> file_limit.FileBudget:
+        """Raise the open-file limit, and cap max_connections to what fits beside Redis and the reserve
+        (before anything is built on the configuration: the gate counts against it)."""
+        self.files = files = file_limit.budget()
         configured = self.config.max_connections
         (log.warning if configured > files.clients else log.info)("%s", files.describe(configured))
         if configured > files.clients:
             self.config = replace(self.config, max_connections=files.clients)
+        return files
 
     async def _accept(self, listener: Any, conns: anyio.abc.TaskGroup, scope: anyio.CancelScope) -> None:
         with scope:

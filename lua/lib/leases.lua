@@ -1,8 +1,9 @@
 -- lib/leases.lua: checkouts, their leases, and the ready and delayed sets.
 -- A checkout is a record (K.checkouts: tag -> record), a deadline (K.deadlines:
--- tag scored by ms, absent while it waits in a push mailbox) and an ownership
+-- tag scored by ms, absent while it waits in a push mailbox), an ownership
 -- entry (K.owned, lex: group NUL member NUL tag), so a member's checkouts are
--- found in O(its own).
+-- found in O(its own), and its message id (K.held: tag scored by id), so the
+-- lowest id still checked out is found in O(log n) (lib/retention.lua).
 --@include lib/meta.lua
 --@include lib/journal.lua
 --
@@ -50,12 +51,13 @@ end
 -- field, each a scan); an entry of another checkout cannot be among them.
 local function remove_checkouts(K, tags, owned, size)
   if size == #tags then
-    redis.call('DEL', K.checkouts, K.deadlines, K.owned)
+    redis.call('DEL', K.checkouts, K.deadlines, K.owned, K.held)
     return
   end
   redis.call('HDEL', K.checkouts, unpack(tags))
   redis.call('ZREM', K.deadlines, unpack(tags))
   redis.call('ZREM', K.owned, unpack(owned))
+  redis.call('ZREM', K.held, unpack(tags))
 end
 
 -- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
@@ -68,6 +70,7 @@ local function take_checkout(K, tag)
   redis.call('HDEL', K.checkouts, tag)
   redis.call('ZREM', K.deadlines, tag)
   redis.call('ZREM', K.owned, c.group .. SEP .. c.member .. SEP .. tag)
+  redis.call('ZREM', K.held, tag)
   return c
 end
 
@@ -217,7 +220,7 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
   local tags = int_strs(base + 1, n_taken)
   local ep_text = SEP .. int_str(ep) .. SEP
   local first_tail = ep_text .. '1' .. SEP .. '0'  -- a first delivery: one acquisition, no failure
-  local records, deadlines, owned, n = {}, {}, {}, 0
+  local records, deadlines, owned, held, n = {}, {}, {}, {}, 0
   -- redis.call turns every number argument into text: the batch's one
   -- deadline (and the owned entries' score) go as text made once.
   local due = deadline and int_str(deadline)
@@ -241,6 +244,8 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
       deadlines[n] = tag
       owned[n - 1] = '0'
       owned[n] = gm .. tag
+      held[n - 1] = t[6]
+      held[n] = tag
     end
   end
   if journaling then
@@ -252,6 +257,7 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
   redis.call('HSET', K.checkouts, unpack(records))
   if deadline then redis.call('ZADD', K.deadlines, unpack(deadlines)) end
   redis.call('ZADD', K.owned, unpack(owned))
+  redis.call('ZADD', K.held, unpack(held))
   return taken
 end
 

@@ -75,8 +75,8 @@ local LMQ_KEYS = {'meta', 'log', 'journal', 'dedup', 'dedup_ids', 'dead'}
 -- An lmq at rest (docs/data-model.md, "Lmqs at rest") with nothing checked
 -- out, returned or delayed:
 -- * forgets the messages every group has read, so its log holds only what
---   someone may still get — at most 1000 per call (O(batch)); retention trims
---   the rest at the next publish. An lmq without groups keeps its messages
+--   someone may still get — at most 1000 per call (O(batch)) — unless its
+--   topic has a retention policy (`keep`; lib/retention.lua). An lmq without groups keeps its messages
 --   for its first subscriber, and one with a group that rewinds to the
 --   earliest message on preemption keeps them for that rewind;
 -- * is reclaimed after an idle TTL when nobody owns it or has anything left
@@ -95,7 +95,7 @@ local function drop_consumed(K, first, upto)
   redis.call('HSET', K.meta, 'first', upto + 1)
 end
 
-local function reclaim_if_idle(K, ttl_ms)
+local function reclaim_if_idle(K, ttl_ms, keep)
   if not ttl_ms or ttl_ms <= 0 then return end
   local settled = redis.call('HLEN', K.checkouts) == 0
   local idle = settled and redis.call('ZCARD', K.ready) == 0 and redis.call('ZCARD', K.delayed) == 0
@@ -111,7 +111,7 @@ local function reclaim_if_idle(K, ttl_ms)
       if not read_by_all or cur - 1 < read_by_all then read_by_all = cur - 1 end
     end
     if not groups and seq > 0 then idle = false end
-    if read_by_all and not rewinds then drop_consumed(K, first, read_by_all) end
+    if read_by_all and not rewinds and not keep then drop_consumed(K, first, read_by_all) end
   end
   if settled then compact_meta(K.meta) end
   -- Every key an lmq can have but mailboxes (gone with their members).

@@ -71,10 +71,10 @@ def test_once_an_administrator_exists_each_command_needs_its_permission_on_its_t
 READS = {
     "status": [], "queues": [], "lmqs": [], "top": ["--iterations", "1"], "snapshot": ["--out", "{tmp}/snap"],
     "inspect queue": ["payments"], "inspect group": ["payments", "g"], "inspect member": ["payments", "g", "m"],
-    "inspect session": ["alice"], "dlq list": ["payments"], "user list": [],
+    "inspect session": ["alice"], "dlq list": ["payments"], "user list": [], "retention list": [],
 }
 WRITES = {"evict", "sweep", "seek", "purge", "dlq replay", "user add", "user passwd", "user del", "user grant",
-          "user revoke"}
+          "user revoke", "retention set", "retention clear"}
 NOT_THE_OPERATOR_LAYER = {"serve", "demo", "dashboard"}  # a worker, a tour, the UI (its own login)
 
 

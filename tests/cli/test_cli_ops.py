@@ -19,7 +19,7 @@ from fencemq.config import Config
 from fencemq.model import meta
 from fencemq.model.records import journal_events
 from fencemq.server.embedded import EmbeddedRedis, free_port
-from fencemq.model.keys import Handle
+from fencemq.model.keys import Handle, QueueRef
 from fencemq.fences.core import Core
 from fencemq.cli.ops import register
 from tests.helpers import as_map, client, deliveries, worker
@@ -480,30 +480,40 @@ def test_dlq_replay_makes_the_message_pullable_again(broker: dict) -> None:
     assert json.loads(invoke("dlq", "replay", "jobs", "--redis-url", url, "--json").stdout)["replayed"] == []
 
 
-def test_dlq_replay_keeps_dead_letters_whose_body_was_trimmed(redis_url: str) -> None:
+def test_dlq_replay_brings_back_dead_letters_whose_message_the_log_let_go(redis_url: str) -> None:
     cfg = Config(redis_url=redis_url, retention_maxlen=2, max_failures=1)
 
-    async def setup() -> None:
+    async def setup() -> Handle:
         r = redis.asyncio.Redis.from_url(redis_url)
         try:
             q = Core(r, cfg)
             await q.publishing.publish("t", [b"one", b"two"])
             h = Handle.decode((await q.subscriptions.subscribe("w", "t", group="g")).handle)
             first, second = (await q.leases.pull(h, 2)).deliveries
-            await q.leases.nack(h, [first.tag, second.tag])  # both dead
-            await q.publishing.publish("t", [b"three"])  # retention (2) trims id 1
+            await q.leases.nack(h, [first.tag, second.tag])  # both dead: settled, so the log lets them go
+            await q.publishing.publish("t", [b"three"])
+            assert await r.hlen(q.keys.queue(QueueRef("t")).log) == 1  # only 3 is left
+            return h
         finally:
             await r.aclose()
 
-    run(setup())
+    h = run(setup())
     res = ok_json("dlq", "replay", "t", "--count", "5", "--yes", "--redis-url", redis_url)
-    assert [(r["id"], r["via"]) for r in res["replayed"]] == [(2, "ready")]
-    assert res["skipped"] == [{"position": 0, "id": 1, "group": "g", "reason": "trimmed"}]
-    assert res["dead_letters_left"] == 1
-    left = ok_json("dlq", "list", "t", "--redis-url", redis_url)["dead_letters"]
-    assert [d["id"] for d in left] == [1]
-    out = invoke("dlq", "replay", "t", "--yes", "--redis-url", redis_url)
-    assert out.exit_code == 1 and "body trimmed from the log by retention" in out.stdout
+    assert [(r["id"], r["via"]) for r in res["replayed"]] == [(1, "ready"), (2, "ready")]  # a dead letter carries it
+    assert res["skipped"] == [] and res["dead_letters_left"] == 0
+
+    async def consume() -> list[bytes]:
+        r = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            q = Core(r, cfg)
+            got = (await q.leases.pull(h, 10)).deliveries
+            await q.leases.ack(h, [d.tag for d in got])
+            assert await r.hlen(q.keys.queue(QueueRef("t")).log) == 0  # settled again: gone again
+            return [d.payload for d in got]
+        finally:
+            await r.aclose()
+
+    assert run(consume()) == [b"one", b"two", b"three"]
 
 
 # -- top ---------------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ def _broken(file: str, old: str, new: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("old, new, found", [
-    ("-- KEYS[8] journal\n", "-- KEYS[8] jr\n", "KEYS"),  # a key renamed in the header only
+    ("-- KEYS[9] journal\n", "-- KEYS[9] jr\n", "KEYS"),  # a key renamed in the header only
     ("-- ARGV[3] count\n", "", "ARGV"),  # an argument dropped
     ("-- Errors:", "-- Failures:", "no `-- Errors:` line"),
     ("-- Returns:", "-- Gives:", "no `-- Returns:` line"),
@@ -166,8 +166,9 @@ def test_a_code_missing_from_the_table_is_found() -> None:
 
 
 def test_a_missing_include_is_found() -> None:
-    files = _broken("ack.lua", "--@include lib/seek.lua\n", "")
-    assert undefined_names(files) == ["lua/ack.lua uses ['group_epoch'], defined nowhere it includes"]
+    files = _broken("ack.lua", "--@include lib/retention.lua\n", "")
+    assert undefined_names(files) == ["lua/ack.lua uses ['forget_below_first', 'group_epoch', 'trim_log'], "
+                                      "defined nowhere it includes"]
 
 
 def test_the_loader_refuses_a_repeated_missing_or_circular_include_with_its_line() -> None:
@@ -223,3 +224,23 @@ def test_the_operations_doc_lists_every_fence_that_may_write_when_redis_is_full(
     flagged = {name for name, src in fence_files(_raw_files()).items()
                if "allow-oom" in (parse_header(src, name).flags or ())}
     assert listed == flagged
+
+
+def undeclared_keys(files: dict[str, str]) -> list[str]:
+    """Keys a fence (with the helpers it keeps) reads as ``K.<name>`` that its header does not declare."""
+    problems = []
+    for name, src in sorted(fence_files(files).items()):
+        header = parse_header(src, name)
+        declared = set(header.keys) | ({header.keys_rest} if header.keys_rest else set())
+        code = "\n".join(line for line in _strip(assemble(name, files)).split("\n") if not line.startswith("local K = "))
+        missing = sorted(set(re.findall(r"\bK\.(\w+)", code)) - declared)
+        if missing:
+            problems.append(f"lua/{name}.lua uses K.{', K.'.join(missing)}, not in its KEYS")
+    return problems
+
+
+def test_every_key_a_fence_touches_is_in_its_keys() -> None:
+    assert undeclared_keys(_raw_files()) == []
+    # a helper's key counts too: ack's checkouts go through remove_checkouts, which deletes K.held
+    files = _broken("ack.lua", "-- KEYS[5] held\n", "-- KEYS[5] kept\n")
+    assert any("lua/ack.lua uses K.held" in p for p in undeclared_keys(files))

@@ -5,6 +5,11 @@ local buffer that an "application" task drains, while a seeker task on the
 same client (SEEK must come from the handle's own client id) seeks back and
 forth across a log of a few thousand messages. Whatever the interleaving, once
 a SEEK has returned nothing read before it may reach the application.
+
+The topics these tests rewind over keep their messages (a retention policy,
+set before the worker starts): without one, what every group has settled
+leaves the log, and SEEK rewinds only to what some group has not
+(docs/operations.md, "Retention"; the last test here).
 """
 
 from __future__ import annotations
@@ -38,8 +43,14 @@ def url(w) -> str:
     return f"redis://127.0.0.1:{w.port}"
 
 
+KEPT = ("log", "race", "iter")  # the topics the tests rewind over keep what was consumed
+
+
 @pytest.fixture
 def w(redis_url):
+    direct = helpers.direct(redis_url)
+    direct.hset(KEYS.retention, mapping={t: "1000000 0 0" for t in KEPT})
+    direct.close()
     with worker(redis_url) as started:
         yield started
 
@@ -458,3 +469,17 @@ def test_seek_on_a_shared_group_releases_every_members_checkouts_and_leaves_othe
         run(main())
     finally:
         direct.close()
+
+
+def test_a_seek_on_a_topic_without_retention_rewinds_to_the_oldest_message_a_group_has_not_settled(redis_url):
+    with worker(redis_url) as w:
+        async def main() -> None:
+            async with subscribed(url(w), "plain", "plain", 10) as (c, sub):
+                got = await sub.pull(10)
+                assert await sub.ack(*got[:4]) == 4  # 1-4 settled by the only group: gone from the log
+                await sub.seek(where="earliest")
+                assert ids_of(await drain(sub)) == list(range(5, 11))
+                other = await c.subscribe("plain", group="late", start="earliest")
+                assert ids_of(await other.pull(10)) == list(range(5, 11))  # a new group: what is still kept
+
+        run(main())

@@ -393,15 +393,15 @@ def test_seek_earliest_redelivers_from_the_start_under_a_higher_epoch(w, proto):
     h = sub(c, "orders", "GROUP", "g")
     before = pull(c, h, "COUNT", 10)
     assert [d["epoch"] for d in before] == [0, 0, 0]
-    c.execute_command("ACK", h, before[0]["tag"])
+    c.execute_command("ACK", h, before[0]["tag"])  # settled by the only group: gone (the topic keeps nothing)
     epoch = c.execute_command("SEEK", h, "EARLIEST")
     assert epoch == 1
     after = pull(c, h, "COUNT", 10)
-    assert [d["payload"] for d in after] == ["a", "b", "c"]
+    assert [d["payload"] for d in after] == ["b", "c"]
     assert all(d["epoch"] == epoch for d in after)
     assert c.execute_command("ACK", h, before[1]["tag"], before[2]["tag"]) == 0  # old epoch: stale
     assert c.execute_command("RENEW", h, before[1]["tag"]) == 0
-    assert c.execute_command("ACK", h, *[d["tag"] for d in after]) == 3
+    assert c.execute_command("ACK", h, *[d["tag"] for d in after]) == 2
     assert c.execute_command("SEEK", h, "EARLIEST") == 2  # the epoch only grows
 
 

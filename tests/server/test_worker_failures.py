@@ -137,7 +137,8 @@ def test_noscript_after_a_script_flush_is_invisible_to_clients(fresh_redis):
         direct.script_flush()
         assert c.execute_command("SEEK", h, "EARLIEST") == 1
         direct.script_flush()
-        assert [d["payload"] for d in deliveries(c.execute_command("PULL", h, "COUNT", 10))] == ["before", "a", "b"]
+        # ("before" was acknowledged by the only group: the topic, with no retention policy, let it go)
+        assert [d["payload"] for d in deliveries(c.execute_command("PULL", h, "COUNT", 10))] == ["a", "b"]
 
         # the sweeper's fence too: a lease that expires after a flush still comes back
         h2 = as_map(c.execute_command("SUB", "jobs", "LOCK", 100))["handle"]

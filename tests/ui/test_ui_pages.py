@@ -103,6 +103,9 @@ def test_a_queue_page_shows_groups_member_states_and_checkouts(broker: dict, das
     assert re.search(r"X evicted by Y", chat) and re.search(r"Y active", chat)
     share = text(http.get("/queue", params={"q": "f:$share/g1:sensors/+"}).text)
     assert re.search(r"s1 \w+ 0 0 [\d ]+/ \d+", share), share  # a push member: its mailbox fill
+    assert "no retention: settled messages go" in orders  # what the topic keeps (fencemq retention)
+    broker["direct"].hset("fmq:retention", "orders", "1000 3600000 0")
+    assert "retention: 1,000 messages 3,600 s" in text(http.get("/queue", params={"q": "t:orders"}).text)
 
 
 def test_lmq_search_finds_one_name_with_one_read_or_a_glob_by_scan(broker: dict, dashboard_of) -> None:

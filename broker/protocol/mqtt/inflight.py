@@ -28,6 +28,8 @@ class FlowControlBlocked(RuntimeError):
 
 
 class OutboundFlows:
+    __slots__ = ("send_maximum", "inflight", "reserved", "_next_id")
+
     def __init__(self, send_maximum: int) -> None:
         self.send_maximum = send_maximum
         self.inflight: dict[int, Outbound] = {}
@@ -111,6 +113,8 @@ class Inbound(Enum):
 
 
 class InboundFlows:
+    __slots__ = ("receive_maximum", "flows", "restored")
+
     def __init__(self, receive_maximum: int) -> None:
         self.receive_maximum = receive_maximum
         self.flows: dict[int, Inbound] = {}
@@ -179,6 +183,8 @@ class InboundFlows:
 
 
 class InboundAliases:
+    __slots__ = ("maximum", "topics")
+
     def __init__(self, maximum: int) -> None:
         self.maximum = maximum
         self.topics: dict[int, str] = {}
@@ -202,6 +208,8 @@ class InboundAliases:
 
 class OutboundAliases:
     """First come, first served: the first ``maximum`` topics get an alias for the connection."""
+
+    __slots__ = ("maximum", "aliases")
 
     def __init__(self, maximum: int) -> None:
         self.maximum = maximum

@@ -18,6 +18,8 @@ from fencemq.protocol.mqtt.validation import subscription_request
 
 
 class PendingRequests:
+    __slots__ = ("limits", "protocol_level", "subscribing", "unsubscribing")
+
     def __init__(self, limits: MqttServerLimits, protocol_level: int) -> None:
         self.limits = limits
         self.protocol_level = protocol_level

@@ -50,6 +50,12 @@ class SessionState(Enum):
 
 
 class MqttServerSession:
+    # (slots: an idle connection's session holds nothing it does not need; docs/operations.md)
+    __slots__ = ("limits", "state", "protocol_level", "request", "will", "session_expiry_interval", "_decoder",
+                 "_out", "_events", "_opened_at", "_last_received", "_client_maximum_packet_size",
+                 "_problem_information", "outbound_flows", "inbound_flows", "_inbound_aliases", "_outbound_aliases",
+                 "_requests")
+
     def __init__(self, limits: MqttServerLimits | None = None, now: float = 0.0) -> None:
         self.limits = limits or MqttServerLimits()
         self.state = SessionState.AWAITING_CONNECT

@@ -25,6 +25,8 @@ class MqttStreamDecoder:
     may be at most ``maximum_first_size`` (the CONNECT before authentication).
     """
 
+    __slots__ = ("maximum_packet_size", "maximum_first_size", "protocol_level", "_buffer", "_failed")
+
     def __init__(self, maximum_packet_size: int = MAX_PACKET_SIZE, protocol_level: int | None = None,
                  maximum_first_size: int | None = None) -> None:
         if not 2 <= maximum_packet_size <= MAX_PACKET_SIZE:

@@ -67,6 +67,7 @@ def filter_of(handle: Handle) -> str:
 
 
 class MqttDelivery:
+    __slots__ = ()  # MqttConnection holds the attributes: a compact object per connection
     services: Services
     session: Session
     mqtt: MqttServerSession
@@ -77,9 +78,9 @@ class MqttDelivery:
     mqtt_state: MqttSessionState
     resumed_ids: dict[str, int]
     tasks: anyio.abc.TaskGroup | None
-    write_lock: anyio.Lock
-    output_turn: anyio.Lock
-    quota_freed: anyio.Event
+    write_lock: Any  # (mqtt/wire.py QuietLock)
+    output_turn: Any
+    quota_freed: Any  # an anyio.Event while a delivery waits for quota
     protocol_level: int
     draining: bool
     token: str

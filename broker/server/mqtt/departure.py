@@ -31,6 +31,7 @@ MAILBOX_DRAIN_ROUNDS = 64  # batches handed back from a departing shared member'
 
 
 class MqttDeparture:
+    __slots__ = ()  # MqttConnection holds the attributes: a compact object per connection
     services: Services
     session: Session
     mqtt: MqttServerSession

@@ -54,58 +54,69 @@ from fencemq.server.mqtt.messages import (
 )
 from fencemq.server.mqtt.delivery import MqttDelivery, MqttSubscription, filter_of
 from fencemq.server.mqtt.departure import MqttDeparture
+from fencemq.server.mqtt.driving import MqttDriving
 from fencemq.server.mqtt.resumption import MqttResumption
 from fencemq.server.mqtt.state import InFlight, MqttSessionState, dedup_id
 from fencemq.server.mqtt.subscribing import MqttSubscribing
+from fencemq.server.mqtt.wire import NOBODY_WAITS, ConnectionTasks, QuietLock
 from fencemq.server.gate import Pass
 from fencemq.server.session import Session
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 65536
-LINGER_S = 1.0  # how long a connection the server ended waits for the client to close it
 
 
-class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumption):
-    def __init__(self, worker: Any, stream: anyio.abc.ByteStream, token: str, gate_pass: Pass | None = None) -> None:
+def server_limits(config: Any, gate: Any) -> MqttServerLimits:
+    """What the worker's MQTT sessions accept and announce: the gate's budgets (the time to an accepted
+    CONNECT, its size before authentication) and the configured session expiry and keep alive."""
+    return MqttServerLimits(maximum_session_expiry_interval=config.mqtt_max_session_expiry_s,
+                            connect_timeout=gate.connect_timeout_s, maximum_connect_size=gate.preauth_max_bytes,
+                            server_keep_alive=config.mqtt_server_keep_alive_s or None)
+
+
+class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumption):
+    # Slots: an idle connection holds its attributes in a compact object (an instance dict of this
+    # many keys is not shared between instances: ~1.6 KB each).
+    __slots__ = ("worker", "services", "verbs", "config", "gate", "stream", "mqtt", "revoked_filters", "gate_pass",
+                 "session", "token", "write_lock", "output_turn", "quota_freed", "subscriptions", "in_flight",
+                 "resumed_ids", "mqtt_state", "nonce", "completed", "releasing", "tasks", "protocol_level", "expiry",
+                 "taken_over", "ended_by_server", "quota_refused", "draining", "left", "will", "_spawn", "_over", "_queue",
+                 "_working", "_ending", "_caught_up", "_deadlines", "_tick_at", "_request_timer")
+
+    def __init__(self, worker: Any, token: str, gate_pass: Pass | None = None,
+                 limits: MqttServerLimits | None = None) -> None:
         self.worker, self.services, self.verbs = worker, worker.services, worker.verbs
         self.config = worker.config
         self.gate = self.services.gate
-        self.stream = stream
-        # the gate's budgets: the time to an accepted CONNECT, and its size before authentication
-        limits = MqttServerLimits(maximum_session_expiry_interval=self.config.mqtt_max_session_expiry_s,
-                                  connect_timeout=self.gate.connect_timeout_s,
-                                  maximum_connect_size=self.gate.preauth_max_bytes,
-                                  server_keep_alive=self.config.mqtt_server_keep_alive_s or None)
-        self.mqtt = MqttServerSession(limits, now=time.monotonic())
+        self.stream: Any = None  # what carries its bytes (mqtt/wire.py), once attached
+        self.mqtt = MqttServerSession(limits or server_limits(self.config, self.gate), now=time.monotonic())
         self.revoked_filters: tuple[str, ...] = ()  # a resumed session's, its user may no longer subscribe to
         self.gate_pass = gate_pass or Pass("mqtt", "")
         self.gate_pass.shut_out = self._shut_out
         self.session = Session(self.services, token, watch_for_hangup=self._no_hangup_watch,
                                end_connection=self._taken_over, gate_pass=self.gate_pass)
         self.token = token
-        self.write_lock = anyio.Lock()
-        self.output_turn = anyio.Lock()
-        self.quota_freed = anyio.Event()
+        self.write_lock = QuietLock()
+        self.output_turn = QuietLock()
+        self.quota_freed: Any = NOBODY_WAITS  # an event while a delivery waits for the client's quota
         self.subscriptions: dict[str, MqttSubscription] = {}  # by topic filter as the client sent it
         self.in_flight: dict[int, InFlight] = {}  # packet id -> the delivery sent with it
         self.resumed_ids: dict[str, int] = {}  # "<handle>|<message id>" -> the packet id it was sent with
-        self.mqtt_state: MqttSessionState  # the session's MQTT state in Redis, once CONNECT names it
+        self.mqtt_state: MqttSessionState = None  # type: ignore[assignment]  # in Redis, once CONNECT names it
         self.nonce = ""  # the session's own id, in its QoS 2 publishes' dedup ids (mqtt/state.py)
         self.completed: dict[int, int] = {}  # packet id -> the client's QoS 2 publishes completed with it
         # QoS 2 deliveries the client received (PUBREC): settled in FenceMQ, awaiting PUBCOMP
         self.releasing: set[int] = set()
-        self.tasks: anyio.abc.TaskGroup | None = None
+        self.tasks: ConnectionTasks | None = None
         self.protocol_level = 0
         self.expiry = 0  # seconds the session outlives the connection (the FenceMQ session's lease then)
         self.taken_over = False
         self.ended_by_server = False
-        self._tick_wait = anyio.CancelScope()
         self.quota_refused = False  # a 3.1.1 PUBLISH met FULL: the connection is being closed unacknowledged
         self.draining = False  # the worker shuts down: nothing new is sent
-        self.reading = anyio.Lock()  # held while what one read brought is handled
-        self.left = False  # DISCONNECT sent by the worker: nothing more is read
+        self.left = False  # the worker is about to DISCONNECT: nothing more is read
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
+        self._not_driven_yet()
 
     def _no_hangup_watch(self, scope: anyio.CancelScope | None) -> None:
         pass  # MQTT verbs never wait inside the session: the reader runs all along
@@ -136,18 +147,15 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         with anyio.move_on_after(bound_s):
             while self.in_flight or self.releasing:
                 await anyio.sleep(0.02)
-        # Between two reads: a PUBLISH is never stored with its PUBACK cut off by the DISCONNECT
-        # (the client would send it again elsewhere, and it would be stored twice)
-        async with self.reading:
-            self.left = True
-            await self._disconnect(ReasonCode.SERVER_SHUTTING_DOWN, self.config.server_reference)
-
-    def cut(self) -> None:
-        if self.tasks is not None:
-            self.tasks.cancel_scope.cancel()
+        # Reading stops, what was read is handled (its PUBACKs written), then the DISCONNECT: a PUBLISH
+        # is never stored with its PUBACK cut off (the client would send it again elsewhere, stored twice)
+        self.left = True
+        with anyio.move_on_after(bound_s):
+            await self.caught_up()
+        await self._disconnect(ReasonCode.SERVER_SHUTTING_DOWN, self.config.server_reference)
 
     async def close(self) -> None:
-        pass  # run() let go of the session already
+        pass  # its end let go of the session already
 
     async def _disconnect(self, reason: int, server_reference: str | None = None) -> None:
         await self._handle_and_flush(self.mqtt.disconnect(reason, server_reference=server_reference))
@@ -155,76 +163,7 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
 
     def _handle_later(self, events: list[MqttEvent]) -> None:
         if self.tasks is not None:
-            self.tasks.start_soon(self._handle_and_flush, events)
-
-    async def run(self) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                self.tasks = tg
-                tg.start_soon(self._read)
-                tg.start_soon(self._tick)
-        finally:
-            self.tasks = None  # drain() and a takeover notice now find nothing to start
-            with anyio.CancelScope(shield=True):
-                if self.ended_by_server:
-                    await self._linger()
-                await self.stream.aclose()
-                await self._session_over()
-
-    async def _linger(self) -> None:
-        """After the server ended the connection: half-close it and read (and drop) what the client
-        still sends until it closes, for at most LINGER_S. Closing a socket with bytes unread
-        resets it, and a client that is still writing (PUBRELs, say) would lose the DISCONNECT that
-        says why before reading it."""
-        try:
-            await self.stream.send_eof()
-        except (NotImplementedError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            return  # TLS and WebSocket cannot half-close: closed at once, as before
-        with anyio.move_on_after(LINGER_S):
-            try:
-                while await self.stream.receive(READ_SIZE):
-                    pass
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                pass
-
-    async def _read(self) -> None:
-        began: float | None = None  # when the packet still unfinished began (the gate's request timeout)
-        while not self.mqtt.closed:
-            wait = float("inf")
-            if self.mqtt.mid_packet:
-                began = began or time.monotonic()
-                wait = max(0.0, began + self.gate.request_timeout_s - time.monotonic())
-            else:
-                began = None
-            data = None
-            with anyio.move_on_after(wait):
-                try:
-                    data = await self.stream.receive(READ_SIZE)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    data = b""
-            if not data:
-                if data is None:
-                    log.info("closing MQTT connection %s: a packet unfinished for %d ms", self.token,
-                             self.config.request_timeout_ms)
-                await self._handle(self.mqtt.connection_lost())
-                break
-            async with self.reading:
-                if self.left:
-                    break  # the worker sent DISCONNECT meanwhile: what came after is not acknowledged (resent)
-                await self._handle_and_flush(self.mqtt.receive_bytes(data, time.monotonic()))
-        await self._flush()
-        assert self.tasks is not None
-        self.tasks.cancel_scope.cancel()
-
-    async def _tick(self) -> None:
-        while True:
-            deadline = self.mqtt.next_deadline()
-            with anyio.CancelScope() as self._tick_wait:  # cancelled when the deadline moves earlier
-                await anyio.sleep(1.0 if deadline is None else max(0.0, deadline - time.monotonic()))
-            await self._handle_and_flush(self.mqtt.tick(time.monotonic()))
-            if self.mqtt.closed:
-                assert self.tasks is not None
-                self.tasks.cancel_scope.cancel()
+            self._handle_soon(events)
 
     async def _flush(self) -> None:
         async with self.write_lock:
@@ -331,7 +270,7 @@ class MqttConnection(MqttDelivery, MqttDeparture, MqttSubscribing, MqttResumptio
         pipelined = await self._take_up(event)
         # the keep alive is the session's deadline now, not the connect timeout (a client whose
         # Keep Alive is shorter than that was checked only at the connect timeout: its will late)
-        self._tick_wait.cancel()
+        self._arm_tick()
         await self._handle(pipelined)
 
     async def _admitted(self, event: ConnectRequested) -> int | None:

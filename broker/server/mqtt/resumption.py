@@ -38,6 +38,7 @@ DEFAULT_OPTIONS = (1, False, False, None)  # a subscription whose options were n
 
 
 class MqttResumption:
+    __slots__ = ()  # MqttConnection holds the attributes: a compact object per connection
     services: Services
     session: Session
     mqtt: MqttServerSession

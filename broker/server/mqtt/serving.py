@@ -3,29 +3,32 @@ each connection an :class:`fencemq.server.mqtt.listener.MqttConnection`.
 
 Each connection enters the worker's gate before anything is read from it (max_connections,
 counted with RESP's and the UI's; past it a few at a time are told CONNACK 0x97, the rest closed),
-and leaves it when it closes; with TLS, the handshake is the
-gate's to time (fencemq.server.tls), and so is a WebSocket's upgrade (auth_timeout_ms)."""
+and leaves it when it closes; with TLS, the handshake is the gate's to time (fencemq.server.tls),
+and so is a WebSocket's upgrade (auth_timeout_ms). Over TCP and TLS a connection is an asyncio
+protocol (mqtt/wire.py) that holds no task while its client idles; over WebSocket a task reads it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
+import socket
+import ssl
 from typing import Any
 
 import anyio
 import anyio.abc
 
 from fencemq.errors import LimitExceeded
-from fencemq.protocol.mqtt.events import ConnectRequested, MqttServerLimits
 from fencemq.protocol.mqtt.reasons import ReasonCode
-from fencemq.protocol.mqtt.session import MqttServerSession
-from fencemq.server.accepting import shedding
+from fencemq.server.accepting import serve_sockets, shedding
 from fencemq.server.gate import client_host
-from fencemq.server.mqtt.listener import MqttConnection
+from fencemq.server.mqtt.driving import Deadlines
+from fencemq.server.mqtt.listener import MqttConnection, server_limits
+from fencemq.server.mqtt.wire import MqttWire, Refusal, StreamWire
 from fencemq.server.tls import guarded_tls
 
 log = logging.getLogger(__name__)
-REFUSAL_READ = 65536  # a refused client's CONNECT is read up to this size (its protocol version is all it is read for)
 
 
 async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | None = None,
@@ -41,83 +44,123 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
 
     numbers = iter(range(1, 1 << 62))
     gate = worker.services.gate
+    limits = server_limits(worker.config, gate)  # one for every connection
+    deadlines = Deadlines()  # every connection's CONNECT and keep-alive deadline, on one timer
 
     async def listen(at: int) -> tuple[Any, int]:
         listener: Any = await anyio.create_tcp_listener(local_host=worker.config.host, local_port=at)
         bound = listener.extra(SocketAttribute.local_port)
-        listener = shedding(listener, worker.spare)  # MQTT says nothing before the CONNECT: a shed client is closed
-        if tls is not None:
-            listener = guarded_tls(listener, tls, gate)
-        return listener, bound
+        # MQTT says nothing before the CONNECT: a client shed for want of a descriptor is closed
+        return shedding(listener, worker.spare), bound
 
-    async def one(stream: anyio.abc.ByteStream, door: str = "mqtt") -> None:
+    def over(conn: MqttConnection) -> None:
+        worker.connections.pop(conn.token, None)
+        gate.leave(conn.gate_pass)
+
+    def connection(door: str, gate_pass: Any) -> MqttConnection:
+        conn = MqttConnection(worker, f"{worker.id}:mqtt{next(numbers)}", gate_pass, limits)
+        worker.connections[conn.token] = conn
+        return conn
+
+    async def one(tasks: anyio.abc.TaskGroup, sock: socket.socket, address: Any) -> None:
+        host = address[0] if isinstance(address, tuple) else ""
         try:
-            gate_pass = gate.enter(door, client_host(stream))
+            gate_pass = gate.enter("mqtt", host)
         except LimitExceeded:  # past max_connections (every door counted): CONNACK 0x97 / 3.1.1 0x03
-            with worker.refusals.told() as telling:
-                if telling and door == "mqtt":
-                    await refuse_connect(stream, ReasonCode.QUOTA_EXCEEDED)
-            await anyio.aclose_forcefully(stream)
+            if worker.refusals.take():
+                tasks.start_soon(_attach, Refusal(ReasonCode.QUOTA_EXCEEDED, worker.refusals.give), sock,
+                                 tls, gate.handshake_timeout_s)
+            else:
+                sock.close()
             return
+        conn = connection("mqtt", gate_pass)
+        wire = MqttWire(conn.received)
+        conn.stream = wire
+        conn._start_driving(tasks.start_soon, over, deadlines)
+        if tls is None:
+            if not await _attach(wire, sock):
+                conn.cut()
+        else:  # the handshake runs in a task of its own: a client that fails it holds nobody up
+            tasks.start_soon(_attach_or_cut, conn, wire, sock, tls, gate.handshake_timeout_s)
+
+    async def one_ws(tasks: anyio.abc.TaskGroup, stream: anyio.abc.ByteStream) -> None:
         try:
-            if door == "mqtt-ws":
-                ws = MqttWebSocketStream(stream)
-                try:
-                    with anyio.fail_after(gate.connect_timeout_s):
-                        await ws.handshake()
-                except (WebSocketRefused, TimeoutError) as exc:
-                    log.info("MQTT WebSocket refused: %s", exc)
-                    await anyio.aclose_forcefully(stream)
-                    return
-                stream = ws
-            conn = MqttConnection(worker, stream, f"{worker.id}:mqtt{next(numbers)}", gate_pass)
-            worker.connections[conn.token] = conn
-            try:
-                await conn.run()
-            except Exception:
-                log.exception("MQTT connection failed")
-            finally:
-                worker.connections.pop(conn.token, None)
-        finally:
+            gate_pass = gate.enter("mqtt-ws", client_host(stream))
+        except LimitExceeded:
+            await anyio.aclose_forcefully(stream)  # no CONNACK before the upgrade: closed
+            return
+        ws = MqttWebSocketStream(stream)
+        try:
+            with anyio.fail_after(gate.connect_timeout_s):
+                await ws.handshake()
+        except (WebSocketRefused, TimeoutError) as exc:
+            log.info("MQTT WebSocket refused: %s", exc)
+            await anyio.aclose_forcefully(stream)
             gate.leave(gate_pass)
-        try:
-            await conn.will_after_delay()
-        except Exception:  # one connection's failure (Redis, out of open files) must never take the worker down
-            log.exception("the will of MQTT connection %s failed", conn.token)
+            return
+        conn = connection("mqtt-ws", gate_pass)
+        wire = StreamWire(ws, conn.received, conn.caught_up)
+        conn.stream = wire
+        conn._start_driving(tasks.start_soon, over, deadlines)
+        assert conn.tasks is not None
+        conn.tasks.start_soon(wire.read)
 
-    async def one_ws(stream: anyio.abc.ByteStream) -> None:
-        await one(stream, "mqtt-ws")
+    async def serve(tasks: anyio.abc.TaskGroup) -> None:
+        task_status.started(tcp_bound)
+        async with anyio.create_task_group() as tg:
+            if tcp is not None:
+                async def accepted(sock: socket.socket, address: Any) -> None:
+                    await one(tasks, sock, address)
 
-    listeners = []
+                tg.start_soon(_serve_closing, tcp, serve_sockets, tcp, accepted)
+            if ws is not None:
+                listener = guarded_tls(ws, tls, gate) if tls is not None else ws
+
+                async def upgraded(stream: anyio.abc.ByteStream) -> None:
+                    await one_ws(tasks, stream)
+
+                tg.start_soon(_serve_closing, listener, listener.serve, upgraded, tasks)
+
+    tcp = ws = None
     tcp_bound = None
     if port is not None:
-        listener, tcp_bound = await listen(port)
-        listeners.append((listener, one))
+        tcp, tcp_bound = await listen(port)
     if ws_port is not None:
-        listener, worker.mqtt_ws_port = await listen(ws_port)
-        listeners.append((listener, one_ws))
-    async def serve(listener: Any, handler: Any) -> None:
-        async with listener:
-            await listener.serve(handler, task_group=connections)
-
-    task_status.started(tcp_bound)
-    async with anyio.create_task_group() as tg:
-        for listener, handler in listeners:
-            tg.start_soon(serve, listener, handler)
+        ws, worker.mqtt_ws_port = await listen(ws_port)
+    if connections is not None:
+        await serve(connections)
+    else:
+        async with anyio.create_task_group() as own:
+            await serve(own)
 
 
-async def refuse_connect(stream: anyio.abc.ByteStream, reason: int, wait_s: float = 1.0) -> None:
-    """Refuse a connection before anything is allocated for it: read its CONNECT (for the protocol
-    version), answer CONNACK ``reason`` (3.1.1: 0x03 Server unavailable), close."""
-    machine = MqttServerSession(MqttServerLimits(maximum_packet_size=REFUSAL_READ))
-    with anyio.move_on_after(wait_s):
-        try:
-            while not machine.closed:
-                events = machine.receive_bytes(await stream.receive(REFUSAL_READ), time.monotonic())
-                if any(isinstance(e, ConnectRequested) for e in events):
-                    machine.refuse(reason)
-                if machine.closed:
-                    await stream.send(machine.outbound())
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
-    await anyio.aclose_forcefully(stream)
+async def _serve_closing(listener: Any, serve: Any, *args: Any) -> None:
+    async with listener:
+        await serve(*args)
+
+
+async def _attach(protocol: asyncio.BaseProtocol, sock: socket.socket, tls: ssl.SSLContext | None = None,
+                  handshake_s: float | None = None) -> bool:
+    """The socket under ``protocol``'s transport (after the TLS handshake, with certificates); False
+    (and the socket closed) for a client gone before, or a handshake failed or not done in time."""
+    loop = asyncio.get_running_loop()
+    try:
+        if tls is None:
+            await loop.connect_accepted_socket(lambda: protocol, sock)
+        else:
+            await loop.connect_accepted_socket(lambda: protocol, sock, ssl=tls, ssl_handshake_timeout=handshake_s)
+        return True
+    except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+        why = "no handshake within the timeout" if isinstance(exc, TimeoutError) else \
+            (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        log.info("MQTT %s failed: %s", "TLS handshake" if tls is not None else "connection", why)
+        sock.close()
+        if isinstance(protocol, Refusal):
+            protocol.connection_lost(None)
+        return False
+
+
+async def _attach_or_cut(conn: MqttConnection, wire: MqttWire, sock: socket.socket, tls: ssl.SSLContext,
+                         handshake_s: float) -> None:
+    if not await _attach(wire, sock, tls, handshake_s):
+        conn.cut()

@@ -32,6 +32,7 @@ REFUSED = 0x80  # the SUBACK reason code "unspecified error"
 
 
 class MqttSubscribing:
+    __slots__ = ()  # MqttConnection holds the attributes: a compact object per connection
     services: Services
     session: Session
     mqtt: MqttServerSession
