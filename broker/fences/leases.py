@@ -34,7 +34,7 @@ NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal",
              "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
 RENEW = fence("renew", "meta checkouts deadlines wake", "group member lock_ms default_lock_ms", argv_rest="tags")
-SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
+SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled", "limit")
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 
@@ -64,6 +64,7 @@ class SweepResult:
     returned: int
     timeouts: list[tuple[str, str, list[str], str]]  # group, member, tags, new active member
     newly_suspected: list[tuple[str, str]] = field(default_factory=list)  # (group, member)
+    scheduled_due: int = -1  # when the queue's first scheduled message is due (-1: none): then it is released
 
 
 class Leases:
@@ -223,13 +224,14 @@ class Leases:
         async with redis.pipeline(transaction=False) as pipe:
             pipe.zrange(k.deadlines, 0, 0, withscores=True)
             pipe.zrange(k.delayed, 0, 0, withscores=True)
+            pipe.zrange(k.scheduled, 0, 0, withscores=True)
             firsts = await pipe.execute()
         dues = [int(f[0][1]) for f in firsts if f]
         if dues:
             await self.ctx.schedule(qid, min(dues))
         timeouts = [(text(g), text(m), [text(t) for t in tags], text(s)) for g, m, tags, s, _ in res[2]]
         newly = [(text(g), text(m)) for g, m, _, _, fresh in res[2] if int(fresh)]
-        return SweepResult(next_due, int(res[1]), timeouts, newly)
+        return SweepResult(next_due, int(res[1]), timeouts, newly, int(res[3]))
 
     async def due_queues(self, now_ms: int, limit: int = 100) -> list[str]:
         return [text(q) for q in await self.ctx.redis.zrangebyscore(self.ctx.keys.schedule, "-inf", now_ms, 0, limit)]

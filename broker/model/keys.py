@@ -117,6 +117,8 @@ class QueueKeys:
     journal: str  # list: capped event journal
     wake: str  # sharded pub/sub channel: "something became ready"
     waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
+    scheduled: str  # zset: schedule id of a message published for later, scored by when it is due (ms)
+    scheduled_bodies: str  # hash: schedule id -> the stored body it will be appended with
 
     def mailbox(self, group: str, member: str) -> str:
         return f"{self.meta}:mb:{escape(group)}:{escape(member)}"
@@ -128,7 +130,8 @@ class QueueKeys:
     def all_keys(self) -> list[str]:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
         return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed,
-                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters]
+                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters, self.scheduled,
+                self.scheduled_bodies]
 
 
 class Keyspace:
@@ -168,6 +171,8 @@ class Keyspace:
             journal=base + ":jr",
             wake=base + ":wake",
             waiters=base + ":lp",
+            scheduled=base + ":sch",
+            scheduled_bodies=base + ":schb",
         )
 
     def topic(self, topic: str) -> str:

@@ -33,6 +33,11 @@ __all__ = [
 ]
 
 
+def _when(delay_ms: int | None, at_ms: int | None) -> list[Any]:
+    """A publish for later: ``DELAY ms`` or ``AT unix-ms`` (the broker refuses both)."""
+    return (["DELAY", delay_ms] if delay_ms is not None else []) + (["AT", at_ms] if at_ms is not None else [])
+
+
 class Client(PipelinedConnection):
     """One FenceMQ session: PUB, MPUB, SUB and HEARTBEAT over one pipelined connection (docs/sdk.md)."""
 
@@ -75,7 +80,11 @@ class Client(PipelinedConnection):
         retain: bool = False,
         dedup_id: str | None = None,
         headers: dict[str, str] | None = None,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
     ) -> str:
+        """PUB; the message id, or a schedule id (``s…``) when ``delay_ms`` or ``at_ms`` publishes it for later
+        (cancel it with :meth:`unpublish`)."""
         args: list[Any] = ["PUB", topic, payload]
         if lmq is not None:
             args += ["LMQ", lmq]
@@ -89,13 +98,14 @@ class Client(PipelinedConnection):
             args += ["ID", dedup_id]
         for k, v in (headers or {}).items():
             args += ["HDR", k, v]
-        return await self._call(args, _str, resend=dedup_id is not None)
+        return await self._call(args + _when(delay_ms, at_ms), _str, resend=dedup_id is not None)
 
     async def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
-                       dedup_id: str | None = None) -> list[str]:
-        """MPUB: the batch's ids, in order. ``dedup_id`` covers the whole batch: the same batch sent
-        again within the broker's dedup window gets the same ids and is stored once (a reconnecting
-        client gives every batch one)."""
+                       dedup_id: str | None = None, delay_ms: int | None = None,
+                       at_ms: int | None = None) -> list[str]:
+        """MPUB: the batch's ids, in order (schedule ids when ``delay_ms`` or ``at_ms`` publishes them for later).
+        ``dedup_id`` covers the whole batch: the same batch sent again within the broker's dedup window gets
+        the same ids and is stored once (a reconnecting client gives every batch one)."""
         args: list[Any] = ["MPUB", topic, len(payloads), *payloads]
         if lmq is not None:
             args += ["LMQ", lmq]
@@ -105,7 +115,15 @@ class Client(PipelinedConnection):
             dedup_id = self._next_dedup_id()
         if dedup_id is not None:
             args += ["ID", dedup_id]
-        return await self._call(args, lambda raw: [_str(i) for i in raw], resend=dedup_id is not None)
+        return await self._call(args + _when(delay_ms, at_ms), lambda raw: [_str(i) for i in raw],
+                                resend=dedup_id is not None)
+
+    async def unpublish(self, topic: str, ids: list[str], lmq: str | None = None) -> int:
+        """UNPUB: cancel scheduled messages by the schedule ids their publish answered; how many still waited."""
+        args: list[Any] = ["UNPUB", topic, *ids]
+        if lmq is not None:
+            args += ["LMQ", lmq]
+        return await self._call(args, int)
 
     async def subscribe(
         self,

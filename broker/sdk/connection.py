@@ -39,7 +39,7 @@ QUIT_TIMEOUT_S = 1.0  # closing a client whose session the SDK named: how long Q
 # Commands safe to send again when the connection dropped before their reply (execute()): PUB and MPUB
 # only with a dedup ID; anything else (a transaction, a Redis command) raises ConnectionLost instead.
 RESENDABLE = frozenset({"PING", "ECHO", "HEARTBEAT", "SUB", "PULL", "TAKE", "ACK", "NACK", "RENEW", "SEEK",
-                        "UNSUB", "INFO", "TIME", "COMMAND"})
+                        "UNSUB", "UNPUB", "INFO", "TIME", "COMMAND"})
 
 
 def resendable(args: Sequence[Any]) -> bool:
