@@ -116,9 +116,10 @@ def workers(redis_url: str) -> Iterator[list[WorkerThread]]:
 
 
 def stored(redis_url: str, topic: str) -> int:
+    """How many messages the topic's log was ever given (its last id: consumed ones may be gone)."""
     r = redis.Redis.from_url(redis_url)
     try:
-        return r.hlen(Keyspace().queue(QueueRef(topic)).log)
+        return int(r.hget(Keyspace().queue(QueueRef(topic)).meta, "seq") or 0)
     finally:
         r.close()
 
