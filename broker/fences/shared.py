@@ -23,6 +23,8 @@ at most that delay. Protocol: docs/protocol.md, "Filters and shared subscription
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -43,12 +45,25 @@ from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.messages import pack_body, unpack_delivery
 from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, matches, parse_target
 
+log = logging.getLogger(__name__)
+
 NOT_READ = object()
 SUBSCRIBE_WAIT_S = 1.0  # the longest a publish waits for a SUBSCRIBE under way on its worker
 
 
 def is_filter_target(target: str) -> bool:
     return target.startswith(SHARE_PREFIX) or has_wildcard(target)
+
+
+_stale_said = [0.0]
+
+
+def _say_stale(exc: BaseException) -> None:
+    now = time.monotonic()
+    if now - _stale_said[0] > 10.0:
+        _stale_said[0] = now
+        log.warning("the filter registry's version could not be read (%s); publishing with this worker's copy",
+                    " ".join(str(exc).split())[:160])
 
 
 class FilterRegistry:
@@ -113,9 +128,19 @@ class FilterRegistry:
             index.add(qid.decode(), filt)
         self.index, self.version = index, version
 
-    async def matching(self, topic: str, version: bytes | None | type[Ellipsis] = ...) -> list[QueueRef]:
-        """The filter queues ``topic`` reaches, by the registry at ``version`` (read now if not given)."""
-        await self._refresh(await self.current_version() if version is ... else version)
+    async def matching(self, topic: str, version: Any = ...) -> list[QueueRef]:
+        """The filter queues ``topic`` reaches, by the registry at ``version`` (read now if not given).
+
+        ``version`` may be the error its read met (the version's master failing over): the copy
+        this worker holds is used then, so a publish to a healthy shard goes on — no filter can be
+        registered meanwhile (registering writes the version), and the pub/sub notice of one made
+        just before still reaches this worker."""
+        if isinstance(version, BaseException):
+            if self.version is NOT_READ:
+                raise version
+            _say_stale(version)
+        else:
+            await self._refresh(await self.current_version() if version is ... else version)
         return [queue_ref(qid) for qid in self.index.match(topic)]
 
     async def register(self, ref: QueueRef, share: str | None, client: str | None) -> None:

@@ -141,7 +141,8 @@ class Keyspace:
         if not prefix or _UNSAFE.search(prefix):
             raise BadArgument("key prefix must be non-empty without '{', '}', ':', '%' or spaces")
         self.prefix = prefix
-        # The global lease schedule and the lease intents beside it, in one slot (fences/leases.py)
+        # The lease schedule and the lease intents beside it (fences/leases.py): the first of its
+        # shards (fences/schedule_shards.py), the only one on a single server
         self.schedule = f"{prefix}:{{schedule}}"  # zset: queue id -> earliest due time
         self.schedule_intents = f"{prefix}:{{schedule}}:intents"  # zset: queue id -> last lease intent (ms)
         self.sessions = f"{prefix}:sessions"  # zset: client id -> session lease deadline
@@ -150,6 +151,13 @@ class Keyspace:
 
     def queue(self, ref: QueueRef) -> QueueKeys:
         return self._queue_keys(ref.qid)
+
+    def schedule_shard(self, shard: int) -> tuple[str, str]:
+        """(schedule, intents) of one shard of the lease schedule, each shard a hash tag of its own."""
+        if shard == 0:
+            return self.schedule, self.schedule_intents
+        base = f"{self.prefix}:{{schedule:{shard}}}"
+        return base, f"{base}:intents"
 
     def queue_by_id(self, qid: str) -> QueueKeys:
         return self._queue_keys(qid)
