@@ -178,21 +178,26 @@ def test_a_flood_of_pushes_on_an_idle_connection(redis_url: str) -> None:
     run(main())
 
 
+async def killed_with_calls_in_flight(c: Client, redis_url: str) -> tuple[int, list[Any]]:
+    """A BLPOP and 20 ECHOs on the wire when Redis kills the client's connection: its id, their outcomes."""
+    conn_id = int(await c.execute("CLIENT", "ID"))
+    blocked = asyncio.ensure_future(c.execute("BLPOP", "nothing", 30))
+    behind = [asyncio.ensure_future(c.execute("ECHO", str(i))) for i in range(20)]
+    await flushed(c)
+    await asyncio.sleep(0.1)
+    killer = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        assert await killer.client_kill_filter(_id=conn_id) == 1
+    finally:
+        await killer.aclose()
+    return conn_id, await asyncio.gather(blocked, *behind, return_exceptions=True)
+
+
 def test_a_lost_connection_reconnects_and_sends_again_what_is_safe_to_send_again(redis_url: str) -> None:
     async def main() -> None:
         told: list[dict] = []
         c = await Client.connect(redis_url, client_id="phoenix", on_notice=told.append)
-        conn_id = int(await c.execute("CLIENT", "ID"))
-        blocked = asyncio.ensure_future(c.execute("BLPOP", "nothing", 30))
-        behind = [asyncio.ensure_future(c.execute("ECHO", str(i))) for i in range(20)]
-        await flushed(c)
-        await asyncio.sleep(0.1)
-        killer = redis.asyncio.Redis.from_url(redis_url)
-        try:
-            assert await killer.client_kill_filter(_id=conn_id) == 1
-        finally:
-            await killer.aclose()
-        results = await asyncio.gather(blocked, *behind, return_exceptions=True)
+        conn_id, results = await killed_with_calls_in_flight(c, redis_url)
         # a Redis command the SDK cannot know to be safe again is the caller's to retry ...
         assert isinstance(results[0], ConnectionLost) and "may or may not have run" in str(results[0])
         # ... and the rest went out again, in order, on the next connection
@@ -208,17 +213,7 @@ def test_a_lost_connection_reconnects_and_sends_again_what_is_safe_to_send_again
 def test_without_reconnect_a_lost_connection_fails_every_pending_call(redis_url: str) -> None:
     async def main() -> None:
         c = await Client.connect(redis_url, client_id="doomed", reconnect=False)
-        conn_id = int(await c.execute("CLIENT", "ID"))
-        blocked = asyncio.ensure_future(c.execute("BLPOP", "nothing", 30))
-        behind = [asyncio.ensure_future(c.execute("ECHO", str(i))) for i in range(20)]
-        await flushed(c)
-        await asyncio.sleep(0.1)
-        killer = redis.asyncio.Redis.from_url(redis_url)
-        try:
-            assert await killer.client_kill_filter(_id=conn_id) == 1
-        finally:
-            await killer.aclose()
-        results = await asyncio.gather(blocked, *behind, return_exceptions=True)
+        _, results = await killed_with_calls_in_flight(c, redis_url)
         assert all(isinstance(r, ConnectionLost) for r in results), results
         assert all(isinstance(r, ConnectionError) for r in results)  # the builtin one too
         assert c.closed

@@ -107,6 +107,17 @@ class Proxy:
         self.cut()
 
 
+@contextlib.contextmanager
+def behind_proxy(redis_url: str, **settings: Any) -> Iterator[tuple[WorkerThread, Proxy]]:
+    """A worker, and a proxy in front of it that the client connects through."""
+    with worker(redis_url, **settings) as w:
+        proxy = Proxy(w.port)
+        try:
+            yield w, proxy
+        finally:
+            proxy.close()
+
+
 @pytest.fixture
 def workers(redis_url: str) -> Iterator[list[WorkerThread]]:
     started = [worker(redis_url, drain_timeout_ms=3000, session_lease_ms=3000).start() for _ in range(3)]
@@ -180,203 +191,171 @@ def test_the_client_opens_its_next_connection_before_the_draining_worker_closes_
 
 
 def test_a_publish_whose_reply_was_lost_is_sent_again_and_stored_once(redis_url) -> None:
-    with worker(redis_url) as w:
-        proxy = Proxy(w.port)
-        try:
-            async def main() -> list[str]:
-                async with Client([url(proxy)], client_id="resender", reconnect=FAST) as c:
-                    proxy.hold_replies = True  # the worker runs them; their replies never come back
-                    sent = asyncio.gather(c.publish("once", b"single"), c.mpublish("once", [b"x", b"y"]),
-                                          *(c.publish("once", b"p%d" % i) for i in range(10)))
-                    await asyncio.sleep(0.3)
-                    assert stored(redis_url, "once") == 13  # all of it is stored already
-                    proxy.cut()
-                    return await sent
+    with behind_proxy(redis_url) as (w, proxy):
+        async def main() -> list[str]:
+            async with Client([url(proxy)], client_id="resender", reconnect=FAST) as c:
+                proxy.hold_replies = True  # the worker runs them; their replies never come back
+                sent = asyncio.gather(c.publish("once", b"single"), c.mpublish("once", [b"x", b"y"]),
+                                      *(c.publish("once", b"p%d" % i) for i in range(10)))
+                await asyncio.sleep(0.3)
+                assert stored(redis_url, "once") == 13  # all of it is stored already
+                proxy.cut()
+                return await sent
 
-            got = run(main())
-        finally:
-            proxy.close()
+        got = run(main())
     assert stored(redis_url, "once") == 13  # and not again: the resend carried the same dedup ids
     assert got[1] == [str(int(got[0]) + 1), str(int(got[0]) + 2)]
 
 
 def test_an_ack_of_a_delivery_settled_while_the_connection_was_down_is_sent_on_the_next(redis_url) -> None:
-    with worker(redis_url) as w:
-        proxy = Proxy(w.port)
-        try:
-            async def main() -> None:
-                async with Client([url(proxy)], client_id="acker", reconnect=FAST) as c:
-                    sub = await c.subscribe("acked", group="g", lock_ms=60_000)
-                    await c.mpublish("acked", [b"1", b"2", b"3"])
-                    batch = await sub.pull(3)
-                    proxy.refusing = True
-                    proxy.cut()
-                    acking = asyncio.ensure_future(sub.ack(*batch))  # waits for the next connection
-                    await asyncio.sleep(0.3)
-                    assert not acking.done()
-                    proxy.refusing = False
-                    assert await acking == 3
-                    assert await sub.pull(3) == []  # settled: nothing comes back
+    with behind_proxy(redis_url) as (w, proxy):
+        async def main() -> None:
+            async with Client([url(proxy)], client_id="acker", reconnect=FAST) as c:
+                sub = await c.subscribe("acked", group="g", lock_ms=60_000)
+                await c.mpublish("acked", [b"1", b"2", b"3"])
+                batch = await sub.pull(3)
+                proxy.refusing = True
+                proxy.cut()
+                acking = asyncio.ensure_future(sub.ack(*batch))  # waits for the next connection
+                await asyncio.sleep(0.3)
+                assert not acking.done()
+                proxy.refusing = False
+                assert await acking == 3
+                assert await sub.pull(3) == []  # settled: nothing comes back
 
-            run(main())
-        finally:
-            proxy.close()
+        run(main())
 
 
 def test_iteration_simply_continues_across_a_cut(redis_url) -> None:
-    with worker(redis_url) as w:
-        proxy = Proxy(w.port)
-        try:
-            async def main() -> list[bytes]:
-                async with Client([url(proxy)], client_id="iter", reconnect=FAST) as c, \
-                        Client([url(w)], client_id="iter-p") as p:
-                    # a PULL reply lost in a cut leaves its batch to come back when its lease ends: a short one
-                    sub = await c.subscribe("flow", group="g", lock_ms=1000)
-                    got: list[bytes] = []
+    with behind_proxy(redis_url) as (w, proxy):
+        async def main() -> list[bytes]:
+            async with Client([url(proxy)], client_id="iter", reconnect=FAST) as c, \
+                    Client([url(w)], client_id="iter-p") as p:
+                # a PULL reply lost in a cut leaves its batch to come back when its lease ends: a short one
+                sub = await c.subscribe("flow", group="g", lock_ms=1000)
+                got: list[bytes] = []
 
-                    async def consume() -> None:
-                        async for d in sub.iter(count=5, block_ms=200):
-                            got.append(d.payload)
-                            await sub.ack(d)
-                            if len(got) == 40:
-                                return
+                async def consume() -> None:
+                    async for d in sub.iter(count=5, block_ms=200):
+                        got.append(d.payload)
+                        await sub.ack(d)
+                        if len(got) == 40:
+                            return
 
-                    task = asyncio.ensure_future(consume())
-                    for i in range(40):
-                        await p.publish("flow", b"%d" % i)
-                        if i in (10, 25):
-                            proxy.cut()
-                        await asyncio.sleep(0.01)
-                    await asyncio.wait_for(task, 20)
-                    return got
+                task = asyncio.ensure_future(consume())
+                for i in range(40):
+                    await p.publish("flow", b"%d" % i)
+                    if i in (10, 25):
+                        proxy.cut()
+                    await asyncio.sleep(0.01)
+                await asyncio.wait_for(task, 20)
+                return got
 
-            got = run(main())
-        finally:
-            proxy.close()
+        got = run(main())
     # no exception, and everything once: what a lost reply carried was never seen, so its return after
     # the lease is no duplicate; ACKs lost in a cut went out again and settled
     assert sorted(got, key=int) == [b"%d" % i for i in range(40)]
 
 
 def test_a_blocking_client_iterates_on_across_a_cut(redis_url) -> None:
-    with worker(redis_url) as w:
-        proxy = Proxy(w.port)
-        try:
-            with SyncClient.connect([url(proxy)], client_id="sync-iter", reconnect=FAST) as c, \
-                    SyncClient.connect(url(w), client_id="sync-iter-p") as p:
-                sub = c.subscribe("sflow", group="g", lock_ms=60_000)
-                p.mpublish("sflow", [b"%d" % i for i in range(10)])
-                got = []
-                for d in sub.iter(count=2, block_ms=200):
-                    got.append(d.payload)
-                    sub.ack(d)
-                    if len(got) == 3:
-                        proxy.cut()
-                    if len(got) == 10:
-                        break
-                assert got == [b"%d" % i for i in range(10)]
-                assert c.aio.reconnects >= 1
-        finally:
-            proxy.close()
+    with behind_proxy(redis_url) as (w, proxy):
+        with SyncClient.connect([url(proxy)], client_id="sync-iter", reconnect=FAST) as c, \
+                SyncClient.connect(url(w), client_id="sync-iter-p") as p:
+            sub = c.subscribe("sflow", group="g", lock_ms=60_000)
+            p.mpublish("sflow", [b"%d" % i for i in range(10)])
+            got = []
+            for d in sub.iter(count=2, block_ms=200):
+                got.append(d.payload)
+                sub.ack(d)
+                if len(got) == 3:
+                    proxy.cut()
+                if len(got) == 10:
+                    break
+            assert got == [b"%d" % i for i in range(10)]
+            assert c.aio.reconnects >= 1
 
 
 # -- the session ---------------------------------------------------------------------------------
 
 
 def test_a_session_that_expired_while_away_is_said_plainly(redis_url) -> None:
-    with worker(redis_url, session_lease_ms=500) as w:
-        proxy = Proxy(w.port)
-        try:
-            async def main() -> None:
-                told: list[dict] = []
-                async with Client([url(proxy)], client_id="sleeper", reconnect=FAST, on_notice=told.append) as c:
-                    sub = await c.subscribe("napping", group="g")
-                    proxy.refusing = True
-                    proxy.cut()
-                    await asyncio.sleep(2)  # longer than the session's lease
-                    proxy.refusing = False
-                    with pytest.raises(SessionExpired, match="subscribe again"):
-                        await sub.pull(1)
-                    assert "session_expired" in [n["type"] for n in told]
-                    assert isinstance(await c.publish("napping", b"still"), str)  # publishing goes on
-                    again = await c.subscribe("napping", group="g")
-                    assert [d.payload for d in await again.pull(5)] == [b"still"]
+    with behind_proxy(redis_url, session_lease_ms=500) as (w, proxy):
+        async def main() -> None:
+            told: list[dict] = []
+            async with Client([url(proxy)], client_id="sleeper", reconnect=FAST, on_notice=told.append) as c:
+                sub = await c.subscribe("napping", group="g")
+                proxy.refusing = True
+                proxy.cut()
+                await asyncio.sleep(2)  # longer than the session's lease
+                proxy.refusing = False
+                with pytest.raises(SessionExpired, match="subscribe again"):
+                    await sub.pull(1)
+                assert "session_expired" in [n["type"] for n in told]
+                assert isinstance(await c.publish("napping", b"still"), str)  # publishing goes on
+                again = await c.subscribe("napping", group="g")
+                assert [d.payload for d in await again.pull(5)] == [b"still"]
 
-            run(main())
-        finally:
-            proxy.close()
+        run(main())
 
 
 def test_subscriptions_keep_their_handles_and_epochs(redis_url) -> None:
-    with worker(redis_url) as w:
-        proxy = Proxy(w.port)
-        try:
-            async def main() -> None:
-                async with Client([url(proxy)], client_id="epochs", reconnect=FAST) as c:
-                    sub = await c.subscribe("epo", group="g")
-                    await c.mpublish("epo", [b"a", b"b"])
-                    assert await sub.seek("earliest") == 1
-                    proxy.cut()
-                    assert sub.epoch == 1 and [d.epoch for d in await sub.pull(5)] == [1, 1]
-                    assert await sub.seek("earliest") == 2  # the same handle, its epoch moved on
+    with behind_proxy(redis_url) as (w, proxy):
+        async def main() -> None:
+            async with Client([url(proxy)], client_id="epochs", reconnect=FAST) as c:
+                sub = await c.subscribe("epo", group="g")
+                await c.mpublish("epo", [b"a", b"b"])
+                assert await sub.seek("earliest") == 1
+                proxy.cut()
+                assert sub.epoch == 1 and [d.epoch for d in await sub.pull(5)] == [1, 1]
+                assert await sub.seek("earliest") == 2  # the same handle, its epoch moved on
 
-            run(main())
-        finally:
-            proxy.close()
+        run(main())
 
 
 def test_an_lmq_evicted_while_the_client_was_away_stays_evicted(redis_url) -> None:
-    with worker(redis_url) as w:
-        proxy = Proxy(w.port)
-        try:
-            async def main() -> None:
-                evicted: list[dict] = []
-                async with Client([url(proxy)], client_id="lite-away", reconnect=FAST) as a, \
-                        Client([url(w)], client_id="lite-thief") as b, \
-                        LiteSubscriptions(a, "chat", interval=60, on_unsubscribe=evicted.append) as lite:
-                    await lite.add("room-1")
-                    await lite.add("room-2")
-                    proxy.refusing = True
-                    proxy.cut()
-                    await b.subscribe("chat", lmq="room-1")  # preempted while a is away: its push is lost
-                    proxy.refusing = False
-                    deadline = time.monotonic() + 5
-                    while not evicted and time.monotonic() < deadline:
-                        await asyncio.sleep(0.02)
-                    assert [(n["lmq"], n.get("by")) for n in evicted] == [("room-1", "lite-thief")]
-                    assert lite.lmqs == ["room-2"]
-                    await b.publish("chat", b"for the thief", lmq="room-1")
-                    assert await lite.pull(5) == []  # never subscribed again behind its back
+    with behind_proxy(redis_url) as (w, proxy):
+        async def main() -> None:
+            evicted: list[dict] = []
+            async with Client([url(proxy)], client_id="lite-away", reconnect=FAST) as a, \
+                    Client([url(w)], client_id="lite-thief") as b, \
+                    LiteSubscriptions(a, "chat", interval=60, on_unsubscribe=evicted.append) as lite:
+                await lite.add("room-1")
+                await lite.add("room-2")
+                proxy.refusing = True
+                proxy.cut()
+                await b.subscribe("chat", lmq="room-1")  # preempted while a is away: its push is lost
+                proxy.refusing = False
+                deadline = time.monotonic() + 5
+                while not evicted and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                assert [(n["lmq"], n.get("by")) for n in evicted] == [("room-1", "lite-thief")]
+                assert lite.lmqs == ["room-2"]
+                await b.publish("chat", b"for the thief", lmq="room-1")
+                assert await lite.pull(5) == []  # never subscribed again behind its back
 
-            run(main())
-        finally:
-            proxy.close()
+        run(main())
 
 
 # -- giving up, retrying -------------------------------------------------------------------------
 
 
 def test_it_gives_up_when_no_worker_answers_for_give_up_after_s(redis_url) -> None:
-    with worker(redis_url) as w:
-        proxy = Proxy(w.port)
-        try:
-            async def main() -> None:
-                told: list[dict] = []
-                policy = Reconnect(first_delay_s=0.02, max_delay_s=0.1, give_up_after_s=0.5)
-                async with Client([url(proxy)], client_id="quitter", reconnect=policy, on_notice=told.append) as c:
-                    proxy.refusing = True
-                    proxy.cut()
-                    started = time.monotonic()
-                    with pytest.raises(ConnectionLost, match="gave up reconnecting"):
-                        await c.ping()
-                    assert 0.4 < time.monotonic() - started < 3
-                    assert c.closed and told[-1]["type"] == "connection_lost"
-                    with pytest.raises(ConnectionLost):
-                        await c.publish("t", b"x")
+    with behind_proxy(redis_url) as (w, proxy):
+        async def main() -> None:
+            told: list[dict] = []
+            policy = Reconnect(first_delay_s=0.02, max_delay_s=0.1, give_up_after_s=0.5)
+            async with Client([url(proxy)], client_id="quitter", reconnect=policy, on_notice=told.append) as c:
+                proxy.refusing = True
+                proxy.cut()
+                started = time.monotonic()
+                with pytest.raises(ConnectionLost, match="gave up reconnecting"):
+                    await c.ping()
+                assert 0.4 < time.monotonic() - started < 3
+                assert c.closed and told[-1]["type"] == "connection_lost"
+                with pytest.raises(ConnectionLost):
+                    await c.publish("t", b"x")
 
-            run(main())
-        finally:
-            proxy.close()
+        run(main())
 
 
 def test_a_name_with_several_dns_records_is_several_addresses(monkeypatch) -> None:
