@@ -20,8 +20,9 @@ HOST = "127.0.0.1"
 class WorkerProcess:
     """bench.serve_worker in a subprocess; SIGTERM drains it."""
 
-    def __init__(self, redis_url: str, profile: str | None = None, trace: str | None = None) -> None:
-        cmd = [sys.executable, "-m", "bench.serve_worker", "--redis-url", redis_url]
+    def __init__(self, redis_url: str, profile: str | None = None, trace: str | None = None,
+                 extra: list[str] | None = None) -> None:
+        cmd = [sys.executable, "-m", "bench.serve_worker", "--redis-url", redis_url, *(extra or [])]
         if profile:
             cmd += ["--profile", profile]
         if trace:

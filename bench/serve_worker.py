@@ -28,11 +28,12 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="write a cProfile of the worker here on exit")
     ap.add_argument("--profile-cpu", action="store_true", help="--profile counts CPU time, not wall time")
     ap.add_argument("--trace", default=None, help="time publish/pull/schedule/wake-ups; JSON here on exit")
+    ap.add_argument("--durability", default="local", help="Config.durability: local, replicas=N, aof, aof+replicas=N")
     opts = ap.parse_args()
     if opts.loop is None:
         opts.loop = "asyncio" if opts.profile else "auto"
     trace = install_trace() if opts.trace else None
-    config = Config(redis_url=opts.redis_url, port=opts.port, mqtt_port=opts.mqtt_port,
+    config = Config(redis_url=opts.redis_url, port=opts.port, mqtt_port=opts.mqtt_port, durability=opts.durability,
                     **({"max_connections": opts.max_connections} if opts.max_connections else {}))
 
     def ready(worker: object, port: int) -> None:

@@ -45,6 +45,7 @@ class Config:
     retention_maxlen: int = 1_000_000  # messages kept per queue (0 = unbounded)
     retention_maxage_ms: int = 7 * 24 * 3600 * 1000
     dedup_window_ms: int = 120_000
+    max_delay_ms: int = 400 * 24 * 3600 * 1000  # how far ahead PUB … DELAY | AT may schedule a message
     mailbox_capacity: int = 1024
     lmq_idle_ttl_ms: int = 7 * 24 * 3600 * 1000  # an empty, unowned lmq is reclaimed after this
     journal_cap: int = 10_000  # journal entries kept per queue (one per event or per batch call; 0 = journal off)

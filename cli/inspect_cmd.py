@@ -56,7 +56,7 @@ def _queue_header(q: dict[str, Any]) -> Table:
         ("backlog", q["backlog"]),
         ("checkouts", (f"{q['checkouts_total']} ({q['leased']} leased, "
                        f"{q['checkouts_total'] - q['leased']} waiting in mailboxes)")),
-        ("returned", q["ready"]), ("delayed", q["delayed"]),
+        ("returned", q["ready"]), ("delayed", q["delayed"]), ("scheduled", q["scheduled"]),
         ("dead letters", Text(str(q["dead_letters"]), style="red" if q["dead_letters"] else "")),
         ("journal", f"{q['journal_length']} events (cap {_opt(q['journal_cap'])})"),
     ]

@@ -5,7 +5,9 @@
     fencemq status   workers, sessions and queues, read straight from Redis
 
 Exit codes: 0 success; 1 failure (or a demo check that did not hold);
-2 no Redis URL, or the Redis at it does not answer (and usage errors).
+2 no Redis URL, or the Redis at it does not answer (and usage errors);
+4 refused: once the broker has an administrator, the operator (FENCEMQ_USER)
+lacks the permission (status needs inspect, as every read command does).
 """
 
 from __future__ import annotations

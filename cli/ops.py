@@ -1,4 +1,4 @@
-"""Operator commands: queues, lmqs, inspect, evict, sweep, seek, purge, dlq, retention, top, bench.
+"""Operator commands: queues, lmqs, inspect, evict, sweep, seek, purge, dlq, retention, scheduled, top, bench.
 
 ``register(app)`` adds them to a Typer app (cli/main.py calls it); each group
 of commands has its module: cli/list_cmd.py (queues, lmqs), cli/inspect_cmd.py,
@@ -30,6 +30,7 @@ from fencemq.cli.dlq_cmd import dlq_app
 from fencemq.cli.inspect_cmd import inspect_app
 from fencemq.cli.list_cmd import lmqs, queues
 from fencemq.cli.retention_cmd import retention_app
+from fencemq.cli.schedule_cmd import scheduled_app
 from fencemq.cli.top_cmd import top
 from fencemq.cli.user_cmd import user_app
 from fencemq.cli.write_cmd import evict, purge, seek, sweep
@@ -48,6 +49,7 @@ def register(app: typer.Typer) -> None:
     app.command("top")(top)
     app.add_typer(user_app, name="user")
     app.add_typer(retention_app, name="retention")
+    app.add_typer(scheduled_app, name="scheduled")
     app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench)
 
 

@@ -2,6 +2,7 @@
 --@include lib/retention.lua
 --@include lib/lite.lua
 --@include lib/waiters.lua
+--@include lib/schedule.lua
 --@flags none
 --
 -- KEYS[1] meta
@@ -18,6 +19,8 @@
 -- KEYS[12] ready
 -- KEYS[13] delayed
 -- KEYS[14] waiters
+-- KEYS[15] scheduled       (scheduled, scheduled_bodies: messages published for later, lib/schedule.lua)
+-- KEYS[16] scheduled_bodies
 -- ARGV[1] maxlen          messages kept at most, whatever their state (0 = no limit)
 -- ARGV[2] maxage_ms       (0 = no limit)
 -- ARGV[3] dedup_window_ms
@@ -31,7 +34,10 @@
 --                         appends to the queue's waiting long polls (lib/waiters.lua)
 -- ARGV[10] intent_ms      how old that intent may be (an older one: no hand-off)
 -- ARGV[11] default_lock_ms
--- ARGV[12..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- ARGV[12] delay_ms        '' or DELAY: the messages are due this many ms from now (lib/schedule.lua)
+-- ARGV[13] at_ms           '' or AT: the messages are due at this unix time (ms, Redis clock)
+-- ARGV[14] max_delay_ms    how far ahead a message may be scheduled
+-- ARGV[15..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
 -- Returns: {ids, push members, handed}: one message id per pair (a repeated dedup id
 --   within the window returns the id of the first publish and stores
 --   nothing; for a run, the ids the run was given, consecutive from it),
@@ -39,8 +45,12 @@
 --   the worker to dispatch to, and handed: -1 when no long poll waits, 0 when
 --   some wait but nothing was handed to them (no fresh intent given, or they
 --   are fenced), else the earliest deadline of the leases handed out.
+--   Scheduled (a due time after now): the ids are schedule ids ('s' and digits), the messages
+--   wait in the schedule, nothing is appended, and handed is the due time; then this call
+--   must run under a fresh lease intent (it listed the queue for the sweep).
 -- Errors: BADARG when the messages are not pairs, a span is malformed or runs
---   past the batch, or a number is not an integer.
+--   past the batch, a number is not an integer, or the due time is further ahead than
+--   max_delay_ms; STALE when scheduling under a lease intent that is too old (nothing done).
 -- Then the log's head is trimmed (lib/retention.lua): without a policy, what
 --   every group has settled; past the limits, whatever its state.
 -- Cost: O(n + trimmed + groups · log n), trimming at most n + 100 old entries per call.
@@ -53,6 +63,19 @@ local idle_ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
 local intent_at = A.intent_at ~= '' and int_arg(A.intent_at, 'lease intent')
 local intent_ms = int_arg(A.intent_ms, 'lease intent ms')
 local default_lock = int_arg(A.default_lock_ms, 'default lock ms', 1)
+local max_delay = int_arg(A.max_delay_ms, 'max delay ms')
+local now = now_ms()
+local due = nil  -- a scheduled publish: when its messages are due
+if A.delay_ms ~= '' then
+  due = now + int_arg(A.delay_ms, 'DELAY', 0, max_delay)
+elseif A.at_ms ~= '' then
+  due = int_arg(A.at_ms, 'AT')
+  if due > now + max_delay then
+    raise('BADARG', 'AT is more than ' .. int_str(max_delay) .. ' ms ahead (max_delay_ms); schedule it nearer')
+  end
+end
+if due and due <= now then due = nil end  -- due already: published now
+if due then check_intent(A.intent_at, A.intent_ms) end  -- the sweep must find it, whenever this worker dies
 if #A.messages % 2 ~= 0 then raise('BADARG', 'publish takes (body, dedup id) pairs') end
 local n = #A.messages / 2
 local span_at = {}
@@ -65,7 +88,6 @@ if A.spans ~= '' then
   end
 end
 
-local now = now_ms()
 if window > 0 then
   local old = redis.call('ZRANGEBYSCORE', K.dedup, '-inf', now - window, 'LIMIT', 0, 100 + n)
   if #old > 0 then
@@ -78,6 +100,8 @@ local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
 local first_new = seq + 1
 local stamp = int_str(now) .. ':'
 local ids, pairs_, np = {}, {}, 0
+local sid_base = due and schedule_ids(K.meta, n)  -- scheduled: the schedule ids of the batch
+local sids, sched_bodies = {}, {}
 local skip_to = 0  -- a repeated run's members: their ids are the run's, nothing is stored
 for i = 1, n do
   local body, dedup = A.messages[2 * i - 1], A.messages[2 * i]
@@ -87,13 +111,21 @@ for i = 1, n do
   elseif dedup ~= '' then
     existing = redis.call('HGET', K.dedup_ids, dedup)
     if existing and span_at[i] then
-      local first = tonumber(existing)
-      for j = 1, span_at[i] - 1 do ids[i + j] = int_str(first + j) end
+      for j = 1, span_at[i] - 1 do ids[i + j] = id_after(existing, j) end
       skip_to = i + span_at[i] - 1
     end
   end
   if existing then
     if existing ~= true then ids[i] = existing end
+  elseif due then
+    local sid = 's' .. int_str(sid_base + i - 1)
+    sids[#sids + 1] = sid
+    sched_bodies[#sids] = stamp .. body
+    if dedup ~= '' then
+      redis.call('ZADD', K.dedup, now, dedup)
+      redis.call('HSET', K.dedup_ids, dedup, sid)
+    end
+    ids[i] = sid
   else
     seq = seq + 1
     pairs_[np + 1] = seq  -- the id, as text below with the rest of the batch's
@@ -105,6 +137,19 @@ for i = 1, n do
     end
     ids[i] = seq  -- written as text below, the batch's new ids at once
   end
+end
+if due then
+  if #sids > 0 then
+    store_scheduled(K, sids, sched_bodies, due)
+    if redis.call('HSETNX', K.meta, 'first', 1) == 1 then redis.call('HSET', K.meta, 'ct', now) end
+    redis.call('HSET', K.meta, 'wt', now, 'jcap', A.journal_cap)
+    if journal_on(K, A.journal_cap) then journal(now, 'schedule', nil, nil, nil, sids[1], nil, #sids) end
+    if idle_ttl > 0 then revive(K) end
+    flush_journal(K)
+  elseif n > 0 then
+    redis.call('HSET', K.dedup_ids, A.messages[2], ids[1])  -- all repeats: as below
+  end
+  return {ids, false, due}
 end
 if np == 0 then
   -- All repeats: written again as they are, so that a confirmation after this call (WAIT,

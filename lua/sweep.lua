@@ -12,9 +12,11 @@
 -- KEYS[8] delayed
 -- KEYS[9] wake
 -- KEYS[10] journal
+-- KEYS[11] scheduled       messages published for later: when the first is due (the sweeper releases it)
 -- ARGV[1] limit           at most this many expired checkouts per call
 -- Returns: {next due (-1 = nothing pending), returned,
---           {{group, member, {expired tags}, new active member or '', 1 if newly suspected}, ...}}
+--           {{group, member, {expired tags}, new active member or '', 1 if newly suspected}, ...},
+--           when the first scheduled message is due (-1 = none): release.lua's when it is now}
 -- Expired messages go back to the ready set in id order; a timeout counts as
 -- an acquisition, not a failure, so it never pushes a message toward the
 -- dead-letter limit. Each member that lost a lease becomes suspected. An
@@ -79,4 +81,5 @@ for _, key in ipairs(order) do
 end
 flush_journal(K)
 if #expired > 0 or moved > 0 then redis.call('SPUBLISH', K.wake, 'sweep') end
-return {next_due(K), #expired, notices}
+local s = redis.call('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
+return {next_due(K), #expired, notices, s[2] and tonumber(s[2]) or -1}

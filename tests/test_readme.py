@@ -112,10 +112,16 @@ class Reader:
         elif LIVE.search(line):
             proc = subprocess.Popen(words, cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-            time.sleep(3)
-            assert proc.poll() is None, f"{line!r} ended by itself: {proc.stdout.read().decode()[-2000:]}"
+            # ^C once the live view has drawn something (on a busy machine its import alone may take seconds)
+            first = b""
+            deadline = time.monotonic() + 60
+            while not first.strip() and proc.poll() is None and time.monotonic() < deadline:
+                if select.select([proc.stdout], [], [], 0.2)[0]:
+                    first += os.read(proc.stdout.fileno(), 65536)
+            assert proc.poll() is None, f"{line!r} ended by itself: {(first + proc.stdout.read()).decode()[-2000:]}"
+            assert first.strip(), f"{line!r} drew nothing in 60 s"
             os.killpg(proc.pid, signal.SIGINT)
-            out = proc.communicate(timeout=10)[0].decode()
+            out = (first + proc.communicate(timeout=10)[0]).decode()
             assert proc.returncode in (0, 130), f"{line!r} exited {proc.returncode}: {out[-2000:]}"
             assert "Traceback" not in out, out[-2000:]
         else:

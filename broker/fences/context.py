@@ -22,6 +22,7 @@ from fencemq.fences.durability import Durability
 from fencemq.fences.memory import MemoryGuard
 from fencemq.fences.registry import Fences, fence
 from fencemq.fences.retention import Retention
+from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.values import text
 
@@ -53,6 +54,7 @@ class FenceContext:
         self.keys = Keyspace(self.config.prefix)
         self.fences = Fences(self.redis, Durability.parse(self.config.durability, self.config.durability_timeout_ms))
         self.memory = MemoryGuard(self.redis, self.config, self.keys, self.fences)
+        self.shards = ScheduleShards(self.redis, self.keys)
         self.retention = Retention(self.redis, self.keys, self.config)
 
     async def check_topic_kind(self, topic: str, lite: bool) -> None:
@@ -100,9 +102,9 @@ class FenceContext:
         known = self._intents.get(qid)
         if known is not None and not fresh and (now - known[1]) * 1000 < self.config.lease_intent_ms / 2:
             return known[0]
-        at = int(await self.fences.run(LEASE_INTENT, None, extra_keys={
-            "schedule": self.keys.schedule, "intents": self.keys.schedule_intents},
-            qid=qid, lock_ms=self.intent_quiet_ms))
+        schedule, intents = self.schedule_keys(qid)
+        at = int(await self.fences.run(LEASE_INTENT, None, extra_keys={"schedule": schedule, "intents": intents},
+                                       qid=qid, lock_ms=self.intent_quiet_ms))
         if len(self._intents) > 65_536:
             self._intents.clear()
         self._intents[qid] = (at, now)
@@ -158,9 +160,16 @@ class FenceContext:
             self._waiting.clear()
         self._waiting[qid] = time.monotonic()
 
-    async def schedule(self, qid: str, due_ms: int) -> None:
-        """The global lease schedule: the queue is swept at ``due_ms`` at the latest."""
-        await self.set_scores(self.keys.schedule, {qid: due_ms}, "LT")
+
+    def schedule_keys(self, qid: str) -> tuple[str, str]:
+        """(schedule, intents): where the queue's lease schedule entry is written now (fences/schedule_shards.py)."""
+        return self.shards.keys_of(self.shards.shard_of(qid))
+
+    async def schedule(self, qid: str, due_ms: int, shard: int | None = None) -> None:
+        """The lease schedule (its shard for the queue, fences/schedule_shards.py): the queue is swept at
+        ``due_ms`` at the latest."""
+        shard = self.shards.shard_of(qid) if shard is None else shard
+        await self.set_scores(self.shards.keys_of(shard)[0], {qid: due_ms}, "LT")
 
     async def schedule_soon(self, qid: str, due_ms: int) -> None:
         """:meth:`schedule`, in the background when a worker runs us: the writes of one
@@ -181,10 +190,14 @@ class FenceContext:
     async def _flush_schedule(self) -> None:
         await anyio.sleep(SCHEDULE_COALESCE_S)
         due, self._due_soon = self._due_soon, {}
-        try:
-            await self.set_scores(self.keys.schedule, due, "LT")
-        except RedisError as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
-            log.warning("could not schedule the sweep of %d queues: %s", len(due), exc)
+        by_shard: dict[int, dict[str, int]] = {}
+        for qid, due_ms in due.items():
+            by_shard.setdefault(self.shards.shard_of(qid), {})[qid] = due_ms
+        for shard, scores in by_shard.items():
+            try:
+                await self.set_scores(self.shards.keys_of(shard)[0], scores, "LT")
+            except RedisError as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
+                log.warning("could not schedule the sweep of %d queues: %s", len(scores), exc)
 
 
 def opt(value: object) -> object:

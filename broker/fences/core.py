@@ -6,7 +6,8 @@
     batch = await core.leases.pull(Handle.decode(sub.handle), 10)
 
 One part per guarantee (``lite``, ``seek``, ``mailboxes``, ``shared``,
-``leases``) plus ``publishing``, ``subscriptions`` and ``sessions``; each is
+``leases``) plus ``publishing`` (and ``scheduling``: messages published for
+later), ``subscriptions`` and ``sessions``; each is
 the Python side of its fences (docs/architecture.md has the table). The
 parts are built bottom-up, each given the parts it calls.
 """
@@ -21,6 +22,7 @@ from fencemq.fences.leases import Leases
 from fencemq.fences.lite import Lite
 from fencemq.fences.mailbox import Mailboxes
 from fencemq.fences.publish import Publishing
+from fencemq.fences.schedule import Scheduling
 from fencemq.fences.seek import Seek
 from fencemq.fences.sessions import RedisClock, Sessions
 from fencemq.fences.shared import Shared
@@ -38,6 +40,7 @@ class Core:
         self.seek = Seek(ctx)
         self.subscriptions = Subscriptions(ctx, self.mailboxes, self.lite)
         self.publishing = Publishing(ctx, self.mailboxes)
-        self.shared = Shared(ctx, self.publishing, self.subscriptions)
+        self.scheduling = Scheduling(ctx, self.mailboxes)
+        self.shared = Shared(ctx, self.publishing, self.subscriptions, self.scheduling)
         self.clock = RedisClock(redis)
         self.sessions = Sessions(ctx, self.subscriptions, self.lite, self.clock, config.session_lease_ms)

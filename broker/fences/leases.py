@@ -11,6 +11,8 @@ Lua side: lua/lib/leases.lua. Protocol: docs/protocol.md, "Leases".
 
 from __future__ import annotations
 
+import asyncio
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +36,7 @@ NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal",
              "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
 RENEW = fence("renew", "meta checkouts deadlines wake", "group member lock_ms default_lock_ms", argv_rest="tags")
-SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal", "limit")
+SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled", "limit")
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 
@@ -64,6 +66,7 @@ class SweepResult:
     returned: int
     timeouts: list[tuple[str, str, list[str], str]]  # group, member, tags, new active member
     newly_suspected: list[tuple[str, str]] = field(default_factory=list)  # (group, member)
+    scheduled_due: int = -1  # when the queue's first scheduled message is due (-1: none): then it is released
 
 
 class Leases:
@@ -205,31 +208,50 @@ class Leases:
             await self.ctx.schedule_soon(handle.queue.qid, int(res[1]))
         return int(res[0])
 
-    async def sweep(self, qid: str) -> SweepResult:
-        """Return one queue's expired leases and reschedule it."""
+    async def sweep(self, qid: str, shard: int | None = None) -> SweepResult:
+        """Return one queue's expired leases and reschedule it (in the schedule shard its entry was
+        found in, fences/schedule_shards.py; by default the one it is written to now)."""
         redis, keys = self.ctx.redis, self.ctx.keys
         k = keys.queue_by_id(qid)
+        shard = self.ctx.shards.shard_of(qid) if shard is None else shard
+        schedule, intents = self.ctx.shards.keys_of(shard)
         res = await self.ctx.fences.run(SWEEP, k, limit=self.ctx.config.sweep_batch)
         next_due = int(res[0])
         if next_due < 0:
             # unlisted only once no lease intent is recent enough for a fence to still run under it
-            await self.ctx.fences.run(UNSCHEDULE, None, extra_keys={"schedule": keys.schedule,
-                                      "intents": keys.schedule_intents},
+            await self.ctx.fences.run(UNSCHEDULE, None, extra_keys={"schedule": schedule, "intents": intents},
                                       qid=qid, quiet_ms=self.ctx.intent_quiet_ms)
         else:
-            await self.ctx.set_scores(keys.schedule, {qid: next_due})
+            await self.ctx.set_scores(schedule, {qid: next_due})
         # A checkout made between the sweep and the line above was scheduled
         # with LT against the old (due) entry, which we just overwrote: look again.
         async with redis.pipeline(transaction=False) as pipe:
             pipe.zrange(k.deadlines, 0, 0, withscores=True)
             pipe.zrange(k.delayed, 0, 0, withscores=True)
+            pipe.zrange(k.scheduled, 0, 0, withscores=True)
             firsts = await pipe.execute()
         dues = [int(f[0][1]) for f in firsts if f]
         if dues:
-            await self.ctx.schedule(qid, min(dues))
+            await self.ctx.schedule(qid, min(dues), shard)
         timeouts = [(text(g), text(m), [text(t) for t in tags], text(s)) for g, m, tags, s, _ in res[2]]
         newly = [(text(g), text(m)) for g, m, _, _, fresh in res[2] if int(fresh)]
-        return SweepResult(next_due, int(res[1]), timeouts, newly)
+        return SweepResult(next_due, int(res[1]), timeouts, newly, int(res[3]))
 
     async def due_queues(self, now_ms: int, limit: int = 100) -> list[str]:
-        return [text(q) for q in await self.ctx.redis.zrangebyscore(self.ctx.keys.schedule, "-inf", now_ms, 0, limit)]
+        return [qid for qid, _ in await self.due_entries(now_ms, limit)]
+
+    async def due_entries(self, now_ms: int, limit: int = 100) -> list[tuple[str, int]]:
+        """(queue id, schedule shard) of queues due by ``now_ms``, at most ``limit`` per shard; a shard
+        whose master does not answer (failing over) is left to the next round."""
+        shards = self.ctx.shards.all()
+        redis = self.ctx.redis
+        if len(shards) == 1:
+            replies = [await redis.zrangebyscore(self.ctx.shards.keys_of(0)[0], "-inf", now_ms, 0, limit)]
+        else:
+            # one command per shard, side by side: a Cluster pipeline that meets a dead master closes
+            # every connection of the client (redis-py), every other master's included
+            replies = await asyncio.gather(*(redis.zrangebyscore(self.ctx.shards.keys_of(shard)[0], "-inf", now_ms,
+                                                                 0, limit) for shard in shards),
+                                           return_exceptions=True)
+        return [(text(q), shard) for shard, reply in zip(shards, replies) if not isinstance(reply, BaseException)
+                for q in reply]

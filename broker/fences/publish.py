@@ -9,14 +9,17 @@ run's ids. Then the
 queue's push members get their share (fences/mailbox.py). Every publish
 asks the memory guard first (fences/memory.py): above the watermark, or on
 a Redis that may evict keys, it is refused (FULL, EVICTING) before anything
-is written, whichever door it came through.
-Protocol: docs/protocol.md, "Publishing".
+is written, whichever door it came through. A publish with ``delay_ms`` or ``at_ms`` is
+scheduled (fences/schedule.py): stored at once, appended to the log when due.
+Protocol: docs/protocol.md, "Publishing", "Scheduled messages".
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from fencemq.errors import BadArgument, LimitExceeded
-from fencemq.fences.context import FenceContext
+from fencemq.fences.context import FenceContext, opt
 from fencemq.fences.mailbox import Mailboxes, parse_push_members
 from fencemq.fences.memory import is_oom
 from fencemq.fences.registry import fence
@@ -24,10 +27,23 @@ from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body
 from fencemq.model.values import text
 
+
+def check_delay(config: Any, delay_ms: int | None, at_ms: int | None) -> None:
+    """BADARG for a DELAY beyond ``max_delay_ms``, or DELAY and AT both (AT's bound needs Redis's clock:
+    the fence checks it)."""
+    if delay_ms is not None and at_ms is not None:
+        raise BadArgument("give DELAY or AT, not both")
+    limit = config.max_delay_ms
+    if delay_ms is not None and not 0 <= delay_ms <= limit:
+        raise BadArgument(f"DELAY must be between 0 and {limit} ms (max_delay_ms)")
+    if at_ms is not None and not 0 <= at_ms <= 2**53 - 1:
+        raise BadArgument("AT must be a unix time in ms from 0 to 2^53-1")
+
 PUBLISH = fence("publish",
-                "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters",
+                "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters "
+                "scheduled scheduled_bodies",
                 "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans intent_at intent_ms "
-                "default_lock_ms", argv_rest="messages")
+                "default_lock_ms delay_ms at_ms max_delay_ms", argv_rest="messages")
 
 
 class Publishing:
@@ -45,9 +61,12 @@ class Publishing:
         dedup_ids: list[str | None] | None = None,
         headers: dict[str, str] | None = None,
         producer: str | None = None,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
     ) -> list[str]:
         return (await self.publish_reading(topic, payloads, None, lmq=lmq, qos=qos, dedup_ids=dedup_ids,
-                                           headers=headers, producer=producer))[0]
+                                           headers=headers, producer=producer, delay_ms=delay_ms,
+                                           at_ms=at_ms))[0]
 
     async def publish_reading(
         self,
@@ -60,13 +79,16 @@ class Publishing:
         dedup_ids: list[str | None] | None = None,
         headers: dict[str, str] | None = None,
         producer: str | None = None,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
     ) -> tuple[list[str], bytes | None]:
         """:meth:`publish`, reading ``read_key`` (another slot's) in the same round trip: the ids and its value."""
-        ref = self.check(topic, payloads, lmq=lmq, qos=qos)
+        ref = self.check(topic, payloads, lmq=lmq, qos=qos, delay_ms=delay_ms, at_ms=at_ms)
         return await self.publish_checked(ref, payloads, read_key, qos=qos, dedup_ids=dedup_ids, headers=headers,
-                                          producer=producer)
+                                          producer=producer, delay_ms=delay_ms, at_ms=at_ms)
 
-    def check(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1) -> QueueRef:
+    def check(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1,
+              delay_ms: int | None = None, at_ms: int | None = None) -> QueueRef:
         """The queue a publish goes to, once every check that needs no Redis has passed (the
         topic's kind is :meth:`publish_checked`'s): BADARG or LIMIT saying what to fix, then FULL or
         EVICTING while a memory alarm is on (the worker's own state: no round trip)."""
@@ -78,6 +100,8 @@ class Publishing:
             raise LimitExceeded(f"batch of {len(payloads)} exceeds {config.max_batch} messages; split it")
         if qos not in (0, 1):
             raise BadArgument("QOS must be 0 or 1")
+        if delay_ms is not None or at_ms is not None:
+            check_delay(config, delay_ms, at_ms)
         limit = config.max_payload
         if max(map(len, payloads)) > limit:
             size = next(len(p) for p in payloads if len(p) > limit)
@@ -87,17 +111,20 @@ class Publishing:
 
     async def publish_checked(self, ref: QueueRef, payloads: list[bytes], read_key: str | None, *, qos: int = 1,
                               dedup_ids: list[str | None] | None = None, headers: dict[str, str] | None = None,
-                              producer: str | None = None) -> tuple[list[str], bytes | None]:
+                              producer: str | None = None, delay_ms: int | None = None,
+                              at_ms: int | None = None) -> tuple[list[str], bytes | None]:
         """Publish to ``ref`` what :meth:`check` passed (at most max_batch messages)."""
         await self.ctx.check_topic_kind(ref.topic, ref.lite)
-        return await self._append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids, read_key)
+        return await self._append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids, read_key,
+                                  (delay_ms, at_ms))
 
     async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str | None] | None = None) -> list[str]:
         """Append packed bodies to one queue and fill its push members' mailboxes."""
         return (await self._append(ref, bodies, dedup_ids, None))[0]
 
     async def _append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str | None] | None,
-                      read_key: str | None) -> tuple[list[str], bytes | None]:
+                      read_key: str | None, when: tuple[int | None, int | None] = (None, None)
+                      ) -> tuple[list[str], bytes | None]:
         config = self.ctx.config
         messages: list[bytes | str] = []
         spans: list[str] = []
@@ -114,22 +141,33 @@ class Publishing:
                     head = i if dedup else 0
             if head and len(bodies) + 1 - head > 1:
                 spans.append(f"{head}:{len(bodies) + 1 - head}")
+        delay_ms, at_ms = when
+        scheduling = delay_ms is not None or at_ms is not None
         args = dict(dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
                     journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans), default_lock_ms=config.default_lock_ms,
-                    **await self.ctx.handoff_intent(ref.qid), **await self.ctx.retention.args(ref.topic))
+                    delay_ms=opt(delay_ms), at_ms=opt(at_ms), max_delay_ms=config.max_delay_ms,
+                    **await self.ctx.retention.args(ref.topic))
         keys = self.ctx.keys.queue(ref)
-        value = None
-        try:
+
+        async def call(intent: dict[str, Any]) -> Any:
             if read_key is None:
-                ids, push_members, handed = await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args)
+                return await self.ctx.fences.run(PUBLISH, keys, args_rest=messages, **args, **intent), None
+            return await self.ctx.fences.run_reading(PUBLISH, keys, read_key, args_rest=messages, **args, **intent)
+
+        try:
+            if scheduling:  # listed for the sweep before it is stored: whenever this worker dies, it is found
+                (ids, push_members, handed), value = await self.ctx.under_intent(ref.qid, call)
             else:
-                (ids, push_members, handed), value = await self.ctx.fences.run_reading(PUBLISH, keys, read_key,
-                                                                                       args_rest=messages, **args)
+                (ids, push_members, handed), value = await call(await self.ctx.handoff_intent(ref.qid))
         except Exception as exc:
             # Redis refuses the fence whole (it is not allow-oom): nothing was stored
             if is_oom(exc):
                 raise self.ctx.memory.refused_by_redis(exc) from None
             raise
+        if scheduling and ids and text(ids[0])[:1] == "s":
+            if int(handed) > 0:
+                await self.ctx.schedule(ref.qid, int(handed))  # swept when due
+            return [text(i) for i in ids], value
         await self.ctx.waiters_seen(ref.qid, int(handed))
         members = parse_push_members(push_members)
         if members:

@@ -34,6 +34,7 @@ from urllib.parse import unquote, urlsplit
 
 import hiredis
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterPipeline, PipelineStrategy
 from redis.asyncio.connection import Connection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
@@ -46,7 +47,8 @@ from fencemq.errors import BadArgument
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CONNECT_PATIENCE_S = 5.0  # a connection that cannot be made is tried again this long (nothing was sent)
-CLUSTER_CONNECT_PATIENCE_S = 0.5  # a Cluster node: then the client asks the Cluster where the slot went
+# a Cluster node: tried once more at once, then the Cluster client asks the other nodes where the slot went
+CLUSTER_CONNECT_PATIENCE_S = 0.05
 SOCKET_TIMEOUT_S = 5.0  # a reply that takes longer means the server (or its host) is gone
 CONNECT_TIMEOUT_S = 1.0
 HEALTH_CHECK_S = 2  # an idle connection (pub/sub's included) is PINGed before use after this long
@@ -121,12 +123,58 @@ class FenceClusterSSLConnection(FenceSSLConnection):
     patience_s = CLUSTER_CONNECT_PATIENCE_S
 
 
+NEVER_RAN = (NotSent, ClusterDownError, MasterDownError, SlotNotCoveredError)
+
+
+class _CarefulPipelineStrategy(PipelineStrategy):
+    """redis-py's Cluster pipeline, but (1) it sends again only commands that never ran (no reply yet,
+    or one saying so: NOT_RAN), never one that met a lost connection after it was written, and (2)
+    after a master failed it refreshes the topology on the next call instead of closing every
+    connection of the client (``aclose``): the other masters' commands in flight go on."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
+        if not self._command_queue:
+            return []
+        client = self._pipe.cluster_client
+        stack = self._command_queue
+        try:
+            attempts = client.retry.get_retries()
+            while True:
+                todo = [c for c in stack if c.result is None or isinstance(c.result, NEVER_RAN)]
+                try:
+                    if client._initialize:
+                        await client.initialize()
+                    await self._execute(client, todo, raise_on_error=raise_on_error,
+                                        allow_redirections=allow_redirections)
+                    return [c.result for c in stack]
+                except NEVER_RAN:
+                    if attempts <= 0:
+                        raise
+                    attempts -= 1
+                    client._initialize = True
+                    await asyncio.sleep(0.05)
+        finally:
+            await self.reset()
+
+
+class _CarefulPipeline(ClusterPipeline):
+    def __init__(self, client: RedisCluster, transaction: bool | None = None) -> None:
+        super().__init__(client, transaction)
+        if not transaction:
+            self._execution_strategy = _CarefulPipelineStrategy(self)
+
+
 class FenceCluster(RedisCluster):
     """redis-py's Cluster client, retrying only what never ran (module docstring).
 
     (redis-py compares the exception's exact type against this tuple.)"""
 
-    ERRORS_ALLOW_RETRY = (NotSent, ClusterDownError, MasterDownError, SlotNotCoveredError)
+    ERRORS_ALLOW_RETRY = NEVER_RAN
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)
+        return _CarefulPipeline(self, transaction)
 
     def __init__(self, *args: Any, node_connection_class: type[Connection] = FenceClusterConnection,
                  **kwargs: Any) -> None:

@@ -31,6 +31,7 @@ NOSCRIPT, is loaded again transparently — clients never see it.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,8 +40,10 @@ from importlib import resources
 from time import perf_counter
 from typing import Any
 
+from redis.asyncio import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fencemq.errors import translate
 from fencemq.fences.durability import (
@@ -49,8 +52,10 @@ from fencemq.fences.durability import (
     add_confirmations,
     confirmation_refused,
 )
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.redis_link import RedisLink
 
+READ_GRACE_S = 0.2  # run_reading on a Cluster: how long the read may lag the fence before it counts as failed
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)(\.\.)?\][ \t]+([A-Za-z_][A-Za-z0-9_]*)")
 _SECTION = re.compile(r"^--[ \t]*(Returns|Errors):")
@@ -337,10 +342,10 @@ class Fences:
         """Commands in one round trip, replies in order, an error reply as its exception; then, for the
         fences whose keys are ``confirm``, the durability's confirmation on their connections
         (fences/durability.py). (the commands' replies, the confirmations' replies, their masters)"""
-        if self.link is not None:  # one connection: the confirmation goes behind the fences on it
-            extra = [self.durability.command()] if confirm else []
-            replies = await self.link.execute_many([*commands, *extra])
-            return replies[:len(commands)], replies[len(commands):], [None] * len(extra)
+        if self.link is not None and not confirm:
+            return await self.link.execute_many(commands), [], []
+        # A confirmation (WAIT, WAITAOF) blocks its connection until it comes: never on the link every
+        # fence call shares, but behind the fences on a pooled connection of their own.
         pipe = self.redis.pipeline(transaction=False)
         for command in commands:
             # (not pipe.evalsha: redis-py's Cluster pipeline blocks that name, not the command)
@@ -413,10 +418,28 @@ class Fences:
 
     async def run_reading(self, spec: FenceSpec, keys: Any, read_key: str, *, args_rest: Sequence[Any] = (),
                           **args: Any) -> tuple[Any, Any]:
-        """A fence call and a GET of another slot's key in one round trip (a pipeline; on a
-        Cluster redis-py sends each to its master at once): (the fence's reply, the value).
-        The fence's coded error is raised; NOSCRIPT loads the fence and runs it alone again."""
+        """A fence call and a GET of another slot's key in one round trip: (the fence's reply, the value,
+        or the error that GET met). The fence's coded error is raised; NOSCRIPT loads the fence and
+        runs it alone again.
+
+        One server: one pipeline. A Cluster: the two side by side, never in one pipeline — the GET's
+        master failing over must cost the caller neither the fence's reply (redis-py retries a
+        Cluster pipeline's unanswered commands for seconds) nor its own slot's availability."""
         key_list = spec.key_list(keys, {}, ())
+        if isinstance(self.redis, RedisCluster):
+            reading = asyncio.ensure_future(self._read_or_error(read_key))
+            try:
+                reply = await self.call(spec.name, key_list, spec.arg_list(args, args_rest))
+            except BaseException:
+                reading.cancel()
+                raise
+            # the read normally came back with the fence; one its master does not answer in time
+            # (failing over) is the error its caller falls back from
+            done, _ = await asyncio.wait([reading], timeout=READ_GRACE_S)
+            if not done:
+                reading.cancel()
+                return reply, RedisTimeoutError(f"no reply to GET {read_key} within {READ_GRACE_S} s of the fence's")
+            return reply, reading.result()
         script = self.scripts[spec.name]
         started = perf_counter()
         (reply, value), confirmations, nodes = await self._execute_many(
@@ -424,8 +447,6 @@ class Fences:
             [key_list] if self._confirms([spec.name]) else None)
         if self.observe is not None:
             self.observe(spec.name, perf_counter() - started)
-        if isinstance(value, Exception):
-            raise value
         if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and "NOSCRIPT" in str(reply)):
             return await self.call(spec.name, key_list, spec.arg_list(args, args_rest)), value
         reply = self.check(reply)
@@ -433,6 +454,12 @@ class Fences:
                                                       [key_list])) is not None:
             raise refusal
         return reply, value
+
+    async def _read_or_error(self, key: str) -> Any:
+        try:
+            return await self.redis.get(key)
+        except REDIS_FAILURES as exc:
+            return exc
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         if self._confirms([name]):

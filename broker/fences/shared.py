@@ -23,6 +23,8 @@ at most that delay. Protocol: docs/protocol.md, "Filters and shared subscription
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,10 +39,13 @@ from fencemq.fences.memory import is_oom
 from fencemq.fences.publish import Publishing
 from fencemq.fences.redis_client import pipeline_then_publish
 from fencemq.fences.retained import Retained
+from fencemq.fences.schedule import Scheduling, release_dedup_id
 from fencemq.fences.subscribe import Subscription, Subscriptions
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
-from fencemq.model.messages import pack_body
+from fencemq.model.messages import pack_body, unpack_delivery
 from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, has_wildcard, matches, parse_target
+
+log = logging.getLogger(__name__)
 
 NOT_READ = object()
 SUBSCRIBE_WAIT_S = 1.0  # the longest a publish waits for a SUBSCRIBE under way on its worker
@@ -48,6 +53,17 @@ SUBSCRIBE_WAIT_S = 1.0  # the longest a publish waits for a SUBSCRIBE under way 
 
 def is_filter_target(target: str) -> bool:
     return target.startswith(SHARE_PREFIX) or has_wildcard(target)
+
+
+_stale_said = [0.0]
+
+
+def _say_stale(exc: BaseException) -> None:
+    now = time.monotonic()
+    if now - _stale_said[0] > 10.0:
+        _stale_said[0] = now
+        log.warning("the filter registry's version could not be read (%s); publishing with this worker's copy",
+                    " ".join(str(exc).split())[:160])
 
 
 class FilterRegistry:
@@ -112,9 +128,19 @@ class FilterRegistry:
             index.add(qid.decode(), filt)
         self.index, self.version = index, version
 
-    async def matching(self, topic: str, version: bytes | None | type[Ellipsis] = ...) -> list[QueueRef]:
-        """The filter queues ``topic`` reaches, by the registry at ``version`` (read now if not given)."""
-        await self._refresh(await self.current_version() if version is ... else version)
+    async def matching(self, topic: str, version: Any = ...) -> list[QueueRef]:
+        """The filter queues ``topic`` reaches, by the registry at ``version`` (read now if not given).
+
+        ``version`` may be the error its read met (the version's master failing over): the copy
+        this worker holds is used then, so a publish to a healthy shard goes on — no filter can be
+        registered meanwhile (registering writes the version), and the pub/sub notice of one made
+        just before still reaches this worker."""
+        if isinstance(version, BaseException):
+            if self.version is NOT_READ:
+                raise version
+            _say_stale(version)
+        else:
+            await self._refresh(await self.current_version() if version is ... else version)
         return [queue_ref(qid) for qid in self.index.match(topic)]
 
     async def register(self, ref: QueueRef, share: str | None, client: str | None) -> None:
@@ -139,8 +165,10 @@ class FilterRegistry:
 class Shared:
     """Filter subscriptions (a client's own, or a ``$share`` group's) and the fan-out that feeds them."""
 
-    def __init__(self, ctx: FenceContext, publishing: Publishing, subscriptions: Subscriptions) -> None:
+    def __init__(self, ctx: FenceContext, publishing: Publishing, subscriptions: Subscriptions,
+                 scheduling: Scheduling) -> None:
         self.publishing = publishing
+        self.scheduling = scheduling
         self.subscriptions = subscriptions
         self.redis = ctx.redis
         self.keys = ctx.keys
@@ -196,14 +224,16 @@ class Shared:
                 await self.publishing.append(ref, bodies[start : start + self.config.max_batch])
 
     def check_publish(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1,
-                      retain: bool = False) -> QueueRef:
+                      retain: bool = False, delay_ms: int | None = None, at_ms: int | None = None) -> QueueRef:
         """The queue a publish goes to, once every check that needs no Redis has passed, in the
         order a publish meets them: BADARG or LIMIT saying what to fix."""
         if lmq is None:
             check_topic_name(topic)
         elif retain:
             raise BadArgument("RETAIN applies to plain topics, not lite queues")
-        return self.publishing.check(topic, payloads, lmq=lmq, qos=qos)
+        if retain and (delay_ms is not None or at_ms is not None):
+            raise BadArgument("RETAIN keeps the last message now; it takes no DELAY or AT")
+        return self.publishing.check(topic, payloads, lmq=lmq, qos=qos, delay_ms=delay_ms, at_ms=at_ms)
 
     async def publish(
         self,
@@ -216,9 +246,17 @@ class Shared:
         headers: dict[str, str] | None = None,
         producer: str | None = None,
         retain: bool = False,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
     ) -> list[str]:
-        """Publish to the topic's own queue, then copy to every matching filter."""
-        ref = self.check_publish(topic, payloads, lmq=lmq, qos=qos, retain=retain)
+        """Publish to the topic's own queue, then copy to every matching filter. With ``delay_ms`` or
+        ``at_ms``, scheduled: stored in the topic's queue, released and copied when due
+        (:meth:`release_due`)."""
+        ref = self.check_publish(topic, payloads, lmq=lmq, qos=qos, retain=retain, delay_ms=delay_ms, at_ms=at_ms)
+        if delay_ms is not None or at_ms is not None:
+            return (await self.publishing.publish_checked(ref, payloads, None, qos=qos, dedup_ids=dedup_ids,
+                                                          headers=headers, producer=producer, delay_ms=delay_ms,
+                                                          at_ms=at_ms))[0]
         return await self._publish_checked(ref, payloads, qos=qos, dedup_ids=dedup_ids, headers=headers,
                                            producer=producer, retain=retain)
 
@@ -277,6 +315,36 @@ class Shared:
                 outcomes[i] = ids[at:at + len(commands[i])]
                 at += len(commands[i])
         return outcomes  # type: ignore[return-value]
+
+    async def release_due(self, ref: QueueRef, now_ms: int) -> int:
+        """Release the scheduled messages of ``ref`` due by ``now_ms`` (the sweeper's clock reading):
+        a plain topic's are first copied to the filter subscriptions that match it now — with dedup
+        ids of their schedule ids, so a sweep that dies in between and is run again copies nothing
+        twice — then appended to its log (lua/release.lua), at most ``sweep_batch`` per call, until
+        none is due. Returns how many were released."""
+        released = 0
+        limit = self.config.max_batch
+        while True:
+            if not ref.lite and not ref.is_filter:
+                refs = await self.registry.matching(ref.topic)
+                due = await self.scheduling.due(ref, now_ms, self.config.sweep_batch) if refs else []
+                for start in range(0, len(due), limit):
+                    chunk = due[start:start + limit]
+                    copies = [self._copy_body(ref.topic, body) for _, body in chunk]
+                    dedup: list[str | None] = [release_dedup_id(ref, sid) for sid, _ in chunk]
+                    async with anyio.create_task_group() as tg:
+                        for target in refs:
+                            tg.start_soon(self.publishing.append, target, copies, dedup)
+            ids, next_due = await self.scheduling.release(ref, now_ms)
+            released += len(ids)
+            if not ids or next_due < 0 or next_due > now_ms:
+                return released
+
+    @staticmethod
+    def _copy_body(topic: str, stored: bytes) -> bytes:
+        """A scheduled message's stored body as a filter queue's copy (it names its source topic)."""
+        d = unpack_delivery(topic, None, 0, b"", 0, 1, stored)
+        return pack_body(d.payload, d.headers or None, d.qos, d.producer, topic)
 
     async def _publish_checked(self, ref: QueueRef, payloads: list[bytes], *, qos: int,
                                dedup_ids: list[str | None] | None, headers: dict[str, str] | None,

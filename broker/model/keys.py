@@ -117,6 +117,8 @@ class QueueKeys:
     journal: str  # list: capped event journal
     wake: str  # sharded pub/sub channel: "something became ready"
     waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
+    scheduled: str  # zset: schedule id of a message published for later, scored by when it is due (ms)
+    scheduled_bodies: str  # hash: schedule id -> the stored body it will be appended with
 
     def mailbox(self, group: str, member: str) -> str:
         return f"{self.meta}:mb:{escape(group)}:{escape(member)}"
@@ -128,7 +130,8 @@ class QueueKeys:
     def all_keys(self) -> list[str]:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
         return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed,
-                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters]
+                self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters, self.scheduled,
+                self.scheduled_bodies]
 
 
 class Keyspace:
@@ -138,7 +141,8 @@ class Keyspace:
         if not prefix or _UNSAFE.search(prefix):
             raise BadArgument("key prefix must be non-empty without '{', '}', ':', '%' or spaces")
         self.prefix = prefix
-        # The global lease schedule and the lease intents beside it, in one slot (fences/leases.py)
+        # The lease schedule and the lease intents beside it (fences/leases.py): the first of its
+        # shards (fences/schedule_shards.py), the only one on a single server
         self.schedule = f"{prefix}:{{schedule}}"  # zset: queue id -> earliest due time
         self.schedule_intents = f"{prefix}:{{schedule}}:intents"  # zset: queue id -> last lease intent (ms)
         self.sessions = f"{prefix}:sessions"  # zset: client id -> session lease deadline
@@ -147,6 +151,13 @@ class Keyspace:
 
     def queue(self, ref: QueueRef) -> QueueKeys:
         return self._queue_keys(ref.qid)
+
+    def schedule_shard(self, shard: int) -> tuple[str, str]:
+        """(schedule, intents) of one shard of the lease schedule, each shard a hash tag of its own."""
+        if shard == 0:
+            return self.schedule, self.schedule_intents
+        base = f"{self.prefix}:{{schedule:{shard}}}"
+        return base, f"{base}:intents"
 
     def queue_by_id(self, qid: str) -> QueueKeys:
         return self._queue_keys(qid)
@@ -168,6 +179,8 @@ class Keyspace:
             journal=base + ":jr",
             wake=base + ":wake",
             waiters=base + ":lp",
+            scheduled=base + ":sch",
+            scheduled_bodies=base + ":schb",
         )
 
     def topic(self, topic: str) -> str:

@@ -170,7 +170,8 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         pipe.zcard(k.deadlines)
         pipe.pttl(k.meta)
         pipe.hget(keys.retention, ref.topic)
-        log_len, ready, delayed, dead, journal, leased, ttl, policy = await pipe.execute()
+        pipe.zcard(k.scheduled)
+        log_len, ready, delayed, dead, journal, leased, ttl, policy, scheduled = await pipe.execute()
     seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
     counts = await _group_counts(redis, k, groups)
     delayed_by = await _delayed_by_group(redis, k)
@@ -211,6 +212,7 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         "leased": int(leased),
         "ready": int(ready),
         "delayed": int(delayed),
+        "scheduled": int(scheduled),  # published for later, not in the log yet (fences/schedule.py)
         "dead_letters": int(dead),
         "push_members": [f"{g}/{m}" for g, m in decode_push_members(fields.get(meta.PUSH))],
         "groups": out_groups,

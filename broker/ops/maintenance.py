@@ -106,14 +106,14 @@ async def sweep(redis: Any, keys: Keyspace, qids: list[str] | None = None, *, ma
         if due_mode and not todo:
             if done >= max_queues:
                 break
-            todo = await q.leases.due_queues(await now_ms(redis), min(100, max_queues - done))
+            todo = await q.leases.due_entries(await now_ms(redis), min(100, max_queues - done))
             if not todo:
                 break
         if not todo:
             break
-        qid = todo.pop(0)
+        qid, shard = todo.pop(0) if due_mode else (todo.pop(0), None)
         ref = queue_ref(qid)
-        res = await q.leases.sweep(qid)
+        res = await q.leases.sweep(qid, shard)
         if res.returned:
             await _redispatch(q, ref)
         notices = []

@@ -27,7 +27,8 @@ class Request:
         queue as one fence call, pull SUBs of one lite topic's lmqs in a few pipelines."""
         if self.verb in ("PUB", "MPUB"):
             # dedup ids go into the batch's fence call beside each message (an SDK gives every PUB one)
-            plain = not (self.args.get("headers") or self.args.get("retain"))
+            plain = not (self.args.get("headers") or self.args.get("retain") or "delay_ms" in self.args
+                         or "at_ms" in self.args)
             return ("PUB", self.args["topic"], self.args.get("lmq"), self.args.get("qos", 1)) if plain else None
         if self.verb == "SUB" and self.args.get("lmq") is not None and not self.args.get("push"):
             topic = self.args["topic"]
@@ -156,8 +157,10 @@ def parse_pub(args: list[bytes]) -> Request:
         elif word == "HDR":
             k = _text(opts.value(word), "header name")
             headers[k] = _text(opts.value(word), "header value")
+        elif word in ("DELAY", "AT"):
+            _when(out, word, opts.value(word))
         else:
-            raise opts.unknown(word, "LMQ, QOS, RETAIN, ID, HDR")
+            raise opts.unknown(word, "LMQ, QOS, RETAIN, ID, HDR, DELAY, AT")
     if headers:
         out["headers"] = headers
     return Request("PUB", out)
@@ -178,9 +181,41 @@ def parse_mpub(args: list[bytes]) -> Request:
         elif word == "ID":
             # one dedup id for the whole batch: a repeat within the window stores none of it
             out["dedup_ids"] = [_text(opts.value(word), "dedup id"), *[None] * (n - 1)]
+        elif word in ("DELAY", "AT"):
+            _when(out, word, opts.value(word))
         else:
-            raise opts.unknown(word, "LMQ, QOS, ID")
+            raise opts.unknown(word, "LMQ, QOS, ID, DELAY, AT")
     return Request("MPUB", out)
+
+
+def _when(out: dict[str, Any], word: str, value: bytes) -> None:
+    """``DELAY ms`` or ``AT unix-ms``: a publish for later (one of them)."""
+    if "delay_ms" in out or "at_ms" in out:
+        raise BadArgument("give DELAY or AT once, not both")
+    if word == "DELAY":
+        out["delay_ms"] = _int(value, "DELAY")
+    else:
+        out["at_ms"] = _int(value, "AT")
+
+
+def parse_unpub(args: list[bytes]) -> Request:
+    _need("UNPUB", args, 3)
+    out: dict[str, Any] = {"topic": _text(args[1], "topic")}
+    ids: list[str] = []
+    i = 2
+    while i < len(args):
+        if args[i].upper() == b"LMQ":
+            if i + 1 >= len(args):
+                raise BadArgument(f"LMQ needs a value; usage: UNPUB {COMMANDS['UNPUB'].syntax}")
+            out["lmq"] = _text(args[i + 1], "lmq")
+            i += 2
+            continue
+        ids.append(_text(args[i], "schedule id"))
+        i += 1
+    if not ids:
+        raise BadArgument("give at least one schedule id to cancel")
+    out["ids"] = ids
+    return Request("UNPUB", out)
 
 
 def parse_sub(args: list[bytes]) -> Request:
@@ -378,10 +413,13 @@ COMMANDS: dict[str, Command] = {
     "EXEC": _c(parse_simple("EXEC", 0, 0), "", "Run the queued commands in order; their replies as an array",
                "transactions"),
     "DISCARD": _c(parse_simple("DISCARD", 0, 0), "", "Drop the queued commands", "transactions", "fast"),
-    "PUB": _c(parse_pub, "topic payload [LMQ lmq] [QOS 0|1] [RETAIN] [ID dedup-id] [HDR name value]...",
-              "Publish a message; its id", "fencemq", "write"),
-    "MPUB": _c(parse_mpub, "topic n payload... [LMQ lmq] [QOS 0|1] [ID dedup-id]",
+    "PUB": _c(parse_pub, "topic payload [LMQ lmq] [QOS 0|1] [RETAIN] [ID dedup-id] [HDR name value]... "
+                         "[(DELAY ms | AT unix-ms)]",
+              "Publish a message (DELAY/AT: for later); its id (a schedule id when for later)", "fencemq", "write"),
+    "MPUB": _c(parse_mpub, "topic n payload... [LMQ lmq] [QOS 0|1] [ID dedup-id] [(DELAY ms | AT unix-ms)]",
                "Publish n messages in one fence call; their ids", "fencemq", "write"),
+    "UNPUB": _c(parse_unpub, "topic id... [LMQ lmq]",
+                "Cancel scheduled messages by schedule id; how many were still waiting", "fencemq", "write"),
     "SUB": _c(parse_sub, "target [LMQ lmq] [GROUP group] [MODE exclusive|shared|single-active] "
                          "[POLICY preempt|reject] [FROM (EARLIEST | LATEST | ID id | TIME ms)] [QOS 0|1] [LOCK ms] "
                          "[PUSH [CAPACITY capacity]] [MAX n] [EPOCH epoch] [ON-PREEMPT keep|earliest|latest] "

@@ -24,6 +24,7 @@ import anyio
 from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError
+from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.fences.memory import ALARM as ALARM_FENCE
 from fencemq.fences.memory import read_alarms
 from fencemq.ops import alarm_rules
@@ -147,8 +148,11 @@ class HealthWatch:
     async def oldest_unacked(self) -> tuple[str, int] | None:
         """(queue id, publish ms) of the oldest message some group has not acknowledged, among the queues
         whose leases fall due first (the schedule's first UNACKED_LOOK) and the largest backlogs."""
-        qids = [q.decode() if isinstance(q, bytes) else q
-                for q in await self.redis.zrange(self.keys.schedule, 0, UNACKED_LOOK - 1)]
+        qids: list[str] = []
+        for shard in ScheduleShards(self.redis, self.keys).all():  # (a Cluster's schedule is in 16 shards)
+            qids += [q.decode() if isinstance(q, bytes) else q
+                     for q in await self.redis.zrange(self.keys.schedule_shard(shard)[0], 0, UNACKED_LOOK - 1)
+                     if (q.decode() if isinstance(q, bytes) else q) not in qids]
         qids += [q for q in await self.backlog_queues() if q not in qids]
         if not qids:
             return None

@@ -36,6 +36,13 @@ def id_array(ids: list[str]) -> Prebuilt:
     return Prebuilt(encode_bulk_array(" ".join(ids).encode().split()))
 
 
+def _count_published(ids: list[str]) -> None:
+    metrics.PUBLISHED.inc(len(ids))
+    scheduled = sum(1 for i in ids if i[:1] == "s")
+    if scheduled:
+        metrics.SCHEDULED.inc(scheduled)
+
+
 class MessagingVerbs:
     services: Services
     config: Config
@@ -50,22 +57,32 @@ class MessagingVerbs:
 
     async def pub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
                   retain: bool = False, dedup_ids: list[str] | None = None,
-                  headers: dict[str, str] | None = None) -> Any:
+                  headers: dict[str, str] | None = None, delay_ms: int | None = None,
+                  at_ms: int | None = None) -> Any:
         self._may(session, "publish", topic)
         ids = await self.services.core.shared.publish(
             topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=session.client_id,
-            retain=retain,
+            retain=retain, delay_ms=delay_ms, at_ms=at_ms,
         )
-        metrics.PUBLISHED.inc(len(ids))
+        _count_published(ids)
         return ids[0]
 
     async def mpub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None,
-                   qos: int = 1, dedup_ids: list[str | None] | None = None) -> Any:
+                   qos: int = 1, dedup_ids: list[str | None] | None = None, delay_ms: int | None = None,
+                   at_ms: int | None = None) -> Any:
         self._may(session, "publish", topic)
         ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids,
-                                                      producer=session.client_id)
-        metrics.PUBLISHED.inc(len(ids))
+                                                      producer=session.client_id, delay_ms=delay_ms, at_ms=at_ms)
+        _count_published(ids)
         return id_array(ids)
+
+    async def unpub(self, session: Session, topic: str, ids: list[str], lmq: str | None = None) -> Any:
+        """Cancel scheduled messages (a publisher's right: the publish permission on the topic)."""
+        self._may(session, "publish", topic)
+        ref = self.services.core.ctx.queue(topic, lmq)
+        cancelled = await self.services.core.scheduling.cancel(ref, ids)
+        metrics.SCHEDULED_CANCELLED.inc(cancelled)
+        return cancelled
 
     async def publish_batch(self, session: Session, requests: list[Request]) -> list[Any]:
         """Pipelined PUB/MPUB to one queue: each command admitted and checked as it would be

@@ -1,4 +1,4 @@
-"""The sweeper: returns expired leases and ends expired sessions.
+"""The sweeper: returns expired leases, releases scheduled messages when due, ends expired sessions.
 
 Every worker runs one. It visits only queues whose earliest deadline has
 passed (the global schedule), so idle queues cost nothing, and every script it
@@ -46,9 +46,9 @@ class Sweeper:
         """One round; returns how many leases came back."""
         returned = 0
         now = await self.sessions.clock.now_ms()
-        for qid in await self.core.leases.due_queues(now):
+        for qid, shard in await self.core.leases.due_entries(now):
             try:
-                returned += await self._sweep(qid)
+                returned += await self._sweep(qid, now, shard)
             except (FenceMQError, RedisError) as exc:  # one queue's failure must not skip the others
                 log.warning("sweep of %s failed: %s", qid, exc)
         for client in await self.sessions.claim_expired(self.worker_id, self.attached):
@@ -59,9 +59,11 @@ class Sweeper:
                 log.warning("ending the session of %s failed: %s", client, exc)
         return returned
 
-    async def _sweep(self, qid: str) -> int:
-        result = await self.core.leases.sweep(qid)
+    async def _sweep(self, qid: str, now_ms: int, shard: int | None = None) -> int:
+        result = await self.core.leases.sweep(qid, shard)
         ref = queue_ref(qid)
+        if 0 <= result.scheduled_due <= now_ms:  # messages published for later, due now (fences/schedule.py)
+            metrics.SCHEDULED_RELEASED.inc(await self.core.shared.release_due(ref, now_ms))
         if result.returned:
             await self.core.mailboxes.dispatch_all(ref)
         metrics.SUSPICIONS.inc(len(result.newly_suspected))

@@ -121,14 +121,18 @@ local function promote_delayed(K, now)
   return #due
 end
 
--- Earliest moment something in this queue is due (a lease deadline or a
--- delayed redelivery), or -1: the worker keeps the global schedule with it.
+-- Earliest moment something in this queue is due (a lease deadline, a
+-- delayed redelivery or a scheduled message), or -1: the worker keeps the global schedule with it.
 local function next_due(K)
   local best = -1
   local d = redis.call('ZRANGE', K.deadlines, 0, 0, 'WITHSCORES')
   if d[2] then best = tonumber(d[2]) end
   local l = redis.call('ZRANGE', K.delayed, 0, 0, 'WITHSCORES')
   if l[2] and (best < 0 or tonumber(l[2]) < best) then best = tonumber(l[2]) end
+  if K.scheduled then  -- messages published for later (lib/schedule.lua): swept on the same schedule
+    local s = redis.call('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
+    if s[2] and (best < 0 or tonumber(s[2]) < best) then best = tonumber(s[2]) end
+  end
   return best
 end
 

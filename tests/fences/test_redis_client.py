@@ -7,6 +7,9 @@ import pytest
 
 from fencemq.fences.redis_client import connect
 
+# The single-server client's pool (a Cluster gets redis-py's cluster client, which has its own per node).
+pytestmark = pytest.mark.standalone
+
 
 def test_more_concurrent_commands_than_pool_connections_all_run_and_the_pool_stays_bounded(redis_url):
     async def main() -> None:

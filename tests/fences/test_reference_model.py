@@ -270,7 +270,7 @@ class Harness:
             async with self.d.redis.pipeline(transaction=not in_cluster_mode()) as p:
                 p.zrange(k.deadlines, 0, 0, withscores=True)
                 p.zrange(k.delayed, 0, 0, withscores=True)
-                p.zscore(self.q.keys.schedule, QREF.qid)
+                p.zscore(self.q.ctx.schedule_keys(QREF.qid)[0], QREF.qid)
                 return await p.execute()
 
         dl, dly, scheduled = self.d.run(firsts())
@@ -278,7 +278,7 @@ class Harness:
         if dues:
             assert scheduled == min(dues), "sweep left the queue's schedule wrong"
         elif scheduled is not None:
-            intent = self.d.run(self.d.redis.zscore(self.q.keys.schedule_intents, QREF.qid))
+            intent = self.d.run(self.d.redis.zscore(self.q.ctx.schedule_keys(QREF.qid)[1], QREF.qid))
             quiet = self.q.ctx.intent_quiet_ms
             assert intent is not None and scheduled == intent + quiet, "sweep left the queue's schedule wrong"
         return self._after(expected)
@@ -312,7 +312,7 @@ class Harness:
                 p.zrange(k.ready, 0, -1)
                 p.zrange(k.delayed, 0, -1, withscores=True)
                 p.lrange(k.dead, 0, -1)
-                p.zscore(self.q.keys.schedule, QREF.qid)
+                p.zscore(self.q.ctx.schedule_keys(QREF.qid)[0], QREF.qid)
                 p.hlen(k.log)
                 return await p.execute()
 
@@ -864,5 +864,5 @@ def test_renew_with_a_shorter_lock_moves_the_queues_sweep_schedule_earlier(drive
     d = driver.run(q.leases.pull(h, 1)).deliveries[0]  # 60 s lease
     assert driver.run(q.leases.renew(h, [d.tag], lock_ms=1_000)) == 1  # now 1 s
     deadline = driver.run(driver.redis.zscore(keys.deadlines, d.tag))
-    scheduled = driver.run(driver.redis.zscore(q.keys.schedule, QREF.qid))
+    scheduled = driver.run(driver.redis.zscore(q.ctx.schedule_keys(QREF.qid)[0], QREF.qid))
     assert scheduled <= deadline, f"sweep scheduled at {scheduled:.0f}, lease ends at {deadline:.0f}"

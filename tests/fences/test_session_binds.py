@@ -7,12 +7,17 @@ import random
 
 import anyio
 import msgpack
+import pytest
 
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import connect
 from fencemq.model.meta import ONLINE
 from fencemq.model.values import text
+
+# Reads the state with a single-server client and one pattern subscription (the worker on a Cluster is
+# tests/server/test_cluster_worker.py's).
+pytestmark = pytest.mark.standalone
 
 
 def _state(redis, core: Core, clients: list[str]) -> dict[str, object]:

@@ -54,7 +54,7 @@ def test_the_package_root_exports_both_clients_and_ships_its_type_information() 
     assert resources.files("fencemq").joinpath("py.typed").is_file()
 
 
-@pytest.mark.parametrize("name", ["connect", "publish", "mpublish", "subscribe"])
+@pytest.mark.parametrize("name", ["connect", "publish", "mpublish", "unpublish", "subscribe"])
 def test_the_blocking_client_spells_out_every_option_of_the_async_one(name: str) -> None:
     blocking = inspect.signature(getattr(SyncClient, name)).parameters
     asynchronous = inspect.signature(getattr(Client, name)).parameters
@@ -298,3 +298,17 @@ def test_a_prefetched_batch_older_than_a_third_of_its_lock_goes_back_and_is_fetc
         assert [d.payload for d in got] == [b"3", b"4", b"5"]
         assert {d.deliveries for d in got} == {2}, "handed back and checked out afresh, its lease whole"
         assert sub.ack(*got) == 3 and dead_letters(r, "pfs") == 0
+
+
+def test_a_message_published_for_later_comes_when_due_and_one_cancelled_never(worker_url: str, r: redis.Redis) -> None:
+    with SyncClient.connect(worker_url, client_id="later") as c:
+        sub = c.subscribe("later", group="g")
+        keep = c.publish("later", b"keep", delay_ms=300)
+        gone = c.mpublish("later", [b"x", b"y"], delay_ms=300)
+        assert keep.startswith("s") and all(i.startswith("s") for i in gone)
+        assert c.unpublish("later", gone) == 2
+        got = []
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            got = sub.pull(10)
+        assert [d.payload for d in got] == [b"keep"]
