@@ -9,7 +9,9 @@ used less CPU than the wall time was not the bottleneck).
 
 * **Idle connections**: a fresh worker's RSS before and after ``--idle`` named RESP sessions
   (``HELLO 2 SETNAME``), then the same for MQTT 3.1.1 connections, then the machine's Mosquitto
-  on 127.0.0.1:1883 (its RSS the same way): bytes per idle connection. The rate they connected
+  on 127.0.0.1:1883 and a fresh Mosquitto of the same binary (the machine's RSS is a high-water
+  mark of what it served before; the fresh one's is what the connections cost): bytes per idle
+  connection. The rate they connected
   at (64 handshakes in flight per crowd process) is the connect rate; 1,000 one after another
   (the issue's loop) is reported too.
 * **PING beside idle clients**: an active client's PING (RESP) or PINGREQ (MQTT, Mosquitto)
@@ -221,22 +223,31 @@ def storm(ports: list[int], pids: list[int], n: int, processes: int, *, prefix: 
     """n MQTT sessions with a subscription each drop and reconnect at once: time to settle."""
     with Crowd("mqtt", n, ports, prefix=prefix, processes=processes, clean=False) as crowd:
         first = _rate(crowd.run("connect"), n)
-        subscribed = crowd.run("subscribe")["outcome"].get("subacked", 0)
+        print(f"    connected: {first['per_s']}/s {first['outcome']}", flush=True)
+        subscribing = crowd.run("subscribe")
+        subscribed = subscribing["outcome"].get("subacked", 0)
+        print(f"    subscribed: {subscribed} in {subscribing['wall_s']:.1f} s", flush=True)
+        time.sleep(2)
         crowd.run("drop")
         cpu0 = [proc_cpu_s(pid) for pid in pids]
         again = crowd.run("connect", window=n)  # every reconnect at once
         settled = _rate(again, n)
         settled["server_cpu_s"] = [round(proc_cpu_s(pid) - c, 1) for pid, c in zip(pids, cpu0)]
+        print(f"    reconnected: {settled['seconds']} s {settled['outcome']}", flush=True)
         sample = [f"dev/{prefix}{i}" for i in range(0, n, max(1, n // SAMPLE))]
         t0 = time.perf_counter()
-        publish_to(ports[0], sample)
         received = 0
-        while time.perf_counter() - t0 < 15 and received < len(sample):
-            time.sleep(0.5)
-            received += crowd.run("received")["outcome"].get("received", 0)
+        try:
+            publish_to(ports[0], sample)
+            while time.perf_counter() - t0 < 30 and received < len(sample):
+                time.sleep(0.5)
+                received += crowd.run("received")["outcome"].get("received", 0)
+        except OSError as exc:  # the worker too busy to take the sampler's CONNECT: said so
+            print(f"    the sample could not be published: {exc}", flush=True)
         delivered_s = time.perf_counter() - t0
         crowd.run("close")
     return {"clients": n, "first_connect": first, "subscribed": subscribed,
+            "subscribe_s": round(subscribing["wall_s"], 1),
             "settle_s": settled["seconds"], "reconnect": settled,
             "session_present": settled["outcome"].get("session_present", 0),
             "refused": n - settled["outcome"].get("accepted", 0),
@@ -280,12 +291,22 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {_line(doc[f'fencemq_{kind}'])}", flush=True)
         mosquitto = machine_mosquitto_pid()
         if opts.skip_mosquitto or mosquitto is None:
-            doc["mosquitto"] = {"skipped": "no Mosquitto on 127.0.0.1:1883" if mosquitto is None else "asked"}
+            doc["mosquitto_1883"] = {"skipped": "no Mosquitto on 127.0.0.1:1883" if mosquitto is None else "asked"}
         else:
             print(f"Mosquitto on 1883: {opts.idle} idle connections ...", flush=True)
-            doc["mosquitto"] = idle("mqtt", 1883, mosquitto, opts.idle, opts.processes, ping=mqtt_pings,
-                                    prefix=f"fmqbench{stamp}")
+            doc["mosquitto_1883"] = idle("mqtt", 1883, mosquitto, opts.idle, opts.processes, ping=mqtt_pings,
+                                         prefix=f"fmqbench{stamp}")
+            print(f"  {_line(doc['mosquitto_1883'])}", flush=True)
+        if not opts.skip_mosquitto and shutil.which("mosquitto"):
+            # The machine's Mosquitto has served others since it started: its RSS is a high-water mark
+            # that 5,000 connections may not move. A fresh one of the same binary says what they cost.
+            print(f"a fresh Mosquitto: {opts.idle} idle connections ...", flush=True)
+            with private_mosquitto(biggest) as (port, pid):
+                doc["mosquitto"] = idle("mqtt", port, pid, opts.idle, opts.processes, ping=mqtt_pings,
+                                        prefix=f"fmqfresh{stamp}")
             print(f"  {_line(doc['mosquitto'])}", flush=True)
+        else:
+            doc["mosquitto"] = doc["mosquitto_1883"]
         if opts.storm:
             print(f"reconnect storm: {opts.storm} MQTT sessions on 2 workers ...", flush=True)
             with workers(server.url, 2, biggest) as ws:

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _SDK = ("Client", "SyncClient", "Subscription", "SyncSubscription", "Delivery", "ConnectionLost", "EndOfStream",
-        "LiteSubscriptions", "LockRenewer", "SessionTakenOver")
+        "LiteSubscriptions", "LockRenewer", "Reconnect", "SessionExpired", "SessionTakenOver")
 
 __all__ = ["__version__", *_SDK]
 
 if TYPE_CHECKING:
     from fencemq.sdk import (  # noqa: F401 (type checkers see the lazy names)
-        Client, ConnectionLost, Delivery, EndOfStream, LiteSubscriptions, LockRenewer, SessionTakenOver, Subscription,
-        SyncClient, SyncSubscription,
+        Client, ConnectionLost, Delivery, EndOfStream, LiteSubscriptions, LockRenewer, Reconnect, SessionExpired,
+        SessionTakenOver, Subscription, SyncClient, SyncSubscription,
     )
 
 

@@ -179,6 +179,12 @@ class SessionTakenOver(ConnectionLost):
     for it. Connect again (with TAKEOVER) to take it back."""
 
 
+class SessionExpired(NotFound):
+    """SDK: the session ended while the client was away (it reconnected after its lease ran out, or
+    the session was ended meanwhile): every subscription it held is gone, and so are its checkouts —
+    what it had fetched was handed to others. Subscribe again; its publishes went on."""
+
+
 class EndOfStream(Exception):
     """SDK: a push subscription reached its end (``TAKE`` replied ``EOS``)."""
 

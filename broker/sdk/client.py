@@ -11,6 +11,8 @@ head-of-line blocking bites: docs/sdk.md.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import uuid
 import weakref
 from typing import Any, Literal
 
@@ -42,6 +44,13 @@ class Client(PipelinedConnection):
     def _init_state(self) -> None:
         self._epochs: dict[str, _Epoch] = {}  # per subscription handle, shared by its Subscription objects
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
+        # Every publish carries a dedup id (the application's, else one of these), so one whose
+        # reply was lost with a connection is sent again and stored once (docs/sdk.md, "Reconnecting")
+        self._dedup_prefix = uuid.uuid4().hex[:16] + ":"
+        self._dedup_numbers = itertools.count(1)
+
+    def _next_dedup_id(self) -> str:
+        return self._dedup_prefix + str(next(self._dedup_numbers))
 
     @property
     def default_lock_ms(self) -> int | None:
@@ -83,21 +92,31 @@ class Client(PipelinedConnection):
             args += ["QOS", qos]
         if retain:
             args.append("RETAIN")
+        if dedup_id is None and self.reconnect is not None:
+            dedup_id = self._next_dedup_id()
         if dedup_id is not None:
             args += ["ID", dedup_id]
         for k, v in (headers or {}).items():
             args += ["HDR", k, v]
-        return await self._call(args + _when(delay_ms, at_ms), _str)
+        return await self._call(args + _when(delay_ms, at_ms), _str, resend=dedup_id is not None)
 
     async def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
-                       delay_ms: int | None = None, at_ms: int | None = None) -> list[str]:
-        """MPUB; the message ids, in order (schedule ids when ``delay_ms`` or ``at_ms`` publishes them for later)."""
+                       dedup_id: str | None = None, delay_ms: int | None = None,
+                       at_ms: int | None = None) -> list[str]:
+        """MPUB: the batch's ids, in order (schedule ids when ``delay_ms`` or ``at_ms`` publishes them for later).
+        ``dedup_id`` covers the whole batch: the same batch sent again within the broker's dedup window gets
+        the same ids and is stored once (a reconnecting client gives every batch one)."""
         args: list[Any] = ["MPUB", topic, len(payloads), *payloads]
         if lmq is not None:
             args += ["LMQ", lmq]
         if qos != 1:
             args += ["QOS", qos]
-        return await self._call(args + _when(delay_ms, at_ms), lambda raw: [_str(i) for i in raw])
+        if dedup_id is None and self.reconnect is not None:
+            dedup_id = self._next_dedup_id()
+        if dedup_id is not None:
+            args += ["ID", dedup_id]
+        return await self._call(args + _when(delay_ms, at_ms), lambda raw: [_str(i) for i in raw],
+                                resend=dedup_id is not None)
 
     async def unpublish(self, topic: str, ids: list[str], lmq: str | None = None) -> int:
         """UNPUB: cancel scheduled messages by the schedule ids their publish answered; how many still waited."""
@@ -187,7 +206,7 @@ class Client(PipelinedConnection):
         box.observe(int(reply.get("epoch", 0)))
         owner = reply.get("owner")
         sub = Subscription(
-            self, handle, box,
+            self, handle, box, self._generation,
             mode=_str(reply.get("mode", mode or "")),
             owner=None if owner is None else _str(owner),
             qos=int(reply.get("qos", 1 if qos is None else qos)),

@@ -38,6 +38,13 @@ SDK adds on top:
   NOTFOUND (the server no longer knows the subscription, e.g. the session
   ended) is surfaced the same way with ``reason`` ``gone``.
 
+* **Reconnecting.** When the client reconnects (docs/sdk.md, "Reconnecting")
+  the set is synced at once: an lmq taken while the client was away is
+  confirmed by the SYNC's re-sent notice and surfaced as above — never
+  subscribed again behind the application's back. If the session itself
+  ended meanwhile, every lmq is surfaced with ``reason`` ``session_expired``
+  and the set is empty: ``add`` them again.
+
 * **Other notices.** HEARTBEAT drains every notice queued for the session.
   Unsubscribe notices for another (topic, group) go to the
   ``LiteSubscriptions`` of the same client that holds it; anything else
@@ -55,69 +62,17 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Self
 
 from fencemq.sdk.client import Client, ConnectionLost, Subscription
-from fencemq.errors import FenceMQError, NotFound
-from fencemq.model.keys import Handle
+from fencemq.sdk.lite_notices import _ATTR, Notice, _lite_key, _router
+from fencemq.errors import FenceMQError, NotFound, SessionExpired
 from fencemq.model.messages import Delivery
 
 __all__ = ["LiteSubscriptions"]
 
 log = logging.getLogger(__name__)
-
-Notice = dict[str, Any]
-
-
-class _Router:
-    """Per client: routes pushed and drained notices to its LiteSubscriptions by (topic, group)."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = weakref.ref(client)
-        self.members: dict[tuple[str, str], LiteSubscriptions] = {}
-        self.previous = client.on_notice
-        client.on_notice = self.on_push
-
-    def on_push(self, notice: Notice) -> None:
-        self.route(notice, pushed=True)
-        if self.previous is not None:
-            self.previous(notice)
-
-    def route(self, notice: Notice, *, pushed: bool) -> LiteSubscriptions | None:
-        key = _lite_key(notice)
-        owner = self.members.get(key) if key is not None else None
-        if owner is not None and pushed:
-            owner._hint(notice)
-        return owner
-
-    def detach(self) -> None:
-        client = self.client()
-        if client is not None and client.on_notice == self.on_push:
-            client.on_notice = self.previous
-
-
-_ATTR = "_fencemq_lite_router"  # kept on the client itself: no global registry that could keep it alive
-
-
-def _router(client: Client, create: bool = False) -> _Router | None:
-    router = getattr(client, _ATTR, None)
-    if router is None and create:
-        router = _Router(client)
-        setattr(client, _ATTR, router)
-    return router
-
-
-def _lite_key(notice: Notice) -> tuple[str, str] | None:
-    """(topic, group) of a lite unsubscribe notice, else None."""
-    if notice.get("type") != "unsubscribe" or notice.get("lmq") is None:
-        return None
-    try:
-        h = Handle.decode(str(notice.get("handle", "")))
-    except FenceMQError:
-        return None
-    return (h.queue.topic, h.group) if h.queue.lite else None
 
 
 class LiteSubscriptions:
@@ -295,6 +250,9 @@ class LiteSubscriptions:
                 continue
             try:
                 got = await sub.pull(count - len(out))
+            except SessionExpired:
+                self._gone(lmq, sub, "session_expired")
+                continue
             except NotFound:
                 self._gone(lmq, sub)
                 continue
@@ -348,6 +306,10 @@ class LiteSubscriptions:
         if self._closed:
             raise RuntimeError("this LiteSubscriptions was closed")
 
+    def _wake_now(self) -> None:
+        """SYNC now, not at the next interval."""
+        self._wake.set()
+
     def _hint(self, notice: Notice) -> None:
         """A notice named one of our lmqs: stop pulling it and let a SYNC tell whether it is marked."""
         lmq = str(notice.get("lmq"))
@@ -355,13 +317,18 @@ class LiteSubscriptions:
             self._suspect.add(lmq)
             self._wake.set()
 
-    def _gone(self, lmq: str, sub: Subscription) -> None:
+    def _gone(self, lmq: str, sub: Subscription, reason: str = "gone") -> None:
         if self._subs.get(lmq) is not sub:
             return
         del self._subs[lmq]
         self._suspect.discard(lmq)
-        self._surface({"type": "unsubscribe", "reason": "gone", "topic": self.topic, "lmq": lmq,
+        self._surface({"type": "unsubscribe", "reason": reason, "topic": self.topic, "lmq": lmq,
                        "handle": sub.handle})
+
+    def _session_gone(self) -> None:
+        """The client came back after its session's lease ran out: it holds none of its lmqs any more."""
+        for lmq, sub in list(self._subs.items()):
+            self._gone(lmq, sub, "session_expired")
 
     def _surface(self, notice: Notice) -> None:
         self._events.put_nowait(notice)

@@ -14,7 +14,7 @@ batch. That covers replies that were in flight while a seek committed: after
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from fencemq.sdk.replies import ConnectionLost, EndOfStream, _delivery, _str, _tag
@@ -41,7 +41,8 @@ class Caller(Protocol):
     _closed: bool
     protocol: int
 
-    async def _call(self, args: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> Any: ...
+    async def _call(self, args: Iterable[Any], convert: Callable[[Any], Any] | None = None, *,
+                    resend: bool = True, generation: int | None = None) -> Any: ...
 
     async def heartbeat(self) -> list[dict[str, Any]]: ...
 
@@ -65,13 +66,17 @@ class Subscription:
     """A subscription handle plus the SDK's epoch fence for it."""
 
     def __init__(
-        self, client: Caller, handle: str, epoch: _Epoch, *, mode: str, owner: str | None, qos: int,
+        self, client: Caller, handle: str, epoch: _Epoch, generation: int = 0, *, mode: str, owner: str | None,
+        qos: int,
         topic: str, lmq: str | None, group: str | None, push: bool, lock_ms: int | None = None,
         prefetch: bool = False,
     ) -> None:
         self.client = client
         self.handle = handle
         self._epoch = epoch
+        # the client's session generation it was made in: once that session is found gone (the client
+        # came back after its lease ran out), every call raises SessionExpired
+        self._generation = generation
         self.mode = mode
         self.owner = owner
         self.qos = qos
@@ -100,6 +105,9 @@ class Subscription:
     def epoch(self) -> int:
         """The current epoch the SDK knows for this handle."""
         return self._epoch.value
+
+    def _send(self, args: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> Awaitable[Any]:
+        return self.client._call(args, convert, generation=self._generation)
 
     # -- the fence ---------------------------------------------------------------
 
@@ -146,7 +154,7 @@ class Subscription:
             args += ["COUNT", count]
         if block_ms is not None:
             args += ["BLOCK", block_ms]
-        return self._pulled(self._fence(await self.client._call(args, self._read_batch)), count)
+        return self._pulled(self._fence(await self._send(args, self._read_batch)), count)
 
     def _pulled(self, batch: list[Delivery], count: int) -> list[Delivery]:
         """With prefetch, a full batch is followed by the next once the caller settles all of it."""
@@ -164,7 +172,7 @@ class Subscription:
         if self._unsettled:
             return
         count, self._full_count = self._full_count, 0
-        fut = asyncio.ensure_future(self.client._call(["PULL", self.handle, "COUNT", count], self._read_batch))
+        fut = asyncio.ensure_future(self._send(["PULL", self.handle, "COUNT", count], self._read_batch))
         fut.add_done_callback(_retrieved)
         self._prefetched = (fut, count, asyncio.get_running_loop().time())
 
@@ -192,7 +200,7 @@ class Subscription:
             args: list[Any] = ["TAKE", self.handle]
             if remaining is not None:
                 args += ["BLOCK", remaining]
-            got = await self.client._call(args, self._read_take)
+            got = await self._send(args, self._read_take)
             if got is EndOfStream:
                 self.closed = self.ended = True
                 raise EndOfStream(self.handle)
@@ -214,8 +222,8 @@ class Subscription:
     async def _settle(self, args: list[Any], tags: list[str | bytes]) -> int:
         """Send an ACK or NACK; with prefetch, the next PULL may follow it in the same write."""
         if not self._full_count:
-            return int(await self.client._call(args))
-        sent = asyncio.ensure_future(self.client._call(args))  # first in line for the connection
+            return int(await self._send(args))
+        sent = asyncio.ensure_future(self._send(args))  # first in line for the connection
         self._settling(tags)
         return int(await sent)
 
@@ -232,7 +240,7 @@ class Subscription:
             args.append("DISCARD")
         if release:
             args.append("RELEASE")
-            return int(await self.client._call(args))
+            return int(await self._send(args))
         return await self._settle(args, args[2 : 2 + len(tags)])
 
     async def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
@@ -241,7 +249,7 @@ class Subscription:
         args: list[Any] = ["RENEW", self.handle, *map(_tag, tags)]
         if lock_ms is not None:
             args += ["LOCK", lock_ms]
-        return int(await self.client._call(args))
+        return int(await self._send(args))
 
     async def seek(self, where: str | None = None, *, id: int | str | None = None,
                    time_ms: int | None = None) -> int:
@@ -257,14 +265,14 @@ class Subscription:
             args = ["SEEK", self.handle, "ID", id]
         else:
             args = ["SEEK", self.handle, "TIME", time_ms]
-        return await self.client._call(args, self._read_seek)
+        return await self._send(args, self._read_seek)
 
     async def unsubscribe(self, max: int | None = None) -> None:
         """UNSUB handle [MAX n]: leave now (checkouts go back), or end after n total deliveries."""
         args: list[Any] = ["UNSUB", self.handle]
         if max is not None:
             args += ["MAX", max]
-        await self.client._call(args)
+        await self._send(args)
         if max is None:  # what was prefetched went back with the UNSUB
             self._prefetched, self._full_count = None, 0
         if max is None and not self.push:

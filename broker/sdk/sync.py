@@ -8,17 +8,21 @@ Same methods as the async client, each run to completion with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, Self, TypeVar
 
 from fencemq.sdk.client import DEFAULT_URL, Client, ConnectionLost, Subscription
+from fencemq.sdk.reconnect import Reconnect
 from fencemq.sdk.renewal import LockRenewer
 from fencemq.sdk.subscription import ITER_BLOCK_MS, ITER_COUNT
 from fencemq.model.messages import Delivery
 
 T = TypeVar("T")
+
+CLOSE_CHECK_S = 0.5  # how often a blocked call looks whether the client was closed from another thread
 
 class SyncClient:
     """Blocking facade: a Client on a private event loop in a background thread."""
@@ -31,7 +35,7 @@ class SyncClient:
     @classmethod
     def connect(
         cls,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         client_id: str | None = None,
         protocol: int = 3,
         password: str | None = None,
@@ -40,15 +44,17 @@ class SyncClient:
         on_notice: Callable[[dict[str, Any]], None] | None = None,
         connect_timeout: float | None = 10.0,
         takeover: bool = False,
+        reconnect: Reconnect | bool = True,
     ) -> SyncClient:
-        """Connect (HELLO); ``on_notice`` runs on the client's loop thread: it must not call this client."""
+        """Connect (HELLO), as :meth:`fencemq.sdk.client.Client.connect`; ``on_notice`` runs on the client's
+        loop thread: it must not call this client."""
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="fencemq-sync-client", daemon=True)
         thread.start()
         try:
             client = asyncio.run_coroutine_threadsafe(
                 Client.connect(url, client_id, protocol, password, username, on_notice=on_notice,
-                               connect_timeout=connect_timeout, takeover=takeover), loop
+                               connect_timeout=connect_timeout, takeover=takeover, reconnect=reconnect), loop
             ).result()
         except BaseException:
             loop.call_soon_threadsafe(loop.stop)
@@ -64,11 +70,33 @@ class SyncClient:
         if threading.current_thread() is self._thread:
             getattr(coro, "close", lambda: None)()
             raise RuntimeError("SyncClient called from its own loop thread (e.g. in on_notice): use the async API")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        if timeout is not None:
+            return future.result(timeout)
+        while True:
+            try:
+                return future.result(CLOSE_CHECK_S)
+            except TimeoutError:
+                # closed from another thread meanwhile: its loop stopped, and this call will never end
+                if not self._thread.is_alive():
+                    future.cancel()
+                    raise ConnectionLost("client closed") from None
 
     @property
     def id(self) -> str | None:
         return self._client.id
+
+    @property
+    def closed(self) -> bool:
+        return self._client.closed
+
+    @property
+    def connected(self) -> bool:
+        return self._client.connected
+
+    @property
+    def worker(self) -> str | None:
+        return self._client.worker
 
     @property
     def aio(self) -> Client:
@@ -93,9 +121,10 @@ class SyncClient:
                                               headers=headers, delay_ms=delay_ms, at_ms=at_ms))
 
     def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
-                 delay_ms: int | None = None, at_ms: int | None = None) -> list[str]:
-        """MPUB; the message ids, in order."""
-        return self._run(self._client.mpublish(topic, payloads, lmq=lmq, qos=qos, delay_ms=delay_ms, at_ms=at_ms))
+                 dedup_id: str | None = None, delay_ms: int | None = None, at_ms: int | None = None) -> list[str]:
+        """MPUB; the message ids, in order (``dedup_id`` covers the batch; schedule ids with a delay)."""
+        return self._run(self._client.mpublish(topic, payloads, lmq=lmq, qos=qos, dedup_id=dedup_id,
+                                               delay_ms=delay_ms, at_ms=at_ms))
 
     def unpublish(self, topic: str, ids: list[str], lmq: str | None = None) -> int:
         """UNPUB: cancel scheduled messages; how many still waited."""
@@ -234,9 +263,14 @@ class SyncSubscription:
                     yield self._client._run(step())
                 except StopAsyncIteration:
                     return
+                except ConnectionLost:
+                    if self._client.closed:  # closed (from another thread): the loop ends, as async for does
+                        return
+                    raise
         finally:
-            if not self._client._loop.is_closed():
-                self._client._run(agen.aclose())
+            if self._client._thread.is_alive():
+                with contextlib.suppress(ConnectionLost):
+                    self._client._run(agen.aclose())
 
     def __iter__(self) -> Iterator[Delivery]:
         return self.iter()

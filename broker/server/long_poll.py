@@ -19,7 +19,9 @@ from typing import Any
 
 import anyio
 
+from fencemq.errors import FenceMQError
 from fencemq.fences.leases import Leases, Look, PullResult
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.model.keys import Handle
 from fencemq.server.services import Services
 from fencemq.server.session import Session
@@ -54,8 +56,9 @@ async def wait(services: Services, session: Session, h: Handle, block_ms: int, a
                         break
                     await waiter.wait()
     if session.gone:
-        # The client hung up while it waited: nothing more is checked out to it. (A connection
-        # closing because its worker drains still answers: what a look checked out is in it.)
+        # The client hung up while it waited: nothing more is checked out to it, and what the last
+        # look checked out goes back. (A worker draining still answers: what a look found is in it.)
+        await _hand_back(services, h, result)
         raise ClientGone
     return result if result is not None else await attempt()
 
@@ -89,10 +92,24 @@ async def pull(services: Services, session: Session, h: Handle, count: int, bloc
                     if result.status == "handed":
                         result = await _handed(leases, h, count, waiter, registered)
     if session.gone:
-        # The client hung up while it waited: nothing more is checked out to it. (A connection
-        # closing because its worker drains still answers: what a look checked out is in it.)
+        # The client hung up while it waited: nothing more is checked out to it, and what the last
+        # look checked out goes back. (A worker draining still answers: what a look found is in it.)
+        await _hand_back(services, h, result)
         raise ClientGone
     return result if result is not None else await leases.pull(h, count)
+
+
+async def _hand_back(services: Services, h: Handle, result: Any) -> None:
+    """What a look checked out for a client that hung up meanwhile goes straight back to the group
+    (NACK … RELEASE: no failure counted) rather than wait out its lease under nobody."""
+    found = getattr(result, "deliveries", None) or ([result] if hasattr(result, "tag") else [])
+    tags = [d.tag for d in found if not d.tag.startswith("q")]  # a QoS 0 delivery has no lease
+    if tags:
+        with anyio.CancelScope(shield=True):
+            try:
+                await services.core.leases.nack(h, tags, release=True)
+            except (FenceMQError, *REDIS_FAILURES):
+                pass  # they come back when their leases run out
 
 
 async def _look(leases: Leases, h: Handle, count: int, waiter: Waiter, registered: Look | None,

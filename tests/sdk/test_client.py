@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from fencemq import Client, ConnectionLost, EndOfStream, SyncClient
+from fencemq import Client, ConnectionLost, EndOfStream, Reconnect, SyncClient
 from fencemq.config import Config
 from fencemq.errors import BadArgument, FenceMQError, NoAuth, NoPermission, Stale
 from fencemq.model.messages import Delivery
@@ -61,7 +61,7 @@ def test_many_concurrent_calls_share_one_connection(redis_url: str, protocol: in
             assert await c.execute("GET", "counter") == b"200"
             ids = set(await asyncio.gather(*(c.execute("CLIENT", "ID") for _ in range(50))))
             assert len(ids) == 1  # every call went over the same connection
-            assert not c._pending
+            assert not c._link.pending
 
     run(main())
     other = redis.Redis.from_url(redis_url)
@@ -178,20 +178,42 @@ def test_a_flood_of_pushes_on_an_idle_connection(redis_url: str) -> None:
     run(main())
 
 
-def test_lost_connection_fails_every_pending_call(redis_url: str) -> None:
+async def killed_with_calls_in_flight(c: Client, redis_url: str) -> tuple[int, list[Any]]:
+    """A BLPOP and 20 ECHOs on the wire when Redis kills the client's connection: its id, their outcomes."""
+    conn_id = int(await c.execute("CLIENT", "ID"))
+    blocked = asyncio.ensure_future(c.execute("BLPOP", "nothing", 30))
+    behind = [asyncio.ensure_future(c.execute("ECHO", str(i))) for i in range(20)]
+    await flushed(c)
+    await asyncio.sleep(0.1)
+    killer = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        assert await killer.client_kill_filter(_id=conn_id) == 1
+    finally:
+        await killer.aclose()
+    return conn_id, await asyncio.gather(blocked, *behind, return_exceptions=True)
+
+
+def test_a_lost_connection_reconnects_and_sends_again_what_is_safe_to_send_again(redis_url: str) -> None:
     async def main() -> None:
-        c = await Client.connect(redis_url, client_id="doomed")
-        conn_id = int(await c.execute("CLIENT", "ID"))
-        blocked = asyncio.ensure_future(c.execute("BLPOP", "nothing", 30))
-        behind = [asyncio.ensure_future(c.execute("ECHO", str(i))) for i in range(20)]
-        await flushed(c)
-        await asyncio.sleep(0.1)
-        killer = redis.asyncio.Redis.from_url(redis_url)
-        try:
-            assert await killer.client_kill_filter(_id=conn_id) == 1
-        finally:
-            await killer.aclose()
-        results = await asyncio.gather(blocked, *behind, return_exceptions=True)
+        told: list[dict] = []
+        c = await Client.connect(redis_url, client_id="phoenix", on_notice=told.append)
+        conn_id, results = await killed_with_calls_in_flight(c, redis_url)
+        # a Redis command the SDK cannot know to be safe again is the caller's to retry ...
+        assert isinstance(results[0], ConnectionLost) and "may or may not have run" in str(results[0])
+        # ... and the rest went out again, in order, on the next connection
+        assert results[1:] == [str(i).encode() for i in range(20)]
+        assert not c.closed and int(await c.execute("CLIENT", "ID")) != conn_id
+        assert [n["type"] for n in told] == ["disconnected", "reconnected"]
+        assert told[1]["resent"] == 20
+        await c.close()
+
+    run(main())
+
+
+def test_without_reconnect_a_lost_connection_fails_every_pending_call(redis_url: str) -> None:
+    async def main() -> None:
+        c = await Client.connect(redis_url, client_id="doomed", reconnect=False)
+        _, results = await killed_with_calls_in_flight(c, redis_url)
         assert all(isinstance(r, ConnectionLost) for r in results), results
         assert all(isinstance(r, ConnectionError) for r in results)  # the builtin one too
         assert c.closed
@@ -310,9 +332,11 @@ def test_every_verb_on_the_wire(protocol: int) -> None:
         }[verb]
 
     fake = FakeWorker(handler)
+    made: list[str] = []
 
     async def main() -> None:
         async with fake.running() as url, Client(url, client_id="me", protocol=protocol) as c:
+            made.append(c._dedup_prefix)
             assert await c.publish("top", b"x") == "42"
             assert await c.publish("top", b"x", lmq="q", qos=0, retain=True, dedup_id="d1",
                                    headers={"a": "1", "b": "2"}) == "42"
@@ -345,9 +369,10 @@ def test_every_verb_on_the_wire(protocol: int) -> None:
     hello = ["HELLO", str(protocol), "SETNAME", "me"]
     assert sent == [
         hello,
-        ["PUB", "top", "x"],
+        # a publish without an application's dedup id gets one of the client's: safe to send again
+        ["PUB", "top", "x", "ID", f"{made[0]}1"],
         ["PUB", "top", "x", "LMQ", "q", "QOS", "0", "RETAIN", "ID", "d1", "HDR", "a", "1", "HDR", "b", "2"],
-        ["MPUB", "top", "2", "a", "b", "LMQ", "q", "QOS", "0"],
+        ["MPUB", "top", "2", "a", "b", "LMQ", "q", "QOS", "0", "ID", f"{made[0]}2"],
         ["SUB", "top"],
         ["SUB", "top", "LMQ", "q", "GROUP", "g", "MODE", "shared", "POLICY", "reject", "FROM", "ID", "5",
          "QOS", "0", "LOCK", "100", "PUSH", "CAPACITY", "10", "MAX", "3", "EPOCH", "2"],
@@ -518,12 +543,12 @@ def test_heartbeat_notices_in_resp2() -> None:
     run(main())
 
 
-def test_server_closing_mid_call() -> None:
+def test_server_closing_mid_call_without_reconnect() -> None:
     def handler(cmd: list[bytes]) -> Any:
         return "CLOSE" if cmd[0] == b"PULL" else SUB_REPLY
 
     async def main() -> None:
-        async with FakeWorker(handler).running() as url, Client(url, client_id="me") as c:
+        async with FakeWorker(handler).running() as url, Client(url, client_id="me", reconnect=False) as c:
             sub = await c.subscribe("top")
             with pytest.raises(ConnectionLost):
                 await sub.pull()
@@ -531,6 +556,21 @@ def test_server_closing_mid_call() -> None:
                 await sub.ack("t1")
 
     run(main())
+
+
+def test_a_command_whose_connection_drops_every_time_is_given_up_after_max_sends() -> None:
+    fake = FakeWorker(lambda cmd: "CLOSE" if cmd[0] == b"PULL" else SUB_REPLY if cmd[0] == b"SUB" else 1)
+
+    async def main() -> None:
+        policy = Reconnect(first_delay_s=0.01, max_delay_s=0.02, max_sends=3)
+        async with fake.running() as url, Client(url, client_id="me", reconnect=policy) as c:
+            sub = await c.subscribe("top")
+            with pytest.raises(ConnectionLost, match="3 connections"):
+                await sub.pull()
+            assert await sub.ack("t1") == 1  # the client itself goes on
+
+    run(main())
+    assert [cmd[0] for cmd in fake.commands].count(b"PULL") == 3
 
 
 # =====================================================================================
@@ -589,13 +629,33 @@ def test_lite_queue_delivery_carries_lmq(worker_url: str) -> None:
     run(main())
 
 
-def test_anonymous_client_learns_its_id(worker_url: str) -> None:
+def test_without_reconnect_an_unnamed_client_is_an_anonymous_session_and_learns_its_id(worker_url: str) -> None:
     async def main() -> None:
-        async with await Client.connect(worker_url) as c:
+        async with await Client.connect(worker_url, reconnect=False) as c:
             await c.subscribe("anon-topic")
             assert c.id and c.id.startswith("anon-")
 
     run(main())
+
+
+def test_a_reconnecting_client_names_its_session_itself_and_ends_it_when_closed(worker_url: str,
+                                                                                 redis_url: str) -> None:
+    async def main() -> str:
+        async with await Client.connect(worker_url) as c:
+            assert c.id and c.id.startswith("sdk-")
+            await c.subscribe("named-topic")
+            return c.id
+
+    client_id = run(main())
+    # QUIT ended it at once: nobody else knows its name to resume it
+    r = redis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + 3  # well before its 10 s lease
+        while r.zscore("fmq:sessions", client_id) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert r.zscore("fmq:sessions", client_id) is None
+    finally:
+        r.close()
 
 
 def test_concurrent_publishes_from_many_tasks(worker_url: str) -> None:

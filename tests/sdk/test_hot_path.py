@@ -38,7 +38,7 @@ def test_the_sdk_sends_the_bytes_redis_py_would(args):
     from fencemq.sdk.connection import PipelinedConnection
 
     conn = PipelinedConnection.__new__(PipelinedConnection)
-    conn._conn = Connection()
+    conn._packer = Connection()
     assert b"".join(conn._pack(args)) == b"".join(Connection().pack_command(*args))
 
 
@@ -49,6 +49,6 @@ def test_an_argument_neither_packs_is_refused_as_redis_py_refuses_it():
     from fencemq.sdk.connection import PipelinedConnection
 
     conn = PipelinedConnection.__new__(PipelinedConnection)
-    conn._conn = Connection()
+    conn._packer = Connection()
     with pytest.raises(redis.exceptions.DataError):
         conn._pack(("PUB", "t", None))

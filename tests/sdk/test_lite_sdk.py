@@ -177,7 +177,7 @@ def test_a_stale_notice_about_an_lmq_held_again_does_not_drop_it(url, r):
                 LiteSubscriptions(a, "sdk-stale", interval=60, on_unsubscribe=events.append) as lite:
             sub = await lite.add("x")
             # A notice that arrives late (say, pushed after a re-add committed) names an lmq we own:
-            a._on_push([b"notice", {b"type": b"unsubscribe", b"reason": b"preempted", b"by": b"someone",
+            a._on_push(a._link, [b"notice", {b"type": b"unsubscribe", b"reason": b"preempted", b"by": b"someone",
                                     b"topic": b"sdk-stale", b"lmq": b"x", b"handle": sub.handle.encode()}])
             assert await lite.pull() == [], "suspended until a SYNC says whether it is marked"
             await until(lambda: lite.syncs >= 1, what="the verifying SYNC")
@@ -332,7 +332,7 @@ def test_closing_or_cancelling_mid_call_leaves_the_client_usable(url, r):
             sub = await c.subscribe("sdk-cancel", lmq="x")
             (d,) = await sub.pull()
             assert await sub.ack(d) == 1
-            assert not c._pending
+            assert not c._link.pending
             with pytest.raises(RuntimeError):
                 await lite.add("y")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import anyio
 import paho.mqtt.client as mqtt
 import pytest
 
@@ -137,3 +138,38 @@ def test_an_mqtt5_client_has_its_deliveries_acknowledged_then_is_sent_elsewhere(
         finally:
             c.loop_stop()
         assert len(got) == 20
+
+
+def test_a_long_poll_whose_client_hangs_up_during_a_look_hands_back_what_the_look_checked_out(redis_url,
+                                                                                               monkeypatch):
+    with worker(redis_url) as w:
+        leases = w.worker.core.leases
+        looked = threading.Event()
+
+        def slow_after_checkout(checkout):
+            async def slowly(*args, **kwargs):
+                result = await checkout(*args, **kwargs)
+                if result.deliveries:
+                    looked.set()
+                    await anyio.sleep(0.4)  # Redis answered; meanwhile the client goes (a worker killed, a cut)
+                return result
+            return slowly
+
+        # a look, or what a publish handed the waiting PULL: either checks the message out to it
+        monkeypatch.setattr(leases, "pull", slow_after_checkout(leases.pull))
+        monkeypatch.setattr(leases, "handed", slow_after_checkout(leases.handed))
+        c = RespConn(w.port)
+        c.hello(3, "hangs-up")
+        h = as_map(c.call("SUB", "orders", "GROUP", "g", "LOCK", 60_000))["handle"]
+        c.send("PULL", h, "BLOCK", 5000)
+        time.sleep(0.1)
+        with RespConn(w.port) as p:
+            p.call("PUB", "orders", "in-flight")
+            assert looked.wait(5)
+            c.close()
+            time.sleep(0.6)
+        # back in the group at once (no failure counted), not after its 60 s lease
+        with RespConn(w.port) as again:
+            again.hello(3, "hangs-up")
+            got = deliveries(again.call("PULL", h, "COUNT", 10))
+            assert [(d["payload"], d["deliveries"]) for d in got] == [("in-flight", 2)]

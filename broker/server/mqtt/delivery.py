@@ -35,7 +35,11 @@ from fencemq.server.session import Session
 log = logging.getLogger(__name__)
 
 BATCH = 64  # deliveries fetched per pull, at most (and at most the client's send quota)
-IDLE_LOOK_S = 1.0  # a subscription with nothing to send looks again at least this often
+# A subscription with nothing to send looks again after IDLE_LOOK_S (the wake-ups tell it of anything
+# new), then twice as long after each look that found nothing, up to IDLE_LOOK_MAX_S: 20,000 idle
+# devices cost a worker a few hundred looks a second, not 20,000.
+IDLE_LOOK_S = 1.0
+IDLE_LOOK_MAX_S = 30.0
 REDIS_RETRY_S = 0.5  # after Redis failed a pull (a failover): the pause before the next look
 
 
@@ -110,6 +114,7 @@ class MqttDelivery:
     async def _deliver(self, sub: MqttSubscription) -> None:
         leases, wakeups = self.services.core.leases, self.services.wakeups
         handle = sub.handle
+        idle_s = IDLE_LOOK_S
         with sub.scope:
             async with wakeups.watching(self.services.keys.queue(handle.queue).wake) as waiter:
                 while not self.mqtt.closed and not self.draining:
@@ -123,6 +128,7 @@ class MqttDelivery:
                         try:
                             result = await leases.pull(handle, min(quota, BATCH))
                             if result.deliveries:
+                                idle_s = IDLE_LOOK_S
                                 await self._send(sub, result.deliveries)
                                 continue
                             if result.status == "suspected" and not any(
@@ -143,8 +149,9 @@ class MqttDelivery:
                     if paused:
                         await anyio.sleep(REDIS_RETRY_S)
                         continue
-                    with anyio.move_on_after(IDLE_LOOK_S):
+                    with anyio.move_on_after(idle_s) as idle:
                         await waiter.wait()
+                    idle_s = min(2 * idle_s, IDLE_LOOK_MAX_S) if idle.cancelled_caught else IDLE_LOOK_S
 
     async def _send(self, sub: MqttSubscription, deliveries: list[Any]) -> None:
         settle_now = []

@@ -87,6 +87,7 @@ class MqttDriving:
     config: Any
     token: str
     ended_by_server: bool
+    left: bool
 
     # (and, from the classes it is mixed with: _handle_and_flush, _write, _session_over, will_after_delay;
     # not declared here, where a stub would come first in the method order and hide them)
@@ -115,8 +116,10 @@ class MqttDriving:
 
     def received(self, data: bytes) -> None:
         """A read (the wire's); b"" once the client has gone."""
-        if self._ending:
-            return  # ended by the server: what the client still sends is dropped
+        if self._ending or self.left:
+            # ended by the server, or about to be (a drain): what the client still sends is dropped,
+            # unacknowledged, for it to send again
+            return
         if not data:
             self._disarm_request()
             self._handle_soon(self.mqtt.connection_lost())

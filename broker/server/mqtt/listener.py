@@ -80,7 +80,7 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
     __slots__ = ("worker", "services", "verbs", "config", "gate", "stream", "mqtt", "revoked_filters", "gate_pass",
                  "session", "token", "write_lock", "output_turn", "quota_freed", "subscriptions", "in_flight",
                  "resumed_ids", "mqtt_state", "nonce", "completed", "releasing", "tasks", "protocol_level", "expiry",
-                 "taken_over", "ended_by_server", "quota_refused", "draining", "will", "_spawn", "_over", "_queue",
+                 "taken_over", "ended_by_server", "quota_refused", "draining", "left", "will", "_spawn", "_over", "_queue",
                  "_working", "_ending", "_caught_up", "_deadlines", "_tick_at", "_request_timer")
 
     def __init__(self, worker: Any, token: str, gate_pass: Pass | None = None,
@@ -114,6 +114,7 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
         self.ended_by_server = False
         self.quota_refused = False  # a 3.1.1 PUBLISH met FULL: the connection is being closed unacknowledged
         self.draining = False  # the worker shuts down: nothing new is sent
+        self.left = False  # the worker is about to DISCONNECT: nothing more is read
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
         self._not_driven_yet()
 
@@ -146,6 +147,11 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
         with anyio.move_on_after(bound_s):
             while self.in_flight or self.releasing:
                 await anyio.sleep(0.02)
+        # Reading stops, what was read is handled (its PUBACKs written), then the DISCONNECT: a PUBLISH
+        # is never stored with its PUBACK cut off (the client would send it again elsewhere, stored twice)
+        self.left = True
+        with anyio.move_on_after(bound_s):
+            await self.caught_up()
         await self._disconnect(ReasonCode.SERVER_SHUTTING_DOWN, self.config.server_reference)
 
     async def close(self) -> None:

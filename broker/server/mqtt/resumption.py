@@ -59,9 +59,10 @@ class MqttResumption:
         redis, keys, client = self.services.redis, self.services.keys, self.session.client_id
         assert client is not None
         if event.clean_start:
-            saved = await self.mqtt_state.load(fresh=True)
+            # a session this CONNECT created holds nothing yet: nothing to read or drop (a connect storm)
+            saved = await self.mqtt_state.load(fresh=True, known_empty=not self.session.resumed)
             self.nonce, self.completed = saved.nonce, saved.completed
-            for handle in await session_index.handles(redis, keys, client):
+            for handle in await session_index.handles(redis, keys, client) if self.session.resumed else ():
                 await self.services.core.subscriptions.unsubscribe(handle)
             return self.mqtt.accept(time.monotonic())
         held = await session_index.non_lite_handles(redis, keys, client)

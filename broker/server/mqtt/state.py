@@ -71,15 +71,18 @@ class MqttSessionState:
         self.redis = redis
         self.key = keys.session(client)
 
-    async def load(self, *, fresh: bool) -> Saved:
-        """The session's MQTT state; ``fresh`` (Clean Start): dropped, under a new nonce."""
-        fields = await self.redis.hgetall(self.key)
+    async def load(self, *, fresh: bool, known_empty: bool = False) -> Saved:
+        """The session's MQTT state; ``fresh`` (Clean Start): dropped, under a new nonce;
+        ``known_empty``: the session was created just now, so there is nothing to read."""
+        fields = {} if known_empty else await self.redis.hgetall(self.key)
         mine = [k for k in fields if k.startswith(b"mqtt-")]
         if fresh:
             saved = Saved(secrets.token_hex(8))
+            if not mine:  # nothing to drop: one command, no transaction
+                await self.redis.hset(self.key, NONCE, saved.nonce)
+                return saved
             async with self.redis.pipeline(transaction=True) as pipe:
-                if mine:
-                    pipe.hdel(self.key, *mine)
+                pipe.hdel(self.key, *mine)
                 pipe.hset(self.key, NONCE, saved.nonce)
                 await pipe.execute()
             return saved
