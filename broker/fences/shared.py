@@ -248,11 +248,14 @@ class Shared:
         retain: bool = False,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> list[str]:
         """Publish to the topic's own queue, then copy to every matching filter. With ``delay_ms`` or
         ``at_ms``, scheduled: stored in the topic's queue, released and copied when due
-        (:meth:`release_due`)."""
+        (:meth:`release_due`). With ``ttl_ms``, it expires that long after it becomes deliverable:
+        every copy (and a retained one) carries the one deadline."""
         ref = self.check_publish(topic, payloads, lmq=lmq, qos=qos, retain=retain, delay_ms=delay_ms, at_ms=at_ms)
+        headers = await self.publishing.expiring(headers, ttl_ms, delay_ms, at_ms)
         if delay_ms is not None or at_ms is not None:
             return (await self.publishing.publish_checked(ref, payloads, None, qos=qos, dedup_ids=dedup_ids,
                                                           headers=headers, producer=producer, delay_ms=delay_ms,
