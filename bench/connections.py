@@ -256,8 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     if crowd < opts.crowd or mosquitto_storm < opts.storm:
         doc["limited_by_open_files"] = {"crowd_asked": opts.crowd, "crowd_held": crowd,
                                         "mosquitto_storm_asked": opts.storm, "mosquitto_storm": mosquitto_storm,
-                                        "why": f"the hard limit on open files here is {hard} and cannot be raised "
-                                               "(not root)"}
+                                        "why": f"the hard limit on open files here is {hard} and this process may not "
+                                               "raise it (no CAP_SYS_RESOURCE)"}
         print(f"open files: hard limit {hard}: {crowd:,} idle connections on one worker at most, "
               f"{mosquitto_storm:,} in Mosquitto's storm", flush=True)
     with EmbeddedRedis() as server:
