@@ -385,36 +385,45 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4.3))
     mosq = doc.get("mosquitto", {})
+    fresh, grey = "#3b6ea8", "#999999"
+    st, sm, crowd = doc.get("storm_fencemq", {}), doc.get("storm_mosquitto", {}), doc.get("crowd", {})
+
+    def unanswered(storm_doc: dict[str, Any]) -> str:
+        return f"\n{storm_doc['refused']:,} not answered" if storm_doc.get("refused") else ""
+
     panels = [
-        ("KB per idle connection (<= 8)", 8, [("FenceMQ RESP", doc.get("fencemq_resp", {}).get("kb_per_connection")),
-                                              ("FenceMQ MQTT", doc.get("fencemq_mqtt", {}).get("kb_per_connection")),
-                                              ("Mosquitto", mosq.get("kb_per_connection"))]),
+        ("KB per idle connection (<= 8)", 8,
+         [("FenceMQ RESP", doc.get("fencemq_resp", {}).get("kb_per_connection"), fresh, ""),
+          ("FenceMQ MQTT", doc.get("fencemq_mqtt", {}).get("kb_per_connection"), fresh, ""),
+          (f"FenceMQ, {crowd.get('held', 0):,} mixed", crowd.get("kb_per_connection"), fresh, ""),
+          ("Mosquitto", mosq.get("kb_per_connection"), grey, "")]),
         ("connects/s, one worker (>= 2,000)", 2000,
-         [("FenceMQ RESP", doc.get("fencemq_resp", {}).get("connect", {}).get("per_s")),
-          ("FenceMQ MQTT", doc.get("fencemq_mqtt", {}).get("connect", {}).get("per_s")),
-          ("Mosquitto", mosq.get("connect", {}).get("per_s"))]),
-        (f"storm of {doc['args']['storm']:,}: settle s (<= 20)", 20,
-         [("FenceMQ, 2 workers", doc.get("storm_fencemq", {}).get("settle_s")),
-          ("Mosquitto", doc.get("storm_mosquitto", {}).get("settle_s"))]),
-        ("PING p99 ms (<= 5 beside the crowd)", 5,
-         [("alone", doc.get("crowd", {}).get("ping_ms_alone", {}).get("p99")),
-          (f"beside {doc.get('crowd', {}).get('connections', 0):,}",
-           doc.get("crowd", {}).get("ping_ms_beside_idle", {}).get("p99")),
-          ("Mosquitto beside idle", mosq.get("ping_ms_beside_idle", {}).get("p99"))]),
+         [("FenceMQ RESP", doc.get("fencemq_resp", {}).get("connect", {}).get("per_s"), fresh, ""),
+          ("FenceMQ MQTT", doc.get("fencemq_mqtt", {}).get("connect", {}).get("per_s"), fresh, ""),
+          ("Mosquitto", mosq.get("connect", {}).get("per_s"), grey, "")]),
+        (f"storm of {doc['args']['storm']:,} MQTT: settle s (<= 20)", 20,
+         [("FenceMQ, 2 workers", st.get("settle_s"), fresh, unanswered(st)),
+          (f"Mosquitto ({sm.get('clients', 0):,})", sm.get("settle_s"), grey, unanswered(sm))]),
+        ("PING p99 ms (<= 5 beside 50,000 idle)", 5,
+         [("FenceMQ alone", crowd.get("ping_ms_alone", {}).get("p99"), fresh, ""),
+          (f"beside {crowd.get('held', 0):,}", crowd.get("ping_ms_beside_idle", {}).get("p99"), fresh, ""),
+          (f"Mosquitto beside {mosq.get('connect', {}).get('connections', 0):,}",
+           mosq.get("ping_ms_beside_idle", {}).get("p99"), grey, "")]),
     ]
     for ax, (title, goal, bars) in zip(axes, panels):
-        names = [b[0] for b in bars]
         values = [b[1] or 0 for b in bars]
-        ax.bar(names, values, color=["#3b6ea8", "#5b8ec8", "#999999"][: len(bars)])
+        ax.bar([b[0] for b in bars], values, color=[b[2] for b in bars])
         ax.axhline(goal, color="#c0392b", linestyle="--", linewidth=1)
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelsize=8, rotation=15)
-        for x, v in enumerate(values):
-            ax.annotate(f"{v:,.1f}", (x, v), ha="center", va="bottom", fontsize=8)
+        ax.set_ylim(0, max(goal, *values) * 1.2)
+        for x, (v, bar) in enumerate(zip(values, bars)):
+            ax.annotate(f"{v:,.1f}{bar[3]}", (x, v), ha="center", va="bottom", fontsize=8)
     load = f"load {doc['loadavg_at_start'][0]:.1f}" + (f" -> {doc['loadavg_at_end'][0]:.1f}" if "loadavg_at_end" in doc else "")
-    fig.suptitle(f"bench.connections @ {doc['git_commit'][:10]}, {doc.get('cpus')} CPUs, {load}")
+    fig.suptitle(f"bench.connections @ {doc['git_commit'][:10]}, {doc.get('cpus')} CPUs shared, {load}"
+                 + (f"; open files capped at {doc['open_file_hard_limit']:,}" if "limited_by_open_files" in doc else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

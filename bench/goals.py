@@ -157,13 +157,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(13, 0.45 * len(rows) + 1.5))
     names = [r["goal"] for r in rows][::-1]
     scores = [r["score"] or 0.0 for r in rows][::-1]
     colors = ["#bbbbbb" if r["pass"] is None else ("#2ca02c" if r["pass"] else "#d62728") for r in rows][::-1]
     bars = ax.barh(names, scores, color=colors)
-    ax.bar_label(bars, labels=[("not measured" if r["value"] is None else f"{r['value']:g} (target {r['target']})")
-                               for r in rows][::-1], fontsize=7, padding=3)
+    ax.bar_label(bars, labels=[("not measured" if r["value"] is None else f"{r['value']:g} (target {r['target']})"
+                                + (f"; missed: {r['why'][:40]}" if r.get("why") else "")) for r in rows][::-1],
+                 fontsize=7, padding=3)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
     ax.set_xlim(min(0.5, min(s for s in scores if s) * 0.9), max(2.0, max(scores) * 4))  # room for the labels
