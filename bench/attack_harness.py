@@ -15,14 +15,7 @@ import redis
 
 from bench.attack_doors import LEGACY_PASSWORD as PASSWORD  # the well-behaved client's, and the attacks'
 from bench.attack_doors import USER, USER_PASSWORD, Ports
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+from bench.stats import rss
 
 
 class Worker:

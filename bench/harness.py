@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,21 +20,29 @@ HOST = "127.0.0.1"
 
 
 class WorkerProcess:
-    """bench.serve_worker in a subprocess; SIGTERM drains it."""
+    """bench.serve_worker in a subprocess; SIGTERM drains it.
+
+    With ``mqtt`` it serves MQTT too (``mqtt_port``); with ``open_files`` it starts with that
+    many descriptors allowed, soft and hard (raising the hard limit takes root)."""
 
     def __init__(self, redis_url: str, profile: str | None = None, trace: str | None = None,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, *, mqtt: bool = False, open_files: int | None = None,
+                 stderr: Any = None) -> None:
         cmd = [sys.executable, "-m", "bench.serve_worker", "--redis-url", redis_url, *(extra or [])]
         if profile:
             cmd += ["--profile", profile]
         if trace:
             cmd += ["--trace", trace]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        if mqtt:
+            cmd += ["--mqtt-port", "0"]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                     preexec_fn=(lambda: allow_open_files(open_files)) if open_files else None)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("PORT "):
             self.stop()
             raise RuntimeError(f"worker process did not start (said {line!r})")
         self.port = int(line.split()[1])
+        self.mqtt_port = int(self.proc.stdout.readline().split()[1]) if mqtt and self.proc.stdout else 0
         self.pid = self.proc.pid
 
     def stop(self) -> None:
@@ -43,6 +53,32 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def allow_open_files(n: int) -> bool:
+    """Let this process open ``n`` files, soft and hard limit (only root may raise the hard one);
+    whether it could."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= n and hard >= n:
+        return True
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, max(n, hard)))
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def wait_listening(port: int, timeout: float = 20.0, host: str = HOST) -> None:
+    """Until something accepts on ``port`` (OSError after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def machine_info(server: EmbeddedRedis, admin: Any) -> dict[str, Any]:

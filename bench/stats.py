@@ -51,6 +51,15 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def rss(pid: int) -> int:
+    """Resident memory of a process, bytes (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def machine_busy_s() -> float:
     """CPU seconds all CPUs spent busy since boot (/proc/stat), to see load from others."""
     with open("/proc/stat") as f:

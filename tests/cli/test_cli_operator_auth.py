@@ -72,9 +72,10 @@ READS = {
     "status": [], "queues": [], "lmqs": [], "top": ["--iterations", "1"], "snapshot": ["--out", "{tmp}/snap"],
     "inspect queue": ["payments"], "inspect group": ["payments", "g"], "inspect member": ["payments", "g", "m"],
     "inspect session": ["alice"], "dlq list": ["payments"], "user list": [], "retention list": [],
+    "scheduled list": ["payments"],
 }
 WRITES = {"evict", "sweep", "seek", "purge", "dlq replay", "user add", "user passwd", "user del", "user grant",
-          "user revoke", "retention set", "retention clear"}
+          "user revoke", "retention set", "retention clear", "scheduled cancel"}
 NOT_THE_OPERATOR_LAYER = {"serve", "demo", "dashboard"}  # a worker, a tour, the UI (its own login)
 
 
