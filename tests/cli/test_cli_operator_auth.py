@@ -114,3 +114,17 @@ def test_every_read_command_is_gated_alike_once_an_administrator_exists(
     as_user(monkeypatch, "root", "root password")
     allowed = fencemq(*args)
     assert allowed.exit_code in (0, 1), allowed.output  # 1: no such group, member or session (it was let in)
+
+
+def test_listing_scheduled_messages_needs_inspect_and_cancelling_them_needs_purge_on_their_topic(
+        url: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    invoke("user", "add", "root", "--password-stdin", "--grant", "all:#", *url, input="root password\n")
+    as_user(monkeypatch, "root", "root password")
+    assert invoke("user", "add", "viewer", "--password-stdin", "--grant", "inspect:#", *url,
+                  input="viewer password\n").exit_code == 0
+    as_user(monkeypatch, "viewer", "viewer password")
+    assert invoke("scheduled", "list", "payments", *url).exit_code == 0
+    refused = invoke("scheduled", "cancel", "payments", "s1", *url)
+    assert refused.exit_code == 4 and "purge" in refused.output, refused.output
+    as_user(monkeypatch, "root", "root password")
+    assert invoke("scheduled", "cancel", "payments", "s1", *url).exit_code == 1  # let in: none waited
