@@ -119,7 +119,8 @@ class UI(UIGate):
         assert snap is not None
         points = await history.read(self.redis, self.keys, series, snap["now_ms"])
         audit = {name: history.counted_within(points, counter)
-                 for name, counter in (("nack", "nacked"), ("timeout", "timeouts"), ("dead_letter", "dead_lettered"))}
+                 for name, counter in (("nack", "nacked"), ("timeout", "timeouts"), ("dead_letter", "dead_lettered"),
+                                                  ("expired", "expired"))}
         return {"snap": snap, "history": points, "range": series, "ranges": history.SERIES, "audit": audit,
                 "start_ms": snap["now_ms"] - series.range_ms, "sort": sort, "desc": desc,
                 "busiest": dashboard.sort_rows(snap["busiest"], sort, desc), "error": self.sampler.error}

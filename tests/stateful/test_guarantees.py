@@ -178,7 +178,7 @@ class Guarantees(RuleBasedStateMachine):
           ttl=st.sampled_from([None, 150, 60_000]), then_wait=st.booleans())
     def publish_for_later_or_expiring(self, queue: str, n: int, delay: int, ttl: int | None, then_wait: bool) -> None:
         """MPUB … AT t and/or TTL ms: checked at delivery (pull) to come no sooner than t and never after
-        its deadline (then_wait: a 150 ms TTL runs out before the next move)."""
+        its deadline (then_wait: a 150 ms TTL runs out, then a member pulls)."""
         due = self.redis_ms() + delay if delay else 0
         payloads = [f"e{self.run}-{len(self.timed) + i}" for i in range(n)]
         args = [n, *payloads, *(["AT", due] if due else []), *(["TTL", ttl] if ttl else [])]
@@ -190,8 +190,11 @@ class Guarantees(RuleBasedStateMachine):
             self.producer.execute_command("MPUB", self.lite_topic, *args, "LMQ", "l0")
         self.timed.update(dict.fromkeys(payloads, due))
         self.latest_due[queue] = max(due, self.latest_due.get(queue, 0))
-        if then_wait:
+        if then_wait:  # … and a member reads the queue then, so a read past the deadline is checked
             time.sleep(0.2)
+            who = next((i for i, c in enumerate(self.consumers) if queue in c.handles), None)
+            if who is not None:
+                self.pull(who, queue, 100)
 
     @rule(who=st.integers(0, 2), queue=st.sampled_from(TARGETS))
     def subscribe(self, who: int, queue: str) -> None:
