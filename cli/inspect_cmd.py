@@ -57,6 +57,7 @@ def _queue_header(q: dict[str, Any]) -> Table:
         ("checkouts", (f"{q['checkouts_total']} ({q['leased']} leased, "
                        f"{q['checkouts_total'] - q['leased']} waiting in mailboxes)")),
         ("returned", q["ready"]), ("delayed", q["delayed"]), ("scheduled", q["scheduled"]),
+        ("expired", f"{q['expired']}" + (" (the lite topic's)" if q["kind"] == "lite" else "")),
         ("dead letters", Text(str(q["dead_letters"]), style="red" if q["dead_letters"] else "")),
         ("journal", f"{q['journal_length']} events (cap {_opt(q['journal_cap'])})"),
     ]

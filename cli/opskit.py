@@ -46,7 +46,7 @@ ENV_USER, ENV_USER_PASSWORD = "FENCEMQ_USER", "FENCEMQ_USER_PASSWORD"
 PERMISSION_OF = {"status": "inspect", "snapshot": "inspect",
                  "inspect": "inspect", "queues": "inspect", "lmqs": "inspect", "top": "inspect", "dlq": "dlq",
                  "evict": "evict", "seek": "seek", "purge": "purge", "sweep": "admin", "user": "admin",
-                 "retention": "admin"}
+                 "retention": "admin", "scheduled list": "inspect", "scheduled cancel": "purge"}
 ROOT = Path(__file__).resolve().parent.parent
 
 # -- shared options -------------------------------------------------------------------------
@@ -85,7 +85,8 @@ class Ctx:
         (FENCEMQ_USER, FENCEMQ_USER_PASSWORD) must be a user with this command's permission on its
         topic. Before that, Redis's own credentials are the only gate, as for any tool that reaches
         Redis directly: which is how the first administrator is added."""
-        action = PERMISSION_OF.get(self.command.split()[0])  # "user add" needs what "user" needs
+        # "user add" needs what "user" needs, unless the subcommand is named ("scheduled cancel")
+        action = PERMISSION_OF.get(self.command) or PERMISSION_OF.get(self.command.split()[0])
         if self._authorized or action is None:
             return
         from fencemq.ops.users import UserStore, grants_cover

@@ -39,7 +39,7 @@ def scheduled_list(
     as_json: Json = False,
 ) -> None:
     """How many messages of TOPIC (or one lmq) wait for their time, and the soonest of them."""
-    ctx = Ctx("scheduled", redis_url, prefix, cluster)
+    ctx = Ctx("scheduled list", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq)
     res = ctx.run(lambda r, k: list_scheduled(r, k, ref, limit))
     if as_json:
@@ -69,7 +69,7 @@ def scheduled_cancel(
     as_json: Json = False,
 ) -> None:
     """Cancel scheduled messages of TOPIC by schedule id (exit 1 when none still waited)."""
-    ctx = Ctx("scheduled", redis_url, prefix, cluster)
+    ctx = Ctx("scheduled cancel", redis_url, prefix, cluster)
     ref = _queue(ctx, topic, lmq)
     try:
         res = ctx.run(lambda r, k: cancel_scheduled(r, k, ref, ids), writes=True)

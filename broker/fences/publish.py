@@ -11,7 +11,10 @@ asks the memory guard first (fences/memory.py): above the watermark, or on
 a Redis that may evict keys, it is refused (FULL, EVICTING) before anything
 is written, whichever door it came through. A publish with ``delay_ms`` or ``at_ms`` is
 scheduled (fences/schedule.py): stored at once, appended to the log when due.
-Protocol: docs/protocol.md, "Publishing", "Scheduled messages".
+A message with a TTL (``PUB … TTL ms``, MQTT's Message Expiry Interval) carries its
+deadline (:func:`expiry_deadline`, the one rule of every door) and is settled
+unsent by the fences once it has passed (lua/lib/leases.lua).
+Protocol: docs/protocol.md, "Publishing", "Scheduled messages", "Message expiry".
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from fencemq.fences.mailbox import Mailboxes, parse_push_members
 from fencemq.fences.memory import is_oom
 from fencemq.fences.registry import fence
 from fencemq.model.keys import QueueRef
-from fencemq.model.messages import pack_body
+from fencemq.model.messages import EXPIRES, MAX_TTL_MS, pack_body, with_expiry
 from fencemq.model.values import text
 
 
@@ -39,6 +42,22 @@ def check_delay(config: Any, delay_ms: int | None, at_ms: int | None) -> None:
     if at_ms is not None and not 0 <= at_ms <= 2**53 - 1:
         raise BadArgument("AT must be a unix time in ms from 0 to 2^53-1")
 
+
+
+def check_ttl(ttl_ms: int) -> None:
+    """BADARG for a TTL that is not 1 ms to MAX_TTL_MS."""
+    if not 1 <= ttl_ms <= MAX_TTL_MS:
+        raise BadArgument(f"TTL must be between 1 and {MAX_TTL_MS} ms")
+
+
+def expiry_deadline(now_ms: int, ttl_ms: int, delay_ms: int | None = None, at_ms: int | None = None) -> int:
+    """When a message published at ``now_ms`` (Redis's clock) with ``ttl_ms`` expires: TTL after it becomes
+    deliverable, which for a scheduled message is its due time (DELAY, AT; an AT past is now). Every door
+    (RESP's TTL, MQTT's Message Expiry Interval) stamps its deadline here."""
+    start = now_ms + delay_ms if delay_ms is not None else (at_ms if at_ms is not None else now_ms)
+    return max(start, now_ms) + ttl_ms
+
+
 PUBLISH = fence("publish",
                 "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters "
                 "scheduled scheduled_bodies totals backlogs",
@@ -47,9 +66,21 @@ PUBLISH = fence("publish",
 
 
 class Publishing:
-    def __init__(self, ctx: FenceContext, mailboxes: Mailboxes) -> None:
+    def __init__(self, ctx: FenceContext, mailboxes: Mailboxes, clock: Any) -> None:
         self.ctx = ctx
         self.mailboxes = mailboxes
+        self.clock = clock  # Redis's clock (fences/sessions.py RedisClock): expiry deadlines
+
+    async def expiring(self, headers: dict[str, str] | None, ttl_ms: int | None, delay_ms: int | None = None,
+                       at_ms: int | None = None) -> dict[str, str] | None:
+        """``headers`` with the expiry of a message published now with ``ttl_ms`` (None: none); BADARG for a
+        TTL out of range, or an expiry header set by hand that is not a deadline in ms."""
+        if ttl_ms is None:
+            if headers and EXPIRES in headers and not headers[EXPIRES].isdigit():
+                raise BadArgument(f"header {EXPIRES} is a deadline in ms on the broker's clock; give TTL ms instead")
+            return headers
+        check_ttl(ttl_ms)
+        return with_expiry(headers, expiry_deadline(await self.clock.now_ms(), ttl_ms, delay_ms, at_ms))
 
     async def publish(
         self,

@@ -46,6 +46,16 @@ class ScheduleShards:
         """The shard a queue's entry is written to now."""
         if not self.cluster:
             return 0
+        choices = self._choices(qid)
+        return choices[zlib.crc32(qid.encode()) % len(choices)]
+
+    def first_shard_of(self, qid: str) -> int:
+        """The first shard on the master that holds the queue now: one per master, for what is
+        kept once per master (the filter registry's version copies, fences/shared.py)."""
+        return self._choices(qid)[0] if self.cluster else 0
+
+    def _choices(self, qid: str) -> list[int]:
+        """The shards on the master that holds the queue (every shard when it holds none)."""
         now = time.monotonic()
         if now - self._mapped_at > REMAP_S:
             by_node: dict[str, list[int]] = {}
@@ -53,5 +63,4 @@ class ScheduleShards:
                 by_node.setdefault(self.redis.get_node_from_key(self.keys_of(shard)[0]).name, []).append(shard)
             self._by_node, self._mapped_at = by_node, now
         node = self.redis.get_node_from_key(self.keys.queue_by_id(qid).meta).name
-        choices = self._by_node.get(node) or list(range(SHARDS))
-        return choices[zlib.crc32(qid.encode()) % len(choices)]
+        return self._by_node.get(node) or list(range(SHARDS))

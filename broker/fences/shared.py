@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 import msgpack
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from fencemq.errors import BadArgument, FenceMQError
 from fencemq.fences.context import FenceContext
@@ -40,6 +40,7 @@ from fencemq.fences.publish import Publishing
 from fencemq.fences.redis_client import pipeline_then_publish
 from fencemq.fences.retained import Retained
 from fencemq.fences.schedule import Scheduling, release_dedup_id
+from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.fences.subscribe import Subscription, Subscriptions
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.messages import pack_body, unpack_delivery
@@ -47,7 +48,6 @@ from fencemq.model.topics import SHARE_PREFIX, FilterIndex, check_topic_name, ha
 
 log = logging.getLogger(__name__)
 
-NOT_READ = object()
 SUBSCRIBE_WAIT_S = 1.0  # the longest a publish waits for a SUBSCRIBE under way on its worker
 
 
@@ -74,19 +74,48 @@ class FilterRegistry:
     beside the publish fence) and copies to the new filter: no message published after
     a SUB returned misses it, whichever worker each goes through. The pub/sub
     invalidation only spares the GET's round trip from mattering (it is cheap either way).
+
+    On a Cluster the version a publish reads is a copy in the slot of a lease schedule
+    shard on its own queue's master (``version_key``; fences/schedule_shards.py), and a
+    (un)registration raises every copy before it answers: the registry's own master is on
+    no publish's path, so its failing over stalls no other master's publishes. Each copy
+    is a counter of its own; the index is known to be current for each copy at the value
+    it was last read at (``_seen``), so copies that drift apart (a registration cut short)
+    never hide a later one.
     """
 
-    def __init__(self, redis: Any, keys: Keyspace) -> None:
+    def __init__(self, redis: Any, keys: Keyspace, shards: ScheduleShards | None = None) -> None:
         self.redis = redis
         self.keys = keys
+        self.shards = shards if shards is not None else ScheduleShards(redis, keys)
         self.index = FilterIndex()
-        # The registry's version the index was read at; None is a version too (no filter
-        # was ever registered), so "not read yet" needs a value of its own.
-        self.version: bytes | None | object = NOT_READ
+        # Per version key, the value the index includes every registration before; None is a
+        # value too (no filter was ever registered): a key not in it is "not read yet".
+        self._seen: dict[str, bytes | None] = {}
+        self._reads = 0  # registry reads begun (the index installed is the latest begun of those done)
+        self._index_read = 0  # the number of the read the index came from (0: never read)
+        self._stale_upto = 0  # an index from this read or an earlier one is known stale (a change was announced)
         self._being_made: list[tuple[str, anyio.Event]] = []  # (filter, done) of SUBSCRIBEs under way here
 
     def invalidate(self) -> None:
-        self.version = NOT_READ
+        self._seen.clear()
+        self._stale_upto = self._reads
+
+    def version_key(self, topic: str) -> str:
+        """The version a publish to ``topic`` reads: the registry's own on one server; on a Cluster
+        the copy on the master of the topic's queue."""
+        if not self.shards.cluster:
+            return self.keys.filters_version
+        try:
+            return self.keys.filters_version_copy(self.shards.first_shard_of(QueueRef(topic).qid))
+        except RedisClusterException:  # the slots not known (yet): the registry's own, raised with every copy
+            return self.keys.filters_version
+
+    def _version_keys(self) -> list[str]:
+        """Every version a (un)registration raises."""
+        if not self.shards.cluster:
+            return [self.keys.filters_version]
+        return [self.keys.filters_version, *(self.keys.filters_version_copy(s) for s in self.shards.all())]
 
     @asynccontextmanager
     async def announcing(self, filters: list[str]) -> AsyncIterator[None]:
@@ -116,38 +145,45 @@ class FilterRegistry:
                 await done.wait()
         return bool(waits)
 
-    async def current_version(self) -> bytes | None:
-        return await self.redis.get(self.keys.filters_version)
-
-    async def _refresh(self, version: bytes | None) -> None:
-        if version == self.version:
+    async def _refresh(self, key: str, version: bytes | None) -> None:
+        if key in self._seen and self._seen[key] == version:
             return
-        index = FilterIndex()
-        for qid, raw in (await self.redis.hgetall(self.keys.filters)).items():
-            filt = msgpack.unpackb(raw)[0]
-            index.add(qid.decode(), filt)
-        self.index, self.version = index, version
+        self._reads += 1
+        number = self._reads
+        registry = await self.redis.hgetall(self.keys.filters)  # read after ``version`` was
+        if number > self._index_read:  # (a read begun later may have finished first: keep the later)
+            index = FilterIndex()
+            for qid, raw in registry.items():
+                filt = msgpack.unpackb(raw)[0]
+                index.add(qid.decode(), filt)
+            self.index, self._index_read = index, number
+        self._seen[key] = version  # the index installed was read after ``version``: it holds all before it
 
-    async def matching(self, topic: str, version: Any = ...) -> list[QueueRef]:
-        """The filter queues ``topic`` reaches, by the registry at ``version`` (read now if not given).
+    async def matching(self, topic: str, version: Any = ..., key: str | None = None) -> list[QueueRef]:
+        """The filter queues ``topic`` reaches, by the registry at ``version`` of ``key`` (both read
+        now if not given; ``key`` is ``version_key(topic)`` when the version was read).
 
         ``version`` may be the error its read met (the version's master failing over): the copy
         this worker holds is used then, so a publish to a healthy shard goes on — no filter can be
         registered meanwhile (registering writes the version), and the pub/sub notice of one made
-        just before still reaches this worker."""
+        just before still reaches this worker. A worker that holds no copy yet reads it again."""
+        if key is None or version is ...:
+            key = self.version_key(topic)
+            version = ...
         if isinstance(version, BaseException):
-            if self.version is NOT_READ:
-                raise version
-            _say_stale(version)
-        else:
-            await self._refresh(await self.current_version() if version is ... else version)
+            if self._index_read > self._stale_upto:
+                _say_stale(version)
+                return [queue_ref(qid) for qid in self.index.match(topic)]
+            version = ...  # nothing to fall back on: wait for the version
+        await self._refresh(key, await self.redis.get(key) if version is ... else version)
         return [queue_ref(qid) for qid in self.index.match(topic)]
 
     async def register(self, ref: QueueRef, share: str | None, client: str | None) -> None:
 
         def writes(pipe: Any) -> None:
             pipe.hsetnx(self.keys.filters, ref.qid, msgpack.packb([ref.topic, share, client]))
-            pipe.incr(self.keys.filters_version)
+            for key in self._version_keys():
+                pipe.incr(key)
 
         await pipeline_then_publish(self.redis, writes, self.keys.filters_channel, ref.qid)
         self.invalidate()
@@ -156,7 +192,8 @@ class FilterRegistry:
 
         def writes(pipe: Any) -> None:
             pipe.hdel(self.keys.filters, ref.qid)
-            pipe.incr(self.keys.filters_version)
+            for key in self._version_keys():
+                pipe.incr(key)
 
         await pipeline_then_publish(self.redis, writes, self.keys.filters_channel, ref.qid)
         self.invalidate()
@@ -173,7 +210,7 @@ class Shared:
         self.redis = ctx.redis
         self.keys = ctx.keys
         self.config = ctx.config
-        self.registry = FilterRegistry(ctx.redis, ctx.keys)
+        self.registry = FilterRegistry(ctx.redis, ctx.keys, ctx.shards)
         self.retained = Retained(ctx)
         subscriptions.on_queue_dropped = self._forget
 
@@ -248,11 +285,14 @@ class Shared:
         retain: bool = False,
         delay_ms: int | None = None,
         at_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> list[str]:
         """Publish to the topic's own queue, then copy to every matching filter. With ``delay_ms`` or
         ``at_ms``, scheduled: stored in the topic's queue, released and copied when due
-        (:meth:`release_due`)."""
+        (:meth:`release_due`). With ``ttl_ms``, it expires that long after it becomes deliverable:
+        every copy (and a retained one) carries the one deadline."""
         ref = self.check_publish(topic, payloads, lmq=lmq, qos=qos, retain=retain, delay_ms=delay_ms, at_ms=at_ms)
+        headers = await self.publishing.expiring(headers, ttl_ms, delay_ms, at_ms)
         if delay_ms is not None or at_ms is not None:
             return (await self.publishing.publish_checked(ref, payloads, None, qos=qos, dedup_ids=dedup_ids,
                                                           headers=headers, producer=producer, delay_ms=delay_ms,
@@ -355,8 +395,9 @@ class Shared:
                                                           headers=headers, producer=producer))[0]
         # The registry's version is read in the publish's round trip: a filter SUB answered
         # before this publish began has raised it already, so the copies below reach it.
+        version_key = self.registry.version_key(topic)
         ids, version = await self.publishing.publish_checked(
-            ref, payloads, self.keys.filters_version, qos=qos, dedup_ids=dedup_ids, headers=headers,
+            ref, payloads, version_key, qos=qos, dedup_ids=dedup_ids, headers=headers,
             producer=producer,
         )
         if retain:
@@ -373,7 +414,7 @@ class Shared:
         if await self.registry.after_subscribes(topic):
             refs = await self.registry.matching(topic)  # the version again: they have raised it
         else:
-            refs = await self.registry.matching(topic, version)
+            refs = await self.registry.matching(topic, version, version_key)
         if refs:
             # a copy names its source topic (the filter queue's is the filter)
             bodies = [pack_body(p, headers, qos, producer, topic) for p in payloads]

@@ -319,6 +319,13 @@ class Keyspace:
     def filters_version(self) -> str:
         return f"{self.prefix}:filters:version"
 
+    def filters_version_copy(self, shard: int) -> str:
+        """String: on a Cluster, the filter registry's version as seen from one lease schedule shard's
+        slot (fences/shared.py): every registration raises all of them, and a publish reads the one on
+        its own queue's master, so the registry's master is on no publish's path."""
+        tag = "schedule" if shard == 0 else f"schedule:{shard}"
+        return f"{self.prefix}:{{{tag}}}:filters-version"
+
     @property
     def filters_channel(self) -> str:
         return f"{self.prefix}:filters:changed"

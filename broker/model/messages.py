@@ -28,6 +28,11 @@ from dataclasses import dataclass, field
 import msgpack
 
 RESP_FORM = b"R"
+# A message's expiry (PUB … TTL, MQTT's Message Expiry Interval): its deadline in ms on Redis's clock.
+# The fences settle an expired message without delivering it (lua/lib/leases.lua, expires_at), and
+# read this header only where pack_body puts it: first among the headers.
+EXPIRES = "mqtt-expires-ms"
+MAX_TTL_MS = 4_294_967_295_000  # MQTT's longest Message Expiry Interval (2^32-1 s), for every door
 TOPIC_FIELD = b"$5\r\ntopic\r\n"  # a fragment starts so when it carries its own topic
 HEADERS_FIELD = b"$7\r\nheaders\r\n"
 PAYLOAD_FIELD = b"$7\r\npayload\r\n"
@@ -52,6 +57,8 @@ def _lead(qos: int, producer: str | None, topic: str | None) -> bytes:
 def _pack(payload: bytes | None, headers: dict[str, str] | None, qos: int, producer: str | None,
           topic: str | None) -> bytes:
     """The body; with no payload, the body up to the payload's length line."""
+    if headers and EXPIRES in headers and next(iter(headers)) != EXPIRES:
+        headers = {EXPIRES: headers[EXPIRES], **{k: v for k, v in headers.items() if k != EXPIRES}}
     bucket = zlib.crc32((producer or topic or "").encode())
     who = producer.encode() if producer else b""
     parts = [b"%d:%d:R%d:%d:" % (qos, bucket, len(headers) if headers else 0, len(who)), who]
@@ -67,6 +74,13 @@ def _pack(payload: bytes | None, headers: dict[str, str] | None, qos: int, produ
     if payload is not None:
         parts += (b"$%d\r\n" % len(payload), payload, b"\r\n")
     return b"".join(parts)
+
+
+def with_expiry(headers: dict[str, str] | None, deadline_ms: int | None) -> dict[str, str] | None:
+    """``headers`` with the expiry deadline (ms, Redis's clock) set; as they are when there is none."""
+    if deadline_ms is None:
+        return headers
+    return {EXPIRES: str(deadline_ms), **{k: v for k, v in (headers or {}).items() if k != EXPIRES}}
 
 
 def wire_form(stored: bytes) -> tuple[bytes, int, bytes, bytes] | None:

@@ -18,6 +18,7 @@ from fencemq.fences import session_index
 from fencemq.fences.retention import Policy
 from fencemq.errors import NotFound
 from fencemq.model.keys import Handle, Keyspace, QueueKeys, QueueRef
+from fencemq.ops.totals import entry_figures, entry_of
 from fencemq.ops.operations import (
     _in_s,
     _meta_or_fail,
@@ -173,6 +174,8 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         pipe.zcard(k.scheduled)
         log_len, ready, delayed, dead, journal, leased, ttl, policy, scheduled = await pipe.execute()
     seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
+    entry = entry_of(ref.qid)
+    figures = (await entry_figures(redis, keys, [entry]))[entry]
     counts = await _group_counts(redis, k, groups)
     delayed_by = await _delayed_by_group(redis, k)
     epochs = {g: _int(group.get(meta.EPOCH)) for g, group in groups.items()}
@@ -213,6 +216,9 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         "ready": int(ready),
         "delayed": int(delayed),
         "scheduled": int(scheduled),  # published for later, not in the log yet (fences/schedule.py)
+        # settled unsent because they had expired (PUB … TTL, MQTT Message Expiry), once per group that met
+        # them; the entry's (a lite topic's: all its lmqs'), from the totals (lua/lib/leases.lua)
+        "expired": figures["expired"],
         "dead_letters": int(dead),
         "push_members": [f"{g}/{m}" for g, m in decode_push_members(fields.get(meta.PUSH))],
         "groups": out_groups,

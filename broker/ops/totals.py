@@ -26,10 +26,10 @@ from fencemq.model.values import text
 from fencemq.ops.operations import PIPELINE_CHUNK, is_cluster_client, parse_meta, primaries, scan_step
 
 FIGURES = ("ready", "out", "delayed", "dead", "scheduled")  # held: they go up and down
-EVENTS = ("published", "delivered", "redelivered", "acked", "nacked", "dead_lettered", "timeouts")
+EVENTS = ("published", "delivered", "redelivered", "acked", "nacked", "dead_lettered", "timeouts", "expired")
 QUEUES = ("queues:t", "queues:l", "queues:f", "consumers", "suspected", "fenced")
 BROKER_FIELDS = FIGURES + EVENTS + QUEUES
-ENTRY_FIELDS = ("out", "delayed", "dead", "scheduled", "published", "lmqs")  # '<field>|<entry>' in the hash
+ENTRY_FIELDS = ("out", "delayed", "dead", "scheduled", "published", "expired", "lmqs")  # '<field>|<entry>' in the hash
 
 
 def entry_of(qid: str) -> str:
@@ -191,11 +191,11 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
 
 
 async def counted_entries(redis: Any, keys: Keyspace, entries: list[str]) -> dict[str, dict[str, int]]:
-    """:func:`entry_figures` without ``published`` and zero entries left out: comparable with full_count."""
+    """:func:`entry_figures` without ``published`` and ``expired`` and zero entries left out: comparable with full_count."""
     got = await entry_figures(redis, keys, entries)
     out = {}
     for e, f in got.items():
-        f = {k: v for k, v in f.items() if k != "published"}
+        f = {k: v for k, v in f.items() if k not in ("published", "expired")}  # events, not figures
         if any(f.values()):
             out[e] = f
     return out

@@ -94,7 +94,7 @@ class ClientConnection(Pipeline, asyncio.BufferedProtocol):
             self._idle_timer = loop.call_later(self.gate.idle_timeout_s, self._idle_check)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return reading.VIEW
+        return reading.buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         parser = self.parser

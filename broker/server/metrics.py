@@ -22,6 +22,7 @@ from fencemq.model.keys import Keyspace
 from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import now_ms, queue_rows, scan_queues
 from fencemq.ops.redis_health import HealthReader
+from fencemq.ops.totals import read_totals
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ LEASE_TIMEOUTS = Counter("fencemq_lease_timeouts_total", "Checkouts returned bec
 RENEWALS = Counter("fencemq_renewals_total", "Leases extended by RENEW")
 SUSPICIONS = Counter("fencemq_suspicions_total", "Consumers marked suspected after a lease expiry")
 SESSIONS_EXPIRED = Counter("fencemq_sessions_expired_total", "Sessions ended by lease expiry")
+EXPIRED = Gauge("fencemq_expired_messages", "Messages settled unsent because they had expired (PUB … TTL, MQTT "
+                "Message Expiry), once per group that met them, since the broker's Redis was new (sampled)")
 CONNECTIONS = Gauge("fencemq_connections", "Open client connections")
 # A fence is one EVALSHA: from sub-millisecond (an ACK) to tens of ms (a large MPUB on a loaded Redis).
 FENCE_SECONDS = Histogram("fencemq_fence_seconds", "Time of one fence call (EVALSHA round trip)", ["fence"],
@@ -163,6 +166,7 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
     topics = sorted(by_topic.items(), key=lambda kv: kv[1][0], reverse=True)[:max_topics]
     lmqs = sorted(lmqs, reverse=True)[:top_lmqs]
     SESSIONS.set(sessions)
+    EXPIRED.set((await read_totals(redis, keys))["expired"])
     SAMPLED_QUEUES.set(len(rows))
     for gauge in (BACKLOG, OLDEST_UNACKED):
         gauge.clear()

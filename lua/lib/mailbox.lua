@@ -110,6 +110,7 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
   local due_text = int_str(now + lock)  -- every lease started here ends then: made once
   local leased = {}  -- ZADD arguments: deadline, tag, ...
   local skipped, topped_up, at_end = false, false, false
+  local expired_ids = {}
   -- Entries are popped, looked up and leased a chunk at a time (one LPOP, HMGET, ZMSCORE
   -- and ZADD per chunk, not per entry); each is judged as it was one by one.
   while #out < count and not at_end do
@@ -165,19 +166,25 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
         local current = tonumber(p[4]) >= ep and (qos0 or held[tag])
         -- a leased entry past its deadline is the sweep's to take back, not the member's
         if current and not qos0 and dues[tag] and tonumber(dues[tag]) <= now then current = false end
-        if current then
+        local body = current and string.sub(entry, #p[1] + #p[2] + #p[3] + #p[4] + 5)
+        if current and expired(body, now) then
+          -- expired while it waited in the mailbox: settled without delivery, and counted
+          if not qos0 then take_checkout(K, tag) end
+          expired_ids[#expired_ids + 1] = tonumber(p[2])
+          skipped = true
+        elseif current then
           if not qos0 then
             leased[#leased + 1] = due_text
             leased[#leased + 1] = tag
           end
-          local header = #p[1] + #p[2] + #p[3] + #p[4] + 4
-          out[#out + 1] = {tag, tonumber(p[2]), tonumber(p[3]), string.sub(entry, header + 1)}
+          out[#out + 1] = {tag, tonumber(p[2]), tonumber(p[3]), body}
         else
           skipped = true
         end
       end
     end
   end
+  count_expired(K, g, expired_ids, now)
   if #leased > 0 then
     deadline = now + lock
     redis.call('ZADD', K.deadlines, unpack(leased))

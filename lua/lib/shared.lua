@@ -2,24 +2,6 @@
 -- a shared group goes to exactly one of its members, by the group's strategy.
 --@include lib/mailbox.lua
 
--- The id of the message this group would check out next (ready first, then
--- the cursor), and its stored entry; nil when there is none.
-local function peek_next(K, g)
-  local r = redis.call('ZRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1', 'LIMIT', 0, 1)
-  if r[1] then
-    local id = tonumber(split(r[1], SEP)[2])
-    return id, redis.call('HGET', K.log, id)
-  end
-  local f = redis.call('HMGET', K.meta, gf(g, CURSOR), 'seq', 'first')
-  local cur, last = math.max(tonumber(f[1] or '1'), tonumber(f[3] or '1')), tonumber(f[2] or '0')
-  while cur <= last do
-    local body = redis.call('HGET', K.log, cur)
-    if body then return cur, body end
-    cur = cur + 1
-  end
-  return nil
-end
-
 -- Who gets each of the next messages under round-robin or sticky, known before
 -- they are read: a list of members (one per message) and, for round-robin, the
 -- pointer after each pick. Sticky may switch the group's member first.
@@ -123,13 +105,16 @@ local function dispatch_group(K, g, boxes, now, default_lock)
 
   if strategy == 'hash' then
     while true do
-      local id, body = peek_next(K, g)
-      if not id then break end
-      local bucket = tonumber(string.match(body, '^%d+:%d:(%d+):') or '0')
-      local pick = members[(bucket % n) + 1]
-      if state[pick].room <= 0 then break end
+      -- taken first (an expired message on the way is settled by take_next), then given
+      -- back when its bucket's member has no room
       local taken = take_next(K, g, 1, now)
       if #taken == 0 then break end
+      local bucket = tonumber(string.match(taken[1][4], '^%d+:%d:(%d+):') or '0')
+      local pick = members[(bucket % n) + 1]
+      if state[pick].room <= 0 then
+        put_back(K, g, taken, 1)
+        break
+      end
       hand_out(pick, taken)
     end
   else

@@ -15,7 +15,8 @@
 -- broker-wide, and per entry (ready in K.backlogs; the others as
 -- '<figure>|<entry>' fields, deleted at 0). Events (tally, broker-wide):
 -- published (and 'published|<entry>'), delivered, redelivered, acked,
--- nacked, dead_lettered, timeouts. Queues: 'queues:t', 'queues:l',
+-- nacked, dead_lettered, timeouts, expired (and 'expired|<entry>': messages a
+-- group met expired and settled unsent, lib/leases.lua). Queues: 'queues:t', 'queues:l',
 -- 'queues:f' (an lmq set to be reclaimed is not counted), 'lmqs|<entry>',
 -- 'consumers' (members of every group), and of them 'suspected' and
 -- 'fenced' (carrying an eviction marker).
@@ -122,6 +123,6 @@ local function count_dropped(K)
   for _, what in ipairs({OUT, DELAYED, DEAD, SCHEDULED}) do
     add_total(K, what, -tonumber(redis.call('HGET', K.totals, what .. '|' .. e) or '0'))
   end
-  redis.call('HDEL', K.totals, 'published|' .. e)
+  redis.call('HDEL', K.totals, 'published|' .. e, 'expired|' .. e)
   count_queue(K, -1)
 end

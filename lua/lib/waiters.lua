@@ -45,24 +45,6 @@ local function handed_since(K, g, m, since)
   return out
 end
 
--- Undo take_next for taken[from..]: returned messages back to the ready set
--- (as they were), new ones (the tail: one acquisition) back under the cursor.
-local function put_back(K, g, taken, from)
-  local back_to = nil
-  for i = from, #taken do
-    local t = taken[i]
-    if t[3] == 1 then
-      if not back_to or t[2] < back_to then back_to = t[2] end
-    else
-      add_total(K, READY, redis.call('ZADD', K.ready, 0, ready_member(g, t[2], t[3] - 1, t[5])))
-    end
-  end
-  if back_to then
-    add_total(K, READY, tonumber(redis.call('HGET', K.meta, gf(g, CURSOR))) - back_to)
-    redis.call('HSET', K.meta, gf(g, CURSOR), back_to)
-  end
-end
-
 -- Has some group of the queue something it could take now (a message past
 -- its cursor, or one returned to it)? Then waiters not handed to should look.
 local function anything_left(K, seq)

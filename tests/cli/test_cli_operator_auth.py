@@ -72,9 +72,10 @@ READS = {
     "status": [], "queues": [], "lmqs": [], "top": ["--iterations", "1"], "snapshot": ["--out", "{tmp}/snap"],
     "inspect queue": ["payments"], "inspect group": ["payments", "g"], "inspect member": ["payments", "g", "m"],
     "inspect session": ["alice"], "dlq list": ["payments"], "user list": [], "retention list": [],
+    "scheduled list": ["payments"],
 }
 WRITES = {"evict", "sweep", "seek", "purge", "dlq replay", "user add", "user passwd", "user del", "user grant",
-          "user revoke", "retention set", "retention clear"}
+          "user revoke", "retention set", "retention clear", "scheduled cancel"}
 NOT_THE_OPERATOR_LAYER = {"serve", "demo", "dashboard"}  # a worker, a tour, the UI (its own login)
 
 
@@ -113,3 +114,17 @@ def test_every_read_command_is_gated_alike_once_an_administrator_exists(
     as_user(monkeypatch, "root", "root password")
     allowed = fencemq(*args)
     assert allowed.exit_code in (0, 1), allowed.output  # 1: no such group, member or session (it was let in)
+
+
+def test_listing_scheduled_messages_needs_inspect_and_cancelling_them_needs_purge_on_their_topic(
+        url: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    invoke("user", "add", "root", "--password-stdin", "--grant", "all:#", *url, input="root password\n")
+    as_user(monkeypatch, "root", "root password")
+    assert invoke("user", "add", "viewer", "--password-stdin", "--grant", "inspect:#", *url,
+                  input="viewer password\n").exit_code == 0
+    as_user(monkeypatch, "viewer", "viewer password")
+    assert invoke("scheduled", "list", "payments", *url).exit_code == 0
+    refused = invoke("scheduled", "cancel", "payments", "s1", *url)
+    assert refused.exit_code == 4 and "purge" in refused.output, refused.output
+    as_user(monkeypatch, "root", "root password")
+    assert invoke("scheduled", "cancel", "payments", "s1", *url).exit_code == 1  # let in: none waited

@@ -21,6 +21,7 @@ from fencemq.model.keys import Keyspace, QueueRef
 from tests.helpers import direct
 from tests.helpers import (
     RespConn,
+    in_cluster_mode,
     as_map,
     client,
     deliveries,
@@ -342,7 +343,8 @@ def test_the_last_member_leaving_deletes_the_groups_queue_and_its_registry_entry
     assert list(r.scan_iter(match="fmq:{f:$share*")), "the group went while a member was left"
     assert text(b.call("QUIT")) == "OK"  # ends b's session at once
     wait_for(lambda: not list(r.scan_iter(match="fmq:{f:$share*")), timeout=3, what="the group's keys to be deleted")
-    assert not r.hexists(KEYS.filters, qid)
+    # (the registry entry goes right after the keys: with the version and, on a Cluster, every copy of it)
+    wait_for(lambda: not r.hexists(KEYS.filters, qid), timeout=3, what="the group's registry entry to be deleted")
     p.execute_command("PUB", "l/x", "later")  # nobody matches any more: nothing is recreated
     assert list(r.scan_iter(match="fmq:{f:$share*")) == []
     c = client(w.port, 2, "c")
@@ -479,3 +481,68 @@ def test_a_worker_reads_the_filter_registry_once_while_no_filter_was_ever_regist
     own = sub(c, "plain/+")  # the registry changes: the next publish reads it again
     p.execute_command("PUB", "plain/x", "after")
     assert payloads_of(take_all(c, own)) == ["after"]
+
+
+def _masters_and_copies(r: redis.RedisCluster) -> dict[str, str]:
+    """On a Cluster: each master's name -> the filter version copy a publish to its queues reads
+    (the first lease schedule shard on that master: fences/schedule_shards.py)."""
+    copies: dict[str, str] = {}
+    for shard in range(16):
+        node = r.get_node_from_key(KEYS.schedule_shard(shard)[0]).name
+        copies.setdefault(node, KEYS.filters_version_copy(shard))
+    return copies
+
+
+def _topic_on(r: redis.RedisCluster, master: str, prefix: str) -> str:
+    return next(t for t in (f"{prefix}/{i}" for i in range(1000))
+                if r.get_node_from_key(KEYS.queue(QueueRef(t)).meta).name == master)
+
+
+def test_on_a_cluster_a_publish_asks_nothing_of_the_filter_registrys_master(w, redis_url):
+    """A master failing over stalls only the queues it holds: a publish reads the registry's
+    version from a copy on its own queue's master (every registration raises them all), so the
+    registry's master is on no other master's publish path."""
+    if not in_cluster_mode():
+        pytest.skip("a Cluster's masters: make test-cluster")
+    r = redis.RedisCluster.from_url(redis_url)
+    registry = {r.get_node_from_key(KEYS.filters_version).name, r.get_node_from_key(KEYS.filters).name}
+    elsewhere = next(m for m in _masters_and_copies(r) if m not in registry)
+    topic = _topic_on(r, elsewhere, "far")
+    c, p = client(w.port, 2, "c"), client(w.port, 2, "pub")
+    own = sub(c, "far/+")  # a filter the publishes must be copied to
+    p.execute_command("PUB", topic, "warm")
+    nodes = [redis.Redis.from_url(f"redis://{name}") for name in registry]
+    for node in nodes:
+        node.config_resetstat()
+    for i in range(20):
+        p.execute_command("PUB", topic, f"m{i}")
+    # (the registry itself is read again once after a change: the SUB's notice may come late)
+    asked = sum(node.info("commandstats").get("cmdstat_get", {}).get("calls", 0) for node in nodes)
+    assert asked == 0, f"20 publishes to a queue on {elsewhere} read the version {asked} times on the registry's master"
+    assert payloads_of(take_all(c, own)) == ["warm", *[f"m{i}" for i in range(20)]]
+
+
+def test_on_a_cluster_a_filter_reaches_publishes_through_every_master_even_when_the_version_copies_differ(
+        w, redis_url):
+    """Each copy of the registry's version is a counter of its own (a registration cut short leaves
+    them apart): a worker that knew one copy at a value another copy reaches only with a later
+    registration still sees that registration, even when the registration's notice is late."""
+    if not in_cluster_mode():
+        pytest.skip("a Cluster's masters: make test-cluster")
+    r = redis.RedisCluster.from_url(redis_url)
+    copies = _masters_and_copies(r)
+    assert len(copies) >= 2, copies
+    topics = {master: _topic_on(r, master, "apart") for master in copies}
+    for n, key in enumerate(copies.values()):
+        r.set(key, 10 - n)  # the first copy one ahead of the second, and so on
+    p = client(w.port, 2, "pub")
+    w.worker.services.core.shared.registry.invalidate = lambda: None  # the notice comes late: not before these
+    ordered = list(topics.values())
+    for topic in reversed(ordered):
+        p.execute_command("PUB", topic, "before")  # the worker has read every copy, the first last
+    with worker(redis_url) as other:
+        c = client(other.port, 2, "c")
+        own = sub(c, "apart/#")  # every copy one up: the second now reads what the first read before
+        for topic in ordered[1:] + ordered[:1]:  # the second copy first: it reads the value the first had
+            p.execute_command("PUB", topic, f"after {topic}")
+        assert sorted(payloads_of(take_all(c, own))) == sorted(f"after {t}" for t in topics.values())

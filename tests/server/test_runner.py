@@ -52,3 +52,34 @@ def test_a_worker_serves_publish_pull_and_ack_on_either_loop(redis_url, loop):
         assert [d["payload"] for d in got] == ["a", "b", "c"]
         assert c.execute_command("ACK", h, *[d["tag"] for d in got]) == 3
         c.close()
+
+
+
+def test_two_workers_in_one_process_never_read_into_each_others_buffer(redis_url):
+    # Workers read every connection into one buffer per event loop (fencemq.server.reading). Two
+    # workers on two threads of one process (the tests, an embedding application) read at the same
+    # time: a buffer shared between them would hand one client's bytes to the other's parser.
+    import os
+    import threading
+
+    failures: list[str] = []
+
+    def echo_many(port: int, seed: int) -> None:
+        try:
+            c = client(port, 2, timeout=10.0)
+            for i in range(400):
+                payload = os.urandom(1000 + (seed * 7919 + i * 104729) % 60000)
+                if c.execute_command("ECHO", payload) != payload:
+                    failures.append(f"client {seed}: echo {i} of {len(payload)} bytes came back changed")
+                    return
+            c.close()
+        except Exception as exc:  # surfaced below
+            failures.append(f"client {seed}: {exc!r}")
+
+    with WorkerThread(Config(redis_url=redis_url, port=0)) as a, WorkerThread(Config(redis_url=redis_url, port=0)) as b:
+        threads = [threading.Thread(target=echo_many, args=(w.port, n)) for n, w in enumerate([a, b] * 4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert failures == []

@@ -9,7 +9,8 @@ publisher set (any name not starting with ``mqtt-``) reach MQTT 5 clients as use
 * ``mqtt-retain: 1``: published with RETAIN (Retain As Published gives the flag back)
 * ``mqtt-retained: subscribe``: a retained message sent because of a SUBSCRIBE (RETAIN 1 on the wire)
 * ``mqtt-expires-ms``: the message expiry, as a deadline on Redis's clock (ms), so the interval
-  counts down while stored and a retained copy expires when the original would
+  counts down while stored and a retained copy expires when the original would; the same header
+  a RESP ``PUB … TTL`` writes, and the one the fences read (model/messages.py ``EXPIRES``)
 * ``mqtt-format``, ``mqtt-content-type``, ``mqtt-response-topic``, ``mqtt-correlation`` (base64),
   ``mqtt-user`` (JSON list of pairs: order and repeated names kept, MQTT-3.3.2-17/18)
 """
@@ -19,14 +20,14 @@ from __future__ import annotations
 import base64
 import json
 
-from fencemq.model.messages import _read_fragment, pack_body
+from fencemq.fences.publish import expiry_deadline
+from fencemq.model.messages import EXPIRES, _read_fragment, pack_body
 from fencemq.protocol.mqtt.properties import NO_PROPERTIES, Properties
 
 PREFIX = "mqtt-"
 QOS = "mqtt-qos"
 RETAIN = "mqtt-retain"
 RETAINED = "mqtt-retained"
-EXPIRES = "mqtt-expires-ms"
 FORMAT = "mqtt-format"
 CONTENT_TYPE = "mqtt-content-type"
 RESPONSE_TOPIC = "mqtt-response-topic"
@@ -42,7 +43,8 @@ def headers_of(qos: int, retain: bool, props: Properties, now_ms: int) -> dict[s
     if retain:
         h[RETAIN] = "1"
     if props.message_expiry_interval is not None:
-        h[EXPIRES] = str(now_ms + props.message_expiry_interval * 1000)
+        # the one expiry rule of every door (fences/publish.py), as PUB … TTL: the fences settle it unsent
+        h[EXPIRES] = str(expiry_deadline(now_ms, props.message_expiry_interval * 1000))
     if props.payload_format_indicator is not None:
         h[FORMAT] = str(props.payload_format_indicator)
     if props.content_type is not None:

@@ -47,7 +47,7 @@ class MqttWire(asyncio.BufferedProtocol):
         self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return reading.VIEW
+        return reading.buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         self.received(reading.received(nbytes))
@@ -272,7 +272,7 @@ class Refusal(asyncio.BufferedProtocol):
         self.timer = asyncio.get_running_loop().call_later(self.wait_s, transport.abort)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return reading.VIEW
+        return reading.buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         machine, transport = self.machine, self.transport
