@@ -12,7 +12,8 @@ used less CPU than the wall time was not the bottleneck).
   machine's binary (with ``--machine-mosquitto`` the one on 127.0.0.1:1883 as well, a shared
   service whose RSS is a high-water mark of what it served before): bytes per idle connection.
   The rate they connected at (64 handshakes in flight per crowd process) is the connect rate,
-  with the worker's CPU per connect; 1,000 one after another (the issue's loop) is reported too.
+  with the worker's CPU per connect; 1,000 one after another (the issue's loop) is reported too,
+  once the worker is quiet again (the crowd's sessions ended).
 * **PING beside idle clients**: an active client's PING (RESP) or PINGREQ (MQTT, Mosquitto)
   round trips, percentiles, with no other client and beside the idle ones.
 * **Reconnect storm**: ``--storm`` MQTT clients with sessions that outlive their connection
@@ -153,6 +154,17 @@ def _rate(result: dict[str, Any], n: int) -> dict[str, Any]:
             "handshake_ms": percentiles_ms(result["latencies_ns"]), "crowd_cpu_s": result["crowd_cpu_s"]}
 
 
+def wait_quiet(pid: int, timeout: float = 60.0) -> float:
+    """Until ``pid`` uses under a tenth of a core over half a second (or ``timeout``): seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        cpu0 = proc_cpu_s(pid)
+        time.sleep(0.5)
+        if proc_cpu_s(pid) - cpu0 < 0.05:
+            break
+    return round(time.perf_counter() - t0, 1)
+
+
 def idle(kind: str, port: int, pid: int, n: int, processes: int, *, ping: Any, prefix: str) -> dict[str, Any]:
     """Bytes of ``pid`` per idle connection of ``kind`` at ``port``; the connect rate; PING beside them."""
     # a few first, so that code paths are warm; not more: the memory they leave behind (free lists,
@@ -172,11 +184,14 @@ def idle(kind: str, port: int, pid: int, n: int, processes: int, *, ping: Any, p
         after = rss(pid)
         beside = ping(port)
         crowd.run("close")
+    quiet_s = wait_quiet(pid)  # the crowd's sessions ended: not measured as the one-by-one connects' time
     with Crowd(kind, 1000, [port], prefix=f"{prefix}seq", processes=1, window=1) as one_by_one:
         sequential = _rate(one_by_one.run("connect"), 1000)
         one_by_one.run("close")
     held = connected["outcome"].get("accepted", 0)
-    return {"connect": connected, "sequential": {k: sequential[k] for k in ("per_s", "seconds", "outcome")},
+    return {"connect": connected, "sequential": {**{k: sequential[k] for k in ("per_s", "seconds", "outcome")},
+                                                 "handshake_ms": sequential["handshake_ms"],
+                                                 "after_quiet_s": quiet_s},
             "rss_before_mb": round(before / KB / KB, 1), "rss_after_mb": round(after / KB / KB, 1),
             "kb_per_connection": round((after - before) / KB / max(1, held), 2),
             "ping_ms_alone": alone, "ping_ms_beside_idle": beside, "loadavg": load}
@@ -245,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
                            "loadavg_at_start": os.getloadavg(), "cpus": os.cpu_count()}
     t_start = time.perf_counter()
     biggest = max(opts.idle, opts.storm, opts.crowd) + 1000
-    # A process may not open more files than its hard limit, and only root (CAP_SYS_RESOURCE) may raise
+    # A process may not open more files than its hard limit, and only one with CAP_SYS_RESOURCE may raise
     # it: what one worker (or Mosquitto) can hold here may be fewer than asked for.
     allow_open_files(biggest + 2000)
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

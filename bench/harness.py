@@ -23,7 +23,8 @@ class WorkerProcess:
     """bench.serve_worker in a subprocess; SIGTERM drains it.
 
     With ``mqtt`` it serves MQTT too (``mqtt_port``); with ``open_files`` it starts with that
-    many descriptors allowed, soft and hard (raising the hard limit takes root)."""
+    many descriptors allowed, soft and hard (raising the hard limit takes CAP_SYS_RESOURCE,
+    which root in a container may lack)."""
 
     def __init__(self, redis_url: str, profile: str | None = None, trace: str | None = None,
                  extra: list[str] | None = None, *, mqtt: bool = False, open_files: int | None = None,
@@ -56,7 +57,7 @@ class WorkerProcess:
 
 
 def allow_open_files(n: int) -> bool:
-    """Let this process open ``n`` files, soft and hard limit (only root may raise the hard one);
+    """Let this process open ``n`` files, soft and hard limit (raising the hard one takes CAP_SYS_RESOURCE);
     whether it could."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= n and hard >= n:
