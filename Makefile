@@ -69,9 +69,11 @@ test-long: $(VENV)/.test
 test-fuzz: $(VENV)/.test
 	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-350} $(PY) -m pytest tests/fuzz -q $(PYTEST_ARGS)
 
-# The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot).
+# The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot); the reference
+# model's sequences at make test's count (test-stateful runs its 300 on one server).
 test-cluster: $(VENV)/.test
-	$(PY) -m pytest tests/fences --redis-cluster -q $(PYTEST_ARGS)
+	FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-30} $(PY) -m pytest tests/fences --redis-cluster -q -rf \
+	    --durations=15 $(PYTEST_ARGS)
 
 # Redis failing over under load (tests/failover, ~5 min): a primary + 2 replicas + 3 Sentinels and a
 # 3-master Cluster with 2 replicas each, masters killed, one host crash (a replica held behind with
