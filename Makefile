@@ -57,9 +57,11 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check broker cli spark bench tests
 
 # The RESP fuzzer sends 6,000 frames here; `make test-fuzz` (run by .ci/run) sends its full 21,000. The fences
-# meet the reference model in 100 sequences per primary here; `make test-stateful` runs its full 300.
+# meet the reference model in 30 sequences per primary here, and lmq compaction is held to the uncompacted
+# layout in 60; `make test-stateful` runs the full 300 of each.
 test: lint
-	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-100} FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-100} \
+	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-100} FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-30} \
+	FENCEMQ_COMPACTION_EXAMPLES=$${FENCEMQ_COMPACTION_EXAMPLES:-60} \
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
 # The tests marked long (make test skips them, saying so): more Spark jobs over the same analytics.
@@ -82,11 +84,12 @@ test-cluster: $(VENV)/.test
 test-failover: $(VENV)/.test
 	FENCEMQ_TEST_FAILOVER=1 $(PY) -m pytest tests/failover -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
-# The model-based test of all five guarantees, 1,000 sequences (make test runs 30), and the fences against
-# the reference model, 300 sequences per primary (make test runs 100).
+# The model-based test of all five guarantees, 1,000 sequences (make test runs 30), the fences against
+# the reference model, 300 sequences per primary (make test runs 30), and lmq compaction against the
+# uncompacted layout, 300 (make test runs 60).
 test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful \
-	    tests/fences/test_reference_model.py -q $(PYTEST_ARGS)
+	    tests/fences/test_reference_model.py tests/fences/test_lmq_at_rest.py -q $(PYTEST_ARGS)
 
 # Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples)
 # and an MQTT worker killed at every step of the QoS 1 and QoS 2 flows (make test kills it at 3 of the 18).

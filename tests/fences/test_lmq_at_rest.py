@@ -11,6 +11,7 @@ same state at every step, so the compact form can never change behaviour.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from tests.helpers import direct_async
@@ -242,7 +243,9 @@ def step(b: TwoBrokers, op: tuple[Any, ...]) -> None:
     assert b.state("c") == b.state("p"), f"after {op}"
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# 300 examples (make test-stateful); make test runs FENCEMQ_COMPACTION_EXAMPLES of them
+@settings(max_examples=int(os.environ.get("FENCEMQ_COMPACTION_EXAMPLES", "300")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=30), on_preempt=st.sampled_from(["keep", "earliest", "latest"]))
 @example(ops=[("pub", 1), ("pull", ("A", "default"), 1), ("expire",)], on_preempt="keep")  # suspicion stamps
 @example(ops=[("pub", 1), ("pull", ("A", "default"), 1), ("ack", ("A", "default")), ("pub", 1)],

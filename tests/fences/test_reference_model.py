@@ -637,8 +637,8 @@ class FenceMachine(RuleBasedStateMachine):
         self.h.check()
 
 
-# `make test` runs FENCEMQ_MODEL_EXAMPLES sequences per primary (100); `make test-stateful` (after it in
-# .ci/run) and `make test-cluster` run the full 300.
+# `make test` and `make test-cluster` (on a Cluster) run FENCEMQ_MODEL_EXAMPLES sequences per primary (30);
+# `make test-stateful` (after them in .ci/run) runs the full 300.
 EXAMPLES = int(os.environ.get("FENCEMQ_MODEL_EXAMPLES", "300"))
 MACHINE_SETTINGS = settings(
     max_examples=EXAMPLES,

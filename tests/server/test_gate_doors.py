@@ -745,8 +745,10 @@ def test_every_rule_names_every_door_with_a_check_or_the_reason_it_does_not_appl
             assert callable(check) or (isinstance(check, str) and check), (says, door)
 
 
-CASES = [pytest.param(name, door, id=f"{name}-{door}") for name, rule in RULES.items() for door in DOORS
-         if callable(rule.doors[door])]
+# make test asks RESP and MQTT 5.0 every rule; MQTT 3.1.1, WebSockets and the UI ask them in make test-long
+LATER_DOORS = ("mqtt-3.1.1", "mqtt-ws", "ui")
+CASES = [pytest.param(name, door, id=f"{name}-{door}", marks=[pytest.mark.long] if door in LATER_DOORS else [])
+         for name, rule in RULES.items() for door in DOORS if callable(rule.doors[door])]
 
 
 @pytest.mark.parametrize(("name", "door"), CASES)

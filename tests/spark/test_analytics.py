@@ -497,6 +497,7 @@ def cli() -> typer.Typer:
     return app
 
 
+@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
 def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir: Path, tmp_path: Path) -> None:
     seeded = tmp_path / "seeded"
     expected = seed_violations(snapshot_dir, seeded)
@@ -563,6 +564,7 @@ def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analy
     assert len(list((snapshot_dir / "journal.parquet").iterdir())) == 8
 
 
+@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
 def test_a_small_snapshot_gives_the_same_tables_with_the_settings_for_small_inputs_as_without(
         spark, analysis, snapshot_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The settings for small inputs (one partition, no adaptive plans, no generated code) are an
@@ -647,6 +649,7 @@ def test_lite_churn_without_a_journal_is_in_the_report_and_the_audit_says_what_i
     assert "preemptions 4, evictions 1 (3 lmqs churned)" in human.stdout
 
 
+@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
 def test_an_evicted_client_holding_a_checkout_fails_the_state_audit(cli: typer.Typer, snapshot_dir: Path,
                                                                    tmp_path: Path) -> None:
     seeded = tmp_path / "seeded"
