@@ -119,8 +119,9 @@ def test_masters_die_under_load_and_come_back_as_replicas(durability: str) -> No
     for promotion, outage, others in outages:
         assert outage is None or outage <= promotion + 2.0, figures_out
         # a shard failing over stalls only the queues it holds (the others pause while the
-        # workers' Cluster clients look the topology up again: about a second at most)
-        assert others <= 1.5, figures_out
+        # workers' Cluster clients look the topology up again: 0.7-1.3 s measured, 1.7 s on a
+        # machine at load 4; a stall of every queue lasts the whole promotion and detection)
+        assert others <= 2.0, figures_out
     if "replicas" in durability:
         assert figures.acknowledged_lost() == [], figures_out
         assert figures.ids_reused() == [], figures_out
