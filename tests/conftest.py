@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from fencemq.server.embedded import EmbeddedRedis, start_cluster
+from tests import helpers
 
 # Spark's Python workers must run the venv's interpreter, not whatever `python3` is on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -118,6 +119,14 @@ def redis_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedRedis]:
 def redis_url(redis_server) -> str:
     """URL of the session server with an empty keyspace."""
     return _flushed_url(redis_server)
+
+
+@pytest.fixture
+def direct(redis_url: str) -> Iterator[redis.Redis]:
+    """redis-py straight on the session server (not through a worker), closed after the test."""
+    r = helpers.direct(redis_url)
+    yield r
+    r.close()
 
 
 @pytest.fixture

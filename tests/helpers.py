@@ -66,6 +66,16 @@ def worker(redis_url: str, **settings: Any) -> WorkerThread:
     return WorkerThread(Config(redis_url=redis_url, port=0, **settings))
 
 
+
+def subscribed(c: redis.Redis, topic: str, *args: object) -> str:
+    """SUB through a worker (``client``): the handle."""
+    return as_map(c.execute_command("SUB", topic, *args))["handle"]
+
+
+def pulled(c: redis.Redis, handle: str, n: int = 100) -> list[dict[str, Any]]:
+    """PULL … COUNT n through a worker: the deliveries."""
+    return deliveries(c.execute_command("PULL", handle, "COUNT", n))
+
 def client(port: int, proto: int = 2, name: str | None = None, *, password: str | None = None,
            timeout: float = 10.0) -> redis.Redis:
     """redis-py on a worker, replies left raw; ``name`` binds a session (HELLO proto SETNAME name)."""

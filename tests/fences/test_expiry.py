@@ -19,25 +19,10 @@ from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.model.messages import EXPIRES, pack_body, unpack_delivery
 from fencemq.ops import totals
 from tests import helpers
-from tests.helpers import as_map, client, deliveries, error_code, worker
+from tests.helpers import pulled as pull, subscribed as sub, as_map, client, error_code, worker
 from tests.server.mqtt.clients import Client
 
 KEYS = Keyspace()
-
-
-@pytest.fixture
-def direct(redis_url):
-    r = helpers.direct(redis_url)
-    yield r
-    r.close()
-
-
-def sub(c: redis.Redis, topic: str, *args: object) -> str:
-    return as_map(c.execute_command("SUB", topic, *args))["handle"]
-
-
-def pull(c: redis.Redis, handle: str, n: int = 100) -> list[dict]:
-    return deliveries(c.execute_command("PULL", handle, "COUNT", n))
 
 
 def redis_ms(direct: redis.Redis) -> int:

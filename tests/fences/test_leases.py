@@ -35,13 +35,6 @@ def w(redis_url):
         yield started
 
 
-@pytest.fixture
-def direct(redis_url):
-    r = helpers.direct(redis_url)
-    yield r
-    r.close()
-
-
 def join(c, *args) -> str:
     """SUB orders …; the handle."""
     return as_map(c.execute_command("SUB", "orders", *args))["handle"]

@@ -8,34 +8,17 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import redis
 
 from fencemq.model.keys import Keyspace, QueueRef
-from tests import helpers
-from tests.helpers import as_map, client, deliveries, worker
+from tests.helpers import pulled as pull, subscribed as sub, client, worker
 
 KEYS = Keyspace()
-
-
-@pytest.fixture
-def direct(redis_url):
-    r = helpers.direct(redis_url)
-    yield r
-    r.close()
 
 
 def kept(direct: redis.Redis, topic: str, lmq: str | None = None) -> list[int]:
     """The ids the queue's log holds, in order."""
     return sorted(int(i) for i in direct.hkeys(KEYS.queue(QueueRef(topic, lmq)).log))
-
-
-def sub(c: redis.Redis, topic: str, *args: object) -> str:
-    return as_map(c.execute_command("SUB", topic, *args))["handle"]
-
-
-def pull(c: redis.Redis, handle: str, n: int = 100) -> list[dict]:
-    return deliveries(c.execute_command("PULL", handle, "COUNT", n))
 
 
 def ack(c: redis.Redis, handle: str, got: list[dict]) -> int:

@@ -14,24 +14,9 @@ import redis
 
 from fencemq.model.keys import Keyspace, QueueRef
 from tests import helpers
-from tests.helpers import as_map, client, deliveries, error_code, wait_for, worker
+from tests.helpers import pulled as pull, subscribed as sub, as_map, client, error_code, wait_for, worker
 
 KEYS = Keyspace()
-
-
-@pytest.fixture
-def direct(redis_url):
-    r = helpers.direct(redis_url)
-    yield r
-    r.close()
-
-
-def sub(c: redis.Redis, topic: str, *args: object) -> str:
-    return as_map(c.execute_command("SUB", topic, *args))["handle"]
-
-
-def pull(c: redis.Redis, handle: str, n: int = 100) -> list[dict]:
-    return deliveries(c.execute_command("PULL", handle, "COUNT", n))
 
 
 def pull_until(c: redis.Redis, handle: str, n: int = 1, timeout: float = 5.0) -> list[dict]:
