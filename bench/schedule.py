@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,8 @@ from typing import Any
 import redis
 
 from bench.harness import machine_info
-from bench.stats import RedisMeter
+from bench.stats import FENCE_METRICS as METRICS, RedisMeter, interleaved_runs
+from bench.stats import fence_summary as summary
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import connect
@@ -42,7 +42,6 @@ GOAL_RATIO = 1.5
 BATCH = 1000
 HOUR_MS = 3_600_000
 PAYLOAD = b"x" * 128
-METRICS = ("wall_us", "evalsha_us", "redis_cpu_us")
 
 
 class Scheduled:
@@ -85,15 +84,6 @@ class Scheduled:
         return {"wall_us": wall * 1e6, "evalsha_us": stats["evalsha_usec"], "redis_cpu_us": stats["cpu_us"]}
 
 
-def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for m in METRICS:
-        out["median_" + m] = statistics.median(r[m] for r in runs)
-        out["min_" + m] = min(r[m] for r in runs)
-    out["runs"] = runs
-    return out
-
-
 async def bench(url: str, sizes: list[int], due: int, repeat: int, seed: int) -> dict[str, Any]:
     r = connect(url)
     admin = redis.Redis.from_url(url)
@@ -108,12 +98,7 @@ async def bench(url: str, sizes: list[int], due: int, repeat: int, seed: int) ->
         for q in queues:
             built[q.size] = await q.build(admin)
             print(f"{q.size:>9,} scheduled: {built[q.size]}", flush=True)
-        for q in queues:  # warm-up
-            await q.measure(admin, meter, due, rng)
-        runs: dict[int, list[dict[str, Any]]] = {q.size: [] for q in queues}
-        for _ in range(repeat):
-            for q in queues:
-                runs[q.size].append(await q.measure(admin, meter, due, rng))
+        runs = await interleaved_runs(queues, lambda q: q.measure(admin, meter, due, rng), repeat)
         return {"built": built, "runs": runs}
     finally:
         await r.aclose()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 import redis
 
@@ -100,3 +100,29 @@ def run_and_write(name: str, main_async: Any, args: Any) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+# What a fence-cost bench (sweep_cost, schedule) measures of one call, and its summary per size.
+FENCE_METRICS = ("wall_us", "evalsha_us", "redis_cpu_us")
+
+
+def fence_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in FENCE_METRICS:
+        out["median_" + m] = statistics.median(r[m] for r in runs)
+        out["min_" + m] = min(r[m] for r in runs)
+    out["runs"] = runs
+    return out
+
+
+async def interleaved_runs(items: list[Any], measure: Callable[[Any], Awaitable[dict[str, Any]]],
+                           repeat: int) -> dict[int, list[dict[str, Any]]]:
+    """A warm-up call per item (script cache, first-touch effects), then ``repeat`` rounds that measure
+    each item in turn, so the machine's drift touches every size alike; runs by ``item.size``."""
+    for item in items:
+        await measure(item)
+    runs: dict[int, list[dict[str, Any]]] = {item.size: [] for item in items}
+    for _ in range(repeat):
+        for item in items:
+            runs[item.size].append(await measure(item))
+    return runs
