@@ -74,7 +74,8 @@ test-fuzz: $(VENV)/.test
 # The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot); the reference
 # model's sequences at make test's count (test-stateful runs its 300 on one server).
 test-cluster: $(VENV)/.test
-	FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-30} $(PY) -m pytest tests/fences --redis-cluster -q -rf \
+	FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-30} FENCEMQ_COMPACTION_EXAMPLES=$${FENCEMQ_COMPACTION_EXAMPLES:-60} \
+	$(PY) -m pytest tests/fences --redis-cluster -q -rf \
 	    --durations=15 $(PYTEST_ARGS)
 
 # Redis failing over under load (tests/failover, ~5 min): a primary + 2 replicas + 3 Sentinels and a
