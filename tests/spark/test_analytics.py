@@ -307,6 +307,7 @@ def pick(row: dict[str, Any], *cols: str) -> dict[str, Any]:
 # =====================================================================================
 
 
+@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
 def test_every_figure_matches_an_independent_computation(analysis, snapshot_dir: Path) -> None:
     summary, out = analysis
     ref = Reference(snapshot_dir)
@@ -395,6 +396,7 @@ def test_every_figure_matches_an_independent_computation(analysis, snapshot_dir:
     assert t["suspected_now"] == sum(1 for c in cons.values() if c["suspected_now"])
 
 
+@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
 def test_figures_reflect_the_workload(analysis) -> None:
     """The scripted workload's known facts, as the analytics report them."""
     summary, out = analysis
@@ -422,6 +424,7 @@ def test_figures_reflect_the_workload(analysis) -> None:
                                  "marked_holding": 0, "stale_checkout": 0}
 
 
+@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
 def test_clean_snapshot_passes_the_audit_and_the_report_shows_it(analysis, snapshot_dir: Path) -> None:
     _, out = analysis
     assert spark_audit(out) == Reference(snapshot_dir).audit() == {"evicted_out": set(), "stale_epoch": set(),
@@ -520,6 +523,7 @@ def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir
         assert f"{tag}</td>" in html
 
 
+@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
 def test_the_journal_buckets_put_each_queue_where_spark_hashes_it(spark) -> None:
     from pyspark.sql import functions as F
 
