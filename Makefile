@@ -43,7 +43,7 @@ install: $(VENV)/.base
 help:
 	@echo "make demo                a private Redis, a worker and a scripted tour of the guarantees (~2 s)"
 	@echo "make serve               a worker on 127.0.0.1:7379 (a private Redis unless FENCEMQ_REDIS_URL is set)"
-	@echo "make test                lint and the test suite (~10 min on 2 idle cores)"
+	@echo "make test                lint and the test suite (~15 min on 2 idle cores)"
 	@echo "make test-long, test-fuzz, test-promises, test-rolling, test-ui, test-spark-cluster, test-cluster,"
 	@echo "     test-failover, test-stateful"
 	@echo "                         the longer suites CI runs after make test (.ci/run)"

@@ -29,7 +29,7 @@ def test_building_the_package_raises_no_setuptools_deprecation(tmp_path: Path) -
         assert noise not in out, f"the build warns: {noise}"
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_demo_in_a_fresh_venv_says_two_lines_before_the_demo(tmp_path: Path) -> None:

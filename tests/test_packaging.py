@@ -182,7 +182,7 @@ def test_the_wheel_installs_one_import_root_with_the_lua_fences(wheel: Path) -> 
     assert "fencemq = fencemq.cli.main:app" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_a_fresh_venv_with_the_wheel_imports_fencemq_and_runs_the_command(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

@@ -216,7 +216,7 @@ def test_matching_a_shown_reply_allows_only_what_the_ellipses_stand_for():
     assert not _matches(["OK"], ["OK", "more"])
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the analytics block starts a Spark JVM: a minute or more on a busy 2-core machine
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="the README's quick start uses redis-cli")

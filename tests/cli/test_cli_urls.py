@@ -20,7 +20,7 @@ def fencemq(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*FENCEMQ, *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_operator_commands_reach_the_primary_a_sentinel_names() -> None:
     with EmbeddedRedis() as primary, EmbeddedSentinel(primary.port, quorum=1) as sentinel:
         r = redis.Redis.from_url(primary.url)

@@ -26,7 +26,7 @@ def test_every_worker_admits_only_users_and_no_legacy_password() -> None:
         assert service["depends_on"]["users"]["condition"] == "service_completed_successfully", name
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_the_users_step_makes_users_a_worker_then_admits_and_can_run_again(redis_url) -> None:
     users = COMPOSE["services"]["users"]
     entrypoint = [part.replace("$$", "$") for part in users["entrypoint"]]

@@ -307,7 +307,7 @@ def pick(row: dict[str, Any], *cols: str) -> dict[str, Any]:
 # =====================================================================================
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_every_figure_matches_an_independent_computation(analysis, snapshot_dir: Path) -> None:
     summary, out = analysis
     ref = Reference(snapshot_dir)
@@ -396,7 +396,7 @@ def test_every_figure_matches_an_independent_computation(analysis, snapshot_dir:
     assert t["suspected_now"] == sum(1 for c in cons.values() if c["suspected_now"])
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_figures_reflect_the_workload(analysis) -> None:
     """The scripted workload's known facts, as the analytics report them."""
     summary, out = analysis
@@ -424,7 +424,7 @@ def test_figures_reflect_the_workload(analysis) -> None:
                                  "marked_holding": 0, "stale_checkout": 0}
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_clean_snapshot_passes_the_audit_and_the_report_shows_it(analysis, snapshot_dir: Path) -> None:
     _, out = analysis
     assert spark_audit(out) == Reference(snapshot_dir).audit() == {"evicted_out": set(), "stale_epoch": set(),
@@ -500,7 +500,7 @@ def cli() -> typer.Typer:
     return app
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir: Path, tmp_path: Path) -> None:
     seeded = tmp_path / "seeded"
     expected = seed_violations(snapshot_dir, seeded)
@@ -523,7 +523,7 @@ def test_seeded_violations_are_caught_via_the_cli(cli: typer.Typer, snapshot_dir
         assert f"{tag}</td>" in html
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_the_journal_buckets_put_each_queue_where_spark_hashes_it(spark) -> None:
     from pyspark.sql import functions as F
 
@@ -568,7 +568,7 @@ def test_a_journal_in_one_file_gives_the_same_tables_as_its_buckets(spark, analy
     assert len(list((snapshot_dir / "journal.parquet").iterdir())) == 8
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_a_small_snapshot_gives_the_same_tables_with_the_settings_for_small_inputs_as_without(
         spark, analysis, snapshot_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The settings for small inputs (one partition, no adaptive plans, no generated code) are an
@@ -653,7 +653,7 @@ def test_lite_churn_without_a_journal_is_in_the_report_and_the_audit_says_what_i
     assert "preemptions 4, evictions 1 (3 lmqs churned)" in human.stdout
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_an_evicted_client_holding_a_checkout_fails_the_state_audit(cli: typer.Typer, snapshot_dir: Path,
                                                                    tmp_path: Path) -> None:
     seeded = tmp_path / "seeded"

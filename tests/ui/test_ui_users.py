@@ -57,7 +57,7 @@ def test_the_users_page_needs_the_admin_grant(broker: dict, dashboard_of, admin)
     assert re.search(r"operator inspect # .*evict #", listed) and "viewer inspect #" in listed
 
 
-@pytest.mark.long  # `make test-long` (.ci/run) runs it: make test stays near 10 minutes
+@pytest.mark.long  # `make test-long` (.ci/run) runs it, to keep make test short
 def test_adding_granting_revoking_and_removing_a_user_is_confirmed_audited_and_done_by_the_store(
         broker: dict, dashboard_of, admin, caplog) -> None:
     url = broker["url"]
