@@ -647,7 +647,7 @@ class FenceMachine(RuleBasedStateMachine):
         super().teardown()
 
 
-# `make test` and `make test-cluster` (on a Cluster) run FENCEMQ_MODEL_EXAMPLES sequences per primary (30);
+# `make test` runs FENCEMQ_MODEL_EXAMPLES sequences per primary (30), `make test-cluster` 10 on a Cluster;
 # `make test-stateful` (after them in .ci/run) runs the full 300.
 EXAMPLES = int(os.environ.get("FENCEMQ_MODEL_EXAMPLES", "300"))
 MACHINE_SETTINGS = settings(
