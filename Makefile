@@ -88,11 +88,12 @@ FAILOVER_TESTS ?= tests/failover
 test-failover: $(VENV)/.test
 	FENCEMQ_TEST_FAILOVER=1 $(PY) -m pytest $(FAILOVER_TESTS) -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
-# The model-based test of all five guarantees, 1,000 sequences (make test runs 30), the fences against
+# The model-based test of all five guarantees, 250 sequences (make test runs 30; each now takes ~4 s: waits past
+# TTLs, due times and session ends, so 1,000 no longer fit CI's hour), the fences against
 # the reference model, 300 sequences per primary (make test runs 30), and lmq compaction against the
 # uncompacted layout, 300 (make test runs 60).
 test-stateful: $(VENV)/.test
-	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} $(PY) -m pytest tests/stateful \
+	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-250} $(PY) -m pytest tests/stateful \
 	    tests/fences/test_reference_model.py tests/fences/test_lmq_at_rest.py -q $(PYTEST_ARGS)
 
 # Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples)
