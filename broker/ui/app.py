@@ -348,15 +348,11 @@ def create_app(ui: UI) -> Starlette:
         name = request.path_params["name"]
         if name not in ("evict", "seek", "purge", "replay", "discard"):
             return ui.error(request, NotFound(f"no action {name[:32]!r}"), 404)
-        login = await ui.resolve(request)
-        if login is None:
-            form = await small_form(request, PREAUTH_FORM_BYTES) or {}
-            return ui.render(request, "login.html", status=401, page="login", next=safe_next(str(form.get("back"))),
-                             failed="Log in as a FenceMQ user with the operator permission to do that.")
-        form = await request.form()
-        if not login.csrf_ok(form.get("csrf")):
-            return ui.error(request, BadArgument("the form's CSRF token does not match your login; reload the page"),
-                            403)
+        posted = await ui.posted_form(request, lambda form: safe_next(str(form.get("back"))),
+                                      "Log in as a FenceMQ user with the operator permission to do that.")
+        if isinstance(posted, Response):
+            return posted
+        login, form = posted
         try:
             ref = _ref(str(form.get("q", "")))
             assert ui.gate is not None

@@ -25,7 +25,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from urllib.parse import parse_qsl, urlencode
 
@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from fencemq.config import Config
-from fencemq.errors import NoPermission
+from fencemq.errors import BadArgument, NoPermission
 from fencemq.model.keys import Keyspace
 from fencemq.ops.users import DEFAULT_USER, User, UserStore
 from fencemq.server.gate import Gate, Pass
@@ -114,6 +114,23 @@ class UIGate:
         return getattr(request.state, "login", None)
 
     def error(self, request: Request, exc: Exception, status: int = 400) -> Response: ...
+
+    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> Response: ...
+
+    async def posted_form(self, request: Request, back: Callable[[dict[str, str]], str],
+                          why: str) -> tuple[Login, Any] | Response:
+        """A form a logged-in user posted, its CSRF token checked: (login, form); else the answer to send,
+        the login page (coming back to ``back(the small form read before any login)``, saying ``why``)
+        or a 403."""
+        login = await self.resolve(request)
+        if login is None:
+            form = await small_form(request, PREAUTH_FORM_BYTES) or {}
+            return self.render(request, "login.html", status=401, page="login", next=back(form), failed=why)
+        form = await request.form()
+        if not login.csrf_ok(form.get("csrf")):
+            return self.error(request, BadArgument("the form's CSRF token does not match your login; reload the "
+                                                   "page"), 403)
+        return login, form
 
     def own_gate(self) -> Gate:
         """``fencemq dashboard``'s gate: the broker's password, and the users in its Redis."""

@@ -20,7 +20,7 @@ from fencemq.errors import BadArgument, FenceMQError, NoPermission, NotFound
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.ops.users import ACTIONS, ALL, UserStore, check_action, check_password, check_user_name
 from fencemq.model.topics import check_filter
-from fencemq.ui.auth import client_address, safe_next, small_form, PREAUTH_FORM_BYTES
+from fencemq.ui.auth import client_address, safe_next
 
 audit = logging.getLogger("fencemq.audit")
 CHANGES = ("add", "grant", "revoke", "remove")
@@ -102,15 +102,11 @@ def routes(ui: Any) -> tuple[Any, Any]:
         op = request.path_params["op"]
         if op not in CHANGES:
             return ui.error(request, NotFound(f"no change {op[:32]!r}"), 404)
-        login = await ui.resolve(request)
-        if login is None:
-            await small_form(request, PREAUTH_FORM_BYTES)
-            return ui.render(request, "login.html", status=401, page="login", next="/users",
-                             failed="Log in as a FenceMQ user with the admin permission to manage users.")
-        form = await request.form()
-        if not login.csrf_ok(form.get("csrf")):
-            return ui.error(request, BadArgument("the form's CSRF token does not match your login; reload the page"),
-                            403)
+        posted = await ui.posted_form(request, lambda _: "/users",
+                                      "Log in as a FenceMQ user with the admin permission to manage users.")
+        if isinstance(posted, Response):
+            return posted
+        login, form = posted
         try:
             ui.gate.check(login.user, "admin", "#")
             args = change_args(op, form)
