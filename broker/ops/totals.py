@@ -1,7 +1,10 @@
 """The broker's totals: what the fences count as they write (lua/lib/totals.lua), read back.
 
-A total is a read of one hash (a single server) or of each Cluster slot's
-(16,384 of them, summed), never a scan of the queues and never a sample:
+A total is a read of one hash (a single server) or, on a Cluster, of the hash of
+each slot in use (summed): the slots listed in the registry ``totals_slots``, to
+which a worker adds a slot before its first fence call that writes the slot's
+totals (``Fences.register_totals``) — 10 queues are a read of at most 10 slots,
+not of 16,384. Never a scan of the queues and never a sample:
 broker-wide messages ready, checked out, delayed and dead-lettered, the
 events since the broker's Redis was new (published, delivered, redelivered,
 acknowledged, NACKed, dead-lettered, lease timeouts), how many queues of each
@@ -21,7 +24,7 @@ from collections import defaultdict
 from typing import Any
 
 from fencemq.model import meta
-from fencemq.model.keys import Keyspace, queue_ref
+from fencemq.model.keys import Keyspace, key_slot, queue_ref
 from fencemq.model.values import text
 from fencemq.ops.operations import PIPELINE_CHUNK, is_cluster_client, parse_meta, primaries, scan_step
 
@@ -56,7 +59,7 @@ def _int(v: Any) -> int:
 
 
 async def _pipelined(redis: Any, calls: list[tuple[Any, ...]]) -> list[Any]:
-    # A Cluster's totals are 16,384 reads, made in a worker's own event loop (the health watcher, the
+    # A Cluster's totals are a read per slot in use (up to 16,384), made in a worker's own event loop (the health watcher, the
     # metrics sampler): in chunks small enough (~5 ms of redis-py's work each) that the fence calls of
     # the worker's clients go on between them. In chunks of 3,200 a RENEW waited 100-800 ms behind them.
     out: list[Any] = []
@@ -68,10 +71,22 @@ async def _pipelined(redis: Any, calls: list[tuple[Any, ...]]) -> list[Any]:
     return out
 
 
-async def read_totals(redis: Any, keys: Keyspace) -> dict[str, int]:
-    """The broker-wide figures, events and counts (and ``retained``)."""
+async def slots_in_use(redis: Any, keys: Keyspace) -> list[int]:
+    """The Cluster slots whose totals a fence may have written (the registry ``totals_slots``), in order.
+    A slot listed whose totals are empty costs a read of nothing; a slot written is always listed."""
+    return sorted(int(s) for s in await redis.smembers(keys.totals_slots))
+
+
+async def _slot_keys(redis: Any, keys: Keyspace, name: str, every_slot: bool) -> list[str]:
+    return keys.slot_keys(name, None if every_slot else await slots_in_use(redis, keys))
+
+
+async def read_totals(redis: Any, keys: Keyspace, *, every_slot: bool = False) -> dict[str, int]:
+    """The broker-wide figures, events and counts (and ``retained``). ``every_slot``: a Cluster's
+    16,384 slots read, not only those in use (the slow path the registry is held to, in tests)."""
     if is_cluster_client(redis):
-        replies = await _pipelined(redis, [("hmget", k, list(BROKER_FIELDS)) for k in keys.slot_keys("totals")])
+        slot_keys = await _slot_keys(redis, keys, "totals", every_slot)
+        replies = await _pipelined(redis, [("hmget", k, list(BROKER_FIELDS)) for k in slot_keys])
         totals = dict.fromkeys(BROKER_FIELDS, 0)
         for values in replies:
             for name, v in zip(BROKER_FIELDS, values, strict=True):
@@ -84,14 +99,16 @@ async def read_totals(redis: Any, keys: Keyspace) -> dict[str, int]:
     return totals
 
 
-async def entry_figures(redis: Any, keys: Keyspace, entries: list[str]) -> dict[str, dict[str, int]]:
+async def entry_figures(redis: Any, keys: Keyspace, entries: list[str], *, every_slot: bool = False,
+                        ) -> dict[str, dict[str, int]]:
     """Each entry's figures: ready (backlog), out, delayed, dead, published, lmqs."""
     if not entries:
         return {}
     fields = [f"{f}|{e}" for e in entries for f in ENTRY_FIELDS]
     if is_cluster_client(redis):
         calls: list[tuple[Any, ...]] = []
-        for t, b in zip(keys.slot_keys("totals"), keys.slot_keys("backlogs"), strict=True):
+        slots = None if every_slot else await slots_in_use(redis, keys)
+        for t, b in zip(keys.slot_keys("totals", slots), keys.slot_keys("backlogs", slots), strict=True):
             calls += [("hmget", t, fields), ("zmscore", b, entries)]
         replies = await _pipelined(redis, calls)
         held = [0] * len(fields)
@@ -131,11 +148,13 @@ async def published_entries(redis: Any, keys: Keyspace, most: int = 50_000) -> d
             return None
 
 
-async def largest_backlogs(redis: Any, keys: Keyspace, limit: int = 20) -> list[tuple[str, int]]:
+async def largest_backlogs(redis: Any, keys: Keyspace, limit: int = 20, *, every_slot: bool = False,
+                           ) -> list[tuple[str, int]]:
     """The entries with the most messages ready, the largest first: (entry, ready)."""
     if is_cluster_client(redis):
         sums: dict[str, int] = defaultdict(int)
-        for pairs in await _pipelined(redis, [("zrange", k, 0, -1, False, True) for k in keys.slot_keys("backlogs")]):
+        slot_keys = await _slot_keys(redis, keys, "backlogs", every_slot)
+        for pairs in await _pipelined(redis, [("zrange", k, 0, -1, False, True) for k in slot_keys]):
             for e, score in pairs:
                 sums[text(e)] += int(score)
         return sorted(sums.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
@@ -193,9 +212,32 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
     return {"totals": totals, "entries": {e: f for e, f in entries.items() if any(f.values())}}
 
 
-async def counted_entries(redis: Any, keys: Keyspace, entries: list[str]) -> dict[str, dict[str, int]]:
+async def unlisted_slots(redis: Any, keys: Keyspace) -> list[int]:
+    """The Cluster slots holding a totals or backlogs key that the registry does not list (a SCAN of
+    every master, for tests): always none, or a total would miss them."""
+    if not is_cluster_client(redis):
+        return []
+    found: set[int] = set()
+    for name in ("totals", "backlogs"):
+        prefix, _, suffix = getattr(keys, name).rpartition(":")
+        for node in await primaries(redis):
+            cursor = 0
+            while True:
+                cursor, batch = await redis.scan(cursor, match=f"{prefix}:{{????}}:{suffix}", count=1000,
+                                                 target_nodes=node)
+                if isinstance(cursor, dict):  # the Cluster client answers {node name: cursor}
+                    cursor = next(iter(cursor.values()))
+                cursor = int(cursor)
+                found |= {key_slot(text(k)) for k in batch}
+                if cursor == 0:
+                    break
+    return sorted(found - set(await slots_in_use(redis, keys)))
+
+
+async def counted_entries(redis: Any, keys: Keyspace, entries: list[str], *, every_slot: bool = False,
+                          ) -> dict[str, dict[str, int]]:
     """:func:`entry_figures` without ``published`` and ``expired`` and zero entries left out: comparable with full_count."""
-    got = await entry_figures(redis, keys, entries)
+    got = await entry_figures(redis, keys, entries, every_slot=every_slot)
     out = {}
     for e, f in got.items():
         f = {k: v for k, v in f.items() if k not in ("published", "expired")}  # events, not figures

@@ -36,6 +36,7 @@ from fencemq.server import metrics
 
 log = logging.getLogger(__name__)
 
+REASSERT_TOTALS_MS = 60_000  # how often a worker lists again the totals slots it listed (fences/registry.py)
 REMEMBER_EVERY_MS = 60_000  # a node's record is written again at most this often while it answers
 UNACKED_LOOK = 100  # queues looked at for the oldest unacknowledged message: the schedule's first
 
@@ -50,6 +51,7 @@ class HealthWatch:
         self.health: Any = None  # the last Health this worker read (as watcher)
         self.watching = False
         self._failing = False
+        self._reasserted_at = 0.0
 
     async def run(self) -> None:
         every = self.config.health_sample_ms / 1000
@@ -71,6 +73,11 @@ class HealthWatch:
 
     async def sample(self) -> None:
         self.watching = await self._hold_lease()
+        if anyio.current_time() - self._reasserted_at >= REASSERT_TOTALS_MS / 1000:
+            # the registry of totals slots is written once per slot per worker: one a failover lost is
+            # made whole again by the workers that listed its slots
+            await self.s.core.fences.reassert_totals()
+            self._reasserted_at = anyio.current_time()
         # this worker's connections, for the overview's count (the watcher forgets those of workers gone)
         await self.redis.hset(self.keys.worker_figures, self.s.worker_id, self.s.gate.connections)
         on = await read_alarms(self.redis, self.keys)
