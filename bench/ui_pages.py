@@ -102,7 +102,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     results: dict[str, dict] = {}
-    loads: list[list[float]] = []  # the load average beside each page's timing: the machine is shared
     with EmbeddedRedis() as server, WorkerThread(Config(redis_url=server.url, port=0)) as worker:
         t0 = time.perf_counter()
         populate(server.url, worker.port, args.lmqs)
