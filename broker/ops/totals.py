@@ -176,6 +176,34 @@ async def read_totals(redis: Any, keys: Keyspace, *, every_slot: bool = False, f
     return totals
 
 
+class SharedReading:
+    """One reading of the broker-wide totals and the largest backlogs that a worker's readers share (the
+    health watcher's alarms, the metrics sampler): read again only once older than ``max_age_ms``
+    (``totals_read_ms``), concurrent readers waiting for the one read under way, so a worker reads them
+    at most once per interval however many read them — on a Cluster a reading is a read per slot in
+    use. ``fresh=True`` reads them now (the history's points, each the totals at its own time)."""
+
+    def __init__(self, redis: Any, keys: Keyspace, max_age_ms: int, *, largest: int = 20) -> None:
+        self.redis, self.keys, self.max_age_s, self.largest = redis, keys, max_age_ms / 1000, largest
+        self._lock = anyio.Lock()
+        self._at: float | None = None
+        self._value: tuple[dict[str, int], list[tuple[str, int]]] = ({}, [])
+        self.reads = 0  # readings made (for tests and benchmarks)
+
+    async def read(self, *, fresh: bool = False) -> tuple[dict[str, int], list[tuple[str, int]]]:
+        """(read_totals, largest_backlogs) no older than max_age_ms (a copy: the caller may change it)."""
+        asked = anyio.current_time()
+        async with self._lock:
+            # a read that began after this call (another caller's, while this one waited) is fresh enough
+            if self._at is None or (self._at < asked if fresh else asked - self._at > self.max_age_s):
+                started = anyio.current_time()
+                self._value = (await read_totals(self.redis, self.keys),
+                               await largest_backlogs(self.redis, self.keys, self.largest))
+                self._at = started
+                self.reads += 1
+            return dict(self._value[0]), list(self._value[1])
+
+
 async def entry_figures(redis: Any, keys: Keyspace, entries: list[str], *, every_slot: bool = False,
                         fast: bool = True) -> dict[str, dict[str, int]]:
     """Each entry's figures: ready (backlog), out, delayed, dead, published, lmqs."""

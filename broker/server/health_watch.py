@@ -28,7 +28,7 @@ from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.fences.memory import ALARM as ALARM_FENCE
 from fencemq.fences.memory import read_alarms
 from fencemq.model.values import text
-from fencemq.ops import alarm_rules, history, totals
+from fencemq.ops import alarm_rules, history
 from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import queue_rows
 from fencemq.ops.redis_health import HealthReader, remembered_nodes
@@ -48,6 +48,7 @@ class HealthWatch:
         self.keys = services.keys
         self.redis = services.redis
         self.reader = HealthReader(self.redis, self.keys, url)
+        self.totals = services.totals  # the worker's one reading of the totals, shared with its sampler
         self.health: Any = None  # the last Health this worker read (as watcher)
         self.watching = False
         self._failing = False
@@ -181,14 +182,15 @@ class HealthWatch:
 
     async def backlog_queues(self) -> list[str]:
         """The queues (not lite topics) with the largest backlogs, from the counters the fences keep."""
-        return [e for e, _ in await totals.largest_backlogs(self.redis, self.keys, 20) if not e.startswith("l:")]
+        _, largest = await self.totals.read()
+        return [e for e, _ in largest if not e.startswith("l:")]
 
     async def record_history(self, now: int) -> None:
         """A point of the broker's history for each series that is due (ops/history.py)."""
         due = await history.due(self.redis, self.keys, now)
         if not due:
             return
-        figures: dict[str, int] = await totals.read_totals(self.redis, self.keys)
+        figures, _ = await self.totals.read(fresh=True)  # a point is the totals at its own time
         figures["sessions"] = int(await self.redis.zcount(self.keys.sessions, now, "+inf"))
         figures["connections"] = sum(int(v) for v in await self.redis.hvals(self.keys.worker_figures))
         await history.record(self.redis, self.keys, due, now, figures)
@@ -201,7 +203,7 @@ class HealthWatch:
         then = await history.value_at(self.redis, self.keys, series, "dead_lettered", now - window)
         if then is None:
             return None
-        return max(0, (await totals.read_totals(self.redis, self.keys))["dead_lettered"] - then)
+        return max(0, (await self.totals.read())[0]["dead_lettered"] - then)
 
 
 def _noted(rec: dict[str, Any] | None, n: Any, now: int) -> bool:

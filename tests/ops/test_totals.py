@@ -356,3 +356,26 @@ def test_a_totals_read_whose_connections_were_closed_under_it_still_answers(redi
 
     before, after = run_async(go())
     assert before["published"] == after["published"] == 5
+
+
+def test_a_workers_readers_share_one_reading_of_the_totals_per_interval(redis_url: str) -> None:
+    """Readers within totals_read_ms of a reading get it (concurrent ones wait for the one under way);
+    a fresh read (a history point) reads the totals now."""
+    orders = KEYS.queue(QueueRef("orders"))
+    key = orders.slot_totals if in_cluster_mode() else KEYS.totals
+
+    async def go() -> tuple[list[int], int, int, int]:
+        r = direct_async(redis_url)
+        try:
+            await Fences(r).run(DROP_IF_EMPTY, orders)  # (lists the slot on a Cluster)
+            await r.hincrby(key, "published", 1)
+            shared = totals.SharedReading(r, KEYS, 60_000)
+            seen = [t["published"] for t, _ in await asyncio.gather(*(shared.read() for _ in range(5)))]
+            await r.hincrby(key, "published", 1)
+            kept = (await shared.read())[0]["published"]
+            fresh = (await shared.read(fresh=True))[0]["published"]
+            return seen, kept, fresh, shared.reads
+        finally:
+            await r.aclose()
+
+    assert run_async(go()) == ([1] * 5, 1, 2, 2)
