@@ -150,6 +150,11 @@ def _slot_name(base: str, tag: str) -> str:
     return f"{prefix}:{{{tag}}}:{name}"
 
 
+@lru_cache(maxsize=16)
+def _every_slot_name(base: str) -> tuple[str, ...]:
+    return tuple(_slot_name(base, slot_tag(slot)) for slot in range(SLOTS))
+
+
 def totals_registry(prefix: str) -> str:
     """The set of slots in use by the totals of the keyspace ``prefix`` (Keyspace.totals_slots)."""
     return f"{prefix}:totals-slots"
@@ -275,8 +280,8 @@ class Keyspace:
 
     def slot_keys(self, name: str, slots: Iterable[int] | None = None) -> list[str]:
         """``totals`` or ``backlogs`` of the Cluster slots ``slots`` (default: every slot), in that order."""
-        base = getattr(self, name)
-        return [_slot_name(base, slot_tag(slot)) for slot in (range(SLOTS) if slots is None else slots)]
+        names = _every_slot_name(getattr(self, name))
+        return list(names) if slots is None else [names[slot] for slot in slots]
 
     @property
     def totals_slots(self) -> str:
