@@ -190,6 +190,7 @@ class QueueKeys:
     waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
     scheduled: str  # zset: schedule id of a message published for later, scored by when it is due (ms)
     scheduled_bodies: str  # hash: schedule id -> the stored body it will be appended with
+    priority: str  # zset: a priority queue's message ids scored (9 - level) * 2^48 + id (lua/lib/priority.lua)
     # The broker's totals the fences keep (lua/lib/totals.lua): one hash and one zset for the whole
     # broker on a single server; on a Cluster the pair of the queue's slot (slot_totals, slot_backlogs)
     totals: str  # hash: figures and events, broker-wide and per entry
@@ -214,7 +215,7 @@ class QueueKeys:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
         return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed,
                 self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters, self.scheduled,
-                self.scheduled_bodies]
+                self.scheduled_bodies, self.priority]
 
 
 class Keyspace:
@@ -264,6 +265,7 @@ class Keyspace:
             waiters=base + ":lp",
             scheduled=base + ":sch",
             scheduled_bodies=base + ":schb",
+            priority=base + ":pri",
             totals=self.totals,
             backlogs=self.backlogs,
         )

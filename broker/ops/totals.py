@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 from redis.exceptions import RedisClusterException, RedisError
 
+from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace, key_slot, queue_ref
 from fencemq.model.values import text
@@ -318,6 +319,9 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
             fields, groups = parse_meta(raw)
             seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST) or 1)
             unread = sum(seq + 1 - max(_int(g.get(meta.CURSOR) or first), first) for g in groups.values())
+            if fields.get(meta.PRIORITY) in ("1", b"1"):  # a priority queue: what each group has not read by level
+                counts = await level_counts(redis, keys.queue_by_id(qid))
+                unread = sum(sum(by_level.values()) for by_level in (counts or {}).get("unread", {}).values())
             figures = {"ready": unread + len(ready), "out": int(out), "delayed": int(delayed), "dead": int(dead),
                        "scheduled": int(scheduled)}
             for name, n in figures.items():
