@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import time
 from typing import Any
 
 import pytest
@@ -305,5 +306,40 @@ def test_operators_see_messages_per_level_and_each_groups_unread(redis_url, dire
         queue = json.loads(inspected.stdout)
         assert queue["priority"]["levels"] == {"9": 2, "2": 1, "0": 1}
         assert [(g["group"], g["unread"]) for g in queue["groups"]] == [("g", 3)], "read ahead is not unread"
+        text = CliRunner().invoke(app, ["inspect", "queue", "jobs", "--redis-url", redis_url] + cluster)
+        assert "level 9: 2, level 2: 1, level 0: 1" in " ".join(text.stdout.split())
+        shown_text = CliRunner().invoke(app, ["priority", "show", "jobs", "--redis-url", redis_url] + cluster)
+        assert shown_text.exit_code == 0 and "unread" in shown_text.stdout
         off = CliRunner().invoke(app, ["priority", "set", "jobs", "off", "--redis-url", redis_url] + cluster)
         assert off.exit_code != 0 and "empty" in off.stdout + off.stderr
+
+
+def test_a_waiting_long_poll_is_handed_the_message_a_publish_brings(redis_url, direct) -> None:
+    honour_priority(redis_url, "jobs")
+    with worker(redis_url) as w:
+        c, producer = client(w.port, 2, "alice"), client(w.port, 2, "bob")
+        h = sub(c, "jobs", "GROUP", "g")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(c.execute_command, "PULL", h, "COUNT", 5, "BLOCK", 5000)
+            time.sleep(0.3)
+            producer.execute_command("PUB", "jobs", b"urgent", "PRIORITY", 9)
+            reply = waiting.result(timeout=10)
+        assert reply and b"urgent" in [v for d in reply for v in d]
+        totals_match(redis_url)
+
+
+def test_a_dead_letter_replayed_is_delivered_again_after_its_level_was_read(redis_url, direct) -> None:
+    honour_priority(redis_url, "jobs")
+    with worker(redis_url, max_failures=1) as w:
+        c = client(w.port, 2, "alice")
+        h = sub(c, "jobs", "GROUP", "g")
+        publish(c, "jobs", ("later", 0), ("bad", 9))  # bad's id is above the group's lowest unread (later's)
+        bad = pull(c, h, 1)
+        assert payloads(bad) == ["bad"]
+        assert c.execute_command("NACK", h, bad[0]["tag"]) == 1  # max_failures 1: dead-lettered
+        cluster = ["--cluster"] if in_cluster_mode() else []
+        replayed = CliRunner().invoke(app, ["dlq", "replay", "jobs", "--yes", "--json", "--redis-url", redis_url]
+                                      + cluster)
+        assert replayed.exit_code == 0, replayed.stdout + replayed.stderr
+        assert payloads(pull(c, h, 10)) == ["bad", "later"], "returned to the group: before new ones"
+        totals_match(redis_url)
