@@ -22,7 +22,7 @@ from fencemq.model.keys import Keyspace
 from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import now_ms, queue_rows, scan_queues
 from fencemq.ops.redis_health import HealthReader
-from fencemq.ops.totals import read_totals
+from fencemq.ops.totals import SharedReading, read_totals
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,8 @@ def observe_fence(name: str, seconds: float) -> None:
     FENCE_SECONDS.labels(name).observe(seconds)
 
 
-async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int) -> None:
+async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int,
+                 totals: SharedReading | None = None) -> None:
     """Read the broker's gauges from Redis once and set them (the previous label sets are dropped)."""
     now = await now_ms(redis)
     sessions = await redis.zcount(keys.sessions, now, "+inf")
@@ -166,7 +167,7 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
     topics = sorted(by_topic.items(), key=lambda kv: kv[1][0], reverse=True)[:max_topics]
     lmqs = sorted(lmqs, reverse=True)[:top_lmqs]
     SESSIONS.set(sessions)
-    EXPIRED.set((await read_totals(redis, keys))["expired"])
+    EXPIRED.set(((await totals.read())[0] if totals is not None else await read_totals(redis, keys))["expired"])
     SAMPLED_QUEUES.set(len(rows))
     for gauge in (BACKLOG, OLDEST_UNACKED):
         gauge.clear()
@@ -179,14 +180,15 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
 
 
 async def run_sampler(redis: Any, keys: Keyspace, *, every_ms: int, scan_limit: int, max_topics: int,
-                      top_lmqs: int, url: str | None = None) -> None:
+                      top_lmqs: int, url: str | None = None, totals: SharedReading | None = None) -> None:
     """Sample the gauges for ever, the Redis nodes' health with them (a Redis outage skips samples, it
     never ends the worker)."""
     reader = HealthReader(redis, keys, url)
     try:
         while True:
             try:
-                await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs)
+                await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs,
+                             totals=totals)
                 redis_health_read(await reader.read())
             except (OSError, RedisError) as exc:
                 log.warning("could not sample the metrics gauges: %s", exc)
