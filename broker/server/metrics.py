@@ -24,7 +24,7 @@ from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import now_ms, queue_rows, scan_queues
 from fencemq.ops.priority import LEVELS_SHOWN, backlog_by_level
 from fencemq.ops.redis_health import HealthReader
-from fencemq.ops.totals import read_totals
+from fencemq.ops.totals import SharedReading, read_totals
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,8 @@ def observe_fence(name: str, seconds: float) -> None:
     FENCE_SECONDS.labels(name).observe(seconds)
 
 
-async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int) -> None:
+async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int,
+                 totals: SharedReading | None = None) -> None:
     """Read the broker's gauges from Redis once and set them (the previous label sets are dropped)."""
     now = await now_ms(redis)
     sessions = await redis.zcount(keys.sessions, now, "+inf")
@@ -187,7 +188,7 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
         if ref.topic in exported:
             levels[ref.topic] = backlog_by_level(await level_counts(redis, keys.queue(ref)))
     SESSIONS.set(sessions)
-    EXPIRED.set((await read_totals(redis, keys))["expired"])
+    EXPIRED.set(((await totals.read())[0] if totals is not None else await read_totals(redis, keys))["expired"])
     SAMPLED_QUEUES.set(len(rows))
     for gauge in (BACKLOG, OLDEST_UNACKED, SCHEDULED_MESSAGES, PRIORITY_BACKLOG):
         gauge.clear()
@@ -205,14 +206,15 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
 
 
 async def run_sampler(redis: Any, keys: Keyspace, *, every_ms: int, scan_limit: int, max_topics: int,
-                      top_lmqs: int, url: str | None = None) -> None:
+                      top_lmqs: int, url: str | None = None, totals: SharedReading | None = None) -> None:
     """Sample the gauges for ever, the Redis nodes' health with them (a Redis outage skips samples, it
     never ends the worker)."""
     reader = HealthReader(redis, keys, url)
     try:
         while True:
             try:
-                await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs)
+                await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs,
+                             totals=totals)
                 redis_health_read(await reader.read())
             except (OSError, RedisError) as exc:
                 log.warning("could not sample the metrics gauges: %s", exc)
