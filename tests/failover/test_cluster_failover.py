@@ -77,7 +77,7 @@ def queue_key(topic: str) -> str:
     return KEYS.queue(QueueRef(topic)).meta
 
 
-MODES = ["local", "replicas=1"]
+MODES = ["local", "replicas=all"]  # replicas=all: what docs/operations.md says survives a host loss
 
 
 @pytest.mark.parametrize("durability", MODES)
