@@ -77,9 +77,10 @@ class Durability:
         n = "all" if self.every_replica else self.replicas
         return "+".join(filter(None, ("aof" if self.aof else "", f"replicas={n}" if self.replicas else "")))
 
-    def commands(self, node: str | None = None) -> list[tuple[Any, ...]]:
-        """The confirmation to send right after the fence, on its connection (``node``: its primary)."""
-        want = max(1, self.connected.get(node, 1)) if self.every_replica else self.replicas
+    def commands(self, node: str | None = None, guess: int = 1) -> list[tuple[Any, ...]]:
+        """The confirmation to send right after the fence, on its connection (``node``: its primary;
+        ``guess``: its replicas as far as the client knows, until a ROLE said)."""
+        want = max(1, self.connected.get(node, guess)) if self.every_replica else self.replicas
         wait = ("WAITAOF", 1, want, self.timeout_ms) if self.aof else ("WAIT", want, self.timeout_ms)
         # replicas=all: which replicas the primary has, asked after the WAIT on the same connection
         return [wait, ("ROLE",)] if self.every_replica else [wait]
@@ -89,6 +90,8 @@ class Durability:
         reply = replies[0]
         need = self.replicas
         error = next((r for r in replies if isinstance(r, Exception)), None)
+        if error is None and (len(replies) < len(self.commands()) or any(r is None for r in replies)):
+            error = ResponseError("no reply to the confirmation")
         if error is None and self.every_replica:
             role = replies[1]
             if str(_text(role[0])) != "master":
@@ -148,12 +151,13 @@ def add_confirmations(redis: Any, pipe: Any, durability: Durability, key_lists: 
         for command in durability.commands():
             pipe.execute_command(*command)
         return [None]
-    nodes = {}
+    nodes, guesses = {}, {}
     for keys in key_lists:
         node = redis.get_node_from_key(keys[0])
         nodes.setdefault(node.name, node)
+        guesses.setdefault(node.name, len(redis.nodes_manager.slots_cache.get(redis.keyslot(keys[0]), ())) - 1)
     for node in nodes.values():
-        for command in durability.commands(node.name):
+        for command in durability.commands(node.name, guesses[node.name]):
             pipe.execute_command(*command, target_nodes=node)
     return list(nodes.values())
 
