@@ -164,7 +164,9 @@ class _CarefulPipelineStrategy(PipelineStrategy):
                         raise
                     attempts -= 1
                     client._initialize = True
-                    await asyncio.sleep(0.05)
+                    # the client's own backoff (0.1 s doubling to 0.5 s: ~5 s in all, a promotion's
+                    # length), not a fixed 0.05 s that gave up within 0.7 s, before any promotion
+                    await asyncio.sleep(client.retry._backoff.compute(client.retry.get_retries() - attempts))
                     if isinstance(client, FenceCluster):  # this call (alone) waits for the new slot map
                         await client.initialize()
                         await client.topology_looked_up()
