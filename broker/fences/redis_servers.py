@@ -27,7 +27,6 @@ it follows ``MOVED``/``ASK`` (nothing ran either), never a command cut short.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +45,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fencemq.errors import BadArgument
 
-log = logging.getLogger(__name__)
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CONNECT_PATIENCE_S = 5.0  # a connection that cannot be made is tried again this long (nothing was sent)
 # a Cluster node: tried once more at once, then the Cluster client asks the other nodes where the slot went
@@ -167,9 +165,6 @@ class _CarefulPipelineStrategy(PipelineStrategy):
                     # the client's own backoff (0.1 s doubling to 0.5 s: ~5 s in all, a promotion's
                     # length), not a fixed 0.05 s that gave up within 0.7 s, before any promotion
                     await asyncio.sleep(client.retry._backoff.compute(client.retry.get_retries() - attempts))
-                    if isinstance(client, FenceCluster):  # this call (alone) waits for the new slot map
-                        await client.initialize()
-                        await client.topology_looked_up()
         finally:
             await self.reset()
 
@@ -187,46 +182,6 @@ class FenceCluster(RedisCluster):
     (redis-py compares the exception's exact type against this tuple.)"""
 
     ERRORS_ALLOW_RETRY = NEVER_RAN
-
-    async def initialize(self, additional_startup_nodes_info: Any = None,
-                         last_failed_node_name: str | None = None) -> RedisCluster:
-        """The topology, looked up again after a node failed — in the background once one is known.
-
-        redis-py makes every command of the client, whatever its node, wait for
-        the new slot map under one lock, and asks for the command table again
-        (``COMMAND``) on a node that may be the dead one, closing every
-        connection when that fails. Here only the first look-up is waited for;
-        later ones run one at a time beside the commands, which go on with the
-        slot map they have: a healthy master's command needs nothing new, and
-        a slot that moved answers MOVED, which redis-py follows. A look-up that
-        fails leaves the map as it was, and the next failure asks again."""
-        if not self._initialize:
-            return self
-        if not self.nodes_manager.slots_cache or not self.commands_parser.commands:
-            return await super().initialize(additional_startup_nodes_info, last_failed_node_name)
-        refresh = getattr(self, "_refresh", None)
-        if refresh is None or refresh.done():
-            self._refresh = asyncio.ensure_future(self._look_up_topology(last_failed_node_name))
-        return self
-
-    async def topology_looked_up(self) -> None:
-        """Wait for the look-up under way, if any (its failure included: nothing raised)."""
-        refresh = getattr(self, "_refresh", None)
-        if refresh is not None and not refresh.done():
-            await asyncio.shield(refresh)
-
-    async def _look_up_topology(self, last_failed_node_name: str | None) -> None:
-        try:
-            await self.nodes_manager.initialize(last_failed_node_name=last_failed_node_name)
-            self._initialize = False
-        except Exception as exc:  # noqa: BLE001 — the next command that fails asks again
-            log.info("looking the Cluster's topology up again failed (%s); the next failure asks again", exc)
-
-    async def aclose(self) -> None:
-        refresh = getattr(self, "_refresh", None)
-        if refresh is not None and not refresh.done():
-            refresh.cancel()
-        await super().aclose()
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
         if shard_hint:
