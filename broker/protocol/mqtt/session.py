@@ -54,7 +54,7 @@ class MqttServerSession:
     __slots__ = ("limits", "state", "protocol_level", "request", "will", "session_expiry_interval", "_decoder",
                  "_out", "_events", "_opened_at", "_last_received", "_client_maximum_packet_size",
                  "_problem_information", "outbound_flows", "inbound_flows", "_inbound_aliases", "_outbound_aliases",
-                 "_requests", "_admitted")
+                 "_requests")
 
     def __init__(self, limits: MqttServerLimits | None = None, now: float = 0.0) -> None:
         self.limits = limits or MqttServerLimits()
@@ -68,7 +68,6 @@ class MqttServerSession:
         self._out = bytearray()
         self._events: list[MqttEvent] = []
         self._opened_at = now
-        self._admitted = False  # the shell's gate let the CONNECT in: the server's to answer now
         self._last_received = now
         self._client_maximum_packet_size = MAX_PACKET_SIZE
         self._problem_information = True
@@ -106,9 +105,13 @@ class MqttServerSession:
         return self._take_events()
 
     def next_deadline(self) -> float | None:
-        """When ``tick`` has something to do: the connect timeout, or 1.5 × Keep Alive after the last packet."""
-        if self.state is SessionState.AWAITING_CONNECT or (self.state is SessionState.CONNECTING
-                                                           and not self._admitted):
+        """When ``tick`` has something to do: the connect timeout, or 1.5 × Keep Alive after the last packet.
+
+        The connect timeout bounds the client: it runs until its CONNECT is in. What comes after is
+        the server's own work (the gate's login, bounded by its throttle; binding the session), and
+        is answered, accept or refuse: a server slow under a crowd of CONNECTs (a reconnect storm)
+        never closes one unanswered because it took its time."""
+        if self.state is SessionState.AWAITING_CONNECT:
             return self._opened_at + self.limits.connect_timeout
         if self.state is SessionState.CONNECTED and self.request and self.request.keep_alive:
             return self._last_received + 1.5 * self.request.keep_alive
@@ -149,14 +152,6 @@ class MqttServerSession:
             raise ValueError(f"0x{reason_code:02X} is not a CONNACK refusal")
         self._refuse(reason_code, reason_string)
         return self._take_events()
-
-    def admitted(self) -> None:
-        """The CONNECT passed the gate (its login, its will's grant): what is left before the CONNACK
-        is the server's own work (binding the session), so the connect timeout stops running — a
-        server slow under a crowd of CONNECTs answers each one (accept, or refuse) rather than
-        closing it unanswered. The timeout bounds the client, and a login the gate made wait."""
-        self._expect_state(SessionState.CONNECTING)
-        self._admitted = True
 
     def take_over(self) -> list[MqttEvent]:
         """Another connection took this client id: DISCONNECT 0x8E, close (MQTT-3.1.4-3)."""

@@ -250,11 +250,10 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
         session = self.session
         refusal = await self._admitted(event)
         if self.mqtt.closed:
-            return  # the connect timeout ran out while the gate made it wait
+            return  # the client hung up while the gate made it wait
         if refusal is not None:
             self.mqtt.refuse(refusal)
             return
-        self.mqtt.admitted()  # the connect timeout is over: binding is the worker's work, answered either way
         name = session_name(event.client_id)  # any UTF-8 identifier, as a FenceMQ session name
         self.mqtt_state = MqttSessionState(self.services.core.ctx.linked, self.services.keys, name)
         try:
