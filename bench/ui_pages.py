@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
@@ -121,6 +122,7 @@ def main() -> None:
             pages["overview, a fresh sample"] = ("/", {})
             for name, (path, params) in pages.items():
                 goal = OVERVIEW_GOAL_S if path == "/" else GOAL_S
+                load = [round(x, 2) for x in os.getloadavg()]
                 if path == "/":
                     times, text = [], ""
                     for _ in range(args.repeat):
@@ -132,7 +134,8 @@ def main() -> None:
                     times, text = timed(http, path, params, args.repeat)
                 assert "That did not work" not in text, f"{name}: error page"
                 results[name] = {"path": path, "params": params, "median_s": round(statistics.median(times), 4),
-                                 "worst_s": round(max(times), 4), "goal_s": goal, "under_goal": max(times) < goal}
+                                 "worst_s": round(max(times), 4), "goal_s": goal, "under_goal": max(times) < goal,
+                                 "loadavg_before": load, "cpus": os.cpu_count()}
                 print(f"{name:24} median {statistics.median(times) * 1000:7.1f} ms, worst {max(times) * 1000:7.1f} ms",
                       flush=True)
     out = {"lmqs": args.lmqs, "topics": args.topics, "repeat": args.repeat, "goal_s": GOAL_S,

@@ -68,6 +68,10 @@ class Config:
     # worker judges its own limits. Each threshold below raises an alarm in the same store as the memory
     # alarms (the `alarms` hash), shown on the overview and the alarms page, exported as fencemq_alarm.
     health_sample_ms: int = 2_000
+    # A worker's readers of the broker's totals (the watcher's alarms, the metrics sampler) share one
+    # reading, read again once older than this (the history's points read them fresh): on a Cluster a
+    # reading is a read of each slot in use (ops/totals.py; docs/ui.md, "Totals")
+    totals_read_ms: int = 5_000
     alarm_replication_lag_bytes: int = 1 << 20  # a replica this far behind its primary's offset (1 MiB)
     alarm_replication_lag_s: int = 10  # or whose last acknowledgement is this old
     alarm_min_replicas: int = 0  # a primary with fewer connected replicas (durability replicas=N raises it to N)

@@ -63,6 +63,12 @@ class NotFound(FenceMQError):
     code = "NOTFOUND"
 
 
+class PriorityOff(FenceMQError):
+    """PUB … PRIORITY to a queue that does not honour priority (docs/protocol.md, "Priority")."""
+
+    code = "NOPRIORITY"
+
+
 class Full(FenceMQError):
     """A publish refused because the broker's Redis is above its memory watermark (or at maxmemory)."""
 
@@ -141,6 +147,9 @@ TABLE: tuple[ErrorCode, ...] = (
     ErrorCode("STALE", Stale, "the caller acted on an epoch or session that has since moved on"),
     ErrorCode("LIMIT", LimitExceeded, "a size, count or quota limit was reached; nothing was changed"),
     ErrorCode("NOTFOUND", NotFound, "no such subscription, queue or member (any more)"),
+    ErrorCode("NOPRIORITY", PriorityOff, "PUB … PRIORITY to a queue not set to honour priority (`fencemq priority set "
+              "TOPIC on`; lite queues and filter subscriptions never do), or priority switched while the queue's log "
+              "holds messages; nothing was changed"),
     ErrorCode("FULL", Full, "the broker's Redis is above its memory watermark: publishing is refused until consumers "
               "drain it below the low watermark (or an operator raises maxmemory); consuming always works; nothing "
               "was stored: send it again later", True),

@@ -61,6 +61,10 @@ def _queue_header(q: dict[str, Any]) -> Table:
         ("dead letters", Text(str(q["dead_letters"]), style="red" if q["dead_letters"] else "")),
         ("journal", f"{q['journal_length']} events (cap {_opt(q['journal_cap'])})"),
     ]
+    if q.get("priority"):  # a priority queue's messages held per level, 9 first (fencemq priority show: per group)
+        levels = q["priority"]["levels"]
+        rows.append(("priority", ", ".join(f"level {lv}: {levels[lv]}" for lv in sorted(levels, reverse=True))
+                     or "honoured (nothing held)"))
     if q["push_members"]:
         rows.append(("push members", ", ".join(q["push_members"])))
     if q["expires_in_s"] is not None:

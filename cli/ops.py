@@ -29,6 +29,7 @@ from fencemq.cli.bench_cmd import bench
 from fencemq.cli.dlq_cmd import dlq_app
 from fencemq.cli.inspect_cmd import inspect_app
 from fencemq.cli.list_cmd import lmqs, queues
+from fencemq.cli.priority_cmd import priority_app
 from fencemq.cli.retention_cmd import retention_app
 from fencemq.cli.schedule_cmd import scheduled_app
 from fencemq.cli.top_cmd import top
@@ -50,6 +51,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(user_app, name="user")
     app.add_typer(retention_app, name="retention")
     app.add_typer(scheduled_app, name="scheduled")
+    app.add_typer(priority_app, name="priority")
     app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench)
 
 

@@ -18,6 +18,7 @@
 -- KEYS[13] wake
 -- KEYS[14] totals         the broker's totals (lib/totals.lua)
 -- KEYS[15] backlogs
+-- KEYS[16] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] idle_ttl_ms     of an lmq (0 = a plain topic)

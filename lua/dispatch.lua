@@ -14,7 +14,8 @@
 -- KEYS[10] journal
 -- KEYS[11] totals         the broker's totals (lib/totals.lua)
 -- KEYS[12] backlogs
--- KEYS[13..] mailboxes    one per member named in ARGV, in the same order
+-- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[14..] mailboxes    one per member named in ARGV, in the same order
 -- ARGV[1] default_lock_ms  the lease of a shared group's mailbox entries (lib/shared.lua)
 -- ARGV[2] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
 -- ARGV[3] intent_ms       how old that intent may be

@@ -23,6 +23,7 @@
 -- KEYS[16] scheduled_bodies
 -- KEYS[17] totals         the broker's totals (lib/totals.lua)
 -- KEYS[18] backlogs
+-- KEYS[19] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] maxlen          messages kept at most, whatever their state (0 = no limit)
 -- ARGV[2] maxage_ms       (0 = no limit)
 -- ARGV[3] dedup_window_ms
@@ -39,7 +40,9 @@
 -- ARGV[12] delay_ms        '' or DELAY: the messages are due this many ms from now (lib/schedule.lua)
 -- ARGV[13] at_ms           '' or AT: the messages are due at this unix time (ms, Redis clock)
 -- ARGV[14] max_delay_ms    how far ahead a message may be scheduled
--- ARGV[15..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- ARGV[15] priority       '' or PRIORITY: the level (0–9) of every message of the call, on a queue set to
+--                         honour priority (lib/priority.lua); '' there is level 0
+-- ARGV[16..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
 -- Returns: {ids, push members, handed}: one message id per pair (a repeated dedup id
 --   within the window returns the id of the first publish and stores
 --   nothing; for a run, the ids the run was given, consecutive from it),
@@ -52,7 +55,8 @@
 --   must run under a fresh lease intent (it listed the queue for the sweep).
 -- Errors: BADARG when the messages are not pairs, a span is malformed or runs
 --   past the batch, a number is not an integer, or the due time is further ahead than
---   max_delay_ms; STALE when scheduling under a lease intent that is too old (nothing done).
+--   max_delay_ms; STALE when scheduling under a lease intent that is too old (nothing done);
+--   NOPRIORITY when a PRIORITY is given for a queue not set to honour it (nothing done).
 -- Then the log's head is trimmed (lib/retention.lua): without a policy, what
 --   every group has settled; past the limits, whatever its state.
 -- Cost: O(n + trimmed + groups · log n), trimming at most n + 100 old entries per call.
@@ -77,6 +81,14 @@ elseif A.at_ms ~= '' then
   end
 end
 if due and due <= now then due = nil end  -- due already: published now
+local level = nil  -- PRIORITY: validated before anything is written
+if A.priority ~= '' then
+  level = int_arg(A.priority, 'PRIORITY', 0, LEVELS - 1)
+  if not prio_on(K) then
+    raise('NOPRIORITY', 'this queue does not honour PRIORITY: set it with `fencemq priority set TOPIC on` while '
+      .. 'its log is empty (lite queues and filter subscriptions have no priority)')
+  end
+end
 if due then check_intent(A.intent_at, A.intent_ms) end  -- the sweep must find it, whenever this worker dies
 if #A.messages % 2 ~= 0 then raise('BADARG', 'publish takes (body, dedup id) pairs') end
 local n = #A.messages / 2
@@ -121,6 +133,7 @@ for i = 1, n do
     if existing ~= true then ids[i] = existing end
   elseif due then
     local sid = 's' .. int_str(sid_base + i - 1)
+    if level and level > 0 then sid = sid .. 'p' .. int_str(level) end  -- kept till it is due (lib/priority.lua)
     sids[#sids + 1] = sid
     sched_bodies[#sids] = stamp .. body
     if dedup ~= '' then
@@ -176,6 +189,7 @@ for i = 1, np, 2 do pairs_[i] = texts[pairs_[i] - first_new + 1] end
 if new_ids then journal_batch(now, 'pub', nil, nil, new_ids) end
 
 redis.call('HSET', K.log, unpack(pairs_))
+if prio_on(K) then index_messages(K, level or 0, first_new, seq) end
 if redis.call('HSETNX', K.meta, 'first', 1) == 1 then
   redis.call('HSET', K.meta, 'ct', now)
   count_queue(K, 1)

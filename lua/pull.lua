@@ -17,6 +17,7 @@
 -- KEYS[12] wake           its channel ('leave' gives messages back: others may look)
 -- KEYS[13] totals         the broker's totals (lib/totals.lua)
 -- KEYS[14] backlogs
+-- KEYS[15] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] count

@@ -14,6 +14,7 @@
 -- KEYS[10] dead           (an lmq holding dead letters is not reclaimed: lib/lite.lua)
 -- KEYS[11] totals         the broker's totals (lib/totals.lua)
 -- KEYS[12] backlogs
+-- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- Returns: {seq, {group, cursor before, unread dropped, returned dropped,
 --   delayed dropped, checkouts left, ...}} (six entries per group, in the
@@ -56,6 +57,10 @@ for _, g in ipairs(groups) do
   local cur = tonumber(gs[1] or first)
   if cur < first then cur = first end
   local unread = math.max(0, seq - cur + 1)
+  if prio_on(K) then  -- what it has not read at any level (lib/priority.lua)
+    unread = unread_by_level(K, g, cur)
+    redis.call('HDEL', K.meta, gf(g, LEVEL_CURSORS))
+  end
   local returned = redis.call('ZLEXCOUNT', K.ready, '[' .. g .. SEP, '(' .. g .. '\1')
   if returned > 0 then add_total(K, READY, -redis.call('ZREMRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1')) end
   add_total(K, READY, -unread)

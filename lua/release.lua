@@ -17,6 +17,7 @@
 -- KEYS[12] dead
 -- KEYS[13] totals         the broker's totals (lib/totals.lua)
 -- KEYS[14] backlogs
+-- KEYS[15] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] upto            release what is due at or before this ms (the sweeper's look at the
 --                         schedule, which fanned these messages out first), and not after now
 -- ARGV[2] limit           at most this many messages per call
@@ -53,6 +54,9 @@ for i, d in ipairs(due) do
   pairs_[2 * i] = restamp(d[2], now)
 end
 redis.call('HSET', K.log, unpack(pairs_))
+if prio_on(K) then  -- each at the level it was published with (lib/priority.lua)
+  for i, d in ipairs(due) do index_messages(K, scheduled_level(d[1]), seq + i, seq + i) end
+end
 if redis.call('HSETNX', K.meta, 'first', 1) == 1 then
   redis.call('HSET', K.meta, 'ct', now)
   count_queue(K, 1)

@@ -17,6 +17,7 @@
 -- KEYS[10] journal
 -- KEYS[11] totals         the broker's totals (lib/totals.lua)
 -- KEYS[12] backlogs
+-- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] count           replay at most this many
 -- ARGV[2] scan_limit      examine at most this many dead letters, from the head (the oldest)
 -- ARGV[3] idle_ttl_ms     of an lmq (0 = a plain topic)
@@ -84,7 +85,9 @@ while #gone < count and examined < limit do
       else
         local cur = math.max(tonumber(gs[2] or gs[3] or '1'), tonumber(gs[3] or '1'))
         local via = 'ready'
-        if id >= cur then
+        local reads = id >= cur
+        if reads and prio_on(K) then reads = cursor_reads(K, g, id, cur) end  -- by its level's cursor
+        if reads then
           via = 'cursor'
         else
           local member = ready_member(g, id, acq, 0)

@@ -15,6 +15,7 @@
 -- KEYS[10] journal
 -- KEYS[11] totals         the broker's totals (lib/totals.lua)
 -- KEYS[12] backlogs
+-- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] group
 -- ARGV[2] member          who seeks: it must be the group's active member
 -- ARGV[3] operator        1: an operator's seek, which needs no membership

@@ -24,6 +24,7 @@
 -- KEYS[13] journal
 -- KEYS[14] totals         the broker's totals (lib/totals.lua)
 -- KEYS[15] backlogs
+-- KEYS[16] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] mode            asked for ('' = the group's, or default_mode for a new group)
@@ -101,6 +102,7 @@ if not existing_mode then
   redis.call('HSETNX', K.meta, 'ct', now)
   redis.call('HSET', K.meta, gf(g, MODE), mode, gf(g, POLICY), policy, gf(g, EPOCH), epoch, gf(g, CURSOR), cur,
     gf(g, ON_PREEMPT), A.on_preempt ~= '' and A.on_preempt or 'keep')
+  redis.call('HDEL', K.meta, gf(g, LEVEL_CURSORS))  -- a priority queue's levels all read from `cur` (lib/priority.lua)
   if mode == 'shared' then
     redis.call('HSET', K.meta, gf(g, STRATEGY), A.strategy ~= '' and A.strategy or 'round-robin')
     if A.offline == 'queue' then redis.call('HSET', K.meta, gf(g, QUEUE_OFFLINE), 1) end

@@ -15,6 +15,7 @@
 -- KEYS[11] mailbox        the member's
 -- KEYS[12] totals         the broker's totals (lib/totals.lua)
 -- KEYS[13] backlogs
+-- KEYS[14] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] default_lock_ms

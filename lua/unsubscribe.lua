@@ -18,6 +18,7 @@
 -- KEYS[14] mailbox        the member's push mailbox
 -- KEYS[15] totals         the broker's totals (lib/totals.lua)
 -- KEYS[16] backlogs
+-- KEYS[17] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] how             'cancel' (UNSUB: a push member's mailbox is cleared and

@@ -28,11 +28,11 @@ from fencemq.model.values import text
 
 _LEASE_KEYS = "meta log checkouts deadlines owned held ready delayed"
 
-PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake totals backlogs",
+PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake totals backlogs priority",
              "group member count default_lock_ms intent_at intent_ms look wid since wait_ms")
-ACK = fence("ack", "meta checkouts deadlines owned held ready delayed log dedup dedup_ids dead journal wake totals backlogs",
+ACK = fence("ack", "meta checkouts deadlines owned held ready delayed log dedup dedup_ids dead journal wake totals backlogs priority",
             "group member idle_ttl_ms keep maxlen maxage_ms maxbytes", argv_rest="tags")
-NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs",
+NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs priority",
              "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
 RENEW = fence("renew", "meta checkouts deadlines wake totals backlogs", "group member lock_ms default_lock_ms", argv_rest="tags")

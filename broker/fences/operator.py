@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from fencemq.fences.registry import fence
 
-PURGE = fence("purge", "meta log checkouts owned ready delayed dedup dedup_ids journal dead totals backlogs",
+PURGE = fence("purge", "meta log checkouts owned ready delayed dedup dedup_ids journal dead totals backlogs priority",
               "idle_ttl_ms")
-REPLAY_DEAD = fence("replay_dead", "meta log checkouts ready delayed dead dedup dedup_ids wake journal totals backlogs",
+REPLAY_DEAD = fence("replay_dead", "meta log checkouts ready delayed dead dedup dedup_ids wake journal totals backlogs priority",
                     "count scan_limit idle_ttl_ms")
 DISCARD_DEAD = fence("discard_dead", "meta dead totals backlogs", "position entry")
 SNAPSHOT = fence("snapshot", "meta log checkouts deadlines owned ready delayed dead journal", "max_log max_journal digest",

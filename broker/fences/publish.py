@@ -60,9 +60,9 @@ def expiry_deadline(now_ms: int, ttl_ms: int, delay_ms: int | None = None, at_ms
 
 PUBLISH = fence("publish",
                 "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters "
-                "scheduled scheduled_bodies totals backlogs",
+                "scheduled scheduled_bodies totals backlogs priority",
                 "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans intent_at intent_ms "
-                "default_lock_ms delay_ms at_ms max_delay_ms", argv_rest="messages")
+                "default_lock_ms delay_ms at_ms max_delay_ms priority", argv_rest="messages")
 
 
 class Publishing:
@@ -143,19 +143,20 @@ class Publishing:
     async def publish_checked(self, ref: QueueRef, payloads: list[bytes], read_key: str | None, *, qos: int = 1,
                               dedup_ids: list[str | None] | None = None, headers: dict[str, str] | None = None,
                               producer: str | None = None, delay_ms: int | None = None,
-                              at_ms: int | None = None) -> tuple[list[str], bytes | None]:
-        """Publish to ``ref`` what :meth:`check` passed (at most max_batch messages)."""
+                              at_ms: int | None = None, priority: int | None = None) -> tuple[list[str], bytes | None]:
+        """Publish to ``ref`` what :meth:`check` passed (at most max_batch messages); ``priority``: the
+        level of every message (fences/priority.py)."""
         await self.ctx.check_topic_kind(ref.topic, ref.lite)
         return await self._append(ref, [pack_body(p, headers, qos, producer) for p in payloads], dedup_ids, read_key,
-                                  (delay_ms, at_ms))
+                                  (delay_ms, at_ms), priority)
 
     async def append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str | None] | None = None) -> list[str]:
         """Append packed bodies to one queue and fill its push members' mailboxes."""
         return (await self._append(ref, bodies, dedup_ids, None))[0]
 
     async def _append(self, ref: QueueRef, bodies: list[bytes], dedup_ids: list[str | None] | None,
-                      read_key: str | None, when: tuple[int | None, int | None] = (None, None)
-                      ) -> tuple[list[str], bytes | None]:
+                      read_key: str | None, when: tuple[int | None, int | None] = (None, None),
+                      priority: int | None = None) -> tuple[list[str], bytes | None]:
         config = self.ctx.config
         messages: list[bytes | str] = []
         spans: list[str] = []
@@ -176,7 +177,7 @@ class Publishing:
         scheduling = delay_ms is not None or at_ms is not None
         args = dict(dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
                     journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans), default_lock_ms=config.default_lock_ms,
-                    delay_ms=opt(delay_ms), at_ms=opt(at_ms), max_delay_ms=config.max_delay_ms,
+                    delay_ms=opt(delay_ms), at_ms=opt(at_ms), max_delay_ms=config.max_delay_ms, priority=opt(priority),
                     **await self.ctx.retention.args(ref.topic))
         keys = self.ctx.keys.queue(ref)
 

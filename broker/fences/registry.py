@@ -54,6 +54,7 @@ from fencemq.fences.durability import (
 )
 from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.redis_link import RedisLink
+from fencemq.model.keys import key_slot, slot_totals_registry
 
 READ_GRACE_S = 0.2  # run_reading on a Cluster: how long the read may lag the fence before it counts as failed
 _INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
@@ -314,6 +315,13 @@ def _sharded(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(SLOT_KEYS.get(n, n) for n in names)
 
 
+@cache
+def _totals_at(name: str) -> int | None:
+    """Where a fence's KEYS hold ``totals`` (its header names it), None when they do not."""
+    keys = headers()[name].keys
+    return keys.index("totals") if "totals" in keys else None
+
+
 def fence(name: str, keys: str, argv: str, *, keys_rest: str | None = None, argv_rest: str | None = None) -> FenceSpec:
     """Declare a fence's spec: ``keys`` and ``argv`` are space-separated names, in header order."""
     return FenceSpec(name, tuple(keys.split()), tuple(argv.split()), keys_rest, argv_rest)
@@ -340,6 +348,35 @@ class Fences:
         self.scripts: dict[str, AsyncScript] = {
             name: redis.register_script(src) for name, src in sources().items()
         }
+        # The slot totals keys (a Cluster's) this client has listed in their registry: each is listed
+        # once, before the first call that carries it is sent (register_totals).
+        self.totals_registered: set[str] = set()
+
+    async def register_totals(self, calls: Sequence[tuple[str, list[str]]]) -> None:
+        """On a Cluster, list the slot of every totals key among the calls' (fence name, KEYS) in the
+        keyspace's registry of totals slots (``Keyspace.totals_slots``, a set a reader sums over) before
+        any of them is sent: a slot whose totals a fence writes is always listed. A SADD per slot new to
+        this client (idempotent: another client may have listed it); a SADD that fails raises, and the
+        calls are not sent. Its effect is remembered only once Redis has answered it."""
+        if not self.sharded:
+            return
+        new: dict[str, set[str]] = {}
+        for name, key_list in calls:
+            at = _totals_at(name)
+            if at is not None and (key := key_list[at]) not in self.totals_registered:
+                new.setdefault(slot_totals_registry(key), set()).add(key)
+        for registry, listed in new.items():
+            await self.redis.sadd(registry, *sorted({key_slot(k) for k in listed}))
+            self.totals_registered |= listed
+
+    async def reassert_totals(self) -> None:
+        """List again every slot this client has listed (a registry lost in a failover is made whole
+        again by the workers that wrote into its slots: each calls this now and then)."""
+        by_registry: dict[str, set[int]] = {}
+        for key in list(self.totals_registered):
+            by_registry.setdefault(slot_totals_registry(key), set()).add(key_slot(key))
+        for registry, slots in by_registry.items():
+            await self.redis.sadd(registry, *sorted(slots))
 
     def _confirms(self, names: Any) -> bool:
         return not self.durability.local and not CONFIRMED_FENCES.isdisjoint(names)
@@ -399,6 +436,7 @@ class Fences:
         the acknowledging ones on the same connection (an UNCONFIRMED result when it does not come)."""
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
+        await self.register_totals([(name, key_list) for name, key_list, _ in calls])
         for attempt in range(3):
             commands = []
             for i in todo:
@@ -479,6 +517,8 @@ class Fences:
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         if self._confirms([name]):
             return self.check((await self._run_calls([(name, keys, args)]))[0])
+        if self.sharded:
+            await self.register_totals([(name, keys)])
         started = perf_counter()
         try:
             if self.link is None:

@@ -13,6 +13,7 @@ Protocol: docs/protocol.md, "Scheduled messages".
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fencemq.errors import BadArgument, LimitExceeded
@@ -23,13 +24,16 @@ from fencemq.model.keys import QueueKeys, QueueRef
 from fencemq.model.values import text
 
 RELEASE = fence("release", "meta log scheduled scheduled_bodies held ready delayed journal wake dedup dedup_ids dead "
-                "totals backlogs",
+                "totals backlogs priority",
                 "upto limit maxlen maxage_ms maxbytes keep idle_ttl_ms journal_cap")
 UNPUB = fence("unpub", "meta scheduled scheduled_bodies journal totals backlogs", "", argv_rest="sids")
 
+_SCHEDULE_ID = re.compile(r"s\d+(?:p\d)?")
+
 
 def is_schedule_id(message_id: str) -> bool:
-    return message_id[:1] == "s" and message_id[1:].isdigit()
+    """``s<n>``, or ``s<n>p<level>`` for a message published with a PRIORITY (lib/priority.lua)."""
+    return _SCHEDULE_ID.fullmatch(message_id) is not None
 
 
 def release_dedup_id(ref: QueueRef, sid: str) -> str:

@@ -36,6 +36,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from fencemq.errors import BadArgument, FenceMQError
 from fencemq.fences.context import FenceContext
 from fencemq.fences.memory import is_oom
+from fencemq.fences.priority import check_level
 from fencemq.fences.publish import Publishing
 from fencemq.fences.gathering import Gathering
 from fencemq.fences.redis_client import pipeline_then_publish, pipeline_then_publish_all
@@ -272,9 +273,11 @@ class Shared:
                 await self.publishing.append(ref, bodies[start : start + self.config.max_batch])
 
     def check_publish(self, topic: str, payloads: list[bytes], *, lmq: str | None = None, qos: int = 1,
-                      retain: bool = False, delay_ms: int | None = None, at_ms: int | None = None) -> QueueRef:
+                      retain: bool = False, delay_ms: int | None = None, at_ms: int | None = None,
+                      priority: int | None = None) -> QueueRef:
         """The queue a publish goes to, once every check that needs no Redis has passed, in the
-        order a publish meets them: BADARG or LIMIT saying what to fix."""
+        order a publish meets them: BADARG or LIMIT saying what to fix (NOPRIORITY: a PRIORITY for an lmq)."""
+        check_level(priority, QueueRef(topic, lmq))
         if lmq is None:
             check_topic_name(topic)
         elif retain:
@@ -297,19 +300,23 @@ class Shared:
         delay_ms: int | None = None,
         at_ms: int | None = None,
         ttl_ms: int | None = None,
+        priority: int | None = None,
     ) -> list[str]:
         """Publish to the topic's own queue, then copy to every matching filter. With ``delay_ms`` or
         ``at_ms``, scheduled: stored in the topic's queue, released and copied when due
         (:meth:`release_due`). With ``ttl_ms``, it expires that long after it becomes deliverable:
-        every copy (and a retained one) carries the one deadline."""
-        ref = self.check_publish(topic, payloads, lmq=lmq, qos=qos, retain=retain, delay_ms=delay_ms, at_ms=at_ms)
+        every copy (and a retained one) carries the one deadline. With ``priority`` (0–9), at that level in a
+        queue set to honour priority (fences/priority.py; NOPRIORITY elsewhere); the copies to filter
+        subscriptions have none."""
+        ref = self.check_publish(topic, payloads, lmq=lmq, qos=qos, retain=retain, delay_ms=delay_ms, at_ms=at_ms,
+                                 priority=priority)
         headers = await self.publishing.expiring(headers, ttl_ms, delay_ms, at_ms)
         if delay_ms is not None or at_ms is not None:
             return (await self.publishing.publish_checked(ref, payloads, None, qos=qos, dedup_ids=dedup_ids,
                                                           headers=headers, producer=producer, delay_ms=delay_ms,
-                                                          at_ms=at_ms))[0]
+                                                          at_ms=at_ms, priority=priority))[0]
         return await self._publish_checked(ref, payloads, qos=qos, dedup_ids=dedup_ids, headers=headers,
-                                           producer=producer, retain=retain)
+                                           producer=producer, retain=retain, priority=priority)
 
     async def publish_many(
         self,
@@ -399,7 +406,7 @@ class Shared:
 
     async def _publish_checked(self, ref: QueueRef, payloads: list[bytes], *, qos: int,
                                dedup_ids: list[str | None] | None, headers: dict[str, str] | None,
-                               producer: str | None, retain: bool = False) -> list[str]:
+                               producer: str | None, retain: bool = False, priority: int | None = None) -> list[str]:
         topic = ref.topic
         if ref.lite:
             return (await self.publishing.publish_checked(ref, payloads, None, qos=qos, dedup_ids=dedup_ids,
@@ -409,7 +416,7 @@ class Shared:
         version_key = self.registry.version_key(topic)
         ids, version = await self.publishing.publish_checked(
             ref, payloads, version_key, qos=qos, dedup_ids=dedup_ids, headers=headers,
-            producer=producer,
+            producer=producer, priority=priority,
         )
         if retain:
             # The last retained message per topic; an empty payload clears it.

@@ -26,12 +26,13 @@ from fencemq.model.keys import Handle, QueueRef, check_name
 from fencemq.model.values import text
 
 SUBSCRIBE = fence(
-    "subscribe", "meta log checkouts deadlines owned held ready wake delayed dedup dedup_ids dead journal totals backlogs",
+    "subscribe", "meta log checkouts deadlines owned held ready wake delayed dedup dedup_ids dead journal totals backlogs "
+    "priority",
     "group member mode default_mode policy from_kind from_arg lock_ms epoch max capacity qos on_preempt journal_cap"
     " strategy offline lite",
 )
 UNSUBSCRIBE = fence("unsubscribe",
-                    "meta log checkouts deadlines owned held ready delayed wake dedup dedup_ids dead journal mailbox totals backlogs",
+                    "meta log checkouts deadlines owned held ready delayed wake dedup dedup_ids dead journal mailbox totals backlogs priority",
                     "group member how idle_ttl_ms")
 PRESENCE = fence("presence", "meta journal", "group member online")
 DROP_IF_EMPTY = fence("drop_if_empty", "meta totals backlogs", "", keys_rest="others")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterable
 from urllib.parse import unquote
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -149,6 +150,21 @@ def _slot_name(base: str, tag: str) -> str:
     return f"{prefix}:{{{tag}}}:{name}"
 
 
+@lru_cache(maxsize=16)
+def _every_slot_name(base: str) -> tuple[str, ...]:
+    return tuple(_slot_name(base, slot_tag(slot)) for slot in range(SLOTS))
+
+
+def totals_registry(prefix: str) -> str:
+    """The set of slots in use by the totals of the keyspace ``prefix`` (Keyspace.totals_slots)."""
+    return f"{prefix}:totals-slots"
+
+
+def slot_totals_registry(slot_key_name: str) -> str:
+    """The registry (:func:`totals_registry`) a slot's totals key ``<prefix>:{<tag>}:totals`` is listed in."""
+    return totals_registry(slot_key_name.rpartition(":{")[0])
+
+
 def slot_key(base: str, key: str) -> str:
     """``base`` (``<prefix>:totals``) of the slot ``key`` is in: ``<prefix>:{<slot tag>}:totals``."""
     return _slot_name(base, slot_tag(key_slot(key)))
@@ -174,6 +190,7 @@ class QueueKeys:
     waiters: str  # zset: waiting long polls a publish hands messages to, scored by the end of their wait
     scheduled: str  # zset: schedule id of a message published for later, scored by when it is due (ms)
     scheduled_bodies: str  # hash: schedule id -> the stored body it will be appended with
+    priority: str  # zset: a priority queue's message ids scored (9 - level) * 2^48 + id (lua/lib/priority.lua)
     # The broker's totals the fences keep (lua/lib/totals.lua): one hash and one zset for the whole
     # broker on a single server; on a Cluster the pair of the queue's slot (slot_totals, slot_backlogs)
     totals: str  # hash: figures and events, broker-wide and per entry
@@ -198,7 +215,7 @@ class QueueKeys:
         """Every fixed key of the queue (mailboxes aside), e.g. to delete it."""
         return [self.meta, self.log, self.checkouts, self.deadlines, self.owned, self.held, self.ready, self.delayed,
                 self.dedup, self.dedup_ids, self.dead, self.journal, self.waiters, self.scheduled,
-                self.scheduled_bodies]
+                self.scheduled_bodies, self.priority]
 
 
 class Keyspace:
@@ -248,6 +265,7 @@ class Keyspace:
             waiters=base + ":lp",
             scheduled=base + ":sch",
             scheduled_bodies=base + ":schb",
+            priority=base + ":pri",
             totals=self.totals,
             backlogs=self.backlogs,
         )
@@ -262,10 +280,17 @@ class Keyspace:
         """Zset: each entry's messages ready, on a single server (QueueKeys.slot_backlogs on a Cluster)."""
         return f"{self.prefix}:backlogs"
 
-    def slot_keys(self, name: str) -> list[str]:
-        """``totals`` or ``backlogs`` of every Cluster slot (what a Cluster's totals are summed from)."""
-        base = getattr(self, name)
-        return [_slot_name(base, slot_tag(slot)) for slot in range(SLOTS)]
+    def slot_keys(self, name: str, slots: Iterable[int] | None = None) -> list[str]:
+        """``totals`` or ``backlogs`` of the Cluster slots ``slots`` (default: every slot), in that order."""
+        names = _every_slot_name(getattr(self, name))
+        return list(names) if slots is None else [names[slot] for slot in slots]
+
+    @property
+    def totals_slots(self) -> str:
+        """Set: the Cluster slots whose totals a fence may have written (what a Cluster's totals are
+        summed from): a worker adds a slot before its first fence call that carries the slot's
+        totals (fences/registry.py, ``Fences.register_totals``)."""
+        return totals_registry(self.prefix)
 
     def topic(self, topic: str) -> str:
         """Hash: the topic's kind (plain or lite) and its configuration."""

@@ -35,6 +35,7 @@ GROUPS = "groups"  # the group names, in creation order (records.encode_names)
 JOURNAL_CAP = "jcap"
 PUSH = "push"  # the push members (records.encode_push_members)
 MAX_FAILURES = "maxdel"
+PRIORITY = "prio"  # "1": the queue honours PUB … PRIORITY (lua/lib/priority.lua); absent: it does not
 
 # -- group fields: group_field(group, name)
 MODE = "mode"  # exclusive | shared | single-active
@@ -48,6 +49,7 @@ STRATEGY = "strat"  # a shared group's: round-robin | sticky | hash
 QUEUE_OFFLINE = "qoff"
 ROUND_ROBIN = "rr"  # the round-robin pointer
 STICKY = "stk"  # the sticky member
+LEVEL_CURSORS = "pc"  # a priority queue's: the next id to read at each level, level 0 first; absent: all = cur
 
 # -- member fields: member_field(group, member, name)
 DELIVERED = "n"

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 
+from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.fences import session_index
 from fencemq.fences.retention import Policy
@@ -180,9 +181,13 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
     delayed_by = await _delayed_by_group(redis, k)
     epochs = {g: _int(group.get(meta.EPOCH)) for g, group in groups.items()}
     checkouts, total = await _checkouts(redis, k, now, limit, epochs=epochs)
+    levels = await level_counts(redis, k)  # a priority queue's: per level (fences/priority.py); None otherwise
     out_groups = []
     for g, group in groups.items():
         row = _group_row(g, group, seq, first)
+        if levels is not None:  # its cursor is a low-water mark: what it has not read is counted by level
+            row["unread"] = sum(levels["unread"].get(g, {}).values())
+            row["unread_by_level"] = levels["unread"].get(g, {})
         c = counts[g]
         row.update({
             "returned": c["returned"],
@@ -210,6 +215,7 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         "expires_in_s": round(int(ttl) / 1000, 3) if int(ttl) >= 0 else None,
         "journal_cap": _int(fields.get(meta.JOURNAL_CAP), None),
         "journal_length": int(journal),
+        "priority": levels,  # None: the queue does not honour PUB … PRIORITY; else {levels, unread} by level
         "backlog": max((g["backlog"] for g in out_groups), default=None),
         "checkouts_total": total,
         "leased": int(leased),

@@ -307,19 +307,20 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
                 pipe.zcard(k.ready)
                 pipe.zcard(k.delayed)
                 pipe.llen(k.dead)
+                pipe.zcard(k.scheduled)
             replies = await pipe.execute()
         parsed = []
         for i, qid in enumerate(chunk):
-            raw_meta, leased, held, ready, delayed, dead = replies[6 * i : 6 * i + 6]
+            raw_meta, leased, held, ready, delayed, dead, scheduled = replies[7 * i : 7 * i + 7]
             if raw_meta:
-                parsed.append((qid, *parse_meta(raw_meta), leased, held, ready, delayed, dead))
+                parsed.append((qid, *parse_meta(raw_meta), leased, held, ready, delayed, dead, scheduled))
         async with redis.pipeline(transaction=False) as pipe:
             for qid, _fields, groups, *_ in parsed:
                 k = keys.queue_by_id(qid)
                 for g in groups:
                     pipe.zlexcount(k.ready, *lex_range(g))
             counts = iter(await pipe.execute()) if parsed else iter(())
-        for qid, fields, groups, leased, held, ready, delayed, dead in parsed:
+        for qid, fields, groups, leased, held, ready, delayed, dead, scheduled in parsed:
             seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
             backlogs, owners, members, suspected, marked, unread = [], [], 0, 0, 0, []
             flagged = []  # (group, member, fields) of the members suspected or fenced off
@@ -351,6 +352,8 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
                 "ready": int(ready),
                 "delayed": int(delayed),
                 "dead_letters": int(dead),
+                "scheduled": int(scheduled),  # published for later, not in the log yet (fences/schedule.py)
+                "priority": fields.get(meta.PRIORITY) == "1",  # honours PUB … PRIORITY (fences/priority.py)
                 "suspected": suspected,
                 "evicted": marked,
                 "flagged": flagged,

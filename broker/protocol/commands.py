@@ -29,7 +29,7 @@ class Request:
         if self.verb in ("PUB", "MPUB"):
             # dedup ids go into the batch's fence call beside each message (an SDK gives every PUB one)
             plain = not (self.args.get("headers") or self.args.get("retain") or "delay_ms" in self.args
-                         or "at_ms" in self.args or "ttl_ms" in self.args)
+                         or "at_ms" in self.args or "ttl_ms" in self.args or "priority" in self.args)
             return ("PUB", self.args["topic"], self.args.get("lmq"), self.args.get("qos", 1)) if plain else None
         if self.verb == "SUB" and self.args.get("lmq") is not None and not self.args.get("push"):
             topic = self.args["topic"]
@@ -162,8 +162,10 @@ def parse_pub(args: list[bytes]) -> Request:
             _when(out, word, opts.value(word))
         elif word == "TTL":
             out["ttl_ms"] = _int(opts.value(word), "TTL", 1, MAX_TTL_MS)
+        elif word == "PRIORITY":
+            out["priority"] = _int(opts.value(word), "PRIORITY", 0, 9)
         else:
-            raise opts.unknown(word, "LMQ, QOS, RETAIN, ID, HDR, DELAY, AT, TTL")
+            raise opts.unknown(word, "LMQ, QOS, RETAIN, ID, HDR, DELAY, AT, TTL, PRIORITY")
     if headers:
         out["headers"] = headers
     return Request("PUB", out)
@@ -188,8 +190,10 @@ def parse_mpub(args: list[bytes]) -> Request:
             _when(out, word, opts.value(word))
         elif word == "TTL":
             out["ttl_ms"] = _int(opts.value(word), "TTL", 1, MAX_TTL_MS)
+        elif word == "PRIORITY":
+            out["priority"] = _int(opts.value(word), "PRIORITY", 0, 9)
         else:
-            raise opts.unknown(word, "LMQ, QOS, ID, DELAY, AT, TTL")
+            raise opts.unknown(word, "LMQ, QOS, ID, DELAY, AT, TTL, PRIORITY")
     return Request("MPUB", out)
 
 
@@ -419,11 +423,11 @@ COMMANDS: dict[str, Command] = {
                "transactions"),
     "DISCARD": _c(parse_simple("DISCARD", 0, 0), "", "Drop the queued commands", "transactions", "fast"),
     "PUB": _c(parse_pub, "topic payload [LMQ lmq] [QOS 0|1] [RETAIN] [ID dedup-id] [HDR name value]... "
-                         "[(DELAY ms | AT unix-ms)] [TTL ms]",
-              "Publish a message (DELAY/AT: for later; TTL: settled unsent once expired); its id (a schedule id "
-              "when for later)", "fencemq", "write"),
+                         "[(DELAY ms | AT unix-ms)] [TTL ms] [PRIORITY p]",
+              "Publish a message (DELAY/AT: for later; TTL: settled unsent once expired; PRIORITY 0-9: on a "
+              "priority queue); its id (a schedule id when for later)", "fencemq", "write"),
     "MPUB": _c(parse_mpub, "topic n payload... [LMQ lmq] [QOS 0|1] [ID dedup-id] [(DELAY ms | AT unix-ms)] "
-                           "[TTL ms]",
+                           "[TTL ms] [PRIORITY p]",
                "Publish n messages in one fence call; their ids", "fencemq", "write"),
     "UNPUB": _c(parse_unpub, "topic id... [LMQ lmq]",
                 "Cancel scheduled messages by schedule id; how many were still waiting", "fencemq", "write"),

@@ -33,10 +33,10 @@ __all__ = [
 ]
 
 
-def _when(delay_ms: int | None, at_ms: int | None, ttl_ms: int | None = None) -> list[Any]:
-    """A publish for later: ``DELAY ms`` or ``AT unix-ms`` (the broker refuses both); ``TTL ms``."""
+def _when(delay_ms: int | None, at_ms: int | None, ttl_ms: int | None = None, priority: int | None = None) -> list[Any]:
+    """A publish for later: ``DELAY ms`` or ``AT unix-ms`` (the broker refuses both); ``TTL ms``; ``PRIORITY p``."""
     return ((["DELAY", delay_ms] if delay_ms is not None else []) + (["AT", at_ms] if at_ms is not None else [])
-            + (["TTL", ttl_ms] if ttl_ms is not None else []))
+            + (["TTL", ttl_ms] if ttl_ms is not None else []) + (["PRIORITY", priority] if priority is not None else []))
 
 
 class Client(PipelinedConnection):
@@ -84,10 +84,12 @@ class Client(PipelinedConnection):
         delay_ms: int | None = None,
         at_ms: int | None = None,
         ttl_ms: int | None = None,
+        priority: int | None = None,
     ) -> str:
         """PUB; the message id, or a schedule id (``s…``) when ``delay_ms`` or ``at_ms`` publishes it for later
         (cancel it with :meth:`unpublish`). ``ttl_ms``: it expires that long after it becomes deliverable
-        (settled unsent, counted as expired)."""
+        (settled unsent, counted as expired). ``priority`` (0–9): its level on a priority queue (NOPRIORITY,
+        :class:`~fencemq.errors.PriorityOff`, elsewhere)."""
         args: list[Any] = ["PUB", topic, payload]
         if lmq is not None:
             args += ["LMQ", lmq]
@@ -101,11 +103,11 @@ class Client(PipelinedConnection):
             args += ["ID", dedup_id]
         for k, v in (headers or {}).items():
             args += ["HDR", k, v]
-        return await self._call(args + _when(delay_ms, at_ms, ttl_ms), _str, resend=dedup_id is not None)
+        return await self._call(args + _when(delay_ms, at_ms, ttl_ms, priority), _str, resend=dedup_id is not None)
 
     async def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
                        dedup_id: str | None = None, delay_ms: int | None = None,
-                       at_ms: int | None = None, ttl_ms: int | None = None) -> list[str]:
+                       at_ms: int | None = None, ttl_ms: int | None = None, priority: int | None = None) -> list[str]:
         """MPUB: the batch's ids, in order (schedule ids when ``delay_ms`` or ``at_ms`` publishes them for later).
         ``dedup_id`` covers the whole batch: the same batch sent again within the broker's dedup window gets
         the same ids and is stored once (a reconnecting client gives every batch one)."""
@@ -118,7 +120,7 @@ class Client(PipelinedConnection):
             dedup_id = self._next_dedup_id()
         if dedup_id is not None:
             args += ["ID", dedup_id]
-        return await self._call(args + _when(delay_ms, at_ms, ttl_ms), lambda raw: [_str(i) for i in raw],
+        return await self._call(args + _when(delay_ms, at_ms, ttl_ms, priority), lambda raw: [_str(i) for i in raw],
                                 resend=dedup_id is not None)
 
     async def unpublish(self, topic: str, ids: list[str], lmq: str | None = None) -> int:

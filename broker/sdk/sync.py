@@ -115,17 +115,18 @@ class SyncClient:
 
     def publish(self, topic: str, payload: bytes | str, lmq: str | None = None, qos: int = 1, retain: bool = False,
                 dedup_id: str | None = None, headers: dict[str, str] | None = None, delay_ms: int | None = None,
-                at_ms: int | None = None, ttl_ms: int | None = None) -> str:
+                at_ms: int | None = None, ttl_ms: int | None = None, priority: int | None = None) -> str:
         """PUB; the message id (a schedule id, ``s…``, for a message published for later)."""
         return self._run(self._client.publish(topic, payload, lmq=lmq, qos=qos, retain=retain, dedup_id=dedup_id,
-                                              headers=headers, delay_ms=delay_ms, at_ms=at_ms, ttl_ms=ttl_ms))
+                                              headers=headers, delay_ms=delay_ms, at_ms=at_ms, ttl_ms=ttl_ms,
+                                              priority=priority))
 
     def mpublish(self, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
                  dedup_id: str | None = None, delay_ms: int | None = None, at_ms: int | None = None,
-                 ttl_ms: int | None = None) -> list[str]:
+                 ttl_ms: int | None = None, priority: int | None = None) -> list[str]:
         """MPUB; the message ids, in order (``dedup_id`` covers the batch; schedule ids with a delay)."""
         return self._run(self._client.mpublish(topic, payloads, lmq=lmq, qos=qos, dedup_id=dedup_id,
-                                               delay_ms=delay_ms, at_ms=at_ms, ttl_ms=ttl_ms))
+                                               delay_ms=delay_ms, at_ms=at_ms, ttl_ms=ttl_ms, priority=priority))
 
     def unpublish(self, topic: str, ids: list[str], lmq: str | None = None) -> int:
         """UNPUB: cancel scheduled messages; how many still waited."""

@@ -28,7 +28,7 @@ from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.fences.memory import ALARM as ALARM_FENCE
 from fencemq.fences.memory import read_alarms
 from fencemq.model.values import text
-from fencemq.ops import alarm_rules, history, totals
+from fencemq.ops import alarm_rules, history
 from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import queue_rows
 from fencemq.ops.redis_health import HealthReader, remembered_nodes
@@ -36,6 +36,7 @@ from fencemq.server import metrics
 
 log = logging.getLogger(__name__)
 
+REASSERT_TOTALS_MS = 60_000  # how often a worker lists again the totals slots it listed (fences/registry.py)
 REMEMBER_EVERY_MS = 60_000  # a node's record is written again at most this often while it answers
 UNACKED_LOOK = 100  # queues looked at for the oldest unacknowledged message: the schedule's first
 
@@ -47,9 +48,11 @@ class HealthWatch:
         self.keys = services.keys
         self.redis = services.redis
         self.reader = HealthReader(self.redis, self.keys, url)
+        self.totals = services.totals  # the worker's one reading of the totals, shared with its sampler
         self.health: Any = None  # the last Health this worker read (as watcher)
         self.watching = False
         self._failing = False
+        self._reasserted_at = 0.0
 
     async def run(self) -> None:
         every = self.config.health_sample_ms / 1000
@@ -71,6 +74,11 @@ class HealthWatch:
 
     async def sample(self) -> None:
         self.watching = await self._hold_lease()
+        if anyio.current_time() - self._reasserted_at >= REASSERT_TOTALS_MS / 1000:
+            # the registry of totals slots is written once per slot per worker: one a failover lost is
+            # made whole again by the workers that listed its slots
+            await self.s.core.fences.reassert_totals()
+            self._reasserted_at = anyio.current_time()
         # this worker's connections, for the overview's count (the watcher forgets those of workers gone)
         await self.redis.hset(self.keys.worker_figures, self.s.worker_id, self.s.gate.connections)
         on = await read_alarms(self.redis, self.keys)
@@ -174,14 +182,15 @@ class HealthWatch:
 
     async def backlog_queues(self) -> list[str]:
         """The queues (not lite topics) with the largest backlogs, from the counters the fences keep."""
-        return [e for e, _ in await totals.largest_backlogs(self.redis, self.keys, 20) if not e.startswith("l:")]
+        _, largest = await self.totals.read()
+        return [e for e, _ in largest if not e.startswith("l:")]
 
     async def record_history(self, now: int) -> None:
         """A point of the broker's history for each series that is due (ops/history.py)."""
         due = await history.due(self.redis, self.keys, now)
         if not due:
             return
-        figures: dict[str, int] = await totals.read_totals(self.redis, self.keys)
+        figures, _ = await self.totals.read(fresh=True)  # a point is the totals at its own time
         figures["sessions"] = int(await self.redis.zcount(self.keys.sessions, now, "+inf"))
         figures["connections"] = sum(int(v) for v in await self.redis.hvals(self.keys.worker_figures))
         await history.record(self.redis, self.keys, due, now, figures)
@@ -194,7 +203,7 @@ class HealthWatch:
         then = await history.value_at(self.redis, self.keys, series, "dead_lettered", now - window)
         if then is None:
             return None
-        return max(0, (await totals.read_totals(self.redis, self.keys))["dead_lettered"] - then)
+        return max(0, (await self.totals.read())[0]["dead_lettered"] - then)
 
 
 def _noted(rec: dict[str, Any] | None, n: Any, now: int) -> bool:

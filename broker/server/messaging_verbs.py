@@ -58,22 +58,22 @@ class MessagingVerbs:
     async def pub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None, qos: int = 1,
                   retain: bool = False, dedup_ids: list[str] | None = None,
                   headers: dict[str, str] | None = None, delay_ms: int | None = None,
-                  at_ms: int | None = None, ttl_ms: int | None = None) -> Any:
+                  at_ms: int | None = None, ttl_ms: int | None = None, priority: int | None = None) -> Any:
         self._may(session, "publish", topic)
         ids = await self.services.core.shared.publish(
             topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids, headers=headers, producer=session.client_id,
-            retain=retain, delay_ms=delay_ms, at_ms=at_ms, ttl_ms=ttl_ms,
+            retain=retain, delay_ms=delay_ms, at_ms=at_ms, ttl_ms=ttl_ms, priority=priority,
         )
         _count_published(ids)
         return ids[0]
 
     async def mpub(self, session: Session, topic: str, payloads: list[bytes], lmq: str | None = None,
                    qos: int = 1, dedup_ids: list[str | None] | None = None, delay_ms: int | None = None,
-                   at_ms: int | None = None, ttl_ms: int | None = None) -> Any:
+                   at_ms: int | None = None, ttl_ms: int | None = None, priority: int | None = None) -> Any:
         self._may(session, "publish", topic)
         ids = await self.services.core.shared.publish(topic, payloads, lmq=lmq, qos=qos, dedup_ids=dedup_ids,
                                                       producer=session.client_id, delay_ms=delay_ms, at_ms=at_ms,
-                                                      ttl_ms=ttl_ms)
+                                                      ttl_ms=ttl_ms, priority=priority)
         _count_published(ids)
         return id_array(ids)
 

@@ -18,11 +18,13 @@ import anyio
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from redis.exceptions import RedisError
 
-from fencemq.model.keys import Keyspace
+from fencemq.fences.priority import level_counts
+from fencemq.model.keys import Keyspace, queue_ref
 from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import now_ms, queue_rows, scan_queues
+from fencemq.ops.priority import LEVELS_SHOWN, backlog_by_level
 from fencemq.ops.redis_health import HealthReader
-from fencemq.ops.totals import read_totals
+from fencemq.ops.totals import SharedReading, read_totals
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,10 @@ BACKLOG = Gauge("fencemq_backlog_messages", "Messages not yet delivered to the s
                 ["topic", "lmq"])
 OLDEST_UNACKED = Gauge("fencemq_oldest_unacked_age_seconds",
                        "Age of the oldest message some group has not acknowledged (sampled)", ["topic", "lmq"])
+SCHEDULED_MESSAGES = Gauge("fencemq_scheduled_messages", "Messages published for later (PUB … DELAY | AT), not yet "
+                           "due, per topic (sampled; a lite topic's: all its lmqs')", ["topic"])
+PRIORITY_BACKLOG = Gauge("fencemq_priority_backlog_messages", "A priority topic's backlog per level 0-9: at each "
+                         "level, the most messages one group has not read (sampled)", ["topic", "level"])
 SAMPLED_QUEUES = Gauge("fencemq_sampled_queues", "Queues the last sample read (capped by metrics_scan_limit)")
 # The memory guard's sample (fences/memory.py, every memory_sample_ms), per Redis node (a Cluster's primaries)
 REDIS_MEMORY = Gauge("fencemq_redis_memory_bytes", "Redis memory as counted against maxmemory (sampled)", ["node"])
@@ -146,7 +152,8 @@ def observe_fence(name: str, seconds: float) -> None:
     FENCE_SECONDS.labels(name).observe(seconds)
 
 
-async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int) -> None:
+async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int,
+                 totals: SharedReading | None = None) -> None:
     """Read the broker's gauges from Redis once and set them (the previous label sets are dropped)."""
     now = await now_ms(redis)
     sessions = await redis.zcount(keys.sessions, now, "+inf")
@@ -154,8 +161,14 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
     rows = await queue_rows(redis, keys, page.qids)
     firsts = await oldest_pending_ms(redis, keys, rows)
     by_topic: dict[str, list[float]] = {}
+    scheduled: dict[str, int] = {}
+    priority: list[str] = []  # qids of the priority queues (plain topics' only: one per topic)
     lmqs: list[tuple[int, str, str, float]] = []
     for row in rows:
+        if row["scheduled"]:
+            scheduled[row["topic"]] = scheduled.get(row["topic"], 0) + row["scheduled"]
+        if row["priority"]:
+            priority.append(row["qid"])
         backlog = row["backlog"] or 0
         age = max(0.0, (now - firsts[row["qid"]]) / 1000) if row["qid"] in firsts else 0.0
         total = by_topic.setdefault(row["topic"], [0, 0.0])
@@ -165,11 +178,25 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
             lmqs.append((backlog, row["topic"], row["lmq"], age))
     topics = sorted(by_topic.items(), key=lambda kv: kv[1][0], reverse=True)[:max_topics]
     lmqs = sorted(lmqs, reverse=True)[:top_lmqs]
+    # the same cap as the backlog's: the max_topics topics with the most scheduled; per level, the
+    # priority topics among those the backlog gauge exports (at most max_topics · 10 series)
+    most_scheduled = sorted(scheduled.items(), key=lambda kv: kv[1], reverse=True)[:max_topics]
+    exported = {topic for topic, _ in topics}
+    levels: dict[str, dict[int, int]] = {}
+    for qid in priority:
+        ref = queue_ref(qid)
+        if ref.topic in exported:
+            levels[ref.topic] = backlog_by_level(await level_counts(redis, keys.queue(ref)))
     SESSIONS.set(sessions)
-    EXPIRED.set((await read_totals(redis, keys))["expired"])
+    EXPIRED.set(((await totals.read())[0] if totals is not None else await read_totals(redis, keys))["expired"])
     SAMPLED_QUEUES.set(len(rows))
-    for gauge in (BACKLOG, OLDEST_UNACKED):
+    for gauge in (BACKLOG, OLDEST_UNACKED, SCHEDULED_MESSAGES, PRIORITY_BACKLOG):
         gauge.clear()
+    for topic, n in most_scheduled:
+        SCHEDULED_MESSAGES.labels(topic).set(n)
+    for topic, by_level in levels.items():
+        for level in LEVELS_SHOWN:  # every level, 0 too: a level that drains reads 0, not gone
+            PRIORITY_BACKLOG.labels(topic, str(level)).set(by_level.get(level, 0))
     for topic, (backlog, age) in topics:
         BACKLOG.labels(topic, "").set(backlog)
         OLDEST_UNACKED.labels(topic, "").set(age)
@@ -179,14 +206,15 @@ async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int
 
 
 async def run_sampler(redis: Any, keys: Keyspace, *, every_ms: int, scan_limit: int, max_topics: int,
-                      top_lmqs: int, url: str | None = None) -> None:
+                      top_lmqs: int, url: str | None = None, totals: SharedReading | None = None) -> None:
     """Sample the gauges for ever, the Redis nodes' health with them (a Redis outage skips samples, it
     never ends the worker)."""
     reader = HealthReader(redis, keys, url)
     try:
         while True:
             try:
-                await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs)
+                await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs,
+                             totals=totals)
                 redis_health_read(await reader.read())
             except (OSError, RedisError) as exc:
                 log.warning("could not sample the metrics gauges: %s", exc)

@@ -16,6 +16,7 @@ from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.sessions import RedisClock, Sessions
 from fencemq.model.keys import Keyspace
+from fencemq.ops.totals import SharedReading
 from fencemq.ops.users import UserStore
 from fencemq.server.gate import Gate
 from fencemq.server.handles import HandleSigner
@@ -35,6 +36,7 @@ class Services:
     wakeups: Wakeups
     users: UserStore
     gate: Gate  # identity, grants, limits and budgets: what every door asks (server/gate.py)
+    totals: SharedReading  # the broker's totals, read at most once per totals_read_ms (ops/totals.py)
     roster: Roster = field(default_factory=Roster)
     handles: HandleSigner = field(default_factory=HandleSigner)  # its secret is loaded when the worker starts
 
@@ -54,4 +56,5 @@ class Services:
             wakeups=Wakeups(redis, f"{config.prefix}:worker:{worker_id}"),
             users=users,
             gate=Gate(config, users, keys=core.keys, core=core),
+            totals=SharedReading(redis, core.keys, config.totals_read_ms),
         )

@@ -117,7 +117,8 @@ class Worker:
                         background.start_soon(partial(
                             metrics.run_sampler, redis, services.keys, every_ms=self.config.metrics_sample_ms,
                             scan_limit=self.config.metrics_scan_limit, max_topics=self.config.metrics_max_topics,
-                            top_lmqs=self.config.metrics_top_lmqs, url=self.config.redis_url))
+                            top_lmqs=self.config.metrics_top_lmqs, url=self.config.redis_url,
+                            totals=services.totals))
                     async with anyio.create_task_group() as conns:
                         accepting = anyio.CancelScope()
                         conns.start_soon(self._accept, listener, conns, accepting)

@@ -38,6 +38,7 @@ from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Keyspace, QueueRef, queue_ref
 from fencemq.model.values import text
 from fencemq.ops.operations import now_ms
+from fencemq.ops.priority import LEVELS_SHOWN
 from fencemq.ops import dashboard, history, inspection, maintenance, operations, overview
 from fencemq.ops.users import UserStore
 from fencemq.server.gate import Gate, Pass
@@ -167,7 +168,7 @@ class UI(UIGate):
         for g in q["groups"]:
             for m in g["members"]:
                 m["mode"] = g["mode"]
-        return {"q": q, "ref": ref}
+        return {"q": q, "ref": ref, "levels": _level_rows(q)}
 
     async def lmqs_data(self, request: Request) -> dict[str, Any]:
         p = request.query_params
@@ -216,6 +217,17 @@ def page_topic(name: str, request: Request) -> str:
     if name in ("queues", "lmqs"):
         return (p.get("topic") or "").strip() or "#"
     return "#"
+
+
+def _level_rows(q: dict[str, Any]) -> list[dict[str, Any]]:
+    """A priority queue's levels as the queue page lists them (9 first, those holding something or unread by
+    some group): the counts ``inspect_queue`` read (ops/inspection.py, fences/priority.py ``level_counts``)."""
+    if not q["priority"]:
+        return []
+    held = q["priority"]["levels"]
+    rows = [{"level": lv, "held": held.get(lv, 0),
+             "unread": [g.get("unread_by_level", {}).get(lv, 0) for g in q["groups"]]} for lv in LEVELS_SHOWN]
+    return [r for r in rows if r["held"] or any(r["unread"])]
 
 
 def _ref(qid: str | None) -> QueueRef:

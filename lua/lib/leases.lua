@@ -7,6 +7,7 @@
 --@include lib/meta.lua
 --@include lib/journal.lua
 --@include lib/totals.lua
+--@include lib/priority.lua
 --
 -- Encodings (docs/data-model.md; broker/model/records.py reads them):
 --   checkout record  group NUL member NUL id NUL epoch NUL acquisitions NUL failures
@@ -216,7 +217,8 @@ local function count_expired(K, g, ids, now)
 end
 
 -- The next `count` messages of group g, taken off it: returned ones first, in
--- id order, then new ones from the group's cursor (which moves past them).
+-- id order, then new ones from the group's cursor (which moves past them); in a
+-- priority queue, new ones by level, 9 first (lib/priority.lua).
 -- An expired message met on the way is settled for the group without delivery
 -- (its cursor passes it, a returned one leaves the ready set) and counted; the
 -- cursor reads on past it, so a batch is still filled from what is live.
@@ -243,6 +245,14 @@ local function take_next(K, g, count, now)
   local last, first = tonumber(f[2] or '0'), tonumber(f[3] or '1')
   local cur = tonumber(f[1] or first)
   if cur < first then cur = first end
+  if prio_on(K) then  -- a priority queue reads its levels, 9 first (lib/priority.lua)
+    if #taken > 0 or #gone > 0 then expand_meta(K.meta) end
+    if count - #taken > 0 and cur <= last then
+      take_by_level(K, g, count - #taken, now, cur, last, taken, gone, expired)
+    end
+    count_expired(K, g, gone, now)
+    return taken
+  end
   local want = math.min(count - #taken, last - cur + 1)
   -- an empty poll of a queue at rest writes nothing
   if want > 0 or #taken > 0 or #gone > 0 then expand_meta(K.meta) end
@@ -272,15 +282,19 @@ end
 -- (Expired messages take_next met stay settled: they are not in `taken`; one
 -- past a put-back message is met, and counted, again.)
 local function put_back(K, g, taken, from)
-  local back_to = nil
+  local back_to, by_level = nil, nil
   for i = from, #taken do
     local t = taken[i]
-    if t[3] == 1 then
+    if t[3] == 1 and t[7] then  -- a priority queue's (lib/priority.lua): back under its level's cursor
+      by_level = by_level or {}
+      if not by_level[t[7]] or t[2] < by_level[t[7]] then by_level[t[7]] = t[2] end
+    elseif t[3] == 1 then
       if not back_to or t[2] < back_to then back_to = t[2] end
     else
       add_total(K, READY, redis.call('ZADD', K.ready, 0, ready_member(g, t[2], t[3] - 1, t[5])))
     end
   end
+  if by_level then put_back_by_level(K, g, by_level) end
   if back_to then
     add_total(K, READY, tonumber(redis.call('HGET', K.meta, gf(g, CURSOR))) - back_to)
     redis.call('HSET', K.meta, gf(g, CURSOR), back_to)

@@ -85,7 +85,7 @@ local function trim_log(K, budget, keep, maxlen, maxage, maxbytes, now)
     redis.call('HDEL', K.log, unpack(texts, i, math.min(i + 999, #texts)))
   end
   expand_meta(K.meta)
-  count_trimmed(K, first, upto + 1)
+  if prio_on(K) then trim_levels(K, first, upto + 1) else count_trimmed(K, first, upto + 1) end
   redis.call('HSET', K.meta, 'first', upto + 1)
   return upto - first + 1
 end

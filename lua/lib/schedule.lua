@@ -35,7 +35,10 @@ end
 -- The id `j` places after `id` in a run of one dedup id (an MPUB … ID): a message id or a
 -- schedule id.
 local function id_after(id, j)
-  if string.sub(id, 1, 1) == 's' then return 's' .. int_str(tonumber(string.sub(id, 2)) + j) end
+  if string.sub(id, 1, 1) == 's' then  -- 's<n>', or 's<n>p<level>' (a PRIORITY given: lib/priority.lua)
+    local n, level = string.match(id, '^s(%d+)(.*)$')
+    return 's' .. int_str(tonumber(n) + j) .. level
+  end
   return int_str(tonumber(id) + j)
 end
 

@@ -47,7 +47,14 @@ local function move_cursor(K, g, cur)
   local epoch = redis.call('HINCRBY', K.meta, gf(g, EPOCH), 1)
   local f = redis.call('HMGET', K.meta, gf(g, CURSOR), 'first', 'seq')
   local first, seq = tonumber(f[2] or '1'), tonumber(f[3] or '0')
-  add_total(K, READY, unread_of(cur, first, seq) - unread_of(tonumber(f[1] or first), first, seq))
+  local before = tonumber(f[1] or first)
+  if prio_on(K) then  -- every level's cursor moves to `cur` (lib/priority.lua)
+    local unread = unread_by_level(K, g, math.max(before, first))
+    redis.call('HDEL', K.meta, gf(g, LEVEL_CURSORS))
+    add_total(K, READY, unread_of(cur, first, seq) - unread)
+  else
+    add_total(K, READY, unread_of(cur, first, seq) - unread_of(before, first, seq))
+  end
   redis.call('HSET', K.meta, gf(g, CURSOR), cur)
   return epoch
 end

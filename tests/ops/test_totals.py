@@ -22,7 +22,9 @@ import redis
 
 from fencemq.errors import FenceMQError
 from fencemq.fences.retention import Policy, set_policy
-from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.fences.registry import Fences
+from fencemq.fences.subscribe import DROP_IF_EMPTY
+from fencemq.model.keys import Keyspace, QueueRef, key_slot
 from fencemq.ops import maintenance, overview, totals
 from tests.helpers import as_map, client, deliveries, direct, direct_async, in_cluster_mode, wait_for, worker
 
@@ -47,6 +49,15 @@ async def compare(url: str) -> None:
         assert mine == counted["totals"], f"totals kept {mine} != counted {counted['totals']}"
         entries = set(counted["entries"]) | {e for e, _ in await totals.largest_backlogs(r, KEYS, 10_000)}
         assert await totals.counted_entries(r, KEYS, sorted(entries)) == counted["entries"]
+        if in_cluster_mode():
+            # the slots read (those listed) hold every slot's totals: all 16,384 read, through redis-py's
+            # pipeline rather than the fast read, agree
+            assert await totals.unlisted_slots(r, KEYS) == []
+            assert kept == await totals.read_totals(r, KEYS, every_slot=True, fast=False)
+            assert (await totals.largest_backlogs(r, KEYS, 10_000)
+                    == await totals.largest_backlogs(r, KEYS, 10_000, every_slot=True, fast=False))
+            assert await totals.counted_entries(r, KEYS, sorted(entries), every_slot=True,
+                                                fast=False) == counted["entries"]
     finally:
         await r.aclose()
 
@@ -270,3 +281,101 @@ async def _read(url: str) -> dict[str, int]:
         return await totals.read_totals(r, KEYS)
     finally:
         await r.aclose()
+
+
+def test_a_fence_call_is_not_sent_until_the_slot_of_its_totals_is_listed(redis_url: str) -> None:
+    """On a Cluster a total is read from the slots the registry lists: a fence whose slot could not be
+    listed (here the registry is not a set) writes nothing, and once listed it runs."""
+    if not in_cluster_mode():
+        pytest.skip("one server keeps one totals hash: there is no registry of slots")
+    plain = direct(redis_url)
+    orders = KEYS.queue(QueueRef("orders"))
+    plain.set(KEYS.totals_slots, "not a set")
+    with worker(redis_url) as w:
+        producer = client(w.port, 2, "producer")
+        try:
+            with pytest.raises(redis.ResponseError):
+                producer.execute_command("PUB", "orders", b"x")
+            assert not plain.exists(orders.meta) and not plain.exists(orders.slot_totals)
+            plain.delete(KEYS.totals_slots)
+            producer.execute_command("PUB", "orders", b"x")
+        finally:
+            producer.close()
+    assert plain.exists(orders.slot_totals)
+    assert run_async(_listed(redis_url)) == [key_slot(orders.meta)]
+    assert run_async(_read(redis_url))["published"] == 1
+    plain.close()
+
+
+async def _listed(url: str) -> list[int]:
+    r = direct_async(url)
+    try:
+        return await totals.slots_in_use(r, KEYS)
+    finally:
+        await r.aclose()
+
+
+def test_a_lost_registry_of_totals_slots_is_listed_again_by_the_clients_that_wrote_there(redis_url: str) -> None:
+    if not in_cluster_mode():
+        pytest.skip("one server keeps one totals hash: there is no registry of slots")
+
+    async def go() -> tuple[list[int], list[int], list[int]]:
+        r = direct_async(redis_url)
+        try:
+            fences = Fences(r)
+            await fences.run(DROP_IF_EMPTY, KEYS.queue(QueueRef("orders")))
+            listed = await totals.slots_in_use(r, KEYS)
+            await r.delete(KEYS.totals_slots)  # as a failover that lost the SADD would
+            lost = await totals.slots_in_use(r, KEYS)
+            await fences.reassert_totals()
+            return listed, lost, await totals.slots_in_use(r, KEYS)
+        finally:
+            await r.aclose()
+
+    slot = key_slot(KEYS.queue(QueueRef("orders")).meta)
+    assert run_async(go()) == ([slot], [], [slot])
+
+
+def test_a_totals_read_whose_connections_were_closed_under_it_still_answers(redis_url: str) -> None:
+    """The fast read of a Cluster's slots falls back to redis-py's pipeline (which reconnects) when a
+    connection fails under it."""
+    if not in_cluster_mode():
+        pytest.skip("one server's totals are one HMGET")
+
+    async def go() -> tuple[dict[str, int], dict[str, int]]:
+        r = direct_async(redis_url)
+        try:
+            await Fences(r).run(DROP_IF_EMPTY, KEYS.queue(QueueRef("orders")))
+            await r.hincrby(KEYS.queue(QueueRef("orders")).slot_totals, "published", 5)
+            before = await totals.read_totals(r, KEYS)
+            for node in r.get_primaries():
+                await r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "no", target_nodes=node)
+            return before, await totals.read_totals(r, KEYS)
+        finally:
+            await r.aclose()
+
+    before, after = run_async(go())
+    assert before["published"] == after["published"] == 5
+
+
+def test_a_workers_readers_share_one_reading_of_the_totals_per_interval(redis_url: str) -> None:
+    """Readers within totals_read_ms of a reading get it (concurrent ones wait for the one under way);
+    a fresh read (a history point) reads the totals now."""
+    orders = KEYS.queue(QueueRef("orders"))
+    key = orders.slot_totals if in_cluster_mode() else KEYS.totals
+
+    async def go() -> tuple[list[int], int, int, int]:
+        r = direct_async(redis_url)
+        try:
+            await Fences(r).run(DROP_IF_EMPTY, orders)  # (lists the slot on a Cluster)
+            await r.hincrby(key, "published", 1)
+            shared = totals.SharedReading(r, KEYS, 60_000)
+            seen = [t["published"] for t, _ in await asyncio.gather(*(shared.read() for _ in range(5)))]
+            await r.hincrby(key, "published", 1)
+            kept = (await shared.read())[0]["published"]
+            fresh = (await shared.read(fresh=True))[0]["published"]
+            return seen, kept, fresh, shared.reads
+        finally:
+            await r.aclose()
+
+    assert run_async(go()) == ([1] * 5, 1, 2, 2)

@@ -147,3 +147,43 @@ def test_a_worker_without_metrics_times_no_fence(redis_url: str) -> None:
         r = redis.Redis(port=w.port)
         assert r.execute_command("PUB", "t", "x") == b"1"
         r.close()
+
+
+def test_scheduled_messages_are_sampled_per_topic_and_a_priority_topics_backlog_per_level(
+        served: Served, redis_url: str) -> None:
+    import asyncio
+
+    from fencemq.model.keys import Keyspace, QueueRef
+    from fencemq.ops.priority import set_priority
+    from tests.helpers import direct_async, pulled, subscribed
+
+    async def honour() -> None:
+        r = direct_async(redis_url)
+        try:
+            await set_priority(r, Keyspace(), QueueRef("urgent"), True)
+        finally:
+            await r.aclose()
+
+    asyncio.run(honour())
+    c = client(served.port, name="producer")
+    fast, slow = subscribed(c, "urgent", "GROUP", "fast"), subscribed(c, "urgent", "GROUP", "slow")
+    for body, level in (("a", 9), ("b", 9), ("c", 1), ("d", 1), ("e", 1)):
+        c.execute_command("PUB", "urgent", body, "PRIORITY", level)
+    assert [d["payload"] for d in pulled(c, fast, 3)] == ["a", "b", "c"]
+    assert [d["payload"] for d in pulled(c, slow, 1)] == ["a"]
+    for topic in ("urgent", "orders", "orders"):
+        c.execute_command("PUB", topic, "later", "DELAY", 600_000)
+    c.close()
+
+    def settled() -> dict | None:
+        samples = served.samples()
+        return samples if samples.get(("fencemq_scheduled_messages", (("topic", "orders"),))) == 2 else None
+
+    samples = wait_for(settled, what="a sample taken after the scheduled publishes")
+    assert samples[("fencemq_scheduled_messages", (("topic", "urgent"),))] == 1
+    per_level = {dict(labels)["level"]: v for (name, labels), v in samples.items()
+                 if name == "fencemq_priority_backlog_messages"}
+    # level 9: slow has read 1 of 2; level 1: fast has read 1 of 3, slow none: the slowest group's
+    assert per_level == {str(lv): {9: 1, 1: 3}.get(lv, 0) for lv in range(10)}, per_level
+    assert not any(dict(labels)["topic"] == "orders" for (name, labels) in samples
+                   if name == "fencemq_priority_backlog_messages"), "a plain topic has no per-level series"

@@ -49,9 +49,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from fencemq.model import meta as fields
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 from fencemq.model.messages import EXPIRES
-from tests.ops.test_totals import checkpoint
+from fencemq.ops.priority import set_priority
+from tests.ops.test_totals import checkpoint, run_async
 from tests.helpers import (
-    as_map, client, deliveries, error_code, free_port, in_cluster_mode, subprocess_worker, text, wait_for, worker,
+    as_map, client, deliveries, direct_async, error_code, free_port, in_cluster_mode, subprocess_worker, text, wait_for,
+    worker,
 )
 
 KEYS = Keyspace("fmq")
@@ -128,6 +130,16 @@ class Guarantees(RuleBasedStateMachine):
         # Not in `published`: one that expires is settled unsent, and a scheduled one has no message id yet.
         self.timed: dict[str, int] = {}
         self.latest_due: dict[str, int] = {}  # target -> the latest due time it was given (the sweeper releases then)
+        # the durable group's topic honours PUB … PRIORITY (issue 34): its publishes take a level, and every
+        # guarantee below holds of a queue read level by level
+        run_async(self.honour_priority())
+
+    async def honour_priority(self) -> None:
+        r = direct_async(self.workers.redis_url)
+        try:
+            await set_priority(r, KEYS, self.queues["group"], True)
+        finally:
+            await r.aclose()
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -160,11 +172,12 @@ class Guarantees(RuleBasedStateMachine):
         for who, queue in subscriptions:
             self.subscribe(who, queue)
 
-    @rule(queue=st.sampled_from(TARGETS), n=st.integers(1, 4))
-    def publish(self, queue: str, n: int) -> None:
+    @rule(queue=st.sampled_from(TARGETS), n=st.integers(1, 4), level=st.sampled_from([None, 0, 4, 9]))
+    def publish(self, queue: str, n: int, level: int | None = None) -> None:
         payloads = [f"m{i}" for i in range(n)]
         if queue == "group":
-            ids = self.producer.execute_command("MPUB", self.topic, n, *payloads)
+            ids = self.producer.execute_command("MPUB", self.topic, n, *payloads,
+                                                *(["PRIORITY", level] if level is not None else []))
         elif queue == "share":
             ids = self.producer.execute_command("MPUB", self.filter_topic, n, *payloads)
         else:
@@ -176,15 +189,16 @@ class Guarantees(RuleBasedStateMachine):
         return s * 1000 + us // 1000
 
     @rule(queue=st.sampled_from(TARGETS), n=st.integers(1, 3), delay=st.sampled_from([0, 0, 300]),
-          ttl=st.sampled_from([None, 150, 60_000]), then_wait=st.booleans())
-    def publish_for_later_or_expiring(self, queue: str, n: int, delay: int, ttl: int | None, then_wait: bool) -> None:
+          ttl=st.sampled_from([None, 150, 60_000]), then_wait=st.booleans(), level=st.sampled_from([None, 7]))
+    def publish_for_later_or_expiring(self, queue: str, n: int, delay: int, ttl: int | None, then_wait: bool,
+                                      level: int | None) -> None:
         """MPUB … AT t and/or TTL ms: checked at delivery (pull) to come no sooner than t and never after
         its deadline (then_wait: a 150 ms TTL runs out, then a member pulls)."""
         due = self.redis_ms() + delay if delay else 0
         payloads = [f"e{self.run}-{len(self.timed) + i}" for i in range(n)]
         args = [n, *payloads, *(["AT", due] if due else []), *(["TTL", ttl] if ttl else [])]
         if queue == "group":
-            self.producer.execute_command("MPUB", self.topic, *args)
+            self.producer.execute_command("MPUB", self.topic, *args, *(["PRIORITY", level] if level is not None else []))
         elif queue == "share":
             self.producer.execute_command("MPUB", self.filter_topic, *args)
         else:

@@ -281,3 +281,40 @@ def test_a_taken_http_port_stops_the_worker_with_a_message_naming_it(redis_url: 
                               timeout=60)
     assert proc.returncode == 1
     assert f"cannot serve the web UI on 127.0.0.1:{http_port} (--http-port)" in proc.stderr
+
+
+def test_a_priority_queue_page_shows_each_levels_messages_and_scheduled_ones(redis_url: str, dashboard_of) -> None:
+    import asyncio
+
+    from fencemq.model.keys import Keyspace, QueueRef
+    from fencemq.ops.priority import set_priority
+    from tests.helpers import client, direct_async, pulled, subscribed, worker
+
+    async def honour() -> None:
+        r = direct_async(redis_url)
+        try:
+            await set_priority(r, Keyspace(), QueueRef("urgent"), True)
+        finally:
+            await r.aclose()
+
+    asyncio.run(honour())
+    with worker(redis_url) as w:
+        c = client(w.port, 2, "p1")
+        fast, slow = subscribed(c, "urgent", "GROUP", "fast"), subscribed(c, "urgent", "GROUP", "slow")
+        for body, level in (("a", 9), ("b", 9), ("c", 9), ("d", 1), ("e", 1), ("f", 0)):
+            c.execute_command("PUB", "urgent", body, "PRIORITY", level)
+        for _ in range(2):
+            c.execute_command("PUB", "urgent", "later", "PRIORITY", 9, "DELAY", 600_000)
+        c.execute_command("PUB", "plain", "x", "DELAY", 600_000)
+        assert [d["payload"] for d in pulled(c, fast, 4)] == ["a", "b", "c", "d"]
+        assert slow
+        http = dashboard_of()
+        page = http.get("/queue", params={"q": "t:urgent"}).text
+        assert re.search(r"Scheduled 2 published for later", text(page)), text(page)
+        levels = rows(page.split('<table class="levels">', 1)[1].split("</table>", 1)[0])
+        assert levels == ["Level Held fast unread slow unread", "9 3 0 3", "1 2 1 2", "0 1 1 1"], levels
+        plain = text(http.get("/queue", params={"q": "t:plain"}).text)
+        assert "Scheduled 1 published" in plain and "Priority levels" not in plain
+        wait_for(lambda: re.search(r"Scheduled 3 published for later", text(http.get("/").text)), timeout=10,
+                 what="the overview's scheduled total")
+        c.close()
