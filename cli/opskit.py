@@ -46,7 +46,8 @@ ENV_USER, ENV_USER_PASSWORD = "FENCEMQ_USER", "FENCEMQ_USER_PASSWORD"
 PERMISSION_OF = {"status": "inspect", "snapshot": "inspect",
                  "inspect": "inspect", "queues": "inspect", "lmqs": "inspect", "top": "inspect", "dlq": "dlq",
                  "evict": "evict", "seek": "seek", "purge": "purge", "sweep": "admin", "user": "admin",
-                 "retention": "admin", "scheduled list": "inspect", "scheduled cancel": "purge"}
+                 "retention": "admin", "scheduled list": "inspect", "scheduled cancel": "purge",
+                 "priority set": "admin", "priority show": "inspect"}
 ROOT = Path(__file__).resolve().parent.parent
 
 # -- shared options -------------------------------------------------------------------------

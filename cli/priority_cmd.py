@@ -32,7 +32,7 @@ def priority_set(
     as_json: Json = False,
 ) -> None:
     """Make TOPIC's queue honour PUB … PRIORITY (on) or not (off); only while its log is empty."""
-    ctx = Ctx("priority", redis_url, prefix, cluster)
+    ctx = Ctx("priority set", redis_url, prefix, cluster)
     if state not in ("on", "off"):
         ctx.fail("give on or off", EXIT_USAGE)
     ref = _queue(ctx, topic, None)

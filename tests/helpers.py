@@ -25,7 +25,7 @@ import sys
 import tempfile
 import termios
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Self
 
@@ -419,6 +419,12 @@ def pipeline(*commands: Iterable[Any]) -> bytes:
     return b"".join(encode_command(*c) for c in commands)
 
 
+def _without_size(environ: Mapping[str, str]) -> dict[str, str]:
+    # The pseudo-terminal tells the program its size, as a person's does; a COLUMNS or LINES
+    # inherited from the test runner (pytest-xdist sets 80 x 24) would override it.
+    return {k: v for k, v in environ.items() if k not in ("COLUMNS", "LINES")}
+
+
 class Terminal:
     """A program on a pseudo-terminal (120 x 24 unless told), as a person would run it."""
 
@@ -426,7 +432,8 @@ class Terminal:
         self.fd, its_side = pty.openpty()
         fcntl.ioctl(its_side, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
         self.proc = subprocess.Popen(argv, stdin=its_side, stdout=its_side, stderr=its_side,
-                                     env={**os.environ, "TERM": "xterm", **(env or {})}, start_new_session=True)
+                                     env={**_without_size(os.environ), "TERM": "xterm", **(env or {})},
+                                     start_new_session=True)
         os.close(its_side)
         self.seen = b""
 

@@ -72,10 +72,11 @@ READS = {
     "status": [], "queues": [], "lmqs": [], "top": ["--iterations", "1"], "snapshot": ["--out", "{tmp}/snap"],
     "inspect queue": ["payments"], "inspect group": ["payments", "g"], "inspect member": ["payments", "g", "m"],
     "inspect session": ["alice"], "dlq list": ["payments"], "user list": [], "retention list": [],
-    "scheduled list": ["payments"],
+    "scheduled list": ["payments"], "priority show": ["payments"],
 }
 WRITES = {"evict", "sweep", "seek", "purge", "dlq replay", "user add", "user passwd", "user del", "user grant",
-          "user revoke", "retention set", "retention clear", "scheduled cancel"}
+          "user revoke", "retention set", "retention clear", "scheduled cancel",
+          "priority set"}
 NOT_THE_OPERATOR_LAYER = {"serve", "demo", "dashboard"}  # a worker, a tour, the UI (its own login)
 
 
@@ -128,3 +129,18 @@ def test_listing_scheduled_messages_needs_inspect_and_cancelling_them_needs_purg
     assert refused.exit_code == 4 and "purge" in refused.output, refused.output
     as_user(monkeypatch, "root", "root password")
     assert invoke("scheduled", "cancel", "payments", "s1", *url).exit_code == 1  # let in: none waited
+
+
+def test_seeing_priority_levels_needs_inspect_and_switching_them_needs_admin(
+        url: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    invoke("user", "add", "root", "--password-stdin", "--grant", "all:#", *url, input="root password\n")
+    as_user(monkeypatch, "root", "root password")
+    assert invoke("user", "add", "viewer", "--password-stdin", "--grant", "inspect:#", *url,
+                  input="viewer password\n").exit_code == 0
+    as_user(monkeypatch, "viewer", "viewer password")
+    assert invoke("priority", "show", "jobs", *url).exit_code == 0
+    refused = invoke("priority", "set", "jobs", "on", *url)
+    assert refused.exit_code == 4 and "admin" in refused.output, refused.output
+    as_user(monkeypatch, "root", "root password")
+    assert invoke("priority", "set", "jobs", "on", *url).exit_code == 0
+    assert "honours" in invoke("priority", "set", "jobs", "on", *url).output

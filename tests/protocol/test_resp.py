@@ -57,6 +57,11 @@ def parse_chunks(chunks) -> list[list[bytes]]:
 
 # --------------------------------------------------------------------------- encoding: exact bytes
 
+def _case_id(value) -> str:
+    # A memoryview's repr carries its address: ids must be the same in every process (pytest-xdist).
+    return f"memoryview({bytes(value)!r})" if isinstance(value, memoryview) else repr(value)[:30]
+
+
 EXACT = [
     (None, b"$-1\r\n", b"_\r\n"),
     (NULL_ARRAY, b"*-1\r\n", b"_\r\n"),
@@ -96,7 +101,7 @@ EXACT = [
 ]
 
 
-@pytest.mark.parametrize(("value", "resp2", "resp3"), EXACT, ids=[repr(e[0])[:30] for e in EXACT])
+@pytest.mark.parametrize(("value", "resp2", "resp3"), EXACT, ids=[_case_id(e[0]) for e in EXACT])
 def test_encode_exact_bytes(value, resp2, resp3):
     assert encode(value, 2) == resp2
     assert encode(value, 3) == resp3
