@@ -70,7 +70,8 @@ test: lint
 
 # The tests marked long (make test skips them, saying so): more Spark jobs over the same analytics.
 test-long: $(VENV)/.test
-	FENCEMQ_LONG_TESTS=1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m long -q $(PYTEST_ARGS)
+	FENCEMQ_LONG_TESTS=1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m long -q \
+	    --durations=10 $(PYTEST_ARGS)
 
 test-fuzz: $(VENV)/.test
 	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-350} $(PY) -m pytest tests/fuzz -q $(PYTEST_ARGS)
