@@ -76,11 +76,12 @@ test-long: $(VENV)/.test
 test-fuzz: $(VENV)/.test
 	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-350} $(PY) -m pytest tests/fuzz -q $(PYTEST_ARGS)
 
-# The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot); the reference
-# model's sequences at 10 per primary (each 2-8 s there: its totals are 16,384 slots; test-stateful runs 300 on one server).
+# The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot), in TEST_WORKERS
+# processes (each starts its own Cluster); the reference model's sequences at 30 per primary (test-stateful
+# runs 300 on one server).
 test-cluster: $(VENV)/.test
-	FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-10} FENCEMQ_COMPACTION_EXAMPLES=$${FENCEMQ_COMPACTION_EXAMPLES:-60} \
-	$(PY) -m pytest tests/fences --redis-cluster -q -rf \
+	FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-30} FENCEMQ_COMPACTION_EXAMPLES=$${FENCEMQ_COMPACTION_EXAMPLES:-60} \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/fences --redis-cluster -q -rf \
 	    --durations=15 $(PYTEST_ARGS)
 
 # Redis failing over under load (tests/failover, ~5 min): a primary + 2 replicas + 3 Sentinels and a
