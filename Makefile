@@ -70,16 +70,18 @@ test: lint
 
 # The tests marked long (make test skips them, saying so): more Spark jobs over the same analytics.
 test-long: $(VENV)/.test
-	FENCEMQ_LONG_TESTS=1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m long -q $(PYTEST_ARGS)
+	FENCEMQ_LONG_TESTS=1 PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m long -q \
+	    --durations=10 $(PYTEST_ARGS)
 
 test-fuzz: $(VENV)/.test
 	FENCEMQ_FUZZ_EXAMPLES=$${FENCEMQ_FUZZ_EXAMPLES:-350} $(PY) -m pytest tests/fuzz -q $(PYTEST_ARGS)
 
-# The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot); the reference
-# model's sequences at 10 per primary (each 2-8 s there: its totals are 16,384 slots; test-stateful runs 300 on one server).
+# The fence tests again, on a 3-master Redis Cluster (every call must stay in one hash slot), in TEST_WORKERS
+# processes (each starts its own Cluster); the reference model's sequences at 30 per primary (test-stateful
+# runs 300 on one server).
 test-cluster: $(VENV)/.test
-	FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-10} FENCEMQ_COMPACTION_EXAMPLES=$${FENCEMQ_COMPACTION_EXAMPLES:-60} \
-	$(PY) -m pytest tests/fences --redis-cluster -q -rf \
+	FENCEMQ_MODEL_EXAMPLES=$${FENCEMQ_MODEL_EXAMPLES:-30} FENCEMQ_COMPACTION_EXAMPLES=$${FENCEMQ_COMPACTION_EXAMPLES:-60} \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/fences --redis-cluster -q -rf \
 	    --durations=15 $(PYTEST_ARGS)
 
 # Redis failing over under load (tests/failover, ~5 min): a primary + 2 replicas + 3 Sentinels and a
@@ -92,13 +94,14 @@ FAILOVER_TESTS ?= tests/failover
 test-failover: $(VENV)/.test
 	FENCEMQ_TEST_FAILOVER=1 $(PY) -m pytest $(FAILOVER_TESTS) -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
-# The model-based test of all five guarantees, 250 sequences (make test runs 30; each now takes ~4 s: waits past
-# TTLs, due times and session ends, so 1,000 no longer fit CI's hour), the fences against
-# the reference model, 300 sequences per primary (make test runs 30), and lmq compaction against the
-# uncompacted layout, 300 (make test runs 60).
+# The model-based test of all five guarantees, 1,000 sequences (make test runs 30) in 4 shards side by side (a
+# sequence mostly waits past TTLs, due times and session ends: ~2.5 s each, ~60 CPU-seconds per 150), the fences
+# against the reference model, 300 sequences per primary (make test runs 30), and lmq compaction against the
+# uncompacted layout, 300 (make test runs 60), each test in whichever of 4 processes is free.
 test-stateful: $(VENV)/.test
-	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-250} $(PY) -m pytest tests/stateful \
-	    tests/fences/test_reference_model.py tests/fences/test_lmq_at_rest.py -q $(PYTEST_ARGS)
+	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} FENCEMQ_STATEFUL_SHARDS=$${FENCEMQ_STATEFUL_SHARDS:-4} \
+	$(PY) -m pytest -n 4 --dist worksteal tests/stateful \
+	    tests/fences/test_reference_model.py tests/fences/test_lmq_at_rest.py -q --durations=10 $(PYTEST_ARGS)
 
 # Promises kept at the edges (issue #30): the pipelined-run property test in full (make test runs 25 examples)
 # and an MQTT worker killed at every step of the QoS 1 and QoS 2 flows (make test kills it at 3 of the 18).

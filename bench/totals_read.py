@@ -22,7 +22,8 @@ For each way:
   time, for ``--seconds`` while the worker's loop reads them back to back: p50, p99, max, with the
   same client's figures while nothing reads (``idle``).
 
-Writes ``<out>/totals_read.json`` (with the load average before and after: the machine is shared).
+Writes ``<out>/totals_read.json`` (with the load average before and after: the machine is shared)
+and ``<out>/totals_read.png`` (``--plot-only``: the plot of an existing JSON).
 """
 
 from __future__ import annotations
@@ -153,7 +154,11 @@ def main() -> None:
     ap.add_argument("--queues", type=int, nargs="+", default=[10, 10_000])
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads((Path(args.out) / "totals_read.json").read_text()), Path(args.out) / "totals_read.png")
+        return
     load_before = os.getloadavg()
     servers = start_cluster(3)
     results: list[dict[str, Any]] = []
@@ -192,7 +197,34 @@ def main() -> None:
     }
     path = Path(args.out) / "totals_read.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {path}")
+    plot(out, path.with_suffix(".png"))
+    print(f"wrote {path} and its plot")
+
+
+def plot(out: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    width = 0.25
+    for j, way in enumerate(WAYS):
+        xs = [i + (j - 1) * width for i in range(len(out["results"]))]
+        left.bar(xs, [r[way]["read_ms"]["median"] for r in out["results"]], width, label=way)
+        right.bar(xs, [r[way]["renew_ms"]["p99"] for r in out["results"]], width, label=way)
+    labels = [f"{r['queues']:,} queues\n({r['slots_in_use']:,} slots in use)" for r in out["results"]]
+    for ax, title in ((left, "one read of the totals + largest backlogs (ms, median)"),
+                      (right, "a client's RENEW p99 while the worker reads them (ms)")):
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_title(title, fontsize=10)
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    idle = [r["renew_ms_idle"]["p99"] for r in out["results"]]
+    right.plot(range(len(idle)), idle, "k_", markersize=30, label="idle")
+    fig.suptitle(f"3-master Cluster, load average {out['loadavg_before'][0]:.1f} (2 cores, shared)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

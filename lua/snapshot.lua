@@ -11,7 +11,9 @@
 -- KEYS[7] delayed
 -- KEYS[8] dead
 -- KEYS[9] journal
--- KEYS[10..] mailboxes    push mailboxes (`<meta>:mb:<group>:<member>`), any number:
+-- KEYS[10] scheduled     messages published for later (lib/schedule.lua): counted
+-- KEYS[11] priority      a priority queue's index of levels (lib/priority.lua): counted per level
+-- KEYS[12..] mailboxes    push mailboxes (`<meta>:mb:<group>:<member>`), any number:
 --   the caller names those of the members that have a `cap` field (it learns
 --   them from an earlier snapshot of the queue) and checks them against this
 --   call's meta; see broker/ops/snapshot.py
@@ -30,7 +32,7 @@
 --     ready members,
 --     delayed (ZRANGE WITHSCORES, flat: member, due ms),
 --     {log entries retained (HLEN), owned entries (ZCARD), dead letters (LLEN),
---      journal entries kept (LLEN)},
+--      journal entries kept (LLEN), scheduled messages (ZCARD)},
 --     mailbox depths (LLEN, one per mailbox key, the EOS sentinel included),
 --     oldest pending message per group (flat: group, id, publish ms): the
 --       smallest retained id (>= first) the group has not settled — checked
@@ -39,7 +41,11 @@
 --     log entries (flat: id, publish ms, stored body bytes),
 --     journal entries (oldest first, format in _common.lua `journal`),
 --     digest (SHA-1 hex of everything above but the time, the log entries
---     listed and the journal: of the journal, its length and newest entry) }
+--     listed and the journal: of the journal, its length and newest entry),
+--     levels: {} unless the queue honours priority (meta prio = 1); then the
+--       messages held in its index at each level 0..9 (ten counts), then, for each
+--       group in meta's order, its unread at each level 0..9 (lib/priority.lua
+--       level_cursors, level_count: the rule the ready total counts by) }
 --   or, when the digest passed is this one, {now ms, 'unchanged', digest}.
 --   An empty meta (the queue vanished after the SCAN that found it) returns
 --   the same shape with empty parts.
@@ -47,7 +53,8 @@
 -- queue holds between them (e.g. each checkout has its deadline or is in a
 -- mailbox, each group's cursor and epoch agree with its checkouts).
 -- Cost: O(state of the queue + log entries + journal entries listed); one
---   HGET of the log per group (the oldest pending message).
+--   HGET of the log per group (the oldest pending message); a priority queue's
+--   levels: 10 · (groups + 1) ZCOUNTs.
 local max_log = int_arg(A.max_log, 'max log entries')
 local max_journal = int_arg(A.max_journal, 'max journal entries', -1)
 local now = now_ms()
@@ -74,7 +81,7 @@ local dl = redis.call('ZRANGE', K.deadlines, 0, -1, 'WITHSCORES')
 local rd = redis.call('ZRANGE', K.ready, 0, -1)
 local dly = redis.call('ZRANGE', K.delayed, 0, -1, 'WITHSCORES')
 local counts = {redis.call('HLEN', K.log), redis.call('ZCARD', K.owned), redis.call('LLEN', K.dead),
-                redis.call('LLEN', K.journal)}
+                redis.call('LLEN', K.journal), redis.call('ZCARD', K.scheduled)}
 local mailboxes = {}
 for _, box in ipairs(K.mailboxes) do mailboxes[#mailboxes + 1] = redis.call('LLEN', box) end
 -- Every write of a fence changes one of these (a state seen before hashes the
@@ -133,4 +140,17 @@ local jr = {}
 if max_journal < 0 then jr = redis.call('LRANGE', K.journal, 0, -1)
 elseif max_journal > 0 then jr = redis.call('LRANGE', K.journal, -max_journal, -1) end
 
-return {now, meta, co, dl, rd, dly, counts, mailboxes, oldest, entries, jr, digest}
+-- A priority queue's levels (its index and level cursors are covered by the digest: every change to
+-- them comes with one to the log's length or meta)
+local levels = {}
+if f.prio == '1' then
+  for p = 0, LEVELS - 1 do levels[#levels + 1] = level_count(K, p, 0) end
+  for _, g in ipairs(f.groups and split(f.groups, '\n') or {}) do
+    local cur = tonumber(f[gf(g, CURSOR)] or first)
+    if cur < first then cur = first end
+    local c = level_cursors(K, g, cur)
+    for p = 0, LEVELS - 1 do levels[#levels + 1] = level_count(K, p, math.max(c[p], first)) end
+  end
+end
+
+return {now, meta, co, dl, rd, dly, counts, mailboxes, oldest, entries, jr, digest, levels}

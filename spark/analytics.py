@@ -37,8 +37,10 @@ except ImportError:  # run as a file (spark-submit spark/analytics.py): its dire
 
 __all__ = ["AGE_BUCKETS", "RESULT_TABLES", "AnalyticsError", "analyze", "build_session", "load_tables", "main"]
 
-SCHEMA_VERSION = 2
-READS_VERSIONS = (1, 2)  # version 1 lacks the churn columns (read as null) and incremental snapshots
+SCHEMA_VERSION = 3
+# version 1 lacks the churn columns (read as null) and incremental snapshots; versions 1 and 2 lack the
+# scheduled and priority columns (read as null: a queue of theirs has no level counts)
+READS_VERSIONS = (1, 2, 3)
 SNAPSHOT_TABLES = ("queues", "groups", "members", "checkouts", "ready", "journal")
 AUDITS = ("audit_evicted_out", "audit_stale_epoch", "audit_double_ack", "audit_marked_holding",
           "audit_stale_checkout")
@@ -59,6 +61,8 @@ ADDED_IN_2 = {"groups": (("preemptions", "bigint"), ("evictions", "bigint"), ("f
                          ("churn_clients", "array<string>"), ("churn_clients_capped", "boolean"),
                          ("first_churn_ms", "bigint"), ("last_churn_ms", "bigint")),
               "queues": (("digest", "string"),)}
+ADDED_IN_3 = {"queues": (("scheduled", "bigint"), ("priority", "boolean"), ("held_by_level", "array<bigint>")),
+              "groups": (("unread_by_level", "array<bigint>"),)}
 AGE_BUCKETS = ((1_000, "< 1 s"), (10_000, "1-10 s"), (60_000, "10 s-1 min"), (600_000, "1-10 min"),
                (3_600_000, "10 min-1 h"), (86_400_000, "1 h-1 d"), (None, "> 1 d"))
 
@@ -104,7 +108,7 @@ def _load_one(spark, root: Path, created: list[str]) -> tuple[dict[str, Any], di
             df = _bucketed_journal(spark, path, buckets, created)
         else:
             df = spark.read.parquet(str(path))
-        for column, typ in ADDED_IN_2.get(name, ()):
+        for column, typ in (*ADDED_IN_2.get(name, ()), *ADDED_IN_3.get(name, ())):
             if column not in df.columns:
                 df = df.withColumn(column, F.lit(None).cast(typ))
         tables[name] = df
@@ -271,7 +275,9 @@ def _job(spark, snapshot_dir: str | Path, out_dir: str | Path | None, report: bo
     q = tables["queues"].agg(F.count(F.lit(1)).alias("queues"),
                              F.count(F.when(col("kind") == "lmq", True)).alias("lmqs"),
                              F.count(F.when(F.coalesce(col("journal_cap"), F.lit(0)) == 0, True))
-                             .alias("not_audited")).first().asDict()
+                             .alias("not_audited"),
+                             F.sum("scheduled").alias("scheduled"),  # null in snapshots before version 3: 0
+                             F.count(F.when(col("priority"), True)).alias("priority_queues")).first().asDict()
     coverage = _rows(res["audit_coverage"].orderBy("kind", "journal"))
     totals = {**q, "groups": counts["backlog"], "members": tables["members"].count(), "journal_events": sum(r["journal_events"] or 0 for r in coverage),
               **b, **a, **p, **c}

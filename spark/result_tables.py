@@ -6,7 +6,14 @@ The result tables (one Parquet directory each under the job's ``--out``):
   checkouts, backlog (= unread + ready) and the oldest unacked message's age
   (snapshot ms - its publish ms; "unacked": checked out, returned, delayed or
   not yet read).
+  A priority queue's groups also carry ``unread_by_level`` (ten counts
+  indexed by level, 0 first; null for other queues and in snapshots before
+  version 3).
 * ``backlog_by_topic``      the same rolled up per (topic, group) over its lmqs.
+* ``priority_levels``       per priority queue, level and group: the messages
+  its index held at the level (``held``) and what the group had not read
+  there (``unread``); levels with neither are left out, a queue without
+  groups has rows with a null group. Empty for snapshots before version 3.
 * ``group_activity``        per (queue, group), journal event counts.
 * ``redeliveries``          per group: checkouts (``out`` events), redeliveries
   (``out`` with acquisitions > 1), distinct messages, max acquisitions.
@@ -58,7 +65,7 @@ from __future__ import annotations
 from typing import Any
 
 RESULT_TABLES = (
-    "backlog", "backlog_by_topic", "group_activity", "redeliveries", "delivery_counts", "consumers",
+    "backlog", "backlog_by_topic", "priority_levels", "group_activity", "redeliveries", "delivery_counts", "consumers",
     "preemptions", "preemptions_by_group", "seeks", "events", "audit_coverage",
     "audit_evicted_out", "audit_stale_epoch", "audit_double_ack", "audit_marked_holding", "audit_stale_checkout",
 )
@@ -157,7 +164,7 @@ def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None
     backlog = groups.select(
         "topic", "lmq", "queue", "group", "mode", "owner", "members", "cursor", "epoch", "unread", "ready",
         "delayed", "checkouts", "backlog", "oldest_pending_id", "oldest_pending_ms",
-        (col("snapshot_ms") - col("oldest_pending_ms")).alias("oldest_unacked_age_ms"))
+        (col("snapshot_ms") - col("oldest_pending_ms")).alias("oldest_unacked_age_ms"), "unread_by_level")
     out["backlog"] = backlog
     out["backlog_by_topic"] = backlog.groupBy("topic", "group").agg(
         count(lit(1)).alias("queues"),
@@ -165,6 +172,16 @@ def compute(tables: dict[str, Any], partitions: int, persisted: list[Any] | None
         F.sum("unread").alias("unread"), F.sum("ready").alias("ready"), F.sum("delayed").alias("delayed"),
         F.sum("checkouts").alias("checkouts"), F.sum("backlog").alias("backlog"),
         F.max("oldest_unacked_age_ms").alias("max_oldest_unacked_age_ms"))
+
+    # -- a priority queue's levels: held per level (queues), each group's unread per level (groups) ------
+    held = tables["queues"].where(col("held_by_level").isNotNull()).select(
+        "topic", "queue", F.posexplode("held_by_level").alias("level", "held"))
+    unread = groups.where(col("unread_by_level").isNotNull()).select(
+        "queue", "group", F.posexplode("unread_by_level").alias("level", "unread"))
+    out["priority_levels"] = (held.join(unread, ["queue", "level"], "left")
+                              .where((col("held") > 0) | (F.coalesce(col("unread"), lit(0)) > 0))
+                              .select("topic", "queue", col("level").cast("int").alias("level"), "group", "held",
+                                      "unread"))
 
     # -- journal activity per group: one pass (distinct counts come from small side tables) -------
     churn = is_("preempt", "evict")

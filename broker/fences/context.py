@@ -20,6 +20,7 @@ from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded, Stale
 from fencemq.fences.durability import Durability
 from fencemq.fences.memory import MemoryGuard
+from fencemq.fences.redis_link import Linked
 from fencemq.fences.registry import Fences, fence
 from fencemq.fences.retention import Retention
 from fencemq.fences.schedule_shards import ScheduleShards
@@ -40,6 +41,9 @@ class FenceContext:
     config: Config
     keys: Keyspace = field(init=False)
     fences: Fences = field(init=False)
+    # the plain commands of the connect path (session state, held handles): on the fences' link once a
+    # worker set one, else redis-py (fences/redis_link.py)
+    linked: Linked = field(init=False)
     memory: MemoryGuard = field(init=False)  # the watermark and the eviction policy: every publish asks it
     retention: Retention = field(init=False)  # the topics' retention policies: what a log keeps
     # Set by a worker: runs a background write beside the reply (e.g. the
@@ -53,6 +57,7 @@ class FenceContext:
     def __post_init__(self) -> None:
         self.keys = Keyspace(self.config.prefix)
         self.fences = Fences(self.redis, Durability.parse(self.config.durability, self.config.durability_timeout_ms))
+        self.linked = Linked(self.redis, self.fences)
         self.memory = MemoryGuard(self.redis, self.config, self.keys, self.fences)
         self.shards = ScheduleShards(self.redis, self.keys)
         self.retention = Retention(self.redis, self.keys, self.config)

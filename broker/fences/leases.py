@@ -178,7 +178,7 @@ class Leases:
         O(its own), read from the queue's ownership index."""
         k = self.ctx.keys.queue(handle.queue)
         prefix = f"{handle.group}\0{handle.member}\0".encode()
-        owned = await self.ctx.redis.zrangebylex(k.owned, b"[" + prefix,
+        owned = await self.ctx.linked.zrangebylex(k.owned, b"[" + prefix,
                                                  b"(" + f"{handle.group}\0{handle.member}\1".encode())
         return [m[len(prefix):].decode() for m in owned]
 

@@ -13,5 +13,6 @@ PURGE = fence("purge", "meta log checkouts owned ready delayed dedup dedup_ids j
 REPLAY_DEAD = fence("replay_dead", "meta log checkouts ready delayed dead dedup dedup_ids wake journal totals backlogs priority",
                     "count scan_limit idle_ttl_ms")
 DISCARD_DEAD = fence("discard_dead", "meta dead totals backlogs", "position entry")
-SNAPSHOT = fence("snapshot", "meta log checkouts deadlines owned ready delayed dead journal", "max_log max_journal digest",
+SNAPSHOT = fence("snapshot", "meta log checkouts deadlines owned ready delayed dead journal scheduled priority",
+                 "max_log max_journal digest",
                  keys_rest="mailboxes")

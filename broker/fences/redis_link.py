@@ -305,3 +305,83 @@ class RedisLink:
         wire, self._wire = self._wire, None
         if wire is not None and wire.transport is not None:
             wire.transport.close()
+
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    return dict(zip(flat[::2], flat[1::2]))
+
+
+# redis-py's shapes of the replies Linked sends on the link (RESP2: a flat list for a hash, a list for a set)
+_SHAPES: dict[str, Any] = {"HGETALL": _pairs, "SMEMBERS": set}
+
+
+class Linked:
+    """A worker's redis-py client whose plain commands on one key (HGETALL, HSET, SMEMBERS…) go on
+    its :class:`RedisLink` when it has one, the way its fence calls do.
+
+    The connect path of a crowd (a reconnect storm) reads and writes a few keys per session; on
+    redis-py each call takes one of the pool's connections and ~50 µs of Python, and thousands at
+    once wait for a free connection until they time out. On the link the calls of a loop turn go
+    out in one write, and nothing waits for a pool. The replies are redis-py's, shape included (a
+    dict for HGETALL, a set for SMEMBERS), and so are the errors' classes and codes: a caller
+    cannot tell which way a call went. Without a link (a Cluster, TLS, Sentinel, the fences used
+    outside a worker), and for any other method (pipelines, transactions, blocking commands), it
+    is the redis-py client itself."""
+
+    def __init__(self, redis: Any, link_of: Any) -> None:
+        self._redis = redis
+        self._link_of = link_of  # the Fences whose ``link`` a worker sets once it runs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._redis, name)
+
+    async def execute_command(self, *args: Any) -> Any:
+        link = self._link_of.link
+        if link is None:
+            return await self._redis.execute_command(*args)
+        reply = await link.execute(*args)
+        shape = _SHAPES.get(args[0])
+        return reply if shape is None else shape(reply)
+
+    async def many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The replies of plain commands sent back to back (one write on the link, else a redis-py
+        pipeline); the first error reply raised, as a pipeline raises it."""
+        link = self._link_of.link
+        if link is None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                return list(await pipe.execute())
+        replies = await link.execute_many(commands)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [r if (shape := _SHAPES.get(c[0])) is None else shape(r) for c, r in zip(commands, replies)]
+
+    async def hgetall(self, key: str) -> dict[bytes, bytes]:
+        return await self.execute_command("HGETALL", key)  # type: ignore[no-any-return]
+
+    async def hget(self, key: str, name: Any) -> Any:
+        return await self.execute_command("HGET", key, name)
+
+    async def hset(self, key: str, name: Any = None, value: Any = None, mapping: dict[Any, Any] | None = None) -> int:
+        pairs: list[Any] = [] if name is None else [name, value]
+        for k, v in (mapping or {}).items():
+            pairs += [k, v]
+        return await self.execute_command("HSET", key, *pairs)  # type: ignore[no-any-return]
+
+    async def hsetnx(self, key: str, name: Any, value: Any) -> int:
+        return await self.execute_command("HSETNX", key, name, value)  # type: ignore[no-any-return]
+
+    async def hdel(self, key: str, *names: Any) -> int:
+        return await self.execute_command("HDEL", key, *names)  # type: ignore[no-any-return]
+
+    async def smembers(self, key: str) -> set[bytes]:
+        return await self.execute_command("SMEMBERS", key)  # type: ignore[no-any-return]
+
+    async def scard(self, key: str) -> int:
+        return await self.execute_command("SCARD", key)  # type: ignore[no-any-return]
+
+    async def zrangebylex(self, key: str, low: Any, high: Any) -> list[bytes]:
+        return await self.execute_command("ZRANGEBYLEX", key, low, high)  # type: ignore[no-any-return]

@@ -270,10 +270,7 @@ class Sessions:
 
     async def _presence_batch(self, calls: list[tuple[str, bool]]) -> list[None]:
         """The memberships of many clients, read in one pipeline and marked in one more."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for client, _ in calls:
-                pipe.smembers(self.keys.session_handles(client))
-            held = await pipe.execute()
+        held = await self.ctx.linked.many([("SMEMBERS", self.keys.session_handles(client)) for client, _ in calls])
         marks = [(Handle.decode(text(raw)), online) for (_, online), raws in zip(calls, held) for raw in raws]
         if marks:
             await self.subscriptions.set_presence_many(marks)

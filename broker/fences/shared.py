@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,7 +38,8 @@ from fencemq.fences.context import FenceContext
 from fencemq.fences.memory import is_oom
 from fencemq.fences.priority import check_level
 from fencemq.fences.publish import Publishing
-from fencemq.fences.redis_client import pipeline_then_publish
+from fencemq.fences.gathering import Gathering
+from fencemq.fences.redis_client import pipeline_then_publish, pipeline_then_publish_all
 from fencemq.fences.retained import Retained
 from fencemq.fences.schedule import Scheduling, release_dedup_id
 from fencemq.fences.schedule_shards import ScheduleShards
@@ -85,9 +86,13 @@ class FilterRegistry:
     never hide a later one.
     """
 
-    def __init__(self, redis: Any, keys: Keyspace, shards: ScheduleShards | None = None) -> None:
+    def __init__(self, redis: Any, keys: Keyspace, shards: ScheduleShards | None = None,
+                 spawn: Callable[[], Callable[..., None] | None] = lambda: None) -> None:
         self.redis = redis
         self.keys = keys
+        # the registrations of concurrent SUBSCRIBEs (a crowd subscribing or resubscribing) in one round trip
+        self._registrations: Gathering[tuple[QueueRef, str | None, str | None], None] = Gathering(
+            self._register_batch, spawn)
         self.shards = shards if shards is not None else ScheduleShards(redis, keys)
         self.index = FilterIndex()
         # Per version key, the value the index includes every registration before; None is a
@@ -180,14 +185,20 @@ class FilterRegistry:
         return [queue_ref(qid) for qid in self.index.match(topic)]
 
     async def register(self, ref: QueueRef, share: str | None, client: str | None) -> None:
+        await self._registrations((ref, share, client))
+
+    async def _register_batch(self, calls: list[tuple[QueueRef, str | None, str | None]]) -> list[None]:
+        """Each registration's writes and announcement, as each would make them alone, in one pipeline."""
 
         def writes(pipe: Any) -> None:
-            pipe.hsetnx(self.keys.filters, ref.qid, msgpack.packb([ref.topic, share, client]))
-            for key in self._version_keys():
-                pipe.incr(key)
+            for ref, share, client in calls:
+                pipe.hsetnx(self.keys.filters, ref.qid, msgpack.packb([ref.topic, share, client]))
+                for key in self._version_keys():
+                    pipe.incr(key)
 
-        await pipeline_then_publish(self.redis, writes, self.keys.filters_channel, ref.qid)
+        await pipeline_then_publish_all(self.redis, writes, [(self.keys.filters_channel, ref.qid) for ref, _, _ in calls])
         self.invalidate()
+        return [None] * len(calls)
 
     async def unregister(self, ref: QueueRef) -> None:
 
@@ -211,7 +222,7 @@ class Shared:
         self.redis = ctx.redis
         self.keys = ctx.keys
         self.config = ctx.config
-        self.registry = FilterRegistry(ctx.redis, ctx.keys, ctx.shards)
+        self.registry = FilterRegistry(ctx.redis, ctx.keys, ctx.shards, lambda: ctx.spawn)
         self.retained = Retained(ctx)
         subscriptions.on_queue_dropped = self._forget
 

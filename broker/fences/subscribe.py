@@ -107,7 +107,7 @@ class Subscriptions:
         # The session learns of the handle before the fence makes the
         # membership: whatever fails next, its end will leave it (idempotently).
         # A lite one within the client's quota, in one call (lua/lite_hold.lua).
-        added = await (self.lite.hold(held) if plan.ref.lite else session_index.add(self.ctx.redis, self.ctx.keys, held))
+        added = await (self.lite.hold(held) if plan.ref.lite else session_index.add(self.ctx.linked, self.ctx.keys, held))
         try:
             res = await self.ctx.fences.run(SUBSCRIBE, self.ctx.keys.queue(plan.ref), **plan.fence_args)
         except FenceMQError:

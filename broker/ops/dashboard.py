@@ -142,7 +142,7 @@ async def overview_sample(redis: Any, keys: Keyspace, state: OverviewState, *, l
                 if before is not None and now > before[0] else None)
         age = round((now - firsts[e]) / 1000, 1) if e in firsts else None
         busiest.append({"entry": e, "name": name, "kind": kind, "backlog": f["ready"], "out": f["out"],
-                        "delayed": f["delayed"], "dead": f["dead"], "lmqs": f["lmqs"], "rate": rate, "age_s": age,
+                        "delayed": f["delayed"], "dead": f["dead"], "scheduled": f["scheduled"], "lmqs": f["lmqs"], "rate": rate, "age_s": age,
                         "link": f"/lmqs?topic={name}" if kind == "lite" else None})
     oldest = sorted(((now - ms) / 1000, qid) for qid, ms in firsts.items())[::-1][:5]
     suspects = []

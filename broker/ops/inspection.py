@@ -248,6 +248,10 @@ async def inspect_group(redis: Any, keys: Keyspace, ref: QueueRef, group: str, *
     delayed_by = await _delayed_by_group(redis, k)
     checkouts, total = await _checkouts(redis, k, now, limit, group=group, epochs={group: _int(g.get(meta.EPOCH))})
     row = _group_row(group, g, seq, first)
+    levels = await level_counts(redis, k)  # a priority queue's: what the group has not read, by level
+    if levels is not None:
+        row["unread"] = sum(levels["unread"].get(group, {}).values())
+        row["unread_by_level"] = levels["unread"].get(group, {})
     row.update({
         **queue_info(ref.qid),
         "queue": display_name(ref),

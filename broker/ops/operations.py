@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.errors import BadArgument, NotFound
 from fencemq.model.keys import Keyspace, QueueRef, escape
@@ -320,6 +321,10 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
                 for g in groups:
                     pipe.zlexcount(k.ready, *lex_range(g))
             counts = iter(await pipe.execute()) if parsed else iter(())
+        # a priority queue's cursors are low-water marks: what each group has not read is counted by level
+        # (fences/priority.py level_counts, as inspect_queue and the totals count it)
+        by_level = {qid: await level_counts(redis, keys.queue_by_id(qid))
+                    for qid, fields, *_ in parsed if fields.get(meta.PRIORITY) == "1"}
         for qid, fields, groups, leased, held, ready, delayed, dead, scheduled in parsed:
             seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
             backlogs, owners, members, suspected, marked, unread = [], [], 0, 0, 0, []
@@ -329,7 +334,10 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
                 cursor = max(_int(group.get(meta.CURSOR), first), first)
                 if cursor <= seq:
                     unread.append(cursor)
-                backlogs.append(max(0, seq - cursor + 1) + int(returned))
+                levels = by_level.get(qid)
+                not_read = (sum(levels["unread"].get(g, {}).values()) if levels is not None
+                            else max(0, seq - cursor + 1))
+                backlogs.append(not_read + int(returned))
                 if group.get(meta.OWNER):
                     owners.append(group[meta.OWNER])
                 members += len(group["members"])

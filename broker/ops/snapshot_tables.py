@@ -12,10 +12,16 @@ Tables (one row per ...):
   created/last-write ms, snapshot ms (Redis clock, inside the fence), counts
   (groups, checkouts, ready, delayed, dead letters, owned entries, push
   members, journal cap / length kept in Redis / rows exported), the state
-  digest (what ``--since`` compares).
+  digest (what ``--since`` compares), scheduled (published for later, not in
+  the log yet), priority (whether it honours PUB … PRIORITY) and, for a
+  priority queue, ``held_by_level``: the messages its index holds at each
+  level, a list of ten indexed by level (0 first; null for other queues).
 * ``groups``      subscription (queue, group): mode, policy, on_preempt,
   cursor (clamped to first), epoch, owner, members, unread = max(0, seq -
-  cursor + 1), ready (returned, waiting for redelivery), delayed, checkouts,
+  cursor + 1) (a priority queue's: the sum of ``unread_by_level``, what the
+  group has not read at each level 0..9 from its level cursors, a list of ten
+  indexed by level; null for other queues), ready (returned, waiting for
+  redelivery), delayed, checkouts,
   backlog = unread + ready (as ``fencemq status``), the oldest pending
   retained message (id, publish ms); churn, kept in meta whether or not the
   queue keeps a journal (lua/lib/lite.lua ``count_churn``): preemptions,
@@ -62,9 +68,13 @@ from fencemq.model.records import Checkout, ReadyEntry, journal_events
 from fencemq.model.values import integer
 from fencemq.model.values import text as _s
 
-SCHEMA_VERSION = 2  # 2: groups' churn columns, queues' digest, the unchanged table, manifest.base
+SCHEMA_VERSION = 3  # 3: queues' scheduled, priority, held_by_level; groups' unread_by_level (a digest now
+# covers the scheduled count too: an incremental snapshot builds on a version-3 one only)
+# 2: groups' churn columns, queues' digest, the unchanged table, manifest.base
+LEVELS = 10  # a priority queue's levels 0..9 (fencemq.fences.priority.LEVELS)
 
 S, I64, I32, B = pa.string(), pa.int64(), pa.int32(), pa.bool_()
+BY_LEVEL = pa.list_(I64)  # ten counts, indexed by priority level (0 first)
 
 SCHEMAS: dict[str, pa.Schema] = {
     "queues": pa.schema([
@@ -73,6 +83,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("tag", I64), ("created_ms", I64), ("last_write_ms", I64), ("snapshot_ms", I64), ("groups", I32),
         ("checkouts", I64), ("ready", I64), ("delayed", I64), ("dead_letters", I64), ("owned", I64),
         ("push_members", I32), ("journal_cap", I64), ("journal_length", I64), ("journal_rows", I64), ("digest", S),
+        ("scheduled", I64), ("priority", B), ("held_by_level", BY_LEVEL),
     ]),
     "groups": pa.schema([
         ("queue", S), ("topic", S), ("lmq", S), ("group", S), ("mode", S), ("policy", S), ("on_preempt", S),
@@ -80,7 +91,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("delayed", I64), ("checkouts", I64), ("backlog", I64), ("oldest_pending_id", I64),
         ("oldest_pending_ms", I64), ("snapshot_ms", I64), ("preemptions", I64), ("evictions", I64),
         ("fenced_pulls", I64), ("churn_clients", pa.list_(S)), ("churn_clients_capped", B),
-        ("first_churn_ms", I64), ("last_churn_ms", I64),
+        ("first_churn_ms", I64), ("last_churn_ms", I64), ("unread_by_level", BY_LEVEL),
     ]),
     "members": pa.schema([
         ("queue", S), ("topic", S), ("lmq", S), ("group", S), ("member", S), ("position", I32),
@@ -260,7 +271,7 @@ class TableWriter:
         t = self.tables
         ref = queue_ref(q.qid)
         topic, lmq = ref.topic, ref.lmq
-        _, _, co, dl, rd, dly, counts, _depths, oldest, entries, journal, digest = q.raw
+        _, _, co, dl, rd, dly, counts, _depths, oldest, entries, journal, digest, levels = q.raw
         f = q.state.fields
         seq, first = _int(f.get(meta.SEQ), 0), _int(f.get(meta.FIRST), 1)
 
@@ -281,11 +292,18 @@ class TableWriter:
             per_group[r.group] += 1
             t["ready"].add((q.qid, r.group, r.id, r.acquisitions, r.failures, due))
 
+        # a priority queue's counts per level (lua/snapshot.lua): held, then each group of meta's list
+        levels = [int(n) for n in levels]
+        held_by_level = levels[:LEVELS] if levels else None
+        unread_by_level = {g: levels[LEVELS * (i + 1) : LEVELS * (i + 2)]
+                           for i, g in enumerate(q.state.group_names)} if levels else {}
         oldest_by_group = {_s(oldest[i]): (_int(oldest[i + 1]), _int(oldest[i + 2])) for i in range(0, len(oldest), 3)}
         for g in q.group_order:
             gfields = q.state.groups[g]
             cursor = max(_int(gfields.get(meta.CURSOR), first), first)
-            unread = max(0, seq - cursor + 1)
+            by_level = unread_by_level.get(g)
+            # a priority queue's cursor is a low-water mark: its unread is what each level's cursor has ahead
+            unread = sum(by_level) if by_level is not None else max(0, seq - cursor + 1)
             mem = q.state.member_names(g)
             n_members = len(set(mem) | {m for (gg, m) in q.state.members if gg == g})
             ready = per_group_rd[g]
@@ -296,7 +314,7 @@ class TableWriter:
                              gfields.get(meta.OWNER) or None, n_members, unread, ready, per_group_dly[g],
                              per_group_co[g], unread + ready, old_id, old_ms, q.now, ch.preemptions,
                              ch.evictions, ch.fenced_pulls, list(ch.clients), ch.clients_capped, ch.first_ms,
-                             ch.last_ms))
+                             ch.last_ms, by_level))
             positions = {m: i for i, m in enumerate(mem)}
             for m in mem + sorted(m for (gg, m) in q.state.members if gg == g and m not in positions):
                 mf = q.state.members.get((g, m), {})
@@ -320,9 +338,10 @@ class TableWriter:
         for pos, e in enumerate(events):
             t["journal"].add((q.qid, pos, e.ms, e.event, e.group, e.member, e.id, e.tag, e.epoch, e.extra))
 
-        retained, owned, dead, jlen = (int(x) for x in counts)
+        retained, owned, dead, jlen, scheduled = (int(x) for x in counts)
         kind = "filter" if ref.owner is not None else "lmq" if lmq is not None else "topic"
         t["queues"].add((q.qid, kind, topic, lmq, ref.owner, seq, first, retained, _int(f.get(meta.TAG), 0),
                          _int(f.get(meta.CREATED)), _int(f.get(meta.LAST_WRITE)), q.now, len(q.group_order),
                          len(co) // 2, len(rd), len(dly) // 2, dead, owned, len(q.push),
-                         _int(f.get(meta.JOURNAL_CAP)), jlen, len(events), _s(digest)))
+                         _int(f.get(meta.JOURNAL_CAP)), jlen, len(events), _s(digest), scheduled,
+                         f.get(meta.PRIORITY) == "1", held_by_level))

@@ -43,7 +43,7 @@ class SessionChecks:
         Checked before the fence, not inside it: connections of one session subscribing at the
         same instant may pass it by a few.
         """
-        held = int(await self.redis.scard(self.keys.session_handles(client)))
+        held = int(await self.core.ctx.linked.scard(self.keys.session_handles(client)))
         if held + adding >= self.config.alarm_limit_share * self.config.max_subscriptions:
             self.note_crowded(client, held + adding)
         if held + adding > self.config.max_subscriptions:

@@ -119,10 +119,6 @@ def test_the_late_ack_of_an_expired_tag_settles_nothing_even_after_the_redeliver
     assert direct.hkeys(ORDERS.checkouts) == [y["tag"].encode()]
 
 
-# One server only, for now: on a 3-master Cluster a worker's own reads of the broker's totals (16,384
-# slot keys, by its metrics sampler and health watcher) hold its fence calls back by up to ~0.6 s at
-# times (measured 2026-11-27), past this test's window.
-@pytest.mark.standalone
 def test_renewing_before_each_deadline_keeps_a_lease_alive_for_many_times_its_lock(w):
     owner, rival = client(w.port, 2, "owner"), client(w.port, 2, "rival")
     owner.execute_command("PUB", "orders", "long job")

@@ -621,10 +621,6 @@ def test_an_owned_or_non_empty_lmq_keeps_no_ttl(redis_url, r):
         assert meta(r, "chat", "full")
 
 
-# One server only, for now: on a 3-master Cluster a worker's own reads of the broker's totals (16,384
-# slot keys, by its metrics sampler and health watcher) hold its fence calls back by up to ~0.6 s at
-# times (measured 2026-11-27), past this test's window.
-@pytest.mark.standalone
 def test_an_lmq_that_comes_back_to_life_keeps_no_ttl_on_any_key(redis_url, r):
     def ttls() -> dict[str, int]:
         return {k.rsplit("}", 1)[1] or "meta": t for k, t in lmq_keys(r, "chat", "x").items()}

@@ -343,10 +343,6 @@ def test_unsub_max_equal_to_what_was_taken_ends_an_empty_mailbox_at_once(redis_u
         assert time.monotonic() - t0 < 1.0
 
 
-# One server only, for now: on a 3-master Cluster a worker's own reads of the broker's totals (16,384
-# slot keys, by its metrics sampler and health watcher) hold its fence calls back by up to ~0.6 s at
-# times (measured 2026-11-27), past this test's window.
-@pytest.mark.standalone
 def test_an_abrupt_unsub_wakes_a_blocked_take_with_eos_within_milliseconds(redis_url, direct: Direct) -> None:
     # A worker runs a connection's commands one at a time, so the consumer's
     # own UNSUB would wait behind its TAKE; here it comes from outside, as it

@@ -343,3 +343,28 @@ def test_a_dead_letter_replayed_is_delivered_again_after_its_level_was_read(redi
         assert replayed.exit_code == 0, replayed.stdout + replayed.stderr
         assert payloads(pull(c, h, 10)) == ["bad", "later"], "returned to the group: before new ones"
         totals_match(redis_url)
+
+
+def test_a_groups_unread_counts_its_levels_in_inspect_group_and_the_queue_listing(redis_url, direct) -> None:
+    from fencemq.ops.inspection import inspect_group
+    from fencemq.ops.operations import queue_rows
+
+    honour_priority(redis_url, "jobs")
+    with worker(redis_url) as w:
+        c = client(w.port, 2, "alice")
+        h = sub(c, "jobs", "GROUP", "g")
+        publish(c, "jobs", ("low-1", 1), ("low-2", 1), ("high", 9))
+        assert payloads(pull(c, h, 1)) == ["high"]  # id 3 read; the group's cursor stays at 1 (low-water)
+
+        async def read() -> tuple[dict, list[dict]]:
+            r = direct_async(redis_url)
+            try:
+                return (await inspect_group(r, KEYS, QueueRef("jobs"), "g"),
+                        await queue_rows(r, KEYS, [QueueRef("jobs").qid]))
+            finally:
+                await r.aclose()
+
+        group, rows = run_async(read())
+        assert (group["cursor"], group["unread"], group["unread_by_level"]) == (1, 2, {1: 2})
+        assert group["backlog"] == 2 and rows[0]["backlog"] == 2, "not seq - cursor + 1 = 3"
+        c.close()

@@ -111,3 +111,51 @@ def test_a_link_stands_in_only_for_a_plain_connection(fresh_redis: EmbeddedRedis
     assert RedisLink.for_client(connect(fresh_redis.url.replace("redis://", "rediss://"))) is None
     assert RedisLink.for_client(redis.asyncio.Redis.from_url(fresh_redis.url, decode_responses=True)) is None
     assert RedisLink.for_client(redis.asyncio.Redis.from_url(fresh_redis.url, protocol=3)) is None
+
+
+class _Holder:
+    def __init__(self, link: RedisLink | None) -> None:
+        self.link = link
+
+
+def test_plain_commands_on_the_link_write_and_answer_exactly_as_redis_py_does(fresh_redis: EmbeddedRedis) -> None:
+    """Linked (the connect path's plain commands) against the redis-py client itself: the same
+    sequence, once on each, leaves the same keys and gets the same replies, errors included."""
+    from fencemq.fences.redis_link import Linked
+
+    async def sequence(r: Any, p: str) -> list[Any]:
+        out: list[Any] = []
+        for call in (lambda: r.hgetall(f"{p}h"), lambda: r.hset(f"{p}h", "a", 1),
+                     lambda: r.hset(f"{p}h", mapping={"b": "2", "c": b"\x00\xff"}), lambda: r.hsetnx(f"{p}h", "a", 9),
+                     lambda: r.hsetnx(f"{p}h", "d", 4), lambda: r.hget(f"{p}h", "c"), lambda: r.hget(f"{p}h", "zz"),
+                     lambda: r.hdel(f"{p}h", "b", "nope"), lambda: r.hgetall(f"{p}h"),
+                     lambda: r.smembers(f"{p}s"), lambda: r.sadd(f"{p}s", "x", "y"), lambda: r.smembers(f"{p}s"),
+                     lambda: r.scard(f"{p}s"), lambda: r.zadd(f"{p}z", {"a\0b": 0, "a\0c": 0, "b\0a": 0}),
+                     lambda: r.zrangebylex(f"{p}z", b"[a\0", b"(a\1"), lambda: r.hgetall(f"{p}s"),
+                     lambda: r.many([("SMEMBERS", f"{p}s"), ("HGETALL", f"{p}h"), ("SCARD", f"{p}nothing")])):
+            try:
+                out.append(await call())
+            except ResponseError as exc:
+                out.append((type(exc), str(exc).split()[0]))
+        try:
+            await r.many([("SCARD", f"{p}s"), ("HGET", f"{p}s", "x")])
+        except ResponseError as exc:  # (a redis-py pipeline says which command failed: the code is the same)
+            out.append((type(exc), "WRONGTYPE" if "WRONGTYPE" in str(exc) else str(exc)))
+        return out
+
+    async def main() -> None:
+        redis = connect(fresh_redis.url)
+        link = RedisLink.for_client(redis)
+        try:
+            on_link = await sequence(Linked(redis, _Holder(link)), "L:")
+            on_pool = await sequence(Linked(redis, _Holder(None)), "P:")
+            assert on_link == on_pool
+            assert on_link[-1] == (ResponseError, "WRONGTYPE") == on_link[15]  # the errors came, both ways
+            for key in ("h", "s", "z"):
+                assert await redis.dump(f"L:{key}") == await redis.dump(f"P:{key}")
+        finally:
+            if link is not None:
+                await link.aclose()
+            await redis.aclose()
+
+    asyncio.run(main())

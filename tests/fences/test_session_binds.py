@@ -110,3 +110,60 @@ def test_gathered_binds_and_presence_changes_end_as_the_same_calls_one_by_one(re
     assert told["fast"] == told["slow"], "the same takeover notices, in the same order"
     assert answers["fast"] == answers["slow"], "leave and linger answered the same"
     assert True in answers["fast"] and False in answers["fast"]
+
+
+def test_gathered_filter_registrations_of_concurrent_subscribes_end_as_the_same_subscribes_one_by_one(redis_url):
+    """A crowd's SUBSCRIBEs register their filters in gathered batches: the same registry, the same
+    version, the same announcements as one registration each, and each subscriber gets its own answer."""
+    import redis as sync_redis
+
+    rng = random.Random(2828)
+    # private filters, some subscribed twice (a resubscribe), and shared groups
+    targets = [(f"d{rng.randrange(40)}", rng.choice([f"dev/{rng.randrange(30)}/+", "dev/#", "$share/g/dev/1"]))
+               for _ in range(120)]
+    answers: dict[str, list[object]] = {}
+    announced: dict[str, list[bytes]] = {}
+
+    async def scenario(prefix: str, gathered: bool) -> None:
+        redis = connect(redis_url)
+        core = Core(redis, Config(redis_url=redis_url, prefix=prefix))
+        pubsub = redis.pubsub()
+        await pubsub.subscribe(core.keys.filters_channel)
+        assert (await pubsub.get_message(timeout=2))["type"] == "subscribe"  # listening before the first SUBSCRIBE
+        try:
+            got: dict[int, object] = {}
+
+            async def one(i: int, client: str, target: str) -> None:
+                sub = await core.shared.subscribe(client, target)
+                got[i] = (sub.handle, sub.new_member)
+
+            if gathered:
+                async with anyio.create_task_group() as tg:
+                    core.ctx.spawn = tg.start_soon
+                    async with anyio.create_task_group() as calls:
+                        for i, (client, target) in enumerate(targets):
+                            calls.start_soon(one, i, client, target)
+                    core.ctx.spawn = None
+                assert core.shared.registry._registrations.batches < len(targets) / 3, "registrations were gathered"
+            else:
+                for i, (client, target) in enumerate(targets):
+                    await one(i, client, target)
+            answers[prefix] = [got[i] for i in range(len(targets))]
+            messages = []
+            while (msg := await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)) is not None:
+                messages.append(msg["data"])
+            announced[prefix] = sorted(messages)
+        finally:
+            await pubsub.aclose()
+            await redis.aclose()
+
+    anyio.run(scenario, "slowf", False)
+    anyio.run(scenario, "fastf", True)
+    r = sync_redis.Redis.from_url(redis_url)
+    slow, fast = (Core(r, Config(redis_url=redis_url, prefix=p)).keys for p in ("slowf", "fastf"))
+    assert r.hgetall(fast.filters) == r.hgetall(slow.filters) and r.hlen(fast.filters) > 10
+    assert r.get(fast.filters_version) == r.get(slow.filters_version) == str(len(targets)).encode()
+    assert announced["fastf"] == announced["slowf"] and len(announced["fastf"]) == len(targets)
+    # the same handles, each new to exactly as many subscribers (which of two concurrent subscribes of
+    # one client to one filter is the new one is the race's, not the gathering's)
+    assert sorted(answers["fastf"]) == sorted(answers["slowf"])

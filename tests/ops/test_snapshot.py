@@ -187,7 +187,7 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
 
     # manifest
     on_disk = json.loads((out / "manifest.json").read_text())
-    assert on_disk["schema_version"] == 2 and on_disk["queues"] == 5 and on_disk["nodes"] == 1
+    assert on_disk["schema_version"] == 3 and on_disk["queues"] == 5 and on_disk["nodes"] == 1
     assert on_disk["source"] == redis_url and on_disk["error_count"] == 0
     for table, schema in SCHEMAS.items():
         t = pq.read_table(out / f"{table}.parquet")
@@ -236,6 +236,7 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
         assert row["journal_cap"] == int(meta[compact_meta.JOURNAL_CAP])
         assert abs(row["snapshot_ms"] - int(r.time()[0]) * 1000) < 60_000
         assert len(row["digest"]) == 40 and int(row["digest"], 16) >= 0
+        assert (row["scheduled"], row["priority"], row["held_by_level"]) == (r.zcard(k.scheduled), False, None)
 
         group_names = decode_names(meta.get(compact_meta.GROUPS))
         assert row["groups"] == len(group_names)
@@ -261,7 +262,7 @@ def test_snapshot_matches_redis(redis_url: str, tmp_path: Path) -> None:
                 checkouts=sum(1 for c in co.values() if c.group == g), backlog=unread + n_ready,
                 oldest_pending_id=oldest, oldest_pending_ms=oldest_ms, snapshot_ms=row["snapshot_ms"],
                 preemptions=p, evictions=e, fenced_pulls=fp, churn_clients=who, churn_clients_capped=len(who) >= 8,
-                first_churn_ms=c_first, last_churn_ms=c_last)
+                first_churn_ms=c_first, last_churn_ms=c_last, unread_by_level=None)
             for pos, m in enumerate(mem):
                 f = {name: meta.get(compact_meta.member_field(g, m, name)) for name in MEMBER_FIELDS}.get
                 exp_members[(qid, g, m)] = dict(
@@ -490,7 +491,7 @@ def test_snapshot_reloads_a_flushed_script_and_reports_unreadable_queues(redis_u
             fence = _Fence(a)  # never loaded: the first call answers NOSCRIPT, then it loads and retries
             k = Keyspace().queue_by_id("t:good")
             got = await fence.run([([k.meta, k.log, k.checkouts, k.deadlines, k.owned, k.ready, k.delayed, k.dead,
-                                     k.journal], [0, -1])])
+                                     k.journal, k.scheduled, k.priority], [0, -1])])
             return await take_snapshot(a, Keyspace(), tmp_path / "s"), got
         finally:
             await a.aclose()
@@ -500,3 +501,74 @@ def test_snapshot_reloads_a_flushed_script_and_reports_unreadable_queues(redis_u
     assert manifest.queues == 1 and manifest.error_count == 1
     assert manifest.errors[0].startswith("t:bad: ") and "WRONGTYPE" in manifest.errors[0]
     assert [q["queue"] for q in read(tmp_path / "s", "queues")] == ["t:good"]
+
+
+def priority_workload(redis_url: str, c: redis.Redis) -> None:
+    """A priority topic ``urgent`` (groups fast and slow) and a plain one, with scheduled messages:
+
+    urgent holds levels 9: a b, 1: c d e, 0: f; fast has read a b c, slow a; 1 message of urgent and 1 of
+    plain wait for their time (600 s), plain holds 1."""
+    from fencemq.model.keys import QueueRef
+    from fencemq.ops.priority import set_priority
+    from tests.helpers import pulled, subscribed
+
+    async def honour() -> None:
+        a = Redis.from_url(redis_url)
+        try:
+            await set_priority(a, Keyspace(), QueueRef("urgent"), True)
+        finally:
+            await a.aclose()
+
+    run(honour())
+    fast, slow = subscribed(c, "urgent", "GROUP", "fast"), subscribed(c, "urgent", "GROUP", "slow")
+    for body, level in (("a", 9), ("b", 9), ("c", 1), ("d", 1), ("e", 1), ("f", 0)):
+        c.execute_command("PUB", "urgent", body, "PRIORITY", level)
+    assert [d["payload"] for d in pulled(c, fast, 3)] == ["a", "b", "c"]
+    assert [d["payload"] for d in pulled(c, slow, 1)] == ["a"]
+    c.execute_command("PUB", "urgent", "later", "PRIORITY", 9, "DELAY", 600_000)
+    c.execute_command("PUB", "plain", "now")
+    c.execute_command("PUB", "plain", "later", "DELAY", 600_000)
+
+
+def test_a_snapshot_carries_scheduled_counts_and_a_priority_queues_counts_per_level(redis_url: str,
+                                                                                      tmp_path: Path) -> None:
+    from fencemq.fences.priority import level_counts
+    from fencemq.model.keys import QueueRef
+    from tests.helpers import client, worker
+
+    with worker(redis_url) as w:
+        c = client(w.port, 2, "p1")
+        priority_workload(redis_url, c)
+        run(snapshot_to(redis_url, tmp_path / "full"))
+        queues = {row["queue"]: row for row in read(tmp_path / "full", "queues")}
+        groups = {(row["queue"], row["group"]): row for row in read(tmp_path / "full", "groups")}
+        urgent = queues["t:urgent"]
+        assert (urgent["priority"], urgent["scheduled"]) == (True, 1)
+        assert urgent["held_by_level"] == [1, 3, 0, 0, 0, 0, 0, 0, 0, 2]  # indexed by level, 0 first
+        # a priority queue's unread is what each level's cursor has ahead (not seq - its low-water cursor)
+        assert groups[("t:urgent", "fast")]["unread_by_level"] == [1, 2, 0, 0, 0, 0, 0, 0, 0, 0]
+        assert groups[("t:urgent", "slow")]["unread_by_level"] == [1, 3, 0, 0, 0, 0, 0, 0, 0, 1]
+        assert [groups[("t:urgent", g)]["unread"] for g in ("fast", "slow")] == [3, 5]
+        assert groups[("t:urgent", "fast")]["backlog"] == 3
+
+        async def as_the_cli_reads_them() -> dict:
+            a = Redis.from_url(redis_url)
+            try:
+                return await level_counts(a, Keyspace().queue(QueueRef("urgent")))
+            finally:
+                await a.aclose()
+
+        counts = run(as_the_cli_reads_them())  # fencemq inspect queue / priority show: the same figures
+        assert {lv: n for lv, n in enumerate(urgent["held_by_level"]) if n} == counts["levels"]
+        for g in ("fast", "slow"):
+            assert {lv: n for lv, n in enumerate(groups[("t:urgent", g)]["unread_by_level"]) if n} == counts["unread"][g]
+        plain = queues["t:plain"]
+        assert (plain["priority"], plain["scheduled"], plain["held_by_level"]) == (False, 1, None)
+
+        # a message scheduled since is a change: an incremental snapshot reads the queue again
+        c.execute_command("PUB", "plain", "later still", "DELAY", 600_000)
+        run(snapshot_to(redis_url, tmp_path / "next", since=tmp_path / "full"))
+        again = {row["queue"]: row for row in read(tmp_path / "next", "queues")}
+        assert again["t:plain"]["scheduled"] == 2
+        assert [row["queue"] for row in read(tmp_path / "next", "unchanged")] == ["t:urgent"]
+        c.close()

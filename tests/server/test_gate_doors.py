@@ -89,6 +89,11 @@ def door_other_than(door: str) -> str:
     return "mqtt-5.0" if door == "resp" else "resp"
 
 
+# A throttled login is answered after the delay its address earned (up to seconds, by design) plus the
+# password hashes queued before it: a client waiting for its CONNACK must outwait that, on a busy machine too.
+PATIENCE = 20.0
+
+
 def fail_login(d: Doors, door: str, name: str = "app", password: str = "not-the-password") -> None:
     """One wrong password at ``door``, answered as refused."""
     if door == "resp":
@@ -98,7 +103,7 @@ def fail_login(d: Doors, door: str, name: str = "app", password: str = "not-the-
         with d.http() as http:
             assert not ui_login(http, name, password)
     else:
-        m = d.mqtt(door)
+        m = d.mqtt(door, timeout=PATIENCE)
         try:
             assert not accepted(m.connect(f"guess-{time.monotonic_ns()}", name, password))
         finally:
@@ -113,7 +118,7 @@ def login_at(d: Doors, door: str, who: tuple[str, str] = APP) -> bool:
     if door == "ui":
         with d.http() as http:
             return ui_login(http, *who)
-    m = d.mqtt(door)
+    m = d.mqtt(door, timeout=PATIENCE)
     try:
         return accepted(m.connect(f"login-{time.monotonic_ns()}", *who))
     finally:
@@ -540,23 +545,28 @@ def timed(action: Callable[[], Any]) -> float:
     return time.monotonic() - started
 
 
+def usual_cost(action: Callable[[], Any]) -> float:
+    """What ``action`` costs here and now, unthrottled: the least of three (one slow sample must not hide a delay)."""
+    return min(timed(action) for _ in range(3))
+
+
 def throttled_here(d: Doors, door: str) -> None:
     users(d)
-    check = timed(lambda: login_at(d, door))  # what a login costs here and now (a password hash)
+    check = usual_cost(lambda: login_at(d, door))  # what a login costs here and now (a password hash)
     fail_login(d, door)
     assert timed(lambda: login_at(d, door)) - check >= 0.7, "the login after a failure from this address was not delayed"
 
 
 def one_throttle(d: Doors, door: str) -> None:
     users(d)
-    check = timed(lambda: login_at(d, door))
+    check = usual_cost(lambda: login_at(d, door))
     fail_login(d, door_other_than(door))
     assert timed(lambda: login_at(d, door)) - check >= 0.7, "a failure at another door did not delay this one"
 
 
 def parallel_guesses(d: Doors, door: str) -> None:
     users(d)
-    check = timed(lambda: login_at(d, door))
+    check = usual_cost(lambda: login_at(d, door))
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         done = [f.result() for f in [pool.submit(lambda: (fail_login(d, door), time.monotonic())[1])

@@ -167,7 +167,7 @@ def test_scheduled_messages_are_sampled_per_topic_and_a_priority_topics_backlog_
     asyncio.run(honour())
     c = client(served.port, name="producer")
     fast, slow = subscribed(c, "urgent", "GROUP", "fast"), subscribed(c, "urgent", "GROUP", "slow")
-    for body, level in (("a", 9), ("b", 9), ("c", 1), ("d", 1), ("e", 1)):
+    for body, level in (("c", 1), ("d", 1), ("e", 1), ("a", 9), ("b", 9)):  # ids 1-3 at level 1, 4-5 at 9
         c.execute_command("PUB", "urgent", body, "PRIORITY", level)
     assert [d["payload"] for d in pulled(c, fast, 3)] == ["a", "b", "c"]
     assert [d["payload"] for d in pulled(c, slow, 1)] == ["a"]
@@ -185,5 +185,7 @@ def test_scheduled_messages_are_sampled_per_topic_and_a_priority_topics_backlog_
                  if name == "fencemq_priority_backlog_messages"}
     # level 9: slow has read 1 of 2; level 1: fast has read 1 of 3, slow none: the slowest group's
     assert per_level == {str(lv): {9: 1, 1: 3}.get(lv, 0) for lv in range(10)}, per_level
+    # the topic's backlog counts by level too: slow has read only a (id 4), its cursor stays at 1, 4 unread
+    assert samples[("fencemq_backlog_messages", (("lmq", ""), ("topic", "urgent")))] == 4
     assert not any(dict(labels)["topic"] == "orders" for (name, labels) in samples
                    if name == "fencemq_priority_backlog_messages"), "a plain topic has no per-level series"

@@ -742,7 +742,7 @@ def test_cli_snapshot_then_analyze(cli: typer.Typer, redis_url: str, tmp_path: P
                               "--journal-buckets", "3"])
     assert res.exit_code == 0, res.output
     manifest = json.loads(res.stdout)
-    assert manifest["queues"] == 5 and manifest["schema_version"] == 2 and manifest["source"] == redis_url
+    assert manifest["queues"] == 5 and manifest["schema_version"] == 3 and manifest["source"] == redis_url
     assert manifest["journal_buckets"] == 3 and len(list((snap / "journal.parquet").iterdir())) == 3
     for name, rows in manifest["counts"].items():
         assert pq.read_table(snap / f"{name}.parquet").num_rows == rows
@@ -797,10 +797,10 @@ def test_cli_errors(cli: typer.Typer, tmp_path: Path) -> None:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "no snapshot at" in lines[0] and "manifest.json" in lines[0]
 
-    (tmp_path / "v3").mkdir()
-    (tmp_path / "v3" / "manifest.json").write_text(json.dumps({"schema_version": 3}))
-    res = runner.invoke(cli, ["analyze", str(tmp_path / "v3")])
-    assert res.exit_code == 1 and "schema version 3" in res.stderr
+    (tmp_path / "v4").mkdir()
+    (tmp_path / "v4" / "manifest.json").write_text(json.dumps({"schema_version": 4}))
+    res = runner.invoke(cli, ["analyze", str(tmp_path / "v4")])
+    assert res.exit_code == 1 and "schema version 4" in res.stderr
 
 
 def test_python_dash_m_spark_help() -> None:
@@ -809,3 +809,43 @@ def test_python_dash_m_spark_help() -> None:
     res = subprocess.run([sys.executable, "-m", "spark", "--help"], capture_output=True, text=True, timeout=60,
                          check=False)
     assert res.returncode == 0 and "SNAPSHOT" in res.stdout.upper()
+
+
+def as_version_2(src: Path, dst: Path) -> None:
+    """``src`` rewritten as a version-2 snapshot would hold it: without the scheduled and priority columns."""
+    shutil.copytree(src, dst)
+    for name, columns in (("queues", ("scheduled", "priority", "held_by_level")), ("groups", ("unread_by_level",))):
+        table = pq.read_table(dst / f"{name}.parquet")
+        pq.write_table(table.drop_columns(list(columns)), dst / f"{name}.parquet")
+    manifest = json.loads((dst / "manifest.json").read_text())
+    (dst / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 2}))
+
+
+@pytest.mark.long  # runs two analyses
+def test_priority_levels_and_scheduled_counts_are_analysed_and_an_older_snapshot_reads_without_them(
+        spark, redis_url: str, tmp_path: Path) -> None:
+    from tests.helpers import client, worker
+    from tests.ops.test_snapshot import priority_workload
+
+    with worker(redis_url) as w:
+        c = client(w.port, 2, "p1")
+        priority_workload(redis_url, c)
+        c.close()
+    run(snapshot_to(redis_url, tmp_path / "snap"))
+    summary = analyze(spark, tmp_path / "snap", tmp_path / "out", report=False)
+    assert (summary["totals"]["scheduled"], summary["totals"]["priority_queues"]) == (2, 1)
+    levels = sorted((r["queue"], r["level"], r["group"], r["held"], r["unread"])
+                    for r in result(tmp_path / "out", "priority_levels"))
+    assert levels == [("t:urgent", 0, "fast", 1, 1), ("t:urgent", 0, "slow", 1, 1),
+                      ("t:urgent", 1, "fast", 3, 2), ("t:urgent", 1, "slow", 3, 3),
+                      ("t:urgent", 9, "fast", 2, 0), ("t:urgent", 9, "slow", 2, 1)]
+    backlog = keyed(result(tmp_path / "out", "backlog"), "queue", "group")
+    assert backlog[("t:urgent", "slow")]["unread"] == 5  # per level, not seq - its low-water cursor (6)
+    assert backlog[("t:urgent", "slow")]["unread_by_level"] == [1, 3, 0, 0, 0, 0, 0, 0, 0, 1]
+
+    as_version_2(tmp_path / "snap", tmp_path / "old")
+    old = analyze(spark, tmp_path / "old", tmp_path / "old-out", report=False)
+    assert (old["totals"]["scheduled"], old["totals"]["priority_queues"]) == (0, 0)
+    assert result(tmp_path / "old-out", "priority_levels") == []
+    assert keyed(result(tmp_path / "old-out", "backlog"), "queue", "group")[("t:urgent", "slow")][
+        "unread_by_level"] is None

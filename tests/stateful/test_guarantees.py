@@ -26,8 +26,8 @@ After every step the invariants are read off the real server:
 * the broker's totals the fences keep equal a full count of every queue.
 
 `make test` runs a few dozen sequences; `make test-stateful` (run by CI after
-`make test`) runs FENCEMQ_STATEFUL_EXAMPLES of them, 250 by default (FENCEMQ_STATEFUL_EXAMPLES=1000
-make test-stateful: about an hour here).
+`make test`) runs FENCEMQ_STATEFUL_EXAMPLES of them, split into FENCEMQ_STATEFUL_SHARDS
+tests that run side by side (each shard its own random sequences, server and workers).
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ from tests.helpers import (
 
 KEYS = Keyspace("fmq")
 EXAMPLES = int(os.environ.get("FENCEMQ_STATEFUL_EXAMPLES", "30"))
+# The sequences are split into SHARDS tests of their own, so pytest-xdist runs them side by side (each on its
+# own server and workers): a sequence mostly waits (past TTLs, due times, session leases), not for the CPU.
+SHARDS = max(1, int(os.environ.get("FENCEMQ_STATEFUL_SHARDS", "1")))
 LOCK_MS = 400  # short enough that pauses and slow steps let leases lapse, long enough to ack most
 WORKER_SETTINGS = {"session_lease_ms": 1500, "sweep_interval_ms": 50}
 RUNS = itertools.count(1)
@@ -521,14 +524,15 @@ class Guarantees(RuleBasedStateMachine):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_the_five_guarantees_hold_through_hostile_and_unlucky_moves(redis_url) -> None:
+@pytest.mark.parametrize("shard", range(SHARDS), ids=lambda n: f"shard-{n + 1}-of-{SHARDS}")
+def test_the_five_guarantees_hold_through_hostile_and_unlucky_moves(redis_url, shard: int) -> None:
     url = redis_url  # flushed: the totals start from nothing (the_totals_equal_a_full_count)
     workers = Workers(url)
     direct = redis.RedisCluster.from_url(url) if in_cluster_mode() else redis.Redis.from_url(url)
     try:
         machine = type("GuaranteesMachine", (Guarantees,), {"workers": workers, "redis": direct})
         run_state_machine_as_test(machine, settings=settings(
-            max_examples=EXAMPLES, stateful_step_count=20, deadline=None, derandomize=False,
+            max_examples=-(-EXAMPLES // SHARDS), stateful_step_count=20, deadline=None, derandomize=False,
             suppress_health_check=list(HealthCheck), print_blob=True))
     finally:
         workers.stop()

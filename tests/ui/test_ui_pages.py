@@ -315,6 +315,10 @@ def test_a_priority_queue_page_shows_each_levels_messages_and_scheduled_ones(red
         assert levels == ["Level Held fast unread slow unread", "9 3 0 3", "1 2 1 2", "0 1 1 1"], levels
         plain = text(http.get("/queue", params={"q": "t:plain"}).text)
         assert "Scheduled 1 published" in plain and "Priority levels" not in plain
-        wait_for(lambda: re.search(r"Scheduled 3 published for later", text(http.get("/").text)), timeout=10,
-                 what="the overview's scheduled total")
+        overview = wait_for(lambda: (lambda page: page if re.search(r"Scheduled 3 published for later", text(page))
+                                     else None)(http.get("/").text), timeout=10, what="the overview's scheduled total")
+        table = overview.split('<table class="busiest">', 1)[1].split("</table>", 1)[0]
+        header = re.findall(r"<th[^>]*>(.*?)</th>", table, re.S)
+        cells = {r.split()[0]: r.split() for r in rows(table)[1:]}
+        assert cells["urgent"][[text(h).strip() for h in header].index("Scheduled")] == "2", (header, cells)
         c.close()

@@ -105,8 +105,13 @@ class MqttServerSession:
         return self._take_events()
 
     def next_deadline(self) -> float | None:
-        """When ``tick`` has something to do: the connect timeout, or 1.5 × Keep Alive after the last packet."""
-        if self.state in (SessionState.AWAITING_CONNECT, SessionState.CONNECTING):
+        """When ``tick`` has something to do: the connect timeout, or 1.5 × Keep Alive after the last packet.
+
+        The connect timeout bounds the client: it runs until its CONNECT is in. What comes after is
+        the server's own work (the gate's login, bounded by its throttle; binding the session), and
+        is answered, accept or refuse: a server slow under a crowd of CONNECTs (a reconnect storm)
+        never closes one unanswered because it took its time."""
+        if self.state is SessionState.AWAITING_CONNECT:
             return self._opened_at + self.limits.connect_timeout
         if self.state is SessionState.CONNECTED and self.request and self.request.keep_alive:
             return self._last_received + 1.5 * self.request.keep_alive

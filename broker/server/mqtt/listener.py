@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 
 from fencemq.errors import EvictingRedis, FenceMQError, Full, LimitExceeded, NoPermission, WrongPassword
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
+from fencemq.fences.sessions import SessionEnding
 from fencemq.protocol.mqtt.client_ids import session_name
 from fencemq.protocol.mqtt.codec import MQTT_5
 from fencemq.protocol.mqtt.events import (
@@ -48,7 +49,7 @@ from fencemq.protocol.mqtt.events import (
 )
 from fencemq.protocol.mqtt.packets import Will
 from fencemq.protocol.mqtt.reasons import ReasonCode
-from fencemq.protocol.mqtt.session import MqttServerSession
+from fencemq.protocol.mqtt.session import MqttServerSession, SessionState
 from fencemq.server.mqtt.messages import (
     headers_of,
 )
@@ -179,6 +180,13 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
             # acknowledged, so its MQTT client sends it again once it has reconnected (5.0: told
             # why, Server busy; 3.1.1 has no reason to give). The worker and the session stay.
             failure = redis_failure(exc, "an MQTT request", self.services.core.fences)
+            if self.mqtt.state is SessionState.CONNECTING:
+                # a CONNECT not answered yet is refused with CONNACK Server busy (3.1.1: Server
+                # unavailable), never a close the client cannot tell from a network fault
+                log.info("MQTT CONNECT of %r refused: %s", self.session.client_id, failure.message[:200])
+                self.mqtt.refuse(ReasonCode.SERVER_BUSY, failure.resp()[:256])
+                await self._flush()
+                return
             log.info("MQTT connection of %r closed: %s", self.session.client_id, failure.message[:200])
             self.mqtt.disconnect(ReasonCode.SERVER_BUSY, failure.resp()[:256])
             await self._flush()
@@ -242,15 +250,20 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
         session = self.session
         refusal = await self._admitted(event)
         if self.mqtt.closed:
-            return  # the connect timeout ran out while the gate made it wait
+            return  # the client hung up while the gate made it wait
         if refusal is not None:
             self.mqtt.refuse(refusal)
             return
         name = session_name(event.client_id)  # any UTF-8 identifier, as a FenceMQ session name
-        self.mqtt_state = MqttSessionState(self.services.redis, self.services.keys, name)
+        self.mqtt_state = MqttSessionState(self.services.core.ctx.linked, self.services.keys, name)
         try:
             revoked = await session.bind(name, anonymous=False, takeover=True, fresh=event.clean_start,
                                          tell_revoked=False)
+        except SessionEnding as exc:
+            # its session is being ended this moment (BIND_WAIT_S and more): connect again shortly
+            log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
+            self.mqtt.refuse(ReasonCode.SERVER_BUSY, exc.resp()[:256])
+            return
         except FenceMQError as exc:
             log.info("MQTT CONNECT of %r refused: %s", event.client_id, exc)
             self.mqtt.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)

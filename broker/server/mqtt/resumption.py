@@ -65,7 +65,7 @@ class MqttResumption:
             for handle in await session_index.handles(redis, keys, client) if self.session.resumed else ():
                 await self.services.core.subscriptions.unsubscribe(handle)
             return self.mqtt.accept(time.monotonic())
-        held = await session_index.non_lite_handles(redis, keys, client)
+        held = await session_index.non_lite_handles(self.services.core.ctx.linked, keys, client)
         # What the member holds is read before the records: a departure still under way marks a
         # record handed back ("") before it hands the checkout back, so a record read after this
         # either shows a tag held here or says it comes back from the queue.

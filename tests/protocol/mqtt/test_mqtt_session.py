@@ -241,6 +241,16 @@ def test_a_connect_that_never_comes_is_closed_at_the_connect_timeout():
     assert closed.initiated_by == "server" and session.outbound() == b""
 
 
+def test_a_connect_that_came_in_time_is_answered_however_long_the_server_takes_to_decide():
+    peer = Peer(MQTT_311, MqttServerLimits(connect_timeout=5.0))
+    assert peer.session.next_deadline() == 5.0
+    peer.send(Connect(protocol_level=MQTT_311, client_id="c1"), now=1.0)
+    assert peer.session.next_deadline() is None and peer.session.tick(60.0) == []
+    peer.session.refuse(ReasonCode.SERVER_BUSY)
+    (connack,) = peer.received()
+    assert connack.reason_code == 0x03  # 3.1.1: Server unavailable
+
+
 # --------------------------------------------------------------------------- keep alive
 
 

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from fencemq.protocol.mqtt.codec import MQTT_5, MQTT_311
+from fencemq.protocol.mqtt.packets import Connect
 from tests.helpers import worker
 from tests.server.mqtt.clients import Client, RawClient
 
@@ -319,3 +321,32 @@ def test_MQTT_3_1_2_24_a_client_silent_past_a_keep_alive_shorter_than_the_connec
         assert time.monotonic() - started < 5  # 1.5 x 2 s, not the 10 s connect timeout
     finally:
         silent.close(), watcher.close()
+
+
+def _connack(port: int, client_id: str, level: int) -> int:
+    """The reason code of the CONNACK a CONNECT gets (Redis may keep the worker 10 s and more)."""
+    c = RawClient(port, client_id, level=level, connect=False)
+    try:
+        c.send(Connect(client_id=client_id, clean_start=False, keep_alive=30, protocol_level=level))
+        return int(c.next(timeout=40).reason_code)
+    finally:
+        c.close()
+
+
+def test_a_connect_that_meets_redis_unreachable_is_answered_server_busy_not_closed(fresh_redis) -> None:
+    """A CONNECT whose session bind fails in Redis (here: Redis is gone) gets CONNACK 0x89 Server busy
+    (3.1.1: 0x03 Server unavailable), never a bare close the client cannot tell from a network fault,
+    however long Redis kept the worker past the connect timeout; once Redis is back the client connects."""
+    with worker(fresh_redis.url, mqtt_port=0) as started:
+        port = started.worker.mqtt_port
+        assert _connack(port, "before", MQTT_5) == 0x00
+        fresh_redis.stop()
+        try:
+            assert _connack(port, "during-5", MQTT_5) == 0x89
+            assert _connack(port, "during-311", MQTT_311) == 0x03
+        finally:
+            fresh_redis.start(_same_port=True)
+        deadline = time.monotonic() + 30
+        while (code := _connack(port, "during-5", MQTT_5)) != 0x00:
+            assert code == 0x89 and time.monotonic() < deadline
+            time.sleep(0.2)
