@@ -9,7 +9,7 @@ drains). A topic's *policy* â€” a count, an age, a size in bytes, any of them â€
 keeps its messages, read or not, until the policy trims them from the oldest,
 and replaces those caps. Policies are an operator's (``fencemq retention``),
 kept in one hash (``Keyspace.retention``: topic -> ``"count age_ms bytes"``),
-and every worker reads them again at most :data:`REFRESH_S` after a change.
+and every worker reads them again about :data:`REFRESH_S` after a change (Retention.policies).
 """
 
 from __future__ import annotations
