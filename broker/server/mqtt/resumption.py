@@ -31,6 +31,7 @@ from fencemq.protocol.mqtt.events import ConnectRequested, MqttEvent
 from fencemq.protocol.mqtt.session import MqttServerSession
 from fencemq.server.mqtt.delivery import MqttSubscription, filter_of
 from fencemq.server.mqtt.state import MqttSessionState, Saved
+from fencemq.server.mqtt.wills import StoredWill, Wills
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 
@@ -58,9 +59,14 @@ class MqttResumption:
         client sent behind its CONNECT (which waited for the accept)."""
         redis, keys, client = self.services.redis, self.services.keys, self.session.client_id
         assert client is not None
+        wills = Wills(self.services)
+        if self.session.resumed:  # a will the last connection scheduled: cancelled, or now (mqtt/wills.py)
+            await wills.taken_up(client, fresh=event.clean_start)
         if event.clean_start:
             # a session this CONNECT created holds nothing yet: nothing to read or drop (a connect storm)
             saved = await self.mqtt_state.load(fresh=True, known_empty=not self.session.resumed)
+            if event.will is not None:  # kept with the session, so that it outlives this worker
+                await wills.stands(client, StoredWill.of(event.will, self.session.user))
             self.nonce, self.completed = saved.nonce, saved.completed
             for handle in await session_index.handles(redis, keys, client) if self.session.resumed else ():
                 await self.services.core.subscriptions.unsubscribe(handle)
@@ -72,6 +78,7 @@ class MqttResumption:
         leases = self.services.core.leases
         holding = {h: await leases.member_tags(h) for h in held}
         saved = await self.mqtt_state.load(fresh=False)
+        await wills.stands(client, StoredWill.of(event.will, self.session.user) if event.will is not None else None)
         self.nonce, self.completed = saved.nonce, saved.completed
         releasing = await self._hand_back(holding, saved)
         # (5.0) the subscriptions its user may no longer hold, that the gate dropped, are told here
