@@ -48,14 +48,13 @@ from fencemq.protocol.mqtt.packets import Will
 from fencemq.protocol.mqtt.properties import Properties
 from fencemq.server import metrics
 from fencemq.server.mqtt.messages import headers_of
+from fencemq.server.mqtt.state import WILL, WILL_SID
 
 if TYPE_CHECKING:
     from fencemq.server.services import Services
 
 log = logging.getLogger(__name__)
 
-WILL = "mqtt-will"
-WILL_SID = "mqtt-will-sid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +102,12 @@ class Wills:
         return self.services.keys.session(client)
 
     async def stands(self, client: str, will: StoredWill | None) -> None:
-        """A CONNECT's will (or none) is the session's from now: written before the CONNACK."""
-        key = self._key(client)
+        """A resumed session's will is this CONNECT's (or none) from now: written before the CONNACK
+        (a Clean Start writes it with the session's fresh state: mqtt/state.py)."""
         if will is None:
-            await self.services.redis.hdel(key, WILL, WILL_SID)
-            return
-        async with self.services.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, WILL, will.encode())
-            pipe.hdel(key, WILL_SID)
-            await pipe.execute()
+            await self.services.redis.hdel(self._key(client), WILL)
+        else:
+            await self.services.redis.hset(self._key(client), WILL, will.encode())
 
     async def settled(self, client: str) -> None:
         """The will was published, deleted (DISCONNECT 0x00) or the session ended: nothing stands."""
@@ -123,15 +119,15 @@ class Wills:
         will = StoredWill.decode(raw) if raw is not None else None
         return will, tuple(json.loads(sid)) if sid is not None else None  # type: ignore[return-value]
 
-    async def taken_up(self, client: str, *, fresh: bool) -> None:
-        """A new connection takes the session up: a will scheduled by the last one is cancelled
-        (MQTT-3.1.3-9); with Clean Start (``fresh``) the session ended, so it goes now instead."""
-        will, scheduled = await self.pending(client)
-        if scheduled is None:
-            return
-        if await self.cancel(*scheduled) and fresh and will is not None:
-            await self.publish(client, will, 0)
-        await self.services.redis.hdel(self._key(client), WILL_SID)
+    async def taken_up(self, client: str, will: bytes | None, scheduled: bytes, *, fresh: bool) -> None:
+        """A new connection takes up a session whose last connection scheduled its will (``scheduled``,
+        read with the session's state: mqtt/state.py): cancelled (MQTT-3.1.3-9); with Clean Start
+        (``fresh``) the session ended, so the will goes now instead (MQTT-3.1.2-5)."""
+        topic, sid = json.loads(scheduled)
+        if await self.cancel(topic, sid) and fresh and will is not None:
+            await self.publish(client, StoredWill.decode(will), 0)
+        if not fresh:  # a Clean Start dropped it already
+            await self.services.redis.hdel(self._key(client), WILL_SID)
 
     async def cancel(self, topic: str, sid: str) -> int:
         ref = self.services.core.ctx.queue(topic, None)
