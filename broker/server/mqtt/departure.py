@@ -3,9 +3,9 @@
 A mixin of fencemq.server.mqtt.listener.MqttConnection. When the connection is gone, its
 unacknowledged deliveries and a shared member's unsent mailbox go back at once (no
 failure counted); a session with an expiry interval lingers that long (its in-flight
-packet ids kept for a resume: mqtt/state.py), one without ends; the will goes after its delay, or at
-once when a new connection with Clean Start ends the session, unless the session was
-taken up again first.
+packet ids kept for a resume: mqtt/state.py), one without ends; the will goes now, or is scheduled
+in Redis for its delay (mqtt/wills.py), or at once when a new connection with Clean Start ends
+the session, unless the session was taken up again first.
 """
 
 from __future__ import annotations
