@@ -8,9 +8,6 @@ Real workers on one Redis: in threads (drained as SIGTERM drains them) and in a 
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import time
 
 import pytest
@@ -19,7 +16,7 @@ import redis
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.protocol.mqtt.packets import Disconnect, Will
 from fencemq.protocol.mqtt.properties import Properties
-from tests.helpers import free_port, subprocess_worker, wait_for, worker
+from tests.helpers import KillableMqttWorker, wait_for, worker
 from tests.server.mqtt.clients import Client, RawClient
 
 pytestmark = pytest.mark.standalone
@@ -88,29 +85,9 @@ def test_a_client_of_a_drained_worker_that_does_not_come_back_has_its_will_sent_
     assert time.monotonic() - drained_at >= 3.0, "not before the Will Delay Interval"
 
 
-class Killed:
-    """A worker in its own process, killed with SIGKILL: it publishes nothing and says nothing."""
-
-    def __init__(self, redis_url: str) -> None:
-        self.mqtt_port = free_port()
-        self.proc = subprocess_worker(redis_url, free_port(), mqtt_port=self.mqtt_port, session_lease_ms=LEASE_MS)
-        wait_for(self._listening, timeout=10, what="the worker's MQTT listener")
-
-    def _listening(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.mqtt_port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(5)
-
-
 @pytest.fixture
 def killed(redis_url):
-    k = Killed(redis_url)
+    k = KillableMqttWorker(redis_url, session_lease_ms=LEASE_MS)
     yield k
     if k.proc.poll() is None:
         k.kill()
