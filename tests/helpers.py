@@ -425,15 +425,22 @@ def _without_size(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in ("COLUMNS", "LINES")}
 
 
+def _take_the_terminal() -> None:
+    # In the child, after setsid: the pseudo-terminal becomes its controlling terminal, so ^C typed on it
+    # interrupts the program (the line discipline signals the foreground group) and /dev/tty is it.
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 class Terminal:
     """A program on a pseudo-terminal (120 x 24 unless told), as a person would run it."""
 
-    def __init__(self, *argv: str, columns: int = 120, rows: int = 24, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *argv: str, columns: int = 120, rows: int = 24, env: Mapping[str, str] | None = None,
+                 cwd: str | None = None) -> None:
         self.fd, its_side = pty.openpty()
         fcntl.ioctl(its_side, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-        self.proc = subprocess.Popen(argv, stdin=its_side, stdout=its_side, stderr=its_side,
-                                     env={**_without_size(os.environ), "TERM": "xterm", **(env or {})},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(argv, stdin=its_side, stdout=its_side, stderr=its_side, cwd=cwd,
+                                     env={**_without_size(os.environ), "TERM": "xterm", **_without_size(env or {})},
+                                     start_new_session=True, preexec_fn=_take_the_terminal)
         os.close(its_side)
         self.seen = b""
 

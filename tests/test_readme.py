@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import Terminal
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "127.0.0.1:7379> "
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -110,28 +112,27 @@ class Reader:
             self.cli = subprocess.Popen(words[:1] + ["--no-raw"] + words[1:], cwd=self.cwd, env=self.env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         elif LIVE.search(line):
+            # a live view runs on a terminal, as a person runs it (on a pipe it draws only when it ends), and ^C
+            # (typed: the terminal sends it to the view's process group) once its first frame is drawn
             # PYTHONFAULTHANDLER: a view that outlives its ^C is aborted below and shows where it was
-            proc = subprocess.Popen(words, cwd=self.cwd, env={**self.env, "PYTHONFAULTHANDLER": "1"},
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-            # ^C once the live view has drawn something (on a busy machine its import alone may take seconds)
-            first = b""
-            deadline = time.monotonic() + 60
-            while not first.strip() and proc.poll() is None and time.monotonic() < deadline:
-                if select.select([proc.stdout], [], [], 0.2)[0]:
-                    first += os.read(proc.stdout.fileno(), 65536)
-            assert proc.poll() is None, f"{line!r} ended by itself: {(first + proc.stdout.read()).decode()[-2000:]}"
-            assert first.strip(), f"{line!r} drew nothing in 60 s"
-            os.killpg(proc.pid, signal.SIGINT)
-            interrupted = time.monotonic()
-            try:
-                out = (first + proc.communicate(timeout=30)[0]).decode()
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGABRT)  # the fault handler prints every thread's stack
-                stuck = (first + proc.communicate(timeout=30)[0]).decode()
-                raise AssertionError(f"{line!r} still ran 30 s after ^C; its stacks:\n{stuck[-6000:]}") from None
-            print(f"{time.monotonic() - interrupted:6.1f} s  {line!r} after ^C")
-            assert proc.returncode in (0, 130), f"{line!r} exited {proc.returncode}: {out[-2000:]}"
-            assert "Traceback" not in out, out[-2000:]
+            with Terminal(*words, columns=120, rows=40, cwd=self.cwd,
+                          env={**self.env, "PYTHONFAULTHANDLER": "1"}) as term:
+                assert term.read_until(b"FenceMQ top", timeout=60), f"{line!r} drew no frame in 60 s:\n" \
+                    + term.seen.decode(errors="replace")[-2000:]
+                assert term.proc.poll() is None, f"{line!r} ended by itself: {term.seen.decode()[-2000:]}"
+                interrupted = time.monotonic()
+                term.type(b"\x03")
+                try:
+                    code = term.exit_code(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(term.proc.pid, signal.SIGABRT)  # the fault handler prints every thread's stack
+                    term.read_until(b"\0never\0", 5)
+                    raise AssertionError(f"{line!r} still ran 30 s after ^C; its stacks:\n"
+                                         + term.seen.decode(errors="replace")[-6000:]) from None
+                out = term.seen.decode(errors="replace")
+                print(f"{time.monotonic() - interrupted:6.1f} s  {line!r} after ^C")
+                assert code in (0, 130), f"{line!r} exited {code}: {out[-2000:]}"
+                assert "Traceback" not in out, out[-2000:]
         else:
             self._run(command, line)
 
