@@ -72,6 +72,14 @@ def resumer(redis_server):
         yield w
 
 
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
 class Doomed:
     """A worker in its own process, reaching Redis through the proxy: killed with SIGKILL."""
 
@@ -82,11 +90,7 @@ class Doomed:
         wait_for(self._listening, timeout=10, what="the worker's MQTT listener")
 
     def _listening(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.mqtt_port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
+        return listening(self.mqtt_port)
 
     def kill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
@@ -305,3 +309,41 @@ def test_a_qos2_delivery_killed_at_each_step_reaches_the_client_exactly_once(doo
     assert received == [pid]
     delivery_then_new_flow(again, resumer, topic, 2)
     again.close()
+
+
+# -- the connection's end -------------------------------------------------------------------------
+
+SHORT_LEASE_MS = 400  # the workers' own lease: a dead worker's expired sessions are swept within ~1 s
+
+
+def test_a_session_whose_worker_died_right_after_its_connection_left_lives_its_whole_expiry(proxy, redis_server):
+    """The last connection's leave starts the session's expiry in the same step: a worker that
+    stops right after it (killed, or far behind in a reconnect storm) leaves no moment in which the
+    session has no connection and only the worker's short lease, for a sweeper to end it by."""
+    mqtt_port = free_port()
+    doomed = subprocess_worker(proxy.url, free_port(), mqtt_port=mqtt_port, session_lease_ms=SHORT_LEASE_MS)
+    try:
+        wait_for(lambda: listening(mqtt_port), timeout=10, what="the worker's MQTT listener")
+        with worker(redis_server.url, mqtt_port=0, session_lease_ms=SHORT_LEASE_MS, sweep_interval_ms=20) as resumer:
+            c = RawClient(mqtt_port, "left-then-killed", expiry=300)
+            c.send(Subscribe(1, (("left/#", SubscriptionOptions(qos=1)),)))
+            expect(c, Suback)
+            # the step after the leave: the client's memberships marked offline (they are read first)
+            handles = KEYS.session_handles("left-then-killed").encode()
+            held = proxy.hold(lambda a: a[0].upper() == b"SMEMBERS" and a[1] == handles)
+            c.close()  # gone without a DISCONNECT
+            assert held.wait(5)
+            os.kill(doomed.pid, signal.SIGKILL)
+            doomed.wait(5)
+            proxy.disarm()
+            time.sleep(6 * SHORT_LEASE_MS / 1000)  # the dead worker's leases, its own and its sessions', long run out
+            again = RawClient(resumer.worker.mqtt_port, "left-then-killed", clean_start=False, expiry=300)
+            assert again.connack.session_present, "the session lives its Session Expiry Interval (300 s)"
+            produce(resumer, "left/x", "still subscribed", 1)
+            assert expect(again, Publish, timeout=5.0).payload == b"still subscribed"
+            again.close()
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(5)
+        proxy.disarm()
