@@ -142,9 +142,10 @@ class MqttDelivery:
                             return  # the subscription is gone (its queue dropped): nothing more to send
                         except Stale:
                             # the worker too far behind (a connect storm) for the fence to run within
-                            # its lease intent, twice: nothing was leased; look again shortly, rather
-                            # than fail the connection
-                            paused = True
+                            # its lease intent, twice: nothing was leased. Not a failure of the
+                            # connection: the subscription waits as after a look that found nothing
+                            # (a wake-up, or its backoff: 20,000 of them do not retry together)
+                            pass
                         except REDIS_FAILURES as exc:
                             # Redis failing over: the subscription stays and looks again shortly; what was
                             # checked out and not sent comes back when its lease runs out
