@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ import redis
 from fencemq.fences.registry import sources
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.protocol.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, SubscriptionOptions
-from tests.helpers import client, free_port, subprocess_worker, wait_for, worker
+from tests.helpers import KillableMqttWorker, client, worker
 from tests.server.mqtt.clients import RawClient
 from tests.server.redis_proxy import RedisProxy
 
@@ -72,29 +71,15 @@ def resumer(redis_server):
         yield w
 
 
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
-class Doomed:
+class Doomed(KillableMqttWorker):
     """A worker in its own process, reaching Redis through the proxy: killed with SIGKILL."""
 
     def __init__(self, proxy: RedisProxy) -> None:
         self.proxy = proxy
-        self.mqtt_port = free_port()
-        self.proc = subprocess_worker(proxy.url, free_port(), mqtt_port=self.mqtt_port, default_lock_ms=LOCK_MS)
-        wait_for(self._listening, timeout=10, what="the worker's MQTT listener")
-
-    def _listening(self) -> bool:
-        return listening(self.mqtt_port)
+        super().__init__(proxy.url, default_lock_ms=LOCK_MS)
 
     def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(5)
+        super().kill()
         self.proxy.disarm()
 
 
@@ -320,12 +305,10 @@ def test_a_session_whose_worker_died_right_after_its_connection_left_lives_its_w
     """The last connection's leave starts the session's expiry in the same step: a worker that
     stops right after it (killed, or far behind in a reconnect storm) leaves no moment in which the
     session has no connection and only the worker's short lease, for a sweeper to end it by."""
-    mqtt_port = free_port()
-    doomed = subprocess_worker(proxy.url, free_port(), mqtt_port=mqtt_port, session_lease_ms=SHORT_LEASE_MS)
+    doomed = KillableMqttWorker(proxy.url, session_lease_ms=SHORT_LEASE_MS)
     try:
-        wait_for(lambda: listening(mqtt_port), timeout=10, what="the worker's MQTT listener")
         with worker(redis_server.url, mqtt_port=0, session_lease_ms=SHORT_LEASE_MS, sweep_interval_ms=20) as resumer:
-            c = RawClient(mqtt_port, "left-then-killed", expiry=300)
+            c = RawClient(doomed.mqtt_port, "left-then-killed", expiry=300)
             c.send(Subscribe(1, (("left/#", SubscriptionOptions(qos=1)),)))
             expect(c, Suback)
             # the step after the leave: the client's memberships marked offline (they are read first)
@@ -333,8 +316,7 @@ def test_a_session_whose_worker_died_right_after_its_connection_left_lives_its_w
             held = proxy.hold(lambda a: a[0].upper() == b"SMEMBERS" and a[1] == handles)
             c.close()  # gone without a DISCONNECT
             assert held.wait(5)
-            os.kill(doomed.pid, signal.SIGKILL)
-            doomed.wait(5)
+            doomed.kill()
             proxy.disarm()
             time.sleep(6 * SHORT_LEASE_MS / 1000)  # the dead worker's leases, its own and its sessions', long run out
             again = RawClient(resumer.worker.mqtt_port, "left-then-killed", clean_start=False, expiry=300)
@@ -343,7 +325,6 @@ def test_a_session_whose_worker_died_right_after_its_connection_left_lives_its_w
             assert expect(again, Publish, timeout=5.0).payload == b"still subscribed"
             again.close()
     finally:
-        if doomed.poll() is None:
+        if doomed.proc.poll() is None:
             doomed.kill()
-            doomed.wait(5)
         proxy.disarm()
