@@ -113,6 +113,7 @@ class Worker:
                         lambda name: services.gate.user_changed(name.decode("utf-8", "replace")))
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
+                    background.start_soon(self._heartbeat)
                     background.start_soon(memory.run)
                     background.start_soon(HealthWatch(services, self.config.redis_url).run)
                     if self.config.metrics_port is not None:
@@ -260,6 +261,17 @@ class Worker:
         """This worker's own lease in the workers index: another worker's sweeper leaves its sessions alone."""
         now = await self.services.clock.now_ms()
         await self.services.core.ctx.set_scores(self.services.keys.workers, {self.id: now + self.config.session_lease_ms})
+
+    async def _heartbeat(self) -> None:
+        """The worker's own lease, every third of a lease, in a task of its own: a keep-alive round
+        of many sessions that runs late (a connect storm) never makes the worker look dead to the
+        others, whose sweepers would then end its sessions."""
+        while True:
+            try:
+                await self._still_here()
+            except (OSError, RedisError) as exc:
+                log.warning("could not refresh the worker's lease: %s", exc)
+            await anyio.sleep(self.config.session_lease_ms / 3000)
 
     async def _keep_alive(self) -> None:
         """Refresh this worker's lease, then those of the sessions connected here.
