@@ -80,7 +80,7 @@ class Layout:
         return [
             # lua/lite_hold.lua: the session index entry and the quota count, then the fence
             ["EVALSHA", self.t.shas["lite_hold"], 2, self.keys.session_lite_counts(client),
-             session_index.bucket_key(self.keys, handle), TOPIC, 1_000_000_000, session_index.field(handle)],
+             session_index.bucket_key(self.keys, handle), TOPIC, 1_000_000_000, *session_index.entry_args(handle)],
             self.t.call("subscribe", lmq, client),
         ]
 
