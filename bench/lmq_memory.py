@@ -232,8 +232,12 @@ async def fill(url: str, config: Config, lmqs: int, per_client: int, message_lmq
             span = chosen[start:start + step]
             replies = await bulk.run((cmd for i in span for cmd in (layout.publish(i), layout.pull(i))),
                                      collect=True)
-            tags = [replies[2 * n + 1][4] for n in range(len(span))]  # pull: epoch, deadline, status, refill, tag1…
-            await bulk.run(layout.ack(i, tag.decode()) for i, tag in zip(span, tags, strict=True))
+            # pull: epoch, deadline, status, refill, since, tag1… (lua/pull.lua)
+            tags = [replies[2 * n + 1][5] for n in range(len(span))]
+            acked_n = await bulk.run((layout.ack(i, tag.decode()) for i, tag in zip(span, tags, strict=True)),
+                                     collect=True)
+            if any(int(n) != 1 for n in acked_n):  # an ACK that settles nothing leaves the lmq not idle
+                raise RuntimeError(f"{sum(int(n) != 1 for n in acked_n)} ACKs settled nothing")
         t1 = time.perf_counter()
         acked, dict_acked = used_memory(r), main_dict_overhead(r)
         n = len(chosen)
