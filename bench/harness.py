@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,21 @@ def wait_listening(port: int, timeout: float = 20.0, host: str = HOST) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+@contextmanager
+def private_server() -> Iterator[tuple[EmbeddedRedis, dict[str, Any]]]:
+    """A private Redis for one bench, with the facts of the machine it runs on (machine_info), said once."""
+    import redis
+
+    with EmbeddedRedis() as server:
+        admin = redis.Redis.from_url(server.url)
+        try:
+            machine = machine_info(server, admin)
+        finally:
+            admin.close()
+        print(f"private {server.binary} v{machine['redis_version']} on port {server.port}", flush=True)
+        yield server, machine
 
 
 def machine_info(server: EmbeddedRedis, admin: Any) -> dict[str, Any]:

@@ -26,14 +26,13 @@ from pathlib import Path
 
 import redis
 
-from bench.harness import machine_info
+from bench.harness import private_server
 from bench.stats import RedisMeter
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.priority import PRIORITIZE
 from fencemq.fences.redis_client import connect
 from fencemq.model.keys import Handle, QueueRef
-from fencemq.server.embedded import EmbeddedRedis
 
 PAYLOAD = b"x" * 128
 
@@ -109,11 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     started = time.perf_counter()
-    with EmbeddedRedis() as server:
-        admin = redis.Redis.from_url(server.url)
-        machine = machine_info(server, admin)
-        admin.close()
-        print(f"private {server.binary} v{machine['redis_version']} on port {server.port}", flush=True)
+    with private_server() as (server, machine):
         runs = asyncio.run(bench(server.url, args.messages, args.batch, args.repeat, args.seed))
 
     metrics = ("cycle_per_s", "publish_per_s", "pull_ack_per_s", "redis_cpu_us_per_message", "index_bytes_per_message")

@@ -29,14 +29,13 @@ from typing import Any
 
 import redis
 
-from bench.harness import machine_info
+from bench.harness import private_server
 from bench.stats import FENCE_METRICS as METRICS, RedisMeter, interleaved_runs
 from bench.stats import fence_summary as summary
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import connect
 from fencemq.model.keys import QueueRef
-from fencemq.server.embedded import EmbeddedRedis
 
 GOAL_RATIO = 1.5
 BATCH = 1000
@@ -117,11 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"sizes must be multiples of {BATCH} and at least --due; --due at most {BATCH}")
 
     started = time.perf_counter()
-    with EmbeddedRedis() as server:
-        admin = redis.Redis.from_url(server.url)
-        machine = machine_info(server, admin)
-        admin.close()
-        print(f"private {server.binary} v{machine['redis_version']} on port {server.port}", flush=True)
+    with private_server() as (server, machine):
         raw = asyncio.run(bench(server.url, args.sizes, args.due, args.repeat, args.seed))
 
     sizes = sorted(args.sizes)

@@ -36,11 +36,10 @@ from typing import Any
 
 import redis
 
-from bench.harness import machine_info
+from bench.harness import private_server
 from bench.stats import FENCE_METRICS as METRICS, RedisMeter, interleaved_runs
 from bench.stats import fence_summary as summary
 from fencemq.config import Config
-from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Handle
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import connect
@@ -145,11 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"sizes must be multiples of {BATCH} and at least --expired")
 
     started = time.perf_counter()
-    with EmbeddedRedis() as server:
-        admin = redis.Redis.from_url(server.url)
-        machine = machine_info(server, admin)
-        admin.close()
-        print(f"private {server.binary} v{machine['redis_version']} on port {server.port}", flush=True)
+    with private_server() as (server, machine):
         raw = asyncio.run(bench(server.url, args.sizes, args.expired, args.repeat, args.seed))
 
     sizes = sorted(args.sizes)

@@ -29,7 +29,7 @@ class Config:
     tls_ca_file: str | None = None
     metrics_port: int | None = None
     # What a PUB's ids and an ACK's reply promise (fences/durability.py, docs/operations.md):
-    # local | replicas=N (WAIT) | aof (WAITAOF) | aof+replicas=N; past the timeout: UNCONFIRMED
+    # local | replicas=N|all (WAIT) | aof (WAITAOF) | aof+replicas=N|all; past the timeout: UNCONFIRMED
     durability: str = "local"
     durability_timeout_ms: int = 1000
     # The sampled gauges (server/metrics.py): how often, how many queues a sample reads at most, and

@@ -495,3 +495,39 @@ async def publish_then_settle_one(redis_url: str, config: Config, *, publish_to:
         assert await q.leases.ack(handle, [got[0].tag]) == 1
     finally:
         await r.aclose()
+
+
+def honour_priority(redis_url: str, topic: str, on: bool = True) -> dict[str, Any]:
+    """What `fencemq priority set TOPIC on|off` does (ops.priority.set_priority), straight on Redis."""
+    import asyncio
+
+    from fencemq.model.keys import QueueRef
+    from fencemq.ops.priority import set_priority
+
+    async def go() -> dict[str, Any]:
+        r = direct_async(redis_url)
+        try:
+            return await set_priority(r, Keyspace(), QueueRef(topic), on)
+        finally:
+            await r.aclose()
+    return asyncio.run(go())
+
+
+class KillableMqttWorker:
+    """A worker in its own process with an MQTT listener, to be killed with SIGKILL: it says and publishes nothing."""
+
+    def __init__(self, redis_url: str, **settings: Any) -> None:
+        self.mqtt_port = free_port()
+        self.proc = subprocess_worker(redis_url, free_port(), mqtt_port=self.mqtt_port, **settings)
+        wait_for(self._listening, timeout=10, what="the worker's MQTT listener")
+
+    def _listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.mqtt_port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(5)

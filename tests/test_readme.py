@@ -110,8 +110,9 @@ class Reader:
             self.cli = subprocess.Popen(words[:1] + ["--no-raw"] + words[1:], cwd=self.cwd, env=self.env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         elif LIVE.search(line):
-            proc = subprocess.Popen(words, cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            # PYTHONFAULTHANDLER: a view that outlives its ^C is aborted below and shows where it was
+            proc = subprocess.Popen(words, cwd=self.cwd, env={**self.env, "PYTHONFAULTHANDLER": "1"},
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             # ^C once the live view has drawn something (on a busy machine its import alone may take seconds)
             first = b""
             deadline = time.monotonic() + 60
@@ -121,7 +122,14 @@ class Reader:
             assert proc.poll() is None, f"{line!r} ended by itself: {(first + proc.stdout.read()).decode()[-2000:]}"
             assert first.strip(), f"{line!r} drew nothing in 60 s"
             os.killpg(proc.pid, signal.SIGINT)
-            out = (first + proc.communicate(timeout=10)[0]).decode()
+            interrupted = time.monotonic()
+            try:
+                out = (first + proc.communicate(timeout=30)[0]).decode()
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGABRT)  # the fault handler prints every thread's stack
+                stuck = (first + proc.communicate(timeout=30)[0]).decode()
+                raise AssertionError(f"{line!r} still ran 30 s after ^C; its stacks:\n{stuck[-6000:]}") from None
+            print(f"{time.monotonic() - interrupted:6.1f} s  {line!r} after ^C")
             assert proc.returncode in (0, 130), f"{line!r} exited {proc.returncode}: {out[-2000:]}"
             assert "Traceback" not in out, out[-2000:]
         else:

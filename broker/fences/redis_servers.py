@@ -137,10 +137,20 @@ class _CarefulPipelineStrategy(PipelineStrategy):
             return []
         client = self._pipe.cluster_client
         stack = self._command_queue
+        # a command sent to a node by name (a confirmation: WAIT, ROLE) belongs to that node: redis-py
+        # drops its target once tried, and sent again it would go anywhere. It is not sent again; one
+        # that never ran says so (its caller answers UNCONFIRMED), never a reply from another node.
+        targeted = {id(c) for c in stack if c.kwargs.get("target_nodes") is not None}
+        first = True
         try:
             attempts = client.retry.get_retries()
             while True:
-                todo = [c for c in stack if c.result is None or isinstance(c.result, NEVER_RAN)]
+                todo = [c for c in stack if (c.result is None or isinstance(c.result, NEVER_RAN))
+                        and (first or id(c) not in targeted)]
+                for c in stack:
+                    if not first and id(c) in targeted and c.result is None:
+                        c.result = NotSent("not sent: the pipeline met a node that could not be reached")
+                first = False
                 try:
                     if client._initialize:
                         await client.initialize()
@@ -152,7 +162,9 @@ class _CarefulPipelineStrategy(PipelineStrategy):
                         raise
                     attempts -= 1
                     client._initialize = True
-                    await asyncio.sleep(0.05)
+                    # the client's own backoff (0.1 s doubling to 0.5 s: ~5 s in all, a promotion's
+                    # length), not a fixed 0.05 s that gave up within 0.7 s, before any promotion
+                    await asyncio.sleep(client.retry._backoff.compute(client.retry.get_retries() - attempts))
         finally:
             await self.reset()
 

@@ -9,21 +9,25 @@ drains). A topic's *policy* — a count, an age, a size in bytes, any of them �
 keeps its messages, read or not, until the policy trims them from the oldest,
 and replaces those caps. Policies are an operator's (``fencemq retention``),
 kept in one hash (``Keyspace.retention``: topic -> ``"count age_ms bytes"``),
-and every worker reads them again at most :data:`REFRESH_S` after a change.
+and every worker reads them again about :data:`REFRESH_S` after a change (Retention.policies).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.model.keys import Keyspace, check_topic
 from fencemq.model.values import text
 
-REFRESH_S = 1.0  # how stale a worker's copy of the policies may be
+log = logging.getLogger(__name__)
+REFRESH_S = 1.0  # how stale a worker's copy of the policies may be (while their master answers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +67,38 @@ class Retention:
         self.redis, self.keys, self.config = redis, keys, config
         self._policies: dict[str, Policy] = {}
         self._read_at = float("-inf")
+        self._have_copy = False  # read at least once: later reads run beside the calls
+        self._reading: asyncio.Future[None] | None = None
 
     def invalidate(self) -> None:
         self._read_at = float("-inf")
 
     async def policies(self) -> dict[str, Policy]:
-        if time.monotonic() - self._read_at > REFRESH_S:
-            self._policies = await read_policies(self.redis, self.keys)
-            self._read_at = time.monotonic()
+        """The policies, read again once the copy is :data:`REFRESH_S` old — beside the call that
+        found it old, which goes on with the copy: on a Cluster the policies' hash lives on one
+        master, and while that one fails over a publish, ACK or NACK on every other master must
+        not wait for it. A read that fails keeps the copy (no policy can be set or cleared
+        meanwhile: that write fails too) and is tried again :data:`REFRESH_S` later. A worker that
+        never read them waits for the read, like any call."""
+        if time.monotonic() - self._read_at <= REFRESH_S:
+            return self._policies
+        if not self._have_copy:
+            await self._read()
+        elif self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read_beside())
         return self._policies
+
+    async def _read(self) -> None:
+        self._policies = await read_policies(self.redis, self.keys)
+        self._have_copy = True
+        self._read_at = time.monotonic()
+
+    async def _read_beside(self) -> None:
+        try:
+            await self._read()
+        except REDIS_FAILURES as exc:
+            log.info("retention policies not read again (%s): this worker's copy stands", exc)
+            self._read_at = time.monotonic()
 
     async def args(self, topic: str) -> dict[str, int]:
         """ARGV ``keep maxlen maxage_ms maxbytes`` for publish.lua, ack.lua and nack.lua."""

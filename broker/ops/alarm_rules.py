@@ -45,7 +45,8 @@ def expected_replicas(config: Config) -> int:
     for part in config.durability.split("+"):
         if part.startswith("replicas="):
             try:
-                want = max(want, int(part.partition("=")[2]))
+                n = part.partition("=")[2]
+                want = max(want, 1 if n == "all" else int(n))
             except ValueError:
                 pass
     return want

@@ -19,14 +19,16 @@ from fencemq.server import metrics
 from fencemq.model.keys import Handle, queue_ref
 from fencemq.errors import FenceMQError
 from fencemq.fences.core import Core
+from fencemq.server.mqtt.wills import Wills
 
 log = logging.getLogger(__name__)
 
 
 class Sweeper:
     def __init__(self, core: Core, interval_ms: int, worker_id: str = "",
-                 attached: Callable[[], set[str]] = set) -> None:
+                 attached: Callable[[], set[str]] = set, wills: Wills | None = None) -> None:
         self.core = core
+        self.wills = wills  # a dead worker's MQTT sessions' wills, published as the sweep ends them
         self.sessions = core.sessions
         self.interval = interval_ms / 1000
         self.worker_id = worker_id
@@ -53,8 +55,13 @@ class Sweeper:
                 log.warning("sweep of %s failed: %s", qid, exc)
         for client in await self.sessions.claim_expired(self.worker_id, self.attached):
             try:
+                # an MQTT will neither published nor scheduled: its worker died (kill -9); the session
+                # ends now, so the will is due now (server/mqtt/wills.py)
+                will = await self.wills.left_behind(client) if self.wills is not None else None
                 if await self.sessions.end(client) is not None:
                     metrics.SESSIONS_EXPIRED.inc()
+                    if will is not None and self.wills is not None:
+                        await self.wills.publish(client, will, 0)
             except (FenceMQError, RedisError) as exc:  # the next round finishes it
                 log.warning("ending the session of %s failed: %s", client, exc)
         return returned

@@ -39,6 +39,7 @@ from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, serve_sockets, shedding
 from fencemq.server.connection import ClientConnection
+from fencemq.server.mqtt.wills import Wills
 from fencemq.server.health_watch import HealthWatch
 from fencemq.server.services import Services
 from fencemq.server.startup import ready_services
@@ -91,7 +92,8 @@ class Worker:
             services.core.fences.link = link
             memory = services.core.ctx.memory
             self.verbs = Verbs(services)
-            sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients)
+            sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients,
+                              Wills(services))
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
             listener = shedding(listener, spare, b"" if self.tls is not None else RESP_REFUSAL)

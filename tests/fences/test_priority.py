@@ -22,7 +22,7 @@ from fencemq.errors import PriorityOff
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.ops import totals
 from fencemq.ops.priority import set_priority
-from tests.helpers import client, direct_async, error_code, in_cluster_mode, wait_for, worker
+from tests.helpers import client, direct_async, error_code, honour_priority, in_cluster_mode, wait_for, worker
 from tests.helpers import pulled as pull, subscribed as sub
 
 KEYS = Keyspace()
@@ -31,17 +31,6 @@ KEYS = Keyspace()
 def run_async(coro: Any) -> Any:
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
-
-
-def honour_priority(redis_url: str, topic: str, on: bool = True) -> dict[str, Any]:
-    """What `fencemq priority set TOPIC on|off` does."""
-    async def go() -> dict[str, Any]:
-        r = direct_async(redis_url)
-        try:
-            return await set_priority(r, KEYS, QueueRef(topic), on)
-        finally:
-            await r.aclose()
-    return run_async(go())
 
 
 def totals_match(redis_url: str) -> None:

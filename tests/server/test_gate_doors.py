@@ -318,6 +318,16 @@ def will_when_published(d: Doors, door: str) -> None:
     assert not d.direct().hexists(KEYS.retained, "orders/w"), "a will outside the current grants was published"
 
 
+def delayed_will_when_scheduled(d: Doors, door: str) -> None:
+    users(d)
+    m = mqtt_login(d, door, f"will-3-{door}", will=will("orders/later", delay=30), expiry=60)
+    change_user(d.redis_url, "revoke", "app", "publish", "orders/#")
+    m.close()  # no DISCONNECT: the will would be scheduled for 30 s, under the grants of now
+    time.sleep(0.5)
+    waiting = d.direct().zcard(KEYS.queue(QueueRef("orders/later")).scheduled)
+    assert waiting == 0, "a delayed will outside the current grants was scheduled"
+
+
 def dollar_topics_resp(d: Doors, door: str) -> None:
     users(d, ("wide", "wide-secret-1", [("publish", "#"), ("subscribe", "#")]))
     with resp(d.port, "wide", "wide-secret-1") as c:
@@ -679,6 +689,11 @@ RULES: dict[str, Rule] = {
     "will when published": Rule(
         "A will is checked again when it is published, against the user's grants of then.",
         {"resp": "RESP has no will", **mqtt(will_when_published), "ui": "the UI publishes nothing"}),
+    "delayed will when scheduled": Rule(
+        "A delayed will is checked when it is scheduled, at its connection's end, against the user's grants of then.",
+        {"resp": "RESP has no will", "mqtt-3.1.1": "3.1.1 has no Will Delay Interval",
+         "mqtt-5.0": delayed_will_when_scheduled, "mqtt-ws": delayed_will_when_scheduled,
+         "ui": "the UI publishes nothing"}),
     "$-topics": Rule(
         "A grant whose filter starts with a wildcard never reaches a $-topic, for any action.",
         {"resp": dollar_topics_resp, **mqtt(dollar_topics_mqtt), "ui": dollar_topics_ui}),

@@ -151,20 +151,9 @@ def test_a_worker_without_metrics_times_no_fence(redis_url: str) -> None:
 
 def test_scheduled_messages_are_sampled_per_topic_and_a_priority_topics_backlog_per_level(
         served: Served, redis_url: str) -> None:
-    import asyncio
+    from tests.helpers import honour_priority, pulled, subscribed
 
-    from fencemq.model.keys import Keyspace, QueueRef
-    from fencemq.ops.priority import set_priority
-    from tests.helpers import direct_async, pulled, subscribed
-
-    async def honour() -> None:
-        r = direct_async(redis_url)
-        try:
-            await set_priority(r, Keyspace(), QueueRef("urgent"), True)
-        finally:
-            await r.aclose()
-
-    asyncio.run(honour())
+    honour_priority(redis_url, "urgent")
     c = client(served.port, name="producer")
     fast, slow = subscribed(c, "urgent", "GROUP", "fast"), subscribed(c, "urgent", "GROUP", "slow")
     for body, level in (("c", 1), ("d", 1), ("e", 1), ("a", 9), ("b", 9)):  # ids 1-3 at level 1, 4-5 at 9

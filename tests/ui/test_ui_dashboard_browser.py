@@ -57,7 +57,13 @@ def test_redis_filled_past_its_watermark_raises_an_alarm_on_the_open_overview_an
         assert page.inner_text(".alarms h2") == "No alarms"
         r.set("filler", b"x" * (32 << 20))
         r.config_set("maxmemory", int(r.info("memory")["used_memory"] / 0.95))
-        page.wait_for_selector(".alarms.on [data-alarm^='memory@']", timeout=30_000)
+        try:
+            page.wait_for_selector(".alarms.on [data-alarm^='memory@']", timeout=30_000)
+        except Exception as exc:  # say what the broker held then: the page, its alarms, Redis's memory
+            memory = {k: v for k, v in r.info("memory").items() if k in ("used_memory", "maxmemory",
+                                                                         "mem_not_counted_for_evict")}
+            raise AssertionError(f"no memory alarm on the page: alarms {r.hgetall('fmq:alarms')}, memory {memory}, "
+                                 f"page {page.inner_text('.alarms')[:500]!r}") from exc
         assert "alarm" in page.inner_text(".alarms h2") and "% full" in page.inner_text(".alarms.on")
         r.delete("filler")
         page.wait_for_selector(".alarms.off", timeout=30_000)

@@ -284,20 +284,9 @@ def test_a_taken_http_port_stops_the_worker_with_a_message_naming_it(redis_url: 
 
 
 def test_a_priority_queue_page_shows_each_levels_messages_and_scheduled_ones(redis_url: str, dashboard_of) -> None:
-    import asyncio
+    from tests.helpers import client, honour_priority, pulled, subscribed, worker
 
-    from fencemq.model.keys import Keyspace, QueueRef
-    from fencemq.ops.priority import set_priority
-    from tests.helpers import client, direct_async, pulled, subscribed, worker
-
-    async def honour() -> None:
-        r = direct_async(redis_url)
-        try:
-            await set_priority(r, Keyspace(), QueueRef("urgent"), True)
-        finally:
-            await r.aclose()
-
-    asyncio.run(honour())
+    honour_priority(redis_url, "urgent")
     with worker(redis_url) as w:
         c = client(w.port, 2, "p1")
         fast, slow = subscribed(c, "urgent", "GROUP", "fast"), subscribed(c, "urgent", "GROUP", "slow")

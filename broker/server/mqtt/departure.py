@@ -3,9 +3,9 @@
 A mixin of fencemq.server.mqtt.listener.MqttConnection. When the connection is gone, its
 unacknowledged deliveries and a shared member's unsent mailbox go back at once (no
 failure counted); a session with an expiry interval lingers that long (its in-flight
-packet ids kept for a resume: mqtt/state.py), one without ends; the will goes after its delay, or at
-once when a new connection with Clean Start ends the session, unless the session was
-taken up again first.
+packet ids kept for a resume: mqtt/state.py), one without ends; the will goes now, or is scheduled
+in Redis for its delay (mqtt/wills.py), or at once when a new connection with Clean Start ends
+the session, unless the session was taken up again first.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from fencemq.model.keys import Handle
 from fencemq.protocol.mqtt.packets import Will
 from fencemq.protocol.mqtt.session import MqttServerSession
 from fencemq.server.mqtt.delivery import BATCH, MqttSubscription
-from fencemq.server.mqtt.messages import headers_of
 from fencemq.server.mqtt.state import InFlight, MqttSessionState, in_flight_record
+from fencemq.server.mqtt.wills import StoredWill, Wills
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 
@@ -43,6 +43,7 @@ class MqttDeparture:
     taken_over: bool
     token: str
     will: tuple[Will, int] | None
+    will_kept: bool  # the CONNECT had a will: the session's hash holds it (mqtt/wills.py)
 
     async def _session_over(self) -> None:
         """The connection is gone: what it held in flight goes back, the session ends or lingers."""
@@ -103,37 +104,41 @@ class MqttDeparture:
             log.info("MQTT mailbox of %s not handed back (it returns after its lock): %s", handle.queue, exc)
 
     async def will_after_delay(self) -> None:
-        """Publish the will after its Will Delay Interval, or when the session ends if sooner,
-        unless the session was taken up again by a new connection first (MQTT-3.1.3-9)."""
+        """The will of a connection that ended without DISCONNECT 0x00 (mqtt/wills.py): published now,
+        or scheduled in Redis for its Will Delay Interval, or the session's end if sooner; none when a
+        new connection took the session up again (MQTT-3.1.3-9), at once when one started it anew."""
+        client = self.session.client_id
+        if client is None:
+            return
+        wills = Wills(self.services)
         if self.will is None:
+            if self.will_kept and not self.taken_over and self.expiry > 0:
+                await wills.settled(client)  # DISCONNECT 0x00 deleted it (MQTT-3.1.2-10)
             return
         will, delay = self.will
+        stored = StoredWill.of(will, self.session.user)
         delay = min(delay, self.expiry)
-        if self.session.taken_over_afresh:
-            delay = 0  # a new connection with Clean Start ended this session: the will goes now (MQTT-3.1.3-9)
-        if delay > 0:
+        if self.taken_over:
+            if not self.session.taken_over_afresh:
+                return  # a new connection resumed the session: its will is the session's now
+            delay = 0  # a new connection with Clean Start ended this session: the will goes now (MQTT-3.1.2-5)
+        if delay > 0 and not will.retain:
+            # stored, not held: a draining or killed worker loses nothing, publishes nothing early
+            with anyio.CancelScope(shield=True):  # a worker stopping waits for these few round trips
+                await wills.schedule(client, stored, delay, self.token)
+            return
+        if delay > 0:  # retained (a scheduled message takes no RETAIN): a timer here, as before
+            await wills.settled(client)  # the timer's, not the sweeper's: never published twice
             try:
                 await anyio.sleep(delay)
             except anyio.get_cancelled_exc_class():
                 with anyio.CancelScope(shield=True):  # the worker stops: the will goes now, not never
-                    await self._publish_will(will)
+                    await wills.publish(client, stored, 0)
+                    await wills.settled(client)
                 raise
-            held_by = await self.services.redis.hget(self.services.keys.session(self.session.client_id), "conn")
+            held_by = await self.services.redis.hget(self.services.keys.session(client), "conn")
             if held_by is not None and held_by.decode() != self.token:
                 return  # a new connection took the session up again
-        await self._publish_will(will)
-
-    async def _publish_will(self, will: Will) -> None:
-        try:
-            if not await self.services.gate.allows_now(self.session.user, "publish", will.topic):
-                # the will was allowed at CONNECT; the user's grants of now decide whether it goes out
-                log.info("MQTT will of %r not published: its user may no longer publish on %r",
-                         self.session.client_id, will.topic[:128])
-                return
-            now_ms = await self.services.clock.now_ms()
-            await self.services.core.shared.publish(
-                will.topic, [will.payload], qos=min(will.qos, 1),
-                headers=headers_of(will.qos, will.retain, will.properties, now_ms), retain=will.retain,
-                producer=self.session.client_id)
-        except (FenceMQError, RedisError) as exc:
-            log.info("MQTT will of %r not published: %s", self.session.client_id, exc)
+        await wills.publish(client, stored, 0)
+        if not self.taken_over and self.expiry > 0:
+            await wills.settled(client)

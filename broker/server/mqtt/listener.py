@@ -16,7 +16,8 @@ operations, so MQTT clients get the same guarantees as RESP ones and share one t
 * The client's Session Expiry Interval is the FenceMQ session's lease once the connection is gone
   (0: the session ends with it); what the connection had in flight goes back at once.
 * The will is published when the connection ends without DISCONNECT 0x00, after its Will Delay
-  Interval or at the session's end if sooner, unless a new connection takes the session up first.
+  Interval or at the session's end if sooner, unless a new connection takes the session up first:
+  kept in the session's hash from CONNECT, scheduled in Redis for its delay (server/mqtt/wills.py).
 * Message properties travel as `mqtt-*` headers (server/mqtt/messages.py); subscription options
   (identifier, No Local, Retain As Published, Retain Handling) shape each delivery.
 
@@ -81,7 +82,8 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
     __slots__ = ("worker", "services", "verbs", "config", "gate", "stream", "mqtt", "revoked_filters", "gate_pass",
                  "session", "token", "write_lock", "output_turn", "quota_freed", "subscriptions", "in_flight",
                  "resumed_ids", "mqtt_state", "nonce", "completed", "releasing", "tasks", "protocol_level", "expiry",
-                 "taken_over", "ended_by_server", "quota_refused", "draining", "left", "will", "_spawn", "_over", "_queue",
+                 "taken_over", "ended_by_server", "quota_refused", "draining", "left", "will", "will_kept", "_spawn",
+                 "_over", "_queue",
                  "_working", "_ending", "_caught_up", "_deadlines", "_tick_at", "_request_timer")
 
     def __init__(self, worker: Any, token: str, gate_pass: Pass | None = None,
@@ -117,6 +119,7 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
         self.draining = False  # the worker shuts down: nothing new is sent
         self.left = False  # the worker is about to DISCONNECT: nothing more is read
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
+        self.will_kept = False  # the will is in the session's hash too (mqtt/wills.py)
         self._not_driven_yet()
 
     def _no_hangup_watch(self, scope: anyio.CancelScope | None) -> None:
@@ -279,6 +282,7 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
         self.expiry = self._granted_expiry(event.protocol_level, event.session_expiry_interval)
         if event.will is not None:
             self.will = (event.will, event.will.properties.will_delay_interval or 0)
+            self.will_kept = True
         # what the client sent right behind its CONNECT (a SUBSCRIBE, say) waited for the accept
         pipelined = await self._take_up(event)
         # the keep alive is the session's deadline now, not the connect timeout (a client whose

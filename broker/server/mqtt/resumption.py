@@ -31,6 +31,7 @@ from fencemq.protocol.mqtt.events import ConnectRequested, MqttEvent
 from fencemq.protocol.mqtt.session import MqttServerSession
 from fencemq.server.mqtt.delivery import MqttSubscription, filter_of
 from fencemq.server.mqtt.state import MqttSessionState, Saved
+from fencemq.server.mqtt.wills import StoredWill, Wills
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 
@@ -58,9 +59,14 @@ class MqttResumption:
         client sent behind its CONNECT (which waited for the accept)."""
         redis, keys, client = self.services.redis, self.services.keys, self.session.client_id
         assert client is not None
+        # the will is kept with the session, so that it outlives this worker (mqtt/wills.py)
+        will = StoredWill.of(event.will, self.session.user) if event.will is not None else None
         if event.clean_start:
             # a session this CONNECT created holds nothing yet: nothing to read or drop (a connect storm)
-            saved = await self.mqtt_state.load(fresh=True, known_empty=not self.session.resumed)
+            saved = await self.mqtt_state.load(fresh=True, known_empty=not self.session.resumed,
+                                               will=will.encode() if will is not None else None)
+            if saved.will_sid is not None:  # the last connection's will, scheduled: due now the session ended
+                await Wills(self.services).taken_up(client, saved.will, saved.will_sid, fresh=True)
             self.nonce, self.completed = saved.nonce, saved.completed
             for handle in await session_index.handles(redis, keys, client) if self.session.resumed else ():
                 await self.services.core.subscriptions.unsubscribe(handle)
@@ -72,6 +78,10 @@ class MqttResumption:
         leases = self.services.core.leases
         holding = {h: await leases.member_tags(h) for h in held}
         saved = await self.mqtt_state.load(fresh=False)
+        if saved.will_sid is not None:  # the last connection's will, scheduled: cancelled (MQTT-3.1.3-9)
+            await Wills(self.services).taken_up(client, saved.will, saved.will_sid, fresh=False)
+        if will is not None or saved.will is not None:  # this CONNECT's will replaces the last one's
+            await Wills(self.services).stands(client, will)
         self.nonce, self.completed = saved.nonce, saved.completed
         releasing = await self._hand_back(holding, saved)
         # (5.0) the subscriptions its user may no longer hold, that the gate dropped, are told here

@@ -16,7 +16,8 @@ session after a ``kill -9`` exactly as after a graceful departure:
   completed, and ``mqtt-nonce`` the session's own random id: a QoS 2 publish is stored with the
   dedup id ``mqtt:<nonce>:<packet id>:<gen>``, so one stored just before a crash, before it was
   recorded, is not stored again when the client sends it again — and a new publish that reuses
-  the identifier after PUBCOMP is a new message.
+  the identifier after PUBCOMP is a new message;
+* ``mqtt-will`` and ``mqtt-will-sid``: the will, and the schedule id of a delayed one (mqtt/wills.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ OUT = "mqtt-out:"
 REC = "mqtt-rec:"
 GEN = "mqtt-gen:"
 NONCE = "mqtt-nonce"
+WILL = "mqtt-will"  # the CONNECT's will (mqtt/wills.py)
+WILL_SID = "mqtt-will-sid"  # the topic and schedule id of the will scheduled at the connection's end
 RELEASING = b"rel"
 # what sessions of earlier versions kept at a graceful departure only: dropped when found
 LEGACY = ("mqtt-inflight", "mqtt-releasing", "mqtt-recorded")
@@ -58,6 +61,8 @@ class Saved:
     releasing: set[int] = field(default_factory=set)  # QoS 2 deliveries received: PUBREL again
     recorded: set[int] = field(default_factory=set)  # the client's QoS 2 publishes awaiting PUBREL
     completed: dict[int, int] = field(default_factory=dict)  # packet id -> QoS 2 publishes completed
+    will: bytes | None = None  # the will the session held (mqtt/wills.py), read before a Clean Start dropped it
+    will_sid: bytes | None = None  # and the schedule id of that will, when it was scheduled
 
 
 def in_flight_record(qos: int, handle: Handle, tag: str, message: str) -> str:
@@ -71,19 +76,21 @@ class MqttSessionState:
         self.redis = redis
         self.key = keys.session(client)
 
-    async def load(self, *, fresh: bool, known_empty: bool = False) -> Saved:
-        """The session's MQTT state; ``fresh`` (Clean Start): dropped, under a new nonce;
-        ``known_empty``: the session was created just now, so there is nothing to read."""
+    async def load(self, *, fresh: bool, known_empty: bool = False, will: str | None = None) -> Saved:
+        """The session's MQTT state; ``fresh`` (Clean Start): dropped, under a new nonce, with
+        ``will`` (a will's record: mqtt/wills.py) in the same step; ``known_empty``: the session was
+        created just now, so there is nothing to read."""
         fields = {} if known_empty else await self.redis.hgetall(self.key)
         mine = [k for k in fields if k.startswith(b"mqtt-")]
         if fresh:
-            saved = Saved(secrets.token_hex(8))
+            saved = Saved(secrets.token_hex(8), will=fields.get(WILL.encode()), will_sid=fields.get(WILL_SID.encode()))
+            start = {NONCE: saved.nonce, **({WILL: will} if will is not None else {})}
             if not mine:  # nothing to drop: one command, no transaction
-                await self.redis.hset(self.key, NONCE, saved.nonce)
+                await self.redis.hset(self.key, mapping=start)
                 return saved
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hdel(self.key, *mine)
-                pipe.hset(self.key, NONCE, saved.nonce)
+                pipe.hset(self.key, mapping=start)
                 await pipe.execute()
             return saved
         nonce = fields.get(NONCE.encode())
@@ -110,6 +117,10 @@ class MqttSessionState:
                 saved.recorded.add(int(name[len(REC):]))
             elif name.startswith(GEN):
                 saved.completed[int(name[len(GEN):])] = int(value)
+            elif name == WILL:
+                saved.will = value
+            elif name == WILL_SID:
+                saved.will_sid = value
         return saved
 
     # -- subscriptions ----------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ import redis
 from fencemq.fences.registry import sources
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.protocol.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, SubscriptionOptions
-from tests.helpers import client, free_port, subprocess_worker, wait_for, worker
+from tests.helpers import KillableMqttWorker, client, worker
 from tests.server.mqtt.clients import RawClient
 from tests.server.redis_proxy import RedisProxy
 
@@ -72,25 +71,15 @@ def resumer(redis_server):
         yield w
 
 
-class Doomed:
+class Doomed(KillableMqttWorker):
     """A worker in its own process, reaching Redis through the proxy: killed with SIGKILL."""
 
     def __init__(self, proxy: RedisProxy) -> None:
         self.proxy = proxy
-        self.mqtt_port = free_port()
-        self.proc = subprocess_worker(proxy.url, free_port(), mqtt_port=self.mqtt_port, default_lock_ms=LOCK_MS)
-        wait_for(self._listening, timeout=10, what="the worker's MQTT listener")
-
-    def _listening(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.mqtt_port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
+        super().__init__(proxy.url, default_lock_ms=LOCK_MS)
 
     def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(5)
+        super().kill()
         self.proxy.disarm()
 
 
