@@ -64,6 +64,7 @@ class Figures:
     # (when the attempt was sent, when it was acknowledged, topic) of each acknowledged publish
     published_at: list[tuple[float, float, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lease_timeouts: int = 0  # tags the consumers were told timed out (message_timeout): a PULL's reply lost
 
     def acknowledged_lost(self) -> list[str]:
         seen = {p for payloads in self.delivered.values() for p in payloads}
@@ -98,6 +99,7 @@ class Figures:
         return {"acknowledged": len(self.acked), "acknowledged_lost": len(self.acknowledged_lost()),
                 "lost_by_topic": dict(lost_by_topic),
                 "ids_reused": len(self.ids_reused()), "client_errors": dict(self.errors),
+                "lease_timeouts": self.lease_timeouts,
                 "non_retriable_errors": self.bad_errors[:20]}
 
 
@@ -190,6 +192,7 @@ class Load:
                     continue
                 got = deliveries(reply)
                 if not got:
+                    self._show_life(c, handle)
                     if self.draining.is_set():
                         idle_since = idle_since or time.monotonic()
                         if time.monotonic() - idle_since > 2 * LOCK_MS / 1000 + 1:  # (leases cut off come back)
@@ -212,6 +215,24 @@ class Load:
                     self.figures.bad_errors.append(f"consumer: the worker's connection broke: {exc!r}")
                 c = self._connect(port, name)
                 handle = None
+
+    def _show_life(self, c: RespConn, handle: str) -> None:
+        """What docs/protocol.md asks of a consumer whose lease timed out (as the SDK does on the
+        ``message_timeout`` notice): RENEW the expired tags, which settles nothing but ends the
+        suspicion. Without it a suspected member's PULLs come back empty for ever — and a PULL that
+        ran while its reply was lost in a failover (answered TRYAGAIN) leaves just such a lease."""
+        notices = c.call("HEARTBEAT")
+        if isinstance(notices, Err):
+            self._error(notices, "HEARTBEAT")
+            return
+        for raw in notices:
+            notice = as_map(raw)
+            if notice.get("type") == "message_timeout" and notice.get("handle") == handle and notice.get("tags"):
+                with self.figures.lock:
+                    self.figures.lease_timeouts += len(notice["tags"])
+                renewed = c.call("RENEW", handle, *notice["tags"])
+                if isinstance(renewed, Err):
+                    self._error(renewed, "RENEW")
 
     def stop(self, drain_s: float = 30.0) -> None:
         """Stop publishing; let the consumers drain what was published, then stop them."""
@@ -238,6 +259,15 @@ class Workers:
             if proc.poll() is not None:
                 proc.log.seek(0)  # type: ignore[attr-defined]
                 out.append(f"exit {proc.returncode}: {proc.log.read().decode(errors='replace')[-1500:]}")  # type: ignore[attr-defined]
+        return out
+
+    def warnings(self, limit: int = 60) -> list[str]:
+        """The last warnings and errors each worker logged."""
+        out = []
+        for proc in self.procs:
+            proc.log.seek(0)  # type: ignore[attr-defined]
+            lines = proc.log.read().decode(errors="replace").splitlines()  # type: ignore[attr-defined]
+            out += [line[:300] for line in lines if line.startswith(("WARNING", "ERROR"))][-limit:]
         return out
 
     def stop(self) -> None:

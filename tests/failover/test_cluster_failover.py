@@ -26,6 +26,7 @@ from redis.crc import key_slot
 
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.server.embedded import EmbeddedRedis, start_cluster_with_replicas
+from tests.failover.lost_state import lost_state
 from tests.failover.harness import TOPICS, Figures, Load, Workers, host_crash, report
 from tests.helpers import wait_for
 
@@ -111,6 +112,12 @@ def test_masters_die_under_load_and_come_back_as_replicas(durability: str) -> No
         finally:
             load.stop()
             exited = workers.exited()
+            lost = figures.acknowledged_lost()
+            if lost:  # where the messages never delivered are stuck (tests/failover/lost_state.py)
+                live = next(s for s in servers if s.pid is not None)
+                state = lost_state(live.port, [figures.acked[uid] for uid in lost])
+                report(f"cluster {durability} lost state", state)
+                report(f"cluster {durability} worker logs", {"logs": workers.warnings()})
             workers.stop()
     outages = [(round(c["promotion_s"], 2),
                 round(figures.back_after(c["died"], c["topics"]), 2) if c["topics"] else None,

@@ -10,7 +10,7 @@ import threading
 import pytest
 import trustme
 
-from tests.helpers import Err, RespConn, as_map, free_port, pipeline, subprocess_worker, wait_for, worker
+from tests.helpers import Err, RespConn, as_map, deliveries, free_port, pipeline, subprocess_worker, wait_for, worker
 from tests.server.test_users_auth import add_user
 
 
@@ -22,16 +22,19 @@ def test_what_a_client_sends_behind_a_long_poll_is_buffered_up_to_max_read_ahead
     budget = 64 * 1024
     with worker(redis_url, max_read_ahead=budget) as w, RespConn(w.port, timeout=20) as c:
         h = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
-        flood = pipeline(["PULL", h, "BLOCK", 3000], *[["PING", "x" * 1000] for _ in range(4000)])  # ~4 MB
+        # a poll that outlasts any slow fill of the read-ahead: a publish ends it once the checks are done
+        flood = pipeline(["PULL", h, "BLOCK", 60_000], *[["PING", "x" * 1000] for _ in range(4000)])  # ~4 MB
         sender = threading.Thread(target=c.send_raw, args=(flood,), daemon=True)
         sender.start()
         conn = the_connection(w)
-        wait_for(lambda: conn.parser.buffered >= budget, timeout=10, what="the read-ahead to fill")
+        wait_for(lambda: conn.parser.buffered >= budget, timeout=30, what="the read-ahead to fill")
         assert conn.session.waiting, "the long poll still waits"
         # one receive may overshoot the budget; nothing more is read until the PULL is done
         assert conn.parser.buffered < budget + 65536
-        assert c.reply(timeout=10) == []
-        assert c.replies(4000, timeout=20)[-1] == "x" * 1000
+        with RespConn(w.port) as producer:
+            producer.call("PUB", "orders", "wake")
+        assert [d["payload"] for d in deliveries(c.reply(timeout=20))] == ["wake"]
+        assert c.replies(4000, timeout=30)[-1] == "x" * 1000
         sender.join(10)
 
 
