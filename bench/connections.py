@@ -60,17 +60,20 @@ SAMPLE = 500  # devices a message is sent to after the storm
 
 
 @contextlib.contextmanager
-def workers(redis_url: str, n: int, max_connections: int) -> Iterator[list[WorkerProcess]]:
-    """n worker processes (RESP and MQTT), each allowed ``max_connections`` clients and the files for them."""
+def workers(redis_url: str, n: int, max_connections: int, log: Path | None = None) -> Iterator[list[WorkerProcess]]:
+    """n worker processes (RESP and MQTT), each allowed ``max_connections`` clients and the files for them;
+    their logs appended to ``log`` (else dropped)."""
     started: list[WorkerProcess] = []
-    try:
-        for _ in range(n):
-            started.append(WorkerProcess(redis_url, extra=["--max-connections", str(max_connections)], mqtt=True,
-                                         open_files=max_connections + 2000, stderr=subprocess.DEVNULL))
-        yield started
-    finally:
-        for w in started:
-            w.stop()
+    with contextlib.ExitStack() as files:
+        err: Any = files.enter_context(log.open("a")) if log else subprocess.DEVNULL
+        try:
+            for _ in range(n):
+                started.append(WorkerProcess(redis_url, extra=["--max-connections", str(max_connections)], mqtt=True,
+                                             open_files=max_connections + 2000, stderr=err))
+            yield started
+        finally:
+            for w in started:
+                w.stop()
 
 
 @contextlib.contextmanager
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--machine-mosquitto", action="store_true",
                     help="also the machine's Mosquitto on 1883 (a shared service: its RSS is a high-water mark)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--worker-log", help="append the storm's workers' logs to this file (refusals, file limits)")
     ap.add_argument("--replot", action="store_true", help="only redraw <out>/connections.png (and the goals) "
                     "from <out>/connections.json")
     opts = ap.parse_args(argv)
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {_line(doc['mosquitto'])}", flush=True)
         if opts.storm:
             print(f"reconnect storm: {opts.storm} MQTT sessions on 2 workers ...", flush=True)
-            with workers(server.url, 2, biggest) as ws:
+            with workers(server.url, 2, biggest, Path(opts.worker_log) if opts.worker_log else None) as ws:
                 doc["storm_fencemq"] = storm([w.mqtt_port for w in ws], [w.pid for w in ws], opts.storm, opts.processes,
                                              prefix=f"st{stamp}")
             print(f"  {_storm_line(doc['storm_fencemq'])}", flush=True)

@@ -82,7 +82,7 @@ class Commands:
         return [
             # lua/lite_hold.lua: quota, session index and count in one call in the client's slot
             ["EVALSHA", self.t.shas["lite_hold"], 2, self.keys.session_lite_counts(client),
-             session_index.bucket_key(self.keys, handle), TOPIC, self.config.lite_quota, session_index.field(handle)],
+             session_index.bucket_key(self.keys, handle), TOPIC, self.config.lite_quota, *session_index.entry_args(handle)],
             self.fence(i, client),
             ["RPUSH", self.keys.session_notices(evicted), notice],
             ["LTRIM", self.keys.session_notices(evicted), -1000, -1],

@@ -23,7 +23,7 @@ from fencemq.model.values import text
 
 EVICT = fence("evict", "meta log checkouts deadlines owned held ready wake journal totals backlogs", "group member by")
 LITE_HOLD = fence("lite_hold", "counts", "topic quota", keys_rest="buckets", argv_rest="entries")
-LITE_RELEASE = fence("lite_release", "bucket counts", "entry topic")
+LITE_RELEASE = fence("lite_release", "bucket counts", "entry older topic")
 
 
 def marker_field(handle: Handle) -> str:
@@ -82,7 +82,7 @@ class Lite:
             replies = await self.ctx.fences.run(
                 LITE_HOLD, None, extra_keys={"counts": keys.session_lite_counts(client)},
                 keys_rest=[session_index.bucket_key(keys, h) for h in some],
-                topic=topic, quota=quota, args_rest=[session_index.field(h) for h in some])
+                topic=topic, quota=quota, args_rest=[f for h in some for f in session_index.entry_args(h)])
             for i, reply in zip(at, replies, strict=True):
                 out[i] = LimitExceeded(f"the client holds {quota} lite subscriptions of {topic}, the quota; "
                                        f"unsubscribe some first") if int(reply) < 0 else bool(int(reply))
@@ -93,7 +93,7 @@ class Lite:
         counted off, if it was there. True if it was."""
         return bool(int(await self.ctx.fences.run(
             LITE_RELEASE, None, extra_keys=self._session_keys(handle), entry=session_index.field(handle),
-            topic=handle.queue.topic)))
+            older=session_index.legacy_field(handle), topic=handle.queue.topic)))
 
     def _session_keys(self, handle: Handle) -> dict[str, str]:
         keys = self.ctx.keys

@@ -5,8 +5,12 @@ Non-lite handles are members of the set ``keys.session_handles(client)``
 those are kept compactly instead: in 16 bucket hashes per client,
 ``keys.session_lmqs(client, b)`` with ``b = crc32(lmq) % 16``; the field is
 ``group|lmq|topic`` (group and lmq never contain '|', check_name sees to it;
-the topic goes last, so it may), the value empty. Small buckets stay
-listpack-encoded (see docs/data-model.md).
+the topic goes last, so it may), the value empty. The group of a lite SUB
+without GROUP (``default``) is written empty, ``|lmq|topic``: 7 bytes less a
+subscription (a group name is never empty). Entries written before that,
+``default|lmq|topic``, are read as the same handle; holding one counts it as
+held and letting go removes either form (lua/lite_hold.lua, lua/lite_release.lua).
+Small buckets stay listpack-encoded (see docs/data-model.md).
 
 The commands are built by pure functions (``*_command``), so a benchmark
 writing sessions in bulk sends exactly what the broker sends; the async
@@ -22,6 +26,7 @@ from typing import Any
 
 from fencemq.errors import BadArgument
 from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.meta import LITE_GROUP
 from fencemq.model.values import text
 
 BUCKETS = 16
@@ -34,17 +39,29 @@ def bucket(lmq: str) -> int:
 
 
 def field(handle: Handle) -> str:
-    """A lite handle's field in its bucket: ``group|lmq|topic`` (its member is the bucket's client)."""
+    """A lite handle's field in its bucket: ``group|lmq|topic``, the group empty when it is
+    ``default`` (its member is the bucket's client)."""
     lmq, group = handle.queue.lmq, handle.group
-    if lmq is None or "|" in lmq or "|" in group:
+    if lmq is None or "|" in lmq or "|" in group or not group:
         raise BadArgument(f"{handle.encode()[:64]!r} is not a lite subscription handle SUB could have returned")
-    return f"{group}|{lmq}|{handle.queue.topic}"
+    return f"{'' if group == LITE_GROUP else group}|{lmq}|{handle.queue.topic}"
+
+
+def legacy_field(handle: Handle) -> str:
+    """The field a ``default`` group's entry had before it was written empty (still read)."""
+    return f"{handle.group}|{handle.queue.lmq}|{handle.queue.topic}"
+
+
+def entry_args(handle: Handle) -> list[str]:
+    """What lua/lite_hold.lua and lua/lite_release.lua take for a lite handle: its field, then the
+    field an older entry of it may still be under (the same field when its group is not ``default``)."""
+    return [field(handle), legacy_field(handle)]
 
 
 def handle_of(client: str, text: str) -> Handle:
-    """The handle a bucket field of the client stands for."""
+    """The handle a bucket field of the client stands for (either form of the default group)."""
     group, lmq, topic = text.split("|", 2)
-    return Handle(QueueRef(topic, lmq), group, client)
+    return Handle(QueueRef(topic, lmq), group or LITE_GROUP, client)
 
 
 def bucket_key(keys: Keyspace, handle: Handle) -> str:
@@ -63,15 +80,10 @@ def add_command(keys: Keyspace, handle: Handle) -> Command:
 
 
 def remove_command(keys: Keyspace, handle: Handle) -> Command:
+    """Replies how many entries it removed (a lite one: either form of its field)."""
     if handle.queue.lite:
-        return ["HDEL", bucket_key(keys, handle), field(handle)]
+        return ["HDEL", bucket_key(keys, handle), *dict.fromkeys((field(handle), legacy_field(handle)))]
     return ["SREM", keys.session_handles(handle.member), handle.encode()]
-
-
-def contains_command(keys: Keyspace, handle: Handle) -> Command:
-    if handle.queue.lite:
-        return ["HEXISTS", bucket_key(keys, handle), field(handle)]
-    return ["SISMEMBER", keys.session_handles(handle.member), handle.encode()]
 
 
 def read_commands(keys: Keyspace, client: str) -> list[Command]:
@@ -114,10 +126,6 @@ async def add(redis: Any, keys: Keyspace, handle: Handle) -> bool:
 async def remove(redis: Any, keys: Keyspace, handle: Handle) -> bool:
     """Forget a handle; True if it was held."""
     return bool(int(await redis.execute_command(*remove_command(keys, handle))))
-
-
-async def contains(redis: Any, keys: Keyspace, handle: Handle) -> bool:
-    return bool(int(await redis.execute_command(*contains_command(keys, handle))))
 
 
 async def all_entries(redis: Any, keys: Keyspace, client: str) -> list[Handle | str]:

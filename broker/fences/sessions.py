@@ -50,7 +50,7 @@ LOCK_TTL_MS = 10_000  # a cleaner renews its lock while it works; one that died 
 BIND_WAIT_S = LOCK_TTL_MS / 1000 + 1
 
 SESSION_BIND = fence("session_bind", "session ending conns", "conn worker lease_ms takeover")
-SESSION_LEAVE = fence("session_leave", "conns", "conn")
+SESSION_LEAVE = fence("session_leave", "session ending conns", "conn lease_ms")
 SESSION_ALIVE = fence("session_alive", "session ending", "lease_ms")
 SESSION_LOCK = fence("session_lock", "session ending", "token ttl_ms force")
 SESSION_FINISH = fence("session_finish", "session ending", "token", keys_rest="state")
@@ -123,7 +123,7 @@ class Sessions:
         # the binds and presence changes of concurrent connects (a reconnect storm) go out together
         self._binds: Gathering[_Bind, Any] = Gathering(self._bind_batch, lambda: ctx.spawn)
         self._presence: Gathering[tuple[str, bool], None] = Gathering(self._presence_batch, lambda: ctx.spawn)
-        self._leaves: Gathering[tuple[str, str], Any] = Gathering(self._leave_batch, lambda: ctx.spawn)
+        self._leaves: Gathering[tuple[str, str, int], Any] = Gathering(self._leave_batch, lambda: ctx.spawn)
         self._lingers: Gathering[tuple[str, int], Any] = Gathering(self._linger_batch, lambda: ctx.spawn)
 
     def _session_keys(self, client: str) -> dict[str, str]:
@@ -139,15 +139,16 @@ class Sessions:
         is resumed) and how many connections share it now.
         """
         call = _Bind(client, connection, worker, int(takeover), int(fresh))
-        with anyio.move_on_after(BIND_WAIT_S):
-            while True:
-                res = await self._binds(call)
-                if res[0] in (b"bound", "bound"):
-                    break
-                await anyio.sleep(0.05)
-        if res[0] not in (b"bound", "bound"):
-            raise SessionEnding(f"the session of {client} is being ended; connect again in a moment")
-        return int(res[1]), int(res[3])
+        # The wait for an end under way is bounded, never a bind in flight: cancelled, that one
+        # may have bound in Redis all the same (a worker behind in a connect storm).
+        until = time.monotonic() + BIND_WAIT_S
+        while True:
+            res = await self._binds(call)
+            if res[0] in (b"bound", "bound"):
+                return int(res[1]), int(res[3])
+            if time.monotonic() >= until:
+                raise SessionEnding(f"the session of {client} is being ended; connect again in a moment")
+            await anyio.sleep(0.05)
 
     async def _bind_batch(self, calls: list[_Bind]) -> list[Any]:
         """SESSION_BIND for each call in one pipeline, then the bound sessions' leases in the
@@ -174,13 +175,22 @@ class Sessions:
             await pipeline_then_publish_all(self.redis, lambda _pipe: None, told)
         return replies
 
-    async def leave(self, client: str, connection: str) -> int:
-        """A connection of the session closes: how many connections still share it."""
-        return int(await self._leaves((client, connection)))
+    async def leave(self, client: str, connection: str, lease_ms: int = 0) -> int:
+        """A connection of the session closes: how many connections still share it. The last one
+        to leave starts the session's lease from now, ``lease_ms`` long (0: the lease stays as the
+        last keep-alive left it), in the same step: a connectionless session never runs on an old
+        lease, however far behind the worker is with its cleanups."""
+        return int((await self._leaves((client, connection, lease_ms)))[0])
 
-    async def _leave_batch(self, calls: list[tuple[str, str]]) -> list[Any]:
-        return await self.fences.run_many(SESSION_LEAVE, [
-            (None, {"conns": self.keys.session_conns(client)}, (), {"conn": connection}) for client, connection in calls])
+    async def _leave_batch(self, calls: list[tuple[str, str, int]]) -> list[Any]:
+        replies = await self.fences.run_many(SESSION_LEAVE, [
+            (None, {**self._session_keys(client), "conns": self.keys.session_conns(client)}, (),
+             {"conn": connection, "lease_ms": lease_ms}) for client, connection, lease_ms in calls])
+        deadlines = {client: int(r[1]) for (client, _, _), r in zip(calls, replies)
+                     if not isinstance(r, Exception) and int(r[1])}
+        if deadlines:
+            await self.ctx.set_scores(self.keys.sessions, deadlines)  # not GT: it may be sooner
+        return replies
 
     async def linger(self, client: str, lease_ms: int) -> bool:
         """A session none of whose connections is left lives ``lease_ms`` more (an MQTT Session

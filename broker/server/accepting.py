@@ -76,9 +76,22 @@ class Refusals:
     def __init__(self, at_once: int = REFUSALS_AT_ONCE) -> None:
         self.at_once = at_once
         self.now = 0
+        self.refused = 0  # connections refused past max_connections, since the worker started
+        self._logged_at, self._logged = 0.0, 0
+
+    def _note(self) -> None:
+        """One more refusal; said in the log at most every LOG_EVERY_S (a crowd being refused is one line)."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_S:
+            log.warning("max_connections reached: refused %d connection(s) since the last report (connections "
+                        "still ending count until their end is done; raise max_connections and the open-file "
+                        "limit, or add workers)", self.refused - self._logged)
+            self._logged_at, self._logged = now, self.refused
 
     def take(self) -> bool:
         """A place for a refusal that says why (False: close it at once); :meth:`give` it back."""
+        self._note()
         if self.now >= self.at_once:
             return False
         self.now += 1
@@ -90,6 +103,7 @@ class Refusals:
     @contextmanager
     def told(self) -> Iterator[bool]:
         """Whether this refusal may take the time to say why (and then holds a place while it does)."""
+        self._note()
         if self.now >= self.at_once:
             yield False
             return

@@ -87,6 +87,8 @@ class Session:
         self.gone = False  # the client hung up (or stopped reading): a reply would reach nobody
         self.draining = False  # the worker is shutting down: long polls answer at once
         self.resumed = False  # binding found the session there already (it outlived a connection)
+        # how long a named session outlives its last connection (MQTT: its Session Expiry Interval)
+        self.linger_ms = services.config.session_lease_ms
         self._waits: set[anyio.CancelScope] = set()  # long polls that a drain ends early
         self.farewell: Push | None = None  # a last notice to send before the connection closes
         self.taken_over_afresh = False  # taken over by a connection that started the session anew
@@ -246,11 +248,17 @@ class Session:
         await services.wakeups.unfollow(services.keys.session_channel(self.client_id), self._on_message)
         if not self.bound:
             return
-        self.bound = False
         if self.anonymous:
+            self.bound = False
             await services.sessions.end(self.client_id, force=True)
             return
-        if await services.sessions.leave(self.client_id, self.token) > 0:
+        # Bound (kept alive, and no sweeper of this worker's) until the leave has started the
+        # session's own lease: the last connection's leave sets it in the same step.
+        try:
+            left = await services.sessions.leave(self.client_id, self.token, 0 if self.quit else self.linger_ms)
+        finally:
+            self.bound = False
+        if left > 0:
             return
         if self.quit:
             await services.sessions.end(self.client_id, force=True)

@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import ssl
+import time
 import uuid
 from dataclasses import replace
 from functools import partial
@@ -112,6 +113,7 @@ class Worker:
                         lambda name: services.gate.user_changed(name.decode("utf-8", "replace")))
                     background.start_soon(sweeper.run)
                     background.start_soon(self._keep_alive)
+                    background.start_soon(self._heartbeat)
                     background.start_soon(memory.run)
                     background.start_soon(HealthWatch(services, self.config.redis_url).run)
                     if self.config.metrics_port is not None:
@@ -255,6 +257,22 @@ class Worker:
         """Client ids whose session a connection of this worker holds."""
         return {c.session.client_id for c in self.connections.values() if c.session.client_id and c.session.bound}
 
+    async def _still_here(self) -> None:
+        """This worker's own lease in the workers index: another worker's sweeper leaves its sessions alone."""
+        now = await self.services.clock.now_ms()
+        await self.services.core.ctx.set_scores(self.services.keys.workers, {self.id: now + self.config.session_lease_ms})
+
+    async def _heartbeat(self) -> None:
+        """The worker's own lease, every third of a lease, in a task of its own: a keep-alive round
+        of many sessions that runs late (a connect storm) never makes the worker look dead to the
+        others, whose sweepers would then end its sessions."""
+        while True:
+            try:
+                await self._still_here()
+            except (OSError, RedisError) as exc:
+                log.warning("could not refresh the worker's lease: %s", exc)
+            await anyio.sleep(self.config.session_lease_ms / 3000)
+
     async def _keep_alive(self) -> None:
         """Refresh this worker's lease, then those of the sessions connected here.
 
@@ -266,12 +284,20 @@ class Worker:
             services = self.services
             pause = self.config.session_lease_ms / 3000
             try:
-                now = await services.clock.now_ms()
-                await services.core.ctx.set_scores(services.keys.workers, {self.id: now + self.config.session_lease_ms})
+                started = time.monotonic()
+                await self._still_here()
                 clients = list(self.attached_clients())
                 gone: set[str] = set()
                 for start in range(0, len(clients), KEEP_ALIVE_BATCH):  # a slice at a time: others are served between
+                    if start and time.monotonic() - started > pause:
+                        # a round running late (a connect storm): the worker's own lease again, so
+                        # that no other worker's sweeper takes it for dead while it works through
+                        await self._still_here()
                     gone.update(await services.sessions.keep_alive(clients[start:start + KEEP_ALIVE_BATCH]))
+                took = time.monotonic() - started
+                if took > pause:
+                    log.warning("refreshing %d session leases took %.1f s (they run %d ms): the worker is behind",
+                                len(clients), took, self.config.session_lease_ms)
                 for conn in list(self.connections.values()) if gone else ():
                     if conn.session.client_id in gone and conn.session.bound:
                         # its session was ended (say, after an outage longer than the lease): the

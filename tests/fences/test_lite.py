@@ -758,6 +758,52 @@ def test_a_lite_field_names_group_lmq_and_topic_and_a_topic_may_contain_the_sepa
         "HSETNX", KEYS.session_lmqs("A", session_index.bucket("x")), "g|x|a|b|c", ""]
 
 
+def test_the_default_group_is_written_empty_in_a_lite_field_and_both_forms_read_as_one_handle():
+    h = Handle(QueueRef("a|b", "x"), GROUP, "A")
+    assert session_index.field(h) == "|x|a|b"
+    assert session_index.legacy_field(h) == f"{GROUP}|x|a|b"
+    assert session_index.handle_of("A", "|x|a|b") == session_index.handle_of("A", f"{GROUP}|x|a|b") == h
+    other = Handle(QueueRef("t", "x"), "g", "A")
+    assert session_index.entry_args(other) == ["g|x|t", "g|x|t"]
+    assert session_index.remove_command(KEYS, h) == ["HDEL", KEYS.session_lmqs("A", session_index.bucket("x")),
+                                                     "|x|a|b", f"{GROUP}|x|a|b"]
+
+
+def legacy_index(r: redis.Redis, client: str) -> None:
+    """Rewrite the client's lite index as it was written before the default group went empty."""
+    for key, fields in bucket_fields(r, client).items():
+        for f in fields:
+            if f.startswith("|"):
+                r.hdel(key, f)
+                r.hset(key, GROUP + f, "")
+
+
+def test_an_index_entry_written_in_the_older_form_is_still_held_read_and_let_go(w, r):
+    with connect(w.port, "A", 2) as a:
+        handles = {lmq: subscribe(a, "chat", lmq) for lmq in ("x", "y", "z")}
+        g = subscribe(a, "chat", "x", "GROUP", "g")
+        legacy_index(r, "A")
+        assert {f for fs in bucket_fields(r, "A").values() for f in fs} == {
+            f"{GROUP}|x|chat", f"{GROUP}|y|chat", f"{GROUP}|z|chat", "g|x|chat"}
+        assert held_handles(r, "A") == set(handles.values()) | {g}
+        # subscribing again finds it held: no second entry, no second count, the older entry stays
+        assert subscribe(a, "chat", "x") == handles["x"]
+        assert r.hget(KEYS.session_lite_counts("A"), "chat") == "4"
+        assert sum(map(len, bucket_fields(r, "A").values())) == 4
+        # a sync that no longer lists y lets go of its older entry; an UNSUB lets go of z's
+        assert heartbeat(a, "chat", GROUP, "x", "z") == []
+        assert a.call("UNSUB", handles["z"]) == "OK"
+        assert held_handles(r, "A") == {handles["x"], g}
+        assert r.hget(KEYS.session_lite_counts("A"), "chat") == "2"
+        # held again after letting go: now in the new form
+        assert subscribe(a, "chat", "y") == handles["y"]
+        assert "|y|chat" in bucket_fields(r, "A")[KEYS.session_lmqs("A", session_index.bucket("y"))]
+        a.call("QUIT")
+    wait_for(lambda: not session_keys(r, "A"), what="A's session to end")
+    assert bucket_fields(r, "A") == {}
+    assert all(member_fields(meta(r, "chat", lmq), "A") == {} for lmq in ("x", "y", "z"))
+
+
 def test_lite_subscriptions_of_one_client_land_in_bucket_hashes_that_stay_listpack_encoded_at_1000_lmqs(w, r):
     lmqs = [f"q{i}" for i in range(1000)]
     with connect(w.port, "A", 2) as a:
@@ -806,7 +852,7 @@ def test_a_non_lite_handle_still_lives_in_the_subs_set(w, r):
         h = as_map(a.call("SUB", "plain", "GROUP", "g"))["handle"]
         hl = subscribe(a, "chat", "x")
         assert {signer(r).sign(x) for x in r.smembers(KEYS.session_handles("A"))} == {h}
-        assert bucket_fields(r, "A") == {KEYS.session_lmqs("A", session_index.bucket("x")): {f"{GROUP}|x|chat"}}
+        assert bucket_fields(r, "A") == {KEYS.session_lmqs("A", session_index.bucket("x")): {"|x|chat"}}
         assert held_handles(r, "A") == {h, hl}
         assert a.call("UNSUB", h) == "OK"
         assert not r.exists(KEYS.session_handles("A"))

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from fencemq.errors import NotFound
+from fencemq.errors import NotFound, Stale
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.model.keys import Handle
 from fencemq.protocol.mqtt.events import DeliveryAcknowledged
@@ -140,6 +140,12 @@ class MqttDelivery:
                         except NotFound:
                             log.info("MQTT subscription %s of %r ended", handle.queue, self.session.client_id)
                             return  # the subscription is gone (its queue dropped): nothing more to send
+                        except Stale:
+                            # the worker too far behind (a connect storm) for the fence to run within
+                            # its lease intent, twice: nothing was leased. Not a failure of the
+                            # connection: the subscription waits as after a look that found nothing
+                            # (a wake-up, or its backoff: 20,000 of them do not retry together)
+                            pass
                         except REDIS_FAILURES as exc:
                             # Redis failing over: the subscription stays and looks again shortly; what was
                             # checked out and not sent comes back when its lease runs out

@@ -59,7 +59,8 @@ class MqttDeparture:
             return
         if self.taken_over:
             # The connection that took the session over resumed it: what this one held is that
-            # one's to hand back (mqtt/resumption.py), its records that one's to keep.
+            # one's to hand back (mqtt/resumption.py), its records that one's to keep, its lease that one's.
+            self.session.linger_ms = 0
             await self.session.release()
             return
         if self.in_flight:
@@ -70,7 +71,10 @@ class MqttDeparture:
                                                for pid, f in self.in_flight.items()})
             except (OSError, RedisError) as exc:
                 log.info("MQTT packet ids of %r not kept (fresh ones on resume): %s", client, exc)
-        await self.session.release()  # marks the client offline: a group gives it nothing new
+        # marks the client offline (a group gives it nothing new) and, if this was its last
+        # connection, starts the session's expiry in the same step
+        self.session.linger_ms = self.expiry * 1000
+        await self.session.release()
         # Unacknowledged deliveries go back at once (no failure counted), not after their lock:
         # a shared group gives them to another member (Mosquitto #2662), a resumed session gets
         # them again with DUP (MQTT-3.3.1-1).
@@ -88,7 +92,6 @@ class MqttDeparture:
         for sub in list(self.subscriptions.values()):
             if sub.shared and sub.qos:
                 await self._hand_back_mailbox(sub.handle)
-        await self.services.sessions.linger(client, self.expiry * 1000)
 
     async def _hand_back_mailbox(self, handle: Handle) -> None:
         leases = self.services.core.leases

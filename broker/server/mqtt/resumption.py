@@ -70,6 +70,8 @@ class MqttResumption:
             self.nonce, self.completed = saved.nonce, saved.completed
             for handle in await session_index.handles(redis, keys, client) if self.session.resumed else ():
                 await self.services.core.subscriptions.unsubscribe(handle)
+            if self.mqtt.closed:
+                return []  # the client hung up while its session was taken up (a storm): its end leaves it
             return self.mqtt.accept(time.monotonic())
         held = await session_index.non_lite_handles(self.services.core.ctx.linked, keys, client)
         # What the member holds is read before the records: a departure still under way marks a
@@ -86,6 +88,8 @@ class MqttResumption:
         releasing = await self._hand_back(holding, saved)
         # (5.0) the subscriptions its user may no longer hold, that the gate dropped, are told here
         told = tuple(("subscription-revoked", filt) for filt in self.revoked_filters)
+        if self.mqtt.closed:
+            return []  # the client hung up while its session was taken up (a storm): its end leaves it
         pipelined = self.mqtt.accept(
             time.monotonic(), session_present=self.session.resumed or bool(held or saved.in_flight or releasing),
             inbound_releases=frozenset(saved.recorded), user_properties=told)

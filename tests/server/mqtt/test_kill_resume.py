@@ -294,3 +294,37 @@ def test_a_qos2_delivery_killed_at_each_step_reaches_the_client_exactly_once(doo
     assert received == [pid]
     delivery_then_new_flow(again, resumer, topic, 2)
     again.close()
+
+
+# -- the connection's end -------------------------------------------------------------------------
+
+SHORT_LEASE_MS = 400  # the workers' own lease: a dead worker's expired sessions are swept within ~1 s
+
+
+def test_a_session_whose_worker_died_right_after_its_connection_left_lives_its_whole_expiry(proxy, redis_server):
+    """The last connection's leave starts the session's expiry in the same step: a worker that
+    stops right after it (killed, or far behind in a reconnect storm) leaves no moment in which the
+    session has no connection and only the worker's short lease, for a sweeper to end it by."""
+    doomed = KillableMqttWorker(proxy.url, session_lease_ms=SHORT_LEASE_MS)
+    try:
+        with worker(redis_server.url, mqtt_port=0, session_lease_ms=SHORT_LEASE_MS, sweep_interval_ms=20) as resumer:
+            c = RawClient(doomed.mqtt_port, "left-then-killed", expiry=300)
+            c.send(Subscribe(1, (("left/#", SubscriptionOptions(qos=1)),)))
+            expect(c, Suback)
+            # the step after the leave: the client's memberships marked offline (they are read first)
+            handles = KEYS.session_handles("left-then-killed").encode()
+            held = proxy.hold(lambda a: a[0].upper() == b"SMEMBERS" and a[1] == handles)
+            c.close()  # gone without a DISCONNECT
+            assert held.wait(5)
+            doomed.kill()
+            proxy.disarm()
+            time.sleep(6 * SHORT_LEASE_MS / 1000)  # the dead worker's leases, its own and its sessions', long run out
+            again = RawClient(resumer.worker.mqtt_port, "left-then-killed", clean_start=False, expiry=300)
+            assert again.connack.session_present, "the session lives its Session Expiry Interval (300 s)"
+            produce(resumer, "left/x", "still subscribed", 1)
+            assert expect(again, Publish, timeout=5.0).payload == b"still subscribed"
+            again.close()
+    finally:
+        if doomed.proc.poll() is None:
+            doomed.kill()
+        proxy.disarm()
