@@ -429,6 +429,11 @@ def _take_the_terminal() -> None:
     # In the child, after setsid: the pseudo-terminal becomes its controlling terminal, so ^C typed on it
     # interrupts the program (the line discipline signals the foreground group) and /dev/tty is it.
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    # ... and the program starts as a shell starts it: ^C at its default, whatever the test process did to
+    # its own (exec keeps an ignored signal ignored, and a blocked one blocked: under pytest-xdist a
+    # worker process that ran other tests first handed `fencemq top` an ignored ^C)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class Terminal:
