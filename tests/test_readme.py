@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -125,10 +126,16 @@ class Reader:
                 try:
                     code = term.exit_code(timeout=30)
                 except subprocess.TimeoutExpired:
+                    # what ^C met: the view's signal masks, the terminal's ISIG and foreground group
+                    status = [x for x in Path(f"/proc/{term.proc.pid}/status").read_text().splitlines()
+                              if x.startswith("Sig")]
+                    isig = bool(termios.tcgetattr(term.fd)[3] & termios.ISIG)
+                    met = f"{status}, ISIG {isig}, foreground {os.tcgetpgrp(term.fd)}, view {term.proc.pid}"
                     os.killpg(term.proc.pid, signal.SIGABRT)  # the fault handler prints every thread's stack
                     term.read_until(b"\0never\0", 5)
-                    raise AssertionError(f"{line!r} still ran 30 s after ^C; its stacks:\n"
-                                         + term.seen.decode(errors="replace")[-6000:]) from None
+                    stacks = term.seen.decode(errors="replace")
+                    raise AssertionError(f"{line!r} still ran 30 s after ^C ({met}); its stacks:\n"
+                                         + stacks[stacks.find("Fatal Python error"):][:4000]) from None
                 out = term.seen.decode(errors="replace")
                 print(f"{time.monotonic() - interrupted:6.1f} s  {line!r} after ^C")
                 assert code in (0, 130), f"{line!r} exited {code}: {out[-2000:]}"
