@@ -555,7 +555,7 @@ def test_a_suspected_member_that_unsubscribes_takes_its_end_of_stream_at_once_an
     as after any UNSUB, and the member leaves (before, TAKE answered nil for ever and the member stayed)."""
     with worker(redis_url, sweep_interval_ms=50) as w:
         a, b, p = client(w.port, 2, "a"), client(w.port, 2, "b"), client(w.port, 2, "pub")
-        ha, hb = sub(a, "$share/sus/u/#", "LOCK", 100), sub(b, "$share/sus/u/#", "LOCK", 100)
+        ha, _ = sub(a, "$share/sus/u/#", "LOCK", 100), sub(b, "$share/sus/u/#", "LOCK", 100)
         p.execute_command("MPUB", "u/x", 4, "0", "1", "2", "3")  # two in each mailbox, leased (two members)
         meta = KEYS.queue(share_ref("sus", "u/#")).meta
         wait_for(lambda: r.hexists(meta, "m|sus|a|sus"), timeout=5, what="a to be suspected")
