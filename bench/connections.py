@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"open files: hard limit {hard}: {crowd:,} idle connections on one worker at most, "
               f"{mosquitto_storm:,} in Mosquitto's storm", flush=True)
     with EmbeddedRedis() as server:
-        for kind, ping in (("resp", resp_pings), ("mqtt", mqtt_pings)):
+        for kind, ping in (("resp", resp_pings), ("mqtt", mqtt_pings)) if opts.idle else ():
             print(f"FenceMQ {kind}: {opts.idle} idle connections on a fresh worker ...", flush=True)
             with workers(server.url, 1, biggest) as (w,):
                 port = w.port if kind == "resp" else w.mqtt_port
