@@ -43,7 +43,7 @@ LOG_EVERY_S = 10.0
 # Connections accepted in one go from a crowd in the listen backlog before the event loop's other work
 # gets a turn: a storm must leave the backlog (somaxconn) faster than it fills, or SYNs are dropped and
 # come back only on TCP's retry schedule (1, 3, 7, 15 s...).
-ACCEPTS_AT_ONCE = 256
+ACCEPTS_AT_ONCE = 4096  # (somaxconn here)
 
 
 class SpareDescriptor:
