@@ -87,9 +87,8 @@ test-cluster: $(VENV)/.test
 # Redis failing over under load (tests/failover, ~5 min): a primary + 2 replicas + 3 Sentinels and a
 # 3-master Cluster with 2 replicas each, masters killed, one host crash (a replica held behind with
 # SIGSTOP, the dead host's connections aborted with `ss -K`: root), the old primaries returning; in
-# each durability mode. FENCEMQ_FAILOVER_REPORT=file.jsonl keeps each run's figures. .ci/run runs the
-# Sentinel half (FAILOVER_TESTS=tests/failover/test_sentinel_failover.py): the Cluster half does not pass
-# reliably yet (docs/operations.md, "Durability").
+# each durability mode. FENCEMQ_FAILOVER_REPORT=file.jsonl keeps each run's figures; .ci/run runs both halves
+# (FAILOVER_TESTS=tests/failover/test_sentinel_failover.py runs one).
 FAILOVER_TESTS ?= tests/failover
 test-failover: $(VENV)/.test
 	FENCEMQ_TEST_FAILOVER=1 $(PY) -m pytest $(FAILOVER_TESTS) -q -s -p no:cacheprovider $(PYTEST_ARGS)

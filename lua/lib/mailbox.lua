@@ -82,13 +82,14 @@ end
 -- not receive it does not get, whatever the QoS: a member fenced off by a
 -- marker gets nothing (what it held goes back, its mailbox is emptied: QoS 0
 -- entries are at most once), a suspected one nothing until it settles or
--- renews, and entries read under an epoch older than the group's (a SEEK
--- since) or whose checkout was released are dropped. Each QoS 1 delivery's
--- lease starts now. Returns the deliveries {tag, id, acquisitions, body},
--- the group's epoch, the leases' deadline (-1 when none) and a status: 'ok',
--- 'evicted', 'suspected', 'eos' when the end-of-stream sentinel of a MAX was
--- reached (the member stays, ended, so what it took can still be settled) or
--- 'gone' at the sentinel of an UNSUB (the member is removed).
+-- renews (either one that UNSUBscribed still gets its end-of-stream sentinel),
+-- and entries read under an epoch older than the group's (a SEEK since) or
+-- whose checkout was released are dropped. Each QoS 1 delivery's lease starts
+-- now. Returns the deliveries {tag, id, acquisitions, body}, the group's
+-- epoch, the leases' deadline (-1 when none) and a status: 'ok', 'evicted',
+-- 'suspected', 'eos' when the end-of-stream sentinel of a MAX was reached (the
+-- member stays, ended, so what it took can still be settled) or 'gone' at the
+-- sentinel of an UNSUB (the member is removed).
 -- Cost: O(entries popped + messages topped up).
 local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
   local f = read_meta(K.meta, {mf(g, m, DELIVERED), mf(g, m, CAPACITY), mf(g, m, LOCK), gf(g, EPOCH),
@@ -97,12 +98,17 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
   if not f[2] then raise('BADARG', 'this is not a PUSH subscription; PULL instead of TAKE') end
   expand_meta(K.meta)  -- the writes below must not leave a field to a default
   local ep = tonumber(f[4] or '0')
-  if f[5] then
+  -- A member that cancelled (UNSUB) had every checkout returned and its mailbox
+  -- emptied but for the sentinel: a marker or suspicion withholds messages, and
+  -- there are none left to withhold, so they must not withhold its end (else its
+  -- TAKE answers nil for ever and it never leaves).
+  local cancelled = f[7] == 'unsub'
+  if f[5] and not cancelled then
     fenced_off(K, g, m, ep, f[5])
     redis.call('DEL', mb)
     return {}, ep, -1, 'evicted'
   end
-  if f[6] then return {}, ep, -1, 'suspected' end
+  if f[6] and not cancelled then return {}, ep, -1, 'suspected' end
   local ended = f[7] and true or false  -- (a missing field is false, not nil)
   if not ended then fill_mailbox(K, mb, g, m, now) end
   local lock = tonumber(f[3] or f[8] or default_lock)

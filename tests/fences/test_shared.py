@@ -10,6 +10,7 @@ own log: its member PULLs.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -546,3 +547,57 @@ def test_on_a_cluster_a_filter_reaches_publishes_through_every_master_even_when_
         for topic in ordered[1:] + ordered[:1]:  # the second copy first: it reads the value the first had
             p.execute_command("PUB", topic, f"after {topic}")
         assert sorted(payloads_of(take_all(c, own))) == sorted(f"after {t}" for t in topics.values())
+
+
+def test_a_suspected_member_that_unsubscribes_takes_its_end_of_stream_at_once_and_is_gone(redis_url, r):
+    """Its leases ran out (it never TAKEs), so it is suspected: suspicion withholds messages until it
+    settles or renews, but an UNSUB returned them all and left nothing to settle: its TAKE answers EOS,
+    as after any UNSUB, and the member leaves (before, TAKE answered nil for ever and the member stayed)."""
+    with worker(redis_url, sweep_interval_ms=50) as w:
+        a, b, p = client(w.port, 2, "a"), client(w.port, 2, "b"), client(w.port, 2, "pub")
+        ha, _ = sub(a, "$share/sus/u/#", "LOCK", 100), sub(b, "$share/sus/u/#", "LOCK", 100)
+        p.execute_command("MPUB", "u/x", 4, "0", "1", "2", "3")  # two in each mailbox, leased (two members)
+        meta = KEYS.queue(share_ref("sus", "u/#")).meta
+        wait_for(lambda: r.hexists(meta, "m|sus|a|sus"), timeout=5, what="a to be suspected")
+        assert a.execute_command("UNSUB", ha) == b"OK"
+        assert take(a, ha) == "EOS"
+        assert not [f for f in r.hkeys(meta) if f.startswith(b"m|sus|a|")], "the member stayed after its EOS"
+        assert error_code(_refusal(a, "TAKE", ha)) == "NOTFOUND"  # its handle is closed
+
+
+def test_a_blocked_take_of_a_suspected_member_wakes_with_its_end_of_stream_when_it_unsubscribes(redis_url, r):
+    """A long poll of a suspected member waits; the UNSUB from its other connection ends that wait with EOS."""
+    with worker(redis_url, sweep_interval_ms=50) as w:
+        a, b, p = client(w.port, 2, "a"), client(w.port, 2, "b"), client(w.port, 2, "pub")
+        ha, _ = sub(a, "$share/sus/w/#", "LOCK", 100), sub(b, "$share/sus/w/#", "LOCK", 100)
+        p.execute_command("MPUB", "w/x", 2, "0", "1")
+        meta = KEYS.queue(share_ref("sus", "w/#")).meta
+        wait_for(lambda: r.hexists(meta, "m|sus|a|sus"), timeout=5, what="a to be suspected")
+        waiting = client(w.port, 2, "a")  # a second connection of a's session
+        got: list[Any] = []
+        t = threading.Thread(target=lambda: got.append(take(waiting, ha, 5000)))
+        started = time.monotonic()
+        t.start()
+        time.sleep(0.3)
+        assert a.execute_command("UNSUB", ha) == b"OK"
+        t.join(6)
+        assert got == ["EOS"] and time.monotonic() - started < 4
+
+
+def test_an_evicted_push_member_that_unsubscribes_takes_its_end_of_stream_and_is_gone(w, r):
+    """An exclusive group's push member preempted by another is fenced off by its marker; its UNSUB still
+    ends its stream: the marker withholds messages, not the sentinel of a cancel (before: nil for ever)."""
+    a, b = client(w.port, 2, "a"), client(w.port, 2, "b")
+    ha = sub(a, "orders", "GROUP", "x", "MODE", "exclusive", "PUSH")
+    sub(b, "orders", "GROUP", "x", "MODE", "exclusive", "PUSH")  # preempts a: a is marked
+    meta = KEYS.queue(QueueRef("orders")).meta
+    assert r.hexists(meta, "m|x|a|mk")
+    assert a.execute_command("UNSUB", ha) == b"OK"
+    assert take(a, ha) == "EOS"
+    assert not [f for f in r.hkeys(meta) if f.startswith(b"m|x|a|")], "the member stayed after its EOS"
+
+
+def _refusal(c, *command: Any) -> redis.ResponseError:
+    with pytest.raises(redis.ResponseError) as info:
+        c.execute_command(*command)
+    return info.value
