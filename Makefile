@@ -97,7 +97,8 @@ test-failover: $(VENV)/.test
 # against the reference model (300 sequences per primary; make test runs 30) and lmq compaction against the
 # uncompacted layout (300; make test runs 60) in a second. FENCEMQ_STATEFUL_SHARDS=n splits the sequences into n
 # tests that run side by side (with PYTEST_ARGS='-n n'): faster, but on 2 cores the workers then fall behind their
-# 1.5 s session leases, and the sequences that found timing failures that way are in the README.
+# 1.5 s session leases; the two sequences that failed that way (a broker bug and a check of the test's, both fixed)
+# are in the README and replayed in tests/stateful/test_found_sequences.py.
 test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-250} FENCEMQ_STATEFUL_SHARDS=$${FENCEMQ_STATEFUL_SHARDS:-1} \
 	$(PY) -m pytest -n 2 --dist worksteal tests/stateful \
