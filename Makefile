@@ -87,9 +87,8 @@ test-cluster: $(VENV)/.test
 # Redis failing over under load (tests/failover, ~5 min): a primary + 2 replicas + 3 Sentinels and a
 # 3-master Cluster with 2 replicas each, masters killed, one host crash (a replica held behind with
 # SIGSTOP, the dead host's connections aborted with `ss -K`: root), the old primaries returning; in
-# each durability mode. FENCEMQ_FAILOVER_REPORT=file.jsonl keeps each run's figures. .ci/run runs the
-# Sentinel half (FAILOVER_TESTS=tests/failover/test_sentinel_failover.py): the Cluster half does not pass
-# reliably yet (docs/operations.md, "Durability").
+# each durability mode. FENCEMQ_FAILOVER_REPORT=file.jsonl keeps each run's figures; .ci/run runs both halves
+# (FAILOVER_TESTS=tests/failover/test_sentinel_failover.py runs one).
 FAILOVER_TESTS ?= tests/failover
 test-failover: $(VENV)/.test
 	FENCEMQ_TEST_FAILOVER=1 $(PY) -m pytest $(FAILOVER_TESTS) -q -s -p no:cacheprovider $(PYTEST_ARGS)
@@ -98,7 +97,8 @@ test-failover: $(VENV)/.test
 # against the reference model (300 sequences per primary; make test runs 30) and lmq compaction against the
 # uncompacted layout (300; make test runs 60) in a second. FENCEMQ_STATEFUL_SHARDS=n splits the sequences into n
 # tests that run side by side (with PYTEST_ARGS='-n n'): faster, but on 2 cores the workers then fall behind their
-# 1.5 s session leases, and the sequences that found timing failures that way are in the README.
+# 1.5 s session leases; the two sequences that failed that way (a broker bug and a check of the test's, both fixed)
+# are in the README and replayed in tests/stateful/test_found_sequences.py.
 test-stateful: $(VENV)/.test
 	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-250} FENCEMQ_STATEFUL_SHARDS=$${FENCEMQ_STATEFUL_SHARDS:-1} \
 	$(PY) -m pytest -n 2 --dist worksteal tests/stateful \

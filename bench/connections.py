@@ -200,8 +200,10 @@ def idle(kind: str, port: int, pid: int, n: int, processes: int, *, ping: Any, p
             "ping_ms_alone": alone, "ping_ms_beside_idle": beside, "loadavg": load}
 
 
-def storm(ports: list[int], pids: list[int], n: int, processes: int, *, prefix: str) -> dict[str, Any]:
-    """n MQTT sessions with a subscription each drop and reconnect at once: time to settle."""
+def storm(ports: list[int], pids: list[int], n: int, processes: int, *, prefix: str,
+          redis_pid: int | None = None) -> dict[str, Any]:
+    """n MQTT sessions with a subscription each drop and reconnect at once: time to settle (with the
+    CPU the servers, and FenceMQ's Redis, spent on it)."""
     load = os.getloadavg()
     with Crowd("mqtt", n, ports, prefix=prefix, processes=processes, clean=False) as crowd:
         first = _rate(crowd.run("connect"), n)
@@ -212,9 +214,12 @@ def storm(ports: list[int], pids: list[int], n: int, processes: int, *, prefix: 
         time.sleep(2)
         crowd.run("drop")
         cpu0 = [proc_cpu_s(pid) for pid in pids]
+        redis_cpu0 = proc_cpu_s(redis_pid) if redis_pid else 0.0
         again = crowd.run("connect", window=n)  # every reconnect at once
         settled = _rate(again, n)
         settled["server_cpu_s"] = [round(proc_cpu_s(pid) - c, 1) for pid, c in zip(pids, cpu0)]
+        if redis_pid:
+            settled["redis_cpu_s"] = round(proc_cpu_s(redis_pid) - redis_cpu0, 1)
         print(f"    reconnected: {settled['seconds']} s {settled['outcome']}", flush=True)
         sample = [f"dev/{prefix}{i}" for i in range(0, n, max(1, n // SAMPLE))]
         t0 = time.perf_counter()
@@ -280,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"open files: hard limit {hard}: {crowd:,} idle connections on one worker at most, "
               f"{mosquitto_storm:,} in Mosquitto's storm", flush=True)
     with EmbeddedRedis() as server:
-        for kind, ping in (("resp", resp_pings), ("mqtt", mqtt_pings)):
+        for kind, ping in (("resp", resp_pings), ("mqtt", mqtt_pings)) if opts.idle else ():
             print(f"FenceMQ {kind}: {opts.idle} idle connections on a fresh worker ...", flush=True)
             with workers(server.url, 1, biggest) as (w,):
                 port = w.port if kind == "resp" else w.mqtt_port
@@ -305,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"reconnect storm: {opts.storm} MQTT sessions on 2 workers ...", flush=True)
             with workers(server.url, 2, biggest, Path(opts.worker_log) if opts.worker_log else None) as ws:
                 doc["storm_fencemq"] = storm([w.mqtt_port for w in ws], [w.pid for w in ws], opts.storm, opts.processes,
-                                             prefix=f"st{stamp}")
+                                             prefix=f"st{stamp}", redis_pid=server.pid)
             print(f"  {_storm_line(doc['storm_fencemq'])}", flush=True)
             if not opts.skip_mosquitto and shutil.which("mosquitto"):
                 print(f"reconnect storm: {mosquitto_storm} MQTT sessions on a private Mosquitto ...", flush=True)

@@ -115,6 +115,36 @@ class FenceContext:
         self._intents[qid] = (at, now)
         return at
 
+    async def lease_intents(self, qids: list[str]) -> dict[str, int | Exception]:
+        """:meth:`lease_intent` of each queue (each once), those to write in one round trip: the intent,
+        or the error its write met (a batch of first PULLs, fences/leases.py)."""
+        now = time.monotonic()
+        out: dict[str, int | Exception] = {}
+        needed: list[str] = []
+        for qid in dict.fromkeys(qids):
+            known = self._intents.get(qid)
+            if known is not None and (now - known[1]) * 1000 < self.config.lease_intent_ms / 2:
+                out[qid] = known[0]
+            else:
+                needed.append(qid)
+        if not needed:
+            return out
+        calls = []
+        for qid in needed:
+            schedule, intents = self.schedule_keys(qid)
+            calls.append((LEASE_INTENT, None, {"schedule": schedule, "intents": intents}, (),
+                          {"qid": qid, "lock_ms": self.intent_quiet_ms}, ()))
+        replies = await self.fences.run_each(calls)
+        if len(self._intents) + len(needed) > 65_536:
+            self._intents.clear()
+        for qid, reply in zip(needed, replies, strict=True):
+            if isinstance(reply, Exception):
+                out[qid] = reply
+            else:
+                out[qid] = int(reply)
+                self._intents[qid] = (int(reply), now)
+        return out
+
     @property
     def intent_quiet_ms(self) -> int:
         """How long after its last lease intent a queue stays listed: longer than a fence may run under one.

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from fencemq.errors import BadArgument, FenceMQError, Stale
 from fencemq.fences.context import FenceContext
+from fencemq.fences.gathering import Gathering
 from fencemq.fences.mailbox import Mailboxes
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.keys import Handle
@@ -73,6 +74,58 @@ class Leases:
     def __init__(self, ctx: FenceContext, mailboxes: Mailboxes) -> None:
         self.ctx = ctx
         self.mailboxes = mailboxes
+        # The looks of many subscriptions at once (an MQTT reconnect storm resumes thousands, each
+        # looking at its queue as soon as it is back, then again at the same backoff): gathered into
+        # one round trip of lease intents and one of PULLs, as :meth:`pull` one by one would make them.
+        self._looks: Gathering[tuple[Handle, int], PullResult] = Gathering(self._pull_batch, lambda: ctx.spawn)
+
+    async def pull_gathered(self, handle: Handle, count: int = 1) -> PullResult:
+        """:meth:`pull` (no long poll's look), gathered with the concurrent calls of other subscriptions."""
+        return await self._looks((handle, count))
+
+    async def _pull_batch(self, calls: list[tuple[Handle, int]]) -> list[PullResult | Exception]:
+        """Each call's :meth:`pull`: the lease intents its queues need in one round trip, then every PULL
+        in one; a PULL met STALE runs again alone under a fresh intent, as :meth:`FenceContext.under_intent`
+        runs it. A call's error (a bad count, its queue gone) is its own."""
+        config = self.ctx.config
+        results: list[PullResult | Exception | None] = [None] * len(calls)
+        valid = []
+        for i, (_, count) in enumerate(calls):
+            if 0 < count <= config.max_batch:
+                valid.append(i)
+            else:
+                results[i] = BadArgument(f"COUNT must be between 1 and {config.max_batch}")
+        intents = await self.ctx.lease_intents([calls[i][0].queue.qid for i in valid])
+        sent, pulls = [], []
+        for i in valid:
+            handle, count = calls[i]
+            intent = intents[handle.queue.qid]
+            if isinstance(intent, Exception):
+                results[i] = intent
+                continue
+            args = self._pull_args(handle, count, {"intent_at": intent, "intent_ms": config.lease_intent_ms})
+            sent.append(i)
+            pulls.append((PULL, self.ctx.keys.queue(handle.queue), args.pop("extra_keys"), (), args, ()))
+        replies = await self.ctx.fences.run_each(pulls) if pulls else []
+        for i, reply in zip(sent, replies, strict=True):
+            handle, count = calls[i]
+            try:
+                if isinstance(reply, Stale):
+                    results[i] = await self._pull_fresh(handle, count)
+                else:
+                    results[i] = await self._pulled(handle, Fences.check(reply))
+                if results[i].since:  # type: ignore[union-attr]  # (as pull: only a long poll's look says it)
+                    self.ctx.note_waiting(handle.queue.qid)
+            except (FenceMQError, RedisError) as exc:
+                results[i] = exc
+        return results  # type: ignore[return-value]
+
+    async def _pull_fresh(self, handle: Handle, count: int) -> PullResult:
+        """A PULL that met STALE, again under a fresh lease intent (STALE again is raised)."""
+        k = self.ctx.keys.queue(handle.queue)
+        intent = {"intent_at": await self.ctx.lease_intent(handle.queue.qid, fresh=True),
+                  "intent_ms": self.ctx.config.lease_intent_ms}
+        return await self._pulled(handle, await self.ctx.fences.run(PULL, k, **self._pull_args(handle, count, intent)))
 
     async def pull(self, handle: Handle, count: int = 1, look: Look | None = None) -> PullResult:
         config = self.ctx.config

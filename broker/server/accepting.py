@@ -40,6 +40,10 @@ CLIENT_GONE = frozenset({errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, err
 RESP_REFUSAL = b"-ERR max number of clients reached\r\n"
 REFUSALS_AT_ONCE = 16  # refusals that wait to say why, at most, at once (within file_limit.RESERVED)
 LOG_EVERY_S = 10.0
+# Connections accepted in one go from a crowd in the listen backlog before the event loop's other work
+# gets a turn: a storm must leave the backlog (somaxconn) faster than it fills, or SYNs are dropped and
+# come back only on TCP's retry schedule (1, 3, 7, 15 s...).
+ACCEPTS_AT_ONCE = 4096  # (somaxconn here)
 
 
 class SpareDescriptor:
@@ -165,6 +169,7 @@ class SheddingListener(Listener[SocketStream]):
                     loop.remove_reader(raw)  # (bpo-41317: a cancelled sock_accept may leave its reader)
                 raise
 
+        taken = 0
         while True:
             accepted = await self._accept_one(accept)
             if accepted is not None:
@@ -172,6 +177,10 @@ class SheddingListener(Listener[SocketStream]):
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 await handler(sock, address)
+                taken += 1
+                if taken % ACCEPTS_AT_ONCE == 0:
+                    # a handler that does not wait (MQTT's admission) leaves the loop to others now and then
+                    await anyio.lowlevel.checkpoint()
 
     async def _accept_one(self, accept: Callable[[], Awaitable[Any]]) -> Any:
         """One accepted connection, or None when there was none to take (shed, or gone before it was)."""

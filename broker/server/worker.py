@@ -39,6 +39,7 @@ from fencemq.fences.redis_client import limit_connections, servers_of
 from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, serve_sockets, shedding
+from fencemq.server.admission import Admission
 from fencemq.server.connection import ClientConnection
 from fencemq.server.mqtt.wills import Wills
 from fencemq.server.health_watch import HealthWatch
@@ -68,6 +69,7 @@ class Worker:
         self.connections: dict[str, ClientConnection] = {}  # by connection token
         self._numbers = itertools.count(1)
         self._draining = anyio.Event()
+        self.mqtt_admission: Admission | None = None  # MQTT connections in their connect phase (admission.py)
         self.refusals = Refusals()  # connections past max_connections being told so
         self.spare: SpareDescriptor | None = None  # what accept sheds a connection with when no descriptor is left
         self.files: file_limit.FileBudget | None = None  # how the open files are shared out, once started

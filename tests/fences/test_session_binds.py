@@ -168,3 +168,85 @@ def test_gathered_filter_registrations_of_concurrent_subscribes_end_as_the_same_
     # the same handles, each new to exactly as many subscribers (which of two concurrent subscribes of
     # one client to one filter is the new one is the race's, not the gathering's)
     assert sorted(answers["fastf"]) == sorted(answers["slowf"])
+
+
+def test_gathered_looks_of_many_subscriptions_get_what_the_same_pulls_one_by_one_get(redis_url):
+    """A storm's resumed subscriptions look at their queues together (one round trip of lease intents,
+    one of PULLs): each gets the deliveries, status and error it would have got pulling alone, and the
+    queues are left the same (what each member holds, what is still ready)."""
+    import redis as sync_redis
+
+    from fencemq.model.keys import Handle
+
+    rng = random.Random(2829)
+    topics = [f"dev/{i}" for i in range(40)]
+    # two members on some queues (a shared group's), messages on most, a queue gone, a COUNT out of range
+    members = [(t, f"m{j}") for t in topics for j in range(1 + (int(t[4:]) % 3 == 0))]
+    published = {t: rng.randrange(0, 6) for t in topics}
+    looks = [(t, m, rng.choice([1, 2, 64])) for t, m in members]
+    looks += [(t, m, 1) for t, m in rng.sample(members, 15)]  # some look twice (a second look, at once)
+    looks += [(topics[0], "m0", 0)]  # refused: COUNT out of range
+    rng.shuffle(looks)
+    answers: dict[str, list[object]] = {}
+
+    def outcome(result: object) -> object:
+        if isinstance(result, Exception):
+            return type(result).__name__
+        return (result.status, [(d.id, d.payload, d.deliveries) for d in result.deliveries])
+
+    async def scenario(prefix: str, gathered: bool) -> None:
+        redis = connect(redis_url)
+        core = Core(redis, Config(redis_url=redis_url, prefix=prefix))
+        try:
+            handles: dict[tuple[str, str], Handle] = {}
+            for topic, member in members:
+                sub = await core.subscriptions.subscribe(member, topic, group="g")
+                handles[topic, member] = Handle.decode(sub.handle)
+            for topic, n in published.items():
+                if n:
+                    await core.publishing.publish(topic, [f"{topic}:{k}".encode() for k in range(n)])
+            gone = ("dev/39", "m0")
+            await core.subscriptions.unsubscribe(handles[gone])  # its queue dropped with its only member
+            got: dict[int, object] = {}
+            if gathered:
+                async def one(i: int, handle: Handle, count: int) -> None:
+                    try:
+                        got[i] = outcome(await core.leases.pull_gathered(handle, count))
+                    except Exception as exc:
+                        got[i] = outcome(exc)
+
+                async with anyio.create_task_group() as tg:
+                    core.ctx.spawn = tg.start_soon
+                    async with anyio.create_task_group() as calls:
+                        for i, (topic, member, count) in enumerate(looks):
+                            calls.start_soon(one, i, handles[topic, member], count)
+                    core.ctx.spawn = None
+                assert core.leases._looks.batches < len(looks) / 5, "the looks were gathered"
+            else:
+                for i, (topic, member, count) in enumerate(looks):
+                    try:
+                        got[i] = outcome(await core.leases.pull(handles[topic, member], count))
+                    except Exception as exc:
+                        got[i] = outcome(exc)
+            answers[prefix] = [got[i] for i in range(len(looks))]
+        finally:
+            await redis.aclose()
+
+    anyio.run(scenario, "slowp", False)
+    anyio.run(scenario, "fastp", True)
+    r = sync_redis.Redis.from_url(redis_url)
+    slow, fast = answers["slowp"], answers["fastp"]
+    assert fast == slow
+    assert "BadArgument" in fast and "NotFound" in fast, "the refusals are each call's own"
+    assert sum(len(a[1]) for a in fast if isinstance(a, tuple)) > 40, "messages were delivered"
+
+    def left(prefix: str) -> dict[str, object]:
+        core = Core(r, Config(redis_url=redis_url, prefix=prefix))
+        out = {}
+        for topic in topics:
+            k = core.keys.queue(core.ctx.queue(topic, None))
+            out[topic] = (sorted(m.split(b"\0")[:2] == [b"g", b"m0"] for m in r.zrange(k.owned, 0, -1)),
+                          r.zcard(k.deadlines), r.exists(k.meta))
+        return out
+
+    assert left("fastp") == left("slowp")

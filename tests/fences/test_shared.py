@@ -449,6 +449,25 @@ def test_an_invalid_filter_or_topic_name_is_badarg_naming_the_rule_and_changes_n
     assert text(c.execute_command("PING")) == "PONG"
 
 
+@pytest.mark.parametrize("option", ["MAX", "EPOCH"])
+@pytest.mark.parametrize("number", [2**53, 2**63 - 1, 2**63, 10**20, -1])
+def test_a_sub_to_a_share_group_with_a_number_out_of_range_is_badarg_and_leaves_its_meta_byte_identical(
+        w, r, option, number):
+    """The refused SUB of the stateful test's 'changed {g|s|cur, g|s|rr}': refused while parsing, before any
+    fence runs, even by a member of a group with messages in its mailboxes (no dispatch can run meanwhile:
+    their leases last the default 30 s)."""
+    a, b, p = client(w.port, 2, "a"), client(w.port, 2, "b"), client(w.port, 2, "pub")
+    sub(a, "$share/s/r/#")
+    sub(b, "$share/s/r/#")
+    p.execute_command("MPUB", "r/x", 3, "0", "1", "2")
+    k = KEYS.queue(share_ref("s", "r/#"))
+    before = r.hgetall(k.meta), r.lrange(k.mailbox("s", "a"), 0, -1), r.lrange(k.mailbox("s", "b"), 0, -1)
+    assert int(before[0][b"g|s|cur"]) == 4 and before[1] and before[2]
+    message = expect_error("BADARG", a.execute_command, "SUB", "$share/s/r/#", option, number)
+    assert option in message and str(2**53 - 1) in message, message
+    assert (r.hgetall(k.meta), r.lrange(k.mailbox("s", "a"), 0, -1), r.lrange(k.mailbox("s", "b"), 0, -1)) == before
+
+
 # -- several workers ---------------------------------------------------------------------------
 
 
@@ -555,7 +574,7 @@ def test_a_suspected_member_that_unsubscribes_takes_its_end_of_stream_at_once_an
     as after any UNSUB, and the member leaves (before, TAKE answered nil for ever and the member stayed)."""
     with worker(redis_url, sweep_interval_ms=50) as w:
         a, b, p = client(w.port, 2, "a"), client(w.port, 2, "b"), client(w.port, 2, "pub")
-        ha, hb = sub(a, "$share/sus/u/#", "LOCK", 100), sub(b, "$share/sus/u/#", "LOCK", 100)
+        ha, _ = sub(a, "$share/sus/u/#", "LOCK", 100), sub(b, "$share/sus/u/#", "LOCK", 100)
         p.execute_command("MPUB", "u/x", 4, "0", "1", "2", "3")  # two in each mailbox, leased (two members)
         meta = KEYS.queue(share_ref("sus", "u/#")).meta
         wait_for(lambda: r.hexists(meta, "m|sus|a|sus"), timeout=5, what="a to be suspected")

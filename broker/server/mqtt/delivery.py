@@ -126,7 +126,8 @@ class MqttDelivery:
                     paused = False
                     async with self.output_turn:  # one pulled batch held for the client at a time
                         try:
-                            result = await leases.pull(handle, min(quota, BATCH))
+                            # gathered with the other subscriptions' looks (a storm resumes thousands at once)
+                            result = await leases.pull_gathered(handle, min(quota, BATCH))
                             if result.deliveries:
                                 idle_s = IDLE_LOOK_S
                                 await self._send(sub, result.deliveries)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -68,6 +69,10 @@ log = logging.getLogger(__name__)
 
 
 
+def _nothing() -> None:
+    pass
+
+
 def server_limits(config: Any, gate: Any) -> MqttServerLimits:
     """What the worker's MQTT sessions accept and announce: the gate's budgets (the time to an accepted
     CONNECT, its size before authentication) and the configured session expiry and keep alive."""
@@ -83,7 +88,7 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
                  "session", "token", "write_lock", "output_turn", "quota_freed", "subscriptions", "in_flight",
                  "resumed_ids", "mqtt_state", "nonce", "completed", "releasing", "tasks", "protocol_level", "expiry",
                  "taken_over", "ended_by_server", "quota_refused", "draining", "left", "will", "will_kept", "_spawn",
-                 "_over", "_queue",
+                 "_over", "_queue", "admission_done",
                  "_working", "_ending", "_caught_up", "_deadlines", "_tick_at", "_request_timer")
 
     def __init__(self, worker: Any, token: str, gate_pass: Pass | None = None,
@@ -120,6 +125,8 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
         self.left = False  # the worker is about to DISCONNECT: nothing more is read
         self.will: tuple[Will, int] | None = None  # the will to publish after the connection, and its delay
         self.will_kept = False  # the will is in the session's hash too (mqtt/wills.py)
+        # gives back its place among the connections in their connect phase (server/admission.py)
+        self.admission_done: Callable[[], None] = _nothing
         self._not_driven_yet()
 
     def _no_hangup_watch(self, scope: anyio.CancelScope | None) -> None:
@@ -250,6 +257,12 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
         return expiry
 
     async def _connect(self, event: ConnectRequested) -> None:
+        try:
+            await self._connect_admitted(event)
+        finally:
+            self.admission_done()  # its CONNECT is answered (or failed): the next waiting connection's turn
+
+    async def _connect_admitted(self, event: ConnectRequested) -> None:
         session = self.session
         refusal = await self._admitted(event)
         if self.mqtt.closed:

@@ -22,6 +22,7 @@ import anyio.abc
 from fencemq.errors import LimitExceeded
 from fencemq.protocol.mqtt.reasons import ReasonCode
 from fencemq.server.accepting import serve_sockets, shedding
+from fencemq.server.admission import Admission
 from fencemq.server.gate import client_host
 from fencemq.server.mqtt.driving import Deadlines
 from fencemq.server.mqtt.listener import MqttConnection, server_limits
@@ -53,7 +54,11 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
         # MQTT says nothing before the CONNECT: a client shed for want of a descriptor is closed
         return shedding(listener, worker.spare), bound
 
+    # connections in their connect phase at once (admission.py): the rest of a storm waits accepted
+    admission = worker.mqtt_admission = Admission(worker.config.max_connecting)
+
     def over(conn: MqttConnection) -> None:
+        conn.admission_done()  # (ended before its CONNECT was done with)
         worker.connections.pop(conn.token, None)
         gate.leave(conn.gate_pass)
 
@@ -73,15 +78,23 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
             else:
                 sock.close()
             return
-        conn = connection("mqtt", gate_pass)
-        wire = MqttWire(conn.received)
-        conn.stream = wire
-        conn._start_driving(tasks.start_soon, over, deadlines)
-        if tls is None:
-            if not await _attach(wire, sock):
-                conn.cut()
-        else:  # the handshake runs in a task of its own: a client that fails it holds nobody up
+
+        def start(done: Any) -> None:
+            # made only now: its connect timeout runs from its admission, not from its accept
+            conn = connection("mqtt", gate_pass)
+            conn.admission_done = done
+            wire = MqttWire(conn.received)
+            conn.stream = wire
+            conn._start_driving(tasks.start_soon, over, deadlines)
+            # attached in a task of its own (with TLS, the handshake too): the accept loop goes on taking
+            # the crowd out of the listen backlog meanwhile
             tasks.start_soon(_attach_or_cut, conn, wire, sock, tls, gate.handshake_timeout_s)
+
+        def abandon() -> None:  # the worker stops accepting: never admitted, closed unread
+            sock.close()
+            gate.leave(gate_pass)
+
+        admission.admit(start, abandon)
 
     async def one_ws(tasks: anyio.abc.TaskGroup, stream: anyio.abc.ByteStream) -> None:
         try:
@@ -127,11 +140,16 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
         tcp, tcp_bound = await listen(port)
     if ws_port is not None:
         ws, worker.mqtt_ws_port = await listen(ws_port)
-    if connections is not None:
-        await serve(connections)
-    else:
-        async with anyio.create_task_group() as own:
-            await serve(own)
+    try:
+        if connections is not None:
+            await serve(connections)
+        else:
+            async with anyio.create_task_group() as own:
+                await serve(own)
+    finally:
+        if abandoned := admission.abandon_waiting():
+            log.info("MQTT: %d accepted connection(s) closed before their turn (the worker stops accepting)",
+                     abandoned)
 
 
 async def _serve_closing(listener: Any, serve: Any, *args: Any) -> None:
@@ -160,7 +178,7 @@ async def _attach(protocol: asyncio.BaseProtocol, sock: socket.socket, tls: ssl.
         return False
 
 
-async def _attach_or_cut(conn: MqttConnection, wire: MqttWire, sock: socket.socket, tls: ssl.SSLContext,
-                         handshake_s: float) -> None:
+async def _attach_or_cut(conn: MqttConnection, wire: MqttWire, sock: socket.socket, tls: ssl.SSLContext | None,
+                         handshake_s: float | None) -> None:
     if not await _attach(wire, sock, tls, handshake_s):
         conn.cut()

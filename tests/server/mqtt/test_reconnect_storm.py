@@ -94,3 +94,63 @@ def test_devices_that_all_drop_and_all_resume_at_once_find_their_sessions_and_su
         publisher.close()
 
     asyncio.run(scenario())
+
+
+@pytest.fixture
+def narrow(redis_url):
+    # only 8 connections in their connect phase at once: the storm's other devices wait their turn, accepted
+    with worker(redis_url, mqtt_port=0, session_lease_ms=2000, sweep_interval_ms=20, max_connecting=8) as started:
+        yield started
+
+
+def test_devices_past_the_admission_bound_wait_their_turn_and_all_resume_their_sessions(narrow) -> None:
+    port = narrow.worker.mqtt_port
+    ids = [f"queued-{i}" for i in range(DEVICES)]
+
+    async def scenario() -> None:
+        async def subscribed(client_id: str) -> asyncio.StreamWriter:
+            reader, writer, _ = await _connect(port, client_id)
+            writer.write(mqtt_subscribe(f"dev/{client_id}"))
+            first, _ = await asyncio.wait_for(_packet(reader), 120)
+            assert first == 0x90, "SUBACK"
+            return writer
+
+        old = await asyncio.gather(*(subscribed(i) for i in ids))
+        for writer in old:
+            _drop(writer)
+        again = await asyncio.gather(*(_connect(port, i) for i in ids))
+        lost = [i for i, (_, _, present) in zip(ids, again) if not present]
+        assert lost == [], f"{len(lost)} of {DEVICES} devices were answered without their session: {lost[:5]}"
+        admission = narrow.worker.mqtt_admission
+        assert admission.most_waiting > 0, "some devices waited for a place (the bound was in force)"
+        assert admission.admitted == 0, "every place was given back once its CONNECT was answered"
+
+        _, publisher, _ = await _connect(port, "queued-publisher")
+        publisher.write(b"".join(mqtt_publish(f"dev/{i}", b"still here") for i in ids))
+
+        async def delivered(reader: asyncio.StreamReader) -> bytes:
+            while True:
+                first, body = await _packet(reader)
+                if first >> 4 == 3:
+                    return body
+
+        bodies = await asyncio.wait_for(asyncio.gather(*(delivered(r) for r, _, _ in again)), 60)
+        assert all(b.endswith(b"still here") for b in bodies), "every resumed subscription delivers"
+        for _, writer, _ in again:
+            writer.close()
+        publisher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_connects_and_hangs_up_before_its_connect_gives_its_place_back(narrow) -> None:
+    port = narrow.worker.mqtt_port
+
+    async def scenario() -> None:
+        for _ in range(3 * 8):  # three times the bound: a place kept by a gone client would block the rest
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            _drop(writer)
+        _, writer, present = await asyncio.wait_for(_connect(port, "after-the-hang-ups"), 20)
+        writer.close()
+
+    asyncio.run(scenario())
