@@ -21,7 +21,8 @@ from bench.resp import RespConn
 from fencemq.config import Config
 from fencemq.fences import session_index
 from fencemq.fences.core import Core
-from fencemq.fences.registry import SPECS, sources
+from fencemq.fences.lua_sources import sources
+from fencemq.fences.registry import SPECS
 from fencemq.model.keys import Handle, Keyspace, QueueRef
 
 CHUNK = 2000  # commands per write

@@ -37,7 +37,7 @@ from bench.resp import RespConn
 from bench.stats import run_and_write
 from fencemq.config import Config
 from fencemq.fences.core import Core
-from fencemq.fences.registry import sources
+from fencemq.fences.lua_sources import sources
 from fencemq.model.messages import pack_body
 from fencemq.model.topics import matches
 from fencemq.server.embedded import EmbeddedRedis

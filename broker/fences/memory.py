@@ -12,7 +12,7 @@ broker's (docs/operations.md, "Redis memory"):
   *memory* alarm goes up and publishes are refused (``FULL``) until the node
   falls below the *low watermark* (hysteresis: the alarm does not flap). What
   consumes always works: the fences that do are flagged ``allow-oom``
-  (registry.py), so they run at ``maxmemory`` itself.
+  (lua_sources.py), so they run at ``maxmemory`` itself.
 
 A node's limit is its ``maxmemory``; with ``maxmemory 0`` (Redis's default: no
 limit) the ``memory_limit_bytes`` setting, else the machine's memory as Redis

@@ -45,7 +45,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from fencemq.fences.operator import SNAPSHOT
-from fencemq.fences.registry import sources
+from fencemq.fences.lua_sources import sources
 from fencemq.model.keys import Keyspace
 from fencemq.model.values import text as _s
 from fencemq.ops.journal_buckets import DEFAULT_BUCKETS

@@ -15,7 +15,8 @@ import pytest
 
 import fencemq
 from fencemq.errors import BY_CODE, TABLE, FenceMQError
-from fencemq.fences.registry import SPECS, FenceSpec, LoadError, _raw_files, assemble, parse_header, sources
+from fencemq.fences.lua_sources import LoadError, _raw_files, assemble, parse_header, sources
+from fencemq.fences.registry import SPECS, FenceSpec
 
 LUA_BUILTINS = set(
     "pairs ipairs tonumber tostring type error pcall unpack select next assert setmetatable getmetatable rawget"

@@ -28,7 +28,7 @@ from fencemq.fences.core import Core
 from fencemq.fences.leases import PullResult, SweepResult
 from fencemq.model.messages import Delivery
 from fencemq.fences.operator import SNAPSHOT
-from fencemq.fences.registry import sources
+from fencemq.fences.lua_sources import sources
 
 TOPIC, LMQ = "lt", "q1"
 REF = QueueRef(TOPIC, LMQ)

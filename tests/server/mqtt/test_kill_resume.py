@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from fencemq.fences.registry import sources
+from fencemq.fences.lua_sources import sources
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.protocol.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, SubscriptionOptions
 from tests.helpers import KillableMqttWorker, client, worker
