@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from time import perf_counter
 from typing import Any
@@ -57,8 +57,10 @@ class FenceSpec:
     argv: tuple[str, ...]
     keys_rest: str | None = None
     argv_rest: str | None = None
+    argv_names: frozenset[str] = field(init=False, repr=False, compare=False)  # ``argv`` as a set
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "argv_names", frozenset(self.argv))
         SPECS[self.name] = self
 
     def key_list(self, keys: Any, extra: Mapping[str, str], rest: Sequence[str], sharded: bool = False) -> list[str]:
@@ -71,13 +73,17 @@ class FenceSpec:
         return [*out, *rest]
 
     def arg_list(self, named: Mapping[str, Any], rest: Sequence[Any]) -> list[Any]:
-        missing = [n for n in self.argv if n not in named]
-        unknown = [n for n in named if n not in self.argv]
-        if missing or unknown:
+        # Every call names exactly the header's ARGV: one comparison of the names as sets (a
+        # dict has no name twice, nor has a header) says so; only a wrong call lists what differs.
+        if named.keys() != self.argv_names:
+            missing = [n for n in self.argv if n not in named]
+            unknown = [n for n in named if n not in self.argv]
             raise TypeError(f"fence {self.name}: missing ARGV {missing}, unknown {unknown}")
         if rest and self.argv_rest is None:
             raise TypeError(f"fence {self.name} takes no variadic arguments")
-        return [*(named[n] for n in self.argv), *rest]
+        out = [named[n] for n in self.argv]
+        out += rest
+        return out
 
 
 # Keys a Cluster keeps per slot (lua/lib/totals.lua): the header's name -> the QueueKeys attribute

@@ -10,13 +10,14 @@ producer (the publisher's client id) when the message has one.
 
 from __future__ import annotations
 
-from fencemq.model.messages import HEADERS_FIELD, TOPIC_FIELD, Delivery, StoredDelivery, wire_form
+from fencemq.model.messages import HEADERS_FIELD, RESP_FORM, TOPIC_FIELD, Delivery, StoredDelivery
 from fencemq.protocol.resp import encode
 
 
-# What a checkout adds to the stored fragment: id, tag, epoch, deliveries, ts (the publish ms).
-_CHECKOUT = (b"$2\r\nid\r\n$%d\r\n%d\r\n$3\r\ntag\r\n$%d\r\n%b\r\n$5\r\nepoch\r\n:%d\r\n"
-             b"$10\r\ndeliveries\r\n:%d\r\n$2\r\nts\r\n:%b\r\n")
+# What a checkout adds to the stored fragment: id, tag (a format's fields to fill), then epoch,
+# deliveries and ts (the publish ms).
+_ID_TAG = b"$2\r\nid\r\n$%d\r\n%d\r\n$3\r\ntag\r\n$%d\r\n%b\r\n"
+_COUNTS = b"$5\r\nepoch\r\n:%d\r\n$10\r\ndeliveries\r\n:%d\r\n$2\r\nts\r\n:"
 
 
 _PRODUCER = b"$8\r\nproducer\r\n$%d\r\n%b\r\n"  # the publisher's client id, last (when known)
@@ -28,25 +29,53 @@ def encode_delivery(d: Delivery, proto: int) -> bytes:
 
 
 def encode_deliveries(batch: list[Delivery], proto: int) -> bytes:
-    """A PULL reply: an array of deliveries."""
+    """A PULL reply: an array of deliveries.
+
+    A relayed delivery is one ``%`` of a format made once per reply for each kind of delivery
+    in it (its queue, epoch, deliveries count, headers, producer: all the same in the usual
+    batch), filled with what differs per message (id, tag, publish ms, fragment), rather than
+    written field by field: the hot path of a PULL of 100."""
     out = [b"*%d\r\n" % len(batch)]
+    append = out.append
     queue_fields: dict = {}  # (queue topic, lmq) -> their fields, worked out once per reply
+    formats: dict = {}  # the format of each kind of delivery met in this reply
     for d in batch:
-        if type(d) is StoredDelivery and d.stored is not None and (wire := wire_form(d.stored)) is not None:
-            stamp, headers, fragment, producer = wire
-            shared = queue_fields.get((d.queue_topic, d.lmq)) or _queue_fields(d, queue_fields)
-            fields = shared[0] + (headers > 0) + (producer != b"")
-            if headers and proto == 2:
+        stored = d.stored if type(d) is StoredDelivery else None
+        parts = stored.split(b":", 5) if stored is not None else ()
+        if len(parts) == 6 and parts[3][:1] == RESP_FORM:  # the RESP form (messages.wire_form)
+            stamp, _qos, _bucket, form, who_len, rest = parts
+            n = 0 if who_len == b"0" else int(who_len)
+            producer = rest[:n]
+            key = (d.queue_topic, d.lmq, d.epoch, d.deliveries, form, producer, rest.startswith(TOPIC_FIELD, n))
+            fmt = formats.get(key)
+            if fmt is None:
+                fmt = formats[key] = _format(d, proto, int(form[1:]), producer, key[6], queue_fields)
+            fragment = rest[n:] if n else rest
+            if proto == 2 and form != b"R0" and (headers := int(form[1:])):
                 fragment = _resp2_headers(fragment, headers)
             tag = d.raw_tag if type(d.raw_tag) is bytes else str(d.raw_tag).encode()
-            out += (b"%%%d\r\n" % fields if proto == 3 else b"*%d\r\n" % (2 * fields),
-                    _CHECKOUT % (len(str(d.msg_id)), d.msg_id, len(tag), tag, d.epoch, d.deliveries, stamp),
-                    shared[1], b"" if fragment.startswith(TOPIC_FIELD) else shared[2], fragment)
-            if producer:
-                out.append(_PRODUCER % (len(producer), producer))
+            msg_id = d.msg_id
+            append(fmt % (len(str(msg_id)), msg_id, len(tag), tag, stamp, fragment))
         else:
             out += _encoded(d, proto)
     return b"".join(out)
+
+
+def _format(d: StoredDelivery, proto: int, headers: int, producer: bytes, own_topic: bool,
+            queue_fields: dict) -> bytes:
+    """The ``%`` format of a relayed delivery of this kind: the map's size, id and tag to fill,
+    epoch and deliveries, ts to fill, the queue's fields, the fragment to fill, the producer."""
+    shared = queue_fields.get((d.queue_topic, d.lmq)) or _queue_fields(d, queue_fields)
+    fields = shared[0] + (headers > 0) + (producer != b"")
+    return b"".join([_literal(b"%%%d\r\n" % fields if proto == 3 else b"*%d\r\n" % (2 * fields)), _ID_TAG,
+                     _literal(_COUNTS % (d.epoch, d.deliveries)), b"%b\r\n", _literal(shared[1]),
+                     b"" if own_topic else _literal(shared[2]), b"%b",
+                     _literal(_PRODUCER % (len(producer), producer)) if producer else b""])
+
+
+def _literal(data: bytes) -> bytes:
+    """``data`` as text of a ``%`` format (a topic, a producer id may hold a ``%``)."""
+    return data.replace(b"%", b"%%")
 
 
 def _queue_fields(d: StoredDelivery, known: dict) -> tuple[int, bytes, bytes]:

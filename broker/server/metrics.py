@@ -148,8 +148,28 @@ def memory_sampled(guard: Any) -> None:
             ALARM.labels(kind, node).set(1 if f"{kind}@{node}" in guard.alarms else 0)
 
 
+# The labelled children of the per-call metrics, looked up once each: ``labels()`` takes a lock and
+# checks its values on every call, twice per command on the hot path. A child is the very object
+# ``labels()`` returns for those values (prometheus_client keeps it until the metric is cleared,
+# which these two never are), so what is counted is the same.
+_command_counts: dict[str, Any] = {}
+_fence_times: dict[str, Any] = {}
+
+
+def count_command(verb: str) -> None:
+    """``COMMANDS.labels(verb).inc()``."""
+    child = _command_counts.get(verb)
+    if child is None:
+        child = _command_counts[verb] = COMMANDS.labels(verb)
+    child.inc()
+
+
 def observe_fence(name: str, seconds: float) -> None:
-    FENCE_SECONDS.labels(name).observe(seconds)
+    """``FENCE_SECONDS.labels(name).observe(seconds)``."""
+    child = _fence_times.get(name)
+    if child is None:
+        child = _fence_times[name] = FENCE_SECONDS.labels(name)
+    child.observe(seconds)
 
 
 async def sample(redis: Any, keys: Keyspace, *, scan_limit: int, max_topics: int, top_lmqs: int,

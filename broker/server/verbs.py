@@ -66,7 +66,7 @@ class Verbs(MessagingVerbs):
                 raise LimitExceeded(f"more than {self.config.max_batch} items in one command; split it")
             if request.verb in ("PUB", "MPUB"):
                 self._check_pub_extras(args)
-            metrics.COMMANDS.labels(request.verb).inc()
+            metrics.count_command(request.verb)
             if not session.authed and request.verb not in BEFORE_AUTH:
                 raise NoAuth("authentication required; send AUTH password or HELLO 3 AUTH user password")
         except FenceMQError as exc:

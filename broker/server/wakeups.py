@@ -280,8 +280,16 @@ class Wakeups:
         """A waiter woken whenever the channel fires; subscribed on entry.
 
         A failing Redis never fails the caller here: the waiter then looks
-        again on its own (``look_again_s``) until the channel is back."""
-        await self.ready.wait()
+        again on its own (``look_again_s``) until the channel is back.
+
+        A long poll on a channel already confirmed (every one but a queue's first) enters without
+        yielding to the event loop: waiting on an event that is set only yields (anyio's
+        checkpoint), a task switch per PULL … BLOCK for nothing. A cancelled caller still stops
+        here, as it did at that checkpoint."""
+        if self.ready.is_set():
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        else:
+            await self.ready.wait()
         waiter = Waiter(self, f"{self.wid_prefix}{next(self._wids)}")
         self.waiters[channel].add(waiter)
         self.last_used[channel] = anyio.current_time()
@@ -298,7 +306,7 @@ class Wakeups:
                     self.confirmed.pop(channel, None)
                     self._failed(f"subscribing {channel}", exc)
             confirmed = self.confirmed.get(channel)
-            if confirmed is not None:
+            if confirmed is not None and not confirmed.is_set():
                 with anyio.move_on_after(CONFIRM_S) as waited:
                     await confirmed.wait()
                 if waited.cancelled_caught:

@@ -82,7 +82,8 @@ end
 -- not receive it does not get, whatever the QoS: a member fenced off by a
 -- marker gets nothing (what it held goes back, its mailbox is emptied: QoS 0
 -- entries are at most once), a suspected one nothing until it settles or
--- renews (either one that UNSUBscribed still gets its end-of-stream sentinel),
+-- renews (yet EOS at the end of its stream: a suspected member after its
+-- UNSUB or past the sentinel of its MAX, a fenced-off one after its UNSUB),
 -- and entries read under an epoch older than the group's (a SEEK since) or
 -- whose checkout was released are dropped. Each QoS 1 delivery's lease starts
 -- now. Returns the deliveries {tag, id, acquisitions, body}, the group's
@@ -98,17 +99,21 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
   if not f[2] then raise('BADARG', 'this is not a PUSH subscription; PULL instead of TAKE') end
   expand_meta(K.meta)  -- the writes below must not leave a field to a default
   local ep = tonumber(f[4] or '0')
-  -- A member that cancelled (UNSUB) had every checkout returned and its mailbox
-  -- emptied but for the sentinel: a marker or suspicion withholds messages, and
-  -- there are none left to withhold, so they must not withhold its end (else its
-  -- TAKE answers nil for ever and it never leaves).
+  -- A marker or suspicion withholds messages, never the end of the stream: a
+  -- member that cancelled (UNSUB) had every checkout returned and its mailbox
+  -- emptied but for the sentinel, and one past the sentinel of its MAX gets
+  -- nothing more. Else its TAKE answers nil for ever (a cancelled member never
+  -- leaves) where it must answer EOS.
   local cancelled = f[7] == 'unsub'
   if f[5] and not cancelled then
     fenced_off(K, g, m, ep, f[5])
     redis.call('DEL', mb)
     return {}, ep, -1, 'evicted'
   end
-  if f[6] and not cancelled then return {}, ep, -1, 'suspected' end
+  if f[6] and not cancelled then
+    local head = f[7] and redis.call('LINDEX', mb, 0)
+    if not (f[7] and (not head or head == EOS)) then return {}, ep, -1, 'suspected' end
+  end
   local ended = f[7] and true or false  -- (a missing field is false, not nil)
   if not ended then fill_mailbox(K, mb, g, m, now) end
   local lock = tonumber(f[3] or f[8] or default_lock)

@@ -344,6 +344,21 @@ def test_unsub_max_equal_to_what_was_taken_ends_an_empty_mailbox_at_once(redis_u
         assert time.monotonic() - t0 < 1.0
 
 
+def test_after_the_eos_of_a_max_a_member_whose_lease_ran_out_still_takes_eos_not_nil(redis_url) -> None:
+    """Suspicion withholds messages until the member settles or renews; past its end there are none to
+    withhold, so every TAKE after the EOS answers EOS again (docs/protocol.md), suspected or not."""
+    r = helpers.direct(redis_url)
+    with worker(redis_url, sweep_interval_ms=50) as w:
+        c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
+        h = sub(c, "t", "GROUP", "g", "PUSH", "MAX", 1, "LOCK", 100)
+        p.execute_command("PUB", "t", "a")
+        assert take(c, h)["payload"] == "a"  # taken, never settled: its lease runs out
+        assert take(c, h) == "EOS"
+        meta = CONFIG_KEYS.queue(QueueRef("t")).meta
+        wait_for(lambda: r.hexists(meta, "m|g|c|sus"), timeout=5, what="c to be suspected")
+        assert take(c, h) == "EOS"
+
+
 def test_an_abrupt_unsub_wakes_a_blocked_take_with_eos_within_milliseconds(redis_url, direct: Direct) -> None:
     # A worker runs a connection's commands one at a time, so the consumer's
     # own UNSUB would wait behind its TAKE; here it comes from outside, as it

@@ -73,3 +73,61 @@ def test_a_delivery_changed_after_the_fence_returned_it_is_written_as_changed():
     for proto in (2, 3):
         got = read(encode_delivery(d, proto), proto)
         assert (got[b"tag"], got[b"epoch"], got[b"payload"]) == (b"ordinal-1", 4, b"p")
+
+
+# -- the PULL reply's fast path: byte for byte the field-by-field writer it replaced ---------------------
+
+_CHECKOUT = (b"$2\r\nid\r\n$%d\r\n%d\r\n$3\r\ntag\r\n$%d\r\n%b\r\n$5\r\nepoch\r\n:%d\r\n"
+             b"$10\r\ndeliveries\r\n:%d\r\n$2\r\nts\r\n:%b\r\n")
+
+
+def field_by_field(batch, proto: int) -> bytes:
+    """encode_deliveries as it was before one format per kind of delivery (issue #32), kept here
+    as the reference the fast path is held to."""
+    from fencemq.model.messages import TOPIC_FIELD, StoredDelivery, wire_form
+    from fencemq.protocol.deliveries import _PRODUCER, _encoded, _queue_fields, _resp2_headers
+
+    out = [b"*%d\r\n" % len(batch)]
+    queue_fields: dict = {}
+    for d in batch:
+        if type(d) is StoredDelivery and d.stored is not None and (wire := wire_form(d.stored)) is not None:
+            stamp, headers, fragment, producer = wire
+            shared = queue_fields.get((d.queue_topic, d.lmq)) or _queue_fields(d, queue_fields)
+            fields = shared[0] + (headers > 0) + (producer != b"")
+            if headers and proto == 2:
+                fragment = _resp2_headers(fragment, headers)
+            tag = d.raw_tag if type(d.raw_tag) is bytes else str(d.raw_tag).encode()
+            out += (b"%%%d\r\n" % fields if proto == 3 else b"*%d\r\n" % (2 * fields),
+                    _CHECKOUT % (len(str(d.msg_id)), d.msg_id, len(tag), tag, d.epoch, d.deliveries, stamp),
+                    shared[1], b"" if fragment.startswith(TOPIC_FIELD) else shared[2], fragment)
+            if producer:
+                out.append(_PRODUCER % (len(producer), producer))
+        else:
+            out += _encoded(d, proto)
+    return b"".join(out)
+
+
+# names with the bytes a format or the RESP form could trip on: %, :, CR LF
+awkward = st.text(alphabet=st.sampled_from("ab%:\r\n é/"), min_size=1, max_size=6)
+one_delivery = st.tuples(st.binary(max_size=40), header_maps, st.none() | awkward, st.none() | awkward,
+                         st.sampled_from(["orders", "a%b", "x:y"]), st.none() | awkward, st.integers(0, 3),
+                         st.integers(1, 5), st.booleans(), st.sampled_from([b"17-3", "q9", 12]))
+
+
+@given(st.lists(one_delivery, max_size=6), st.sampled_from([2, 3]))
+def test_a_pull_reply_is_byte_for_byte_what_the_field_by_field_writer_wrote(specs, proto):
+    batch = []
+    for i, (payload, headers, producer, source, queue, lmq, epoch, acq, old, tag) in enumerate(specs):
+        body = b"17000000001%02d:" % i + (old_body if old else pack_body)(payload, headers, 1, producer, source)
+        batch.append(unpack_delivery(queue, lmq, epoch, tag, 100 + i, acq, body))
+    if specs and specs[0][8]:  # a delivery changed after the fence returned it is encoded, not relayed
+        batch[0].epoch = 9
+        batch[0].payload = b"changed"
+    assert encode_deliveries(batch, proto) == field_by_field(batch, proto)
+
+
+def test_a_pull_of_one_producers_messages_is_what_the_field_by_field_writer_wrote():
+    batch = [unpack_delivery("orders", None, 2, b"%d-1" % i, i, 1, b"17000000000%02d:" % i + pack_body(
+        b"x" * 128, None, 1, "client-1")) for i in range(100)]
+    for proto in (2, 3):
+        assert encode_deliveries(batch, proto) == field_by_field(batch, proto)
