@@ -83,3 +83,25 @@ def test_two_workers_in_one_process_never_read_into_each_others_buffer(redis_url
         for t in threads:
             t.join(60)
     assert failures == []
+
+
+def test_a_serving_worker_collects_long_lived_garbage_far_less_often_than_cpython_by_default(redis_url):
+    # (in a process of its own: serve() waits for signals, which only a main thread may, and sets the
+    # process's collector, which the tests' own must not be)
+    import subprocess
+    import sys
+
+    from fencemq.server.runner import GC_THRESHOLDS
+
+    script = (
+        "import gc, os, signal\n"
+        "from fencemq.config import Config\n"
+        "from fencemq.server.runner import run, serve\n"
+        "def ready(worker, port):\n"
+        "    print(gc.get_threshold(), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"run(serve, Config(redis_url={redis_url!r}, port=0), ready)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == str(GC_THRESHOLDS), out.stderr[-2000:]
+    assert GC_THRESHOLDS[0] > 700 and GC_THRESHOLDS[2] > 10
