@@ -122,6 +122,11 @@ class Guarantees(RuleBasedStateMachine):
         self.producer = client(self.workers.port(0), 2, f"x{self.run}pq")
         # the model
         self.published: dict[str, list[int]] = {"group": [], "share": [], "lmq": []}
+        # A filter queue numbers its own copies: the ids MPUB answers are the topic's, and the topic also
+        # holds what was published before the filter SUB (never copied). What reaches 'share' is checked
+        # by payload, each publish's unique.
+        self.shared_payloads: set[str] = set()
+        self.sent = 0
         self.loss_checked_from = 0  # ids of the durable group below this were published before its last SEEK
         self.settled: set[tuple[str, int]] = set()  # (target, id) settled since that target's last SEEK
         self.seek_epoch: dict[str, int] = {}  # target -> epoch its last SEEK returned
@@ -200,12 +205,14 @@ class Guarantees(RuleBasedStateMachine):
 
     @rule(queue=st.sampled_from(TARGETS), n=st.integers(1, 4), level=st.sampled_from([None, 0, 4, 9]))
     def publish(self, queue: str, n: int, level: int | None = None) -> None:
-        payloads = [f"m{i}" for i in range(n)]
+        payloads = [f"m{self.run}-{self.sent + i}" for i in range(n)]
+        self.sent += n
         if queue == "group":
             ids = self.producer.execute_command("MPUB", self.topic, n, *payloads,
                                                 *(["PRIORITY", level] if level is not None else []))
         elif queue == "share":
             ids = self.producer.execute_command("MPUB", self.filter_topic, n, *payloads)
+            self.shared_payloads.update(payloads)
         else:
             ids = self.producer.execute_command("MPUB", self.lite_topic, n, *payloads, "LMQ", "l0")
         self.published[queue].extend(int(i) for i in ids)
@@ -277,6 +284,8 @@ class Guarantees(RuleBasedStateMachine):
                 expires = as_map(d["headers"]).get(EXPIRES) if d.get("headers") else None
                 assert expires is None or int(expires) > before, \
                     f"{d['payload']} delivered after its expiry {expires} (the pull began at {before})"
+            elif queue == "share":
+                assert d["payload"] in self.shared_payloads, f"delivered {d['payload']} (id {mid}), which was never published"
             else:
                 assert mid in self.published[queue], f"delivered {mid}, which was never published"
             c.fetched.setdefault(queue, []).append((tag, mid, epoch))
