@@ -294,7 +294,8 @@ def bench_snapshot(lmqs: int, workdir: Path) -> dict[str, float]:
 
     from fencemq.config import Config
     from fencemq.server.embedded import EmbeddedRedis
-    from fencemq.model.keys import Handle, Keyspace
+    from fencemq.model.keys import Keyspace
+    from fencemq.model.handles import Handle
     from fencemq.fences.core import Core
     from fencemq.ops.snapshot import take_snapshot
 

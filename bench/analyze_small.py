@@ -37,7 +37,7 @@ async def first_hour(url: str) -> None:
 
     from fencemq.config import Config
     from fencemq.fences.core import Core
-    from fencemq.model.keys import Handle
+    from fencemq.model.handles import Handle
 
     r = Redis.from_url(url)
     q = Core(r, Config(redis_url=url, default_lock_ms=50))

@@ -23,7 +23,8 @@ from fencemq.fences import session_index
 from fencemq.fences.core import Core
 from fencemq.fences.lua_sources import sources
 from fencemq.fences.registry import SPECS
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 
 CHUNK = 2000  # commands per write
 IN_FLIGHT = 8  # writes outstanding

@@ -43,7 +43,7 @@ from bench.stats import RedisMeter
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.registry import SPECS
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.server.embedded import EmbeddedRedis, find_server_binary, free_port
 
 FENCES = ("publish", "pull", "ack")

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from bench.stats import RedisMeter
 from fencemq.config import Config
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 
 

@@ -48,7 +48,8 @@ from bench.stats import run_and_write
 from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 
 GOAL_BYTES = 120  # issue #14 (was 200: the design brief)

@@ -54,7 +54,8 @@ from bench.stats import RedisMeter, machine_busy_s, proc_cpu_s, run_and_write
 from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 
 GOAL_PER_S = 30_000
 JOURNAL_ON = 10_000  # the lite journal turned on, for comparison

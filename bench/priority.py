@@ -32,7 +32,8 @@ from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.priority import PRIORITIZE
 from fencemq.fences.redis_client import connect
-from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.keys import QueueRef
+from fencemq.model.handles import Handle
 
 PAYLOAD = b"x" * 128
 

@@ -33,7 +33,7 @@ from bench.harness import HOST, ROOT, WorkerProcess
 from bench.stats import RedisMeter, percentiles_ms
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 
 BATCHED_ACK_LUA = r"""

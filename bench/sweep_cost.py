@@ -40,7 +40,7 @@ from bench.harness import private_server
 from bench.stats import FENCE_METRICS as METRICS, RedisMeter, interleaved_runs
 from bench.stats import fence_summary as summary
 from fencemq.config import Config
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import connect
 

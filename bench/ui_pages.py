@@ -38,7 +38,7 @@ from fencemq.config import Config
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.server.runner import WorkerThread
-from fencemq.ui.app import UI
+from fencemq.ui.pages import UI
 from fencemq.ui.serving import DashboardThread
 
 GOAL_S = 1.0

@@ -41,7 +41,7 @@ def dashboard(
     """
     import anyio
 
-    from fencemq.ui.app import UI
+    from fencemq.ui.pages import UI
     from fencemq.ui.serving import serve_dashboard
 
     url, key_prefix = broker_redis("dashboard", redis_url, prefix)

@@ -397,7 +397,7 @@ def run(console: Console, redis_url: str, source: str) -> bool:
 @contextlib.contextmanager
 def demo_dashboard(redis_url: str) -> Iterator[Any]:
     """The web UI over the demo's Redis, on 7380 (`fencemq dashboard`'s port) or a free one when taken."""
-    from fencemq.ui.app import UI
+    from fencemq.ui.pages import UI
     from fencemq.ui.serving import DashboardThread
 
     try:

@@ -496,7 +496,7 @@ async def publish_then_settle_one(redis_url: str, config: Config, *, publish_to:
     from redis.asyncio import Redis
 
     from fencemq.fences.core import Core
-    from fencemq.model.keys import Handle
+    from fencemq.model.handles import Handle
 
     r = Redis.from_url(redis_url)
     q = Core(r, config)

@@ -23,7 +23,7 @@ from fencemq.fences.context import FenceContext
 from fencemq.fences.gathering import Gathering
 from fencemq.fences.mailbox import Mailboxes
 from fencemq.fences.registry import Fences, fence
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.model.messages import Delivery, unpack_delivery
 from fencemq.model.values import text
 

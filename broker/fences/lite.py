@@ -18,7 +18,7 @@ from fencemq.errors import LimitExceeded
 from fencemq.fences import session_index
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.model.values import text
 
 EVICT = fence("evict", "meta log checkouts deadlines owned held ready wake journal totals backlogs", "group member by")

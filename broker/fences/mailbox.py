@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
-from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.keys import QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.messages import Delivery, unpack_delivery
 from fencemq.model.values import text
 

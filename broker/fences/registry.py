@@ -32,7 +32,8 @@ from fencemq.fences.durability import (
 from fencemq.fences.lua_sources import headers, sources
 from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.redis_link import RedisLink
-from fencemq.model.keys import key_slot, slot_totals_registry
+from fencemq.model.keys import slot_totals_registry
+from fencemq.model.slots import key_slot
 
 READ_GRACE_S = 0.2  # run_reading on a Cluster: how long the read may lag the fence before it counts as failed
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from fencemq.errors import BadArgument
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 
 SEEK = fence("seek", "meta log checkouts deadlines owned held ready delayed wake journal totals backlogs priority", "group member operator kind target")
 TARGETS = ("earliest", "latest", "id", "time")

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fencemq.errors import BadArgument
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.meta import LITE_GROUP
 from fencemq.model.values import text
 

@@ -42,7 +42,7 @@ from fencemq.fences.lite import Lite, unsubscribe_notice
 from fencemq.fences.gathering import Gathering
 from fencemq.fences.redis_client import pipeline_then_publish_all
 from fencemq.fences.subscribe import Subscriptions
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.model.values import text
 
 MAX_QUEUED_NOTICES = 1000

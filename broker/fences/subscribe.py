@@ -22,7 +22,8 @@ from fencemq.fences.lite import Lite
 from fencemq.fences.mailbox import Mailboxes
 from fencemq.fences.registry import fence
 from fencemq.model import meta
-from fencemq.model.keys import Handle, QueueRef, check_name
+from fencemq.model.keys import QueueRef, check_name
+from fencemq.model.handles import Handle
 from fencemq.model.values import text
 
 SUBSCRIBE = fence(

@@ -14,17 +14,15 @@ described in docs/data-model.md.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import Iterable
 from urllib.parse import unquote
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 
-import msgpack
 
 from fencemq.errors import BadArgument
+from fencemq.model.slots import SLOTS, key_slot, slot_tag
 
 # Bytes that would make names ambiguous inside a key, or break the hash tag.
 _UNSAFE = re.compile(r"[%{}:\x00-\x20\x7f]")
@@ -99,50 +97,6 @@ def queue_ref(qid: str) -> QueueRef:
         return QueueRef(unquote(filt), None, unquote(owner))
     topic, _, lmq = rest.partition(":")
     return QueueRef(unquote(topic), unquote(lmq))
-
-
-SLOTS = 16384
-_TAG_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
-_slot_tags: dict[int, str] = {}
-
-
-def key_slot(key: str) -> int:
-    """The Cluster slot of a key (its hash tag's, when it has one), as Redis computes it."""
-    data = key.encode()
-    start = data.find(b"{")
-    if start >= 0:
-        end = data.find(b"}", start + 1)
-        if end > start + 1:
-            data = data[start + 1 : end]
-    return binascii.crc_hqx(data, 0) % SLOTS
-
-
-def slot_tag(slot: int) -> str:
-    """A four-character hash tag of that slot: names a key of the slot's own, as the totals of a
-    Cluster's slot (lua/lib/totals.lua). CRC16 is linear (no initial value): the tag ``h + t`` hashes to
-    crc(h + NUL NUL) XOR crc(t), so a tail ``t`` is looked up for each head ``h`` in turn (a dozen
-    lookups per slot, the first match in a fixed order: every process finds the same tag)."""
-    tag = _slot_tags.get(slot)
-    if tag is None:
-        heads, tails = _tag_halves()
-        for head, value in heads:
-            tail = tails.get(slot ^ value)
-            if tail is not None:
-                tag = _slot_tags[slot] = head + tail
-                break
-        else:  # pragma: no cover - 1,296 heads cover every slot
-            raise AssertionError(f"no hash tag found for slot {slot}")
-    return tag
-
-
-@cache
-def _tag_halves() -> tuple[list[tuple[str, int]], dict[int, str]]:
-    pairs = [a + b for a in _TAG_ALPHABET for b in _TAG_ALPHABET]
-    heads = [(h, binascii.crc_hqx(h.encode() + b"\0\0", 0) % SLOTS) for h in pairs]
-    tails: dict[int, str] = {}
-    for t in pairs:
-        tails.setdefault(binascii.crc_hqx(t.encode(), 0) % SLOTS, t)
-    return heads, tails
 
 
 def _slot_name(base: str, tag: str) -> str:
@@ -421,42 +375,3 @@ class Keyspace:
     @staticmethod
     def qid_from_meta_key(key: str) -> str:
         return key[key.index("{") + 1 : key.rindex("}")]
-
-
-@dataclass(frozen=True, slots=True)
-class Handle:
-    """A subscription handle: which queue, group and member it speaks for.
-
-    Handles are self-describing so a stateless worker routes PULL/ACK without a
-    lookup; a worker only honours a handle whose member is the caller's own
-    client id, so a forged handle gains nothing.
-    """
-
-    queue: QueueRef
-    group: str
-    member: str
-
-    def encode(self) -> str:
-        fields = [1, self.queue.topic, self.queue.lmq, self.group, self.member]
-        if self.queue.owner is not None:
-            fields.append(self.queue.owner)
-        packed = msgpack.packb(fields)
-        return "h" + base64.urlsafe_b64encode(packed).rstrip(b"=").decode()
-
-    @staticmethod
-    def decode(text: str) -> "Handle":
-        try:
-            if not text.startswith("h"):
-                raise ValueError
-            # a worker appends ".<mac>" (server/handles.py): the fields are what comes before
-            raw = text[1:].split(".", 1)[0]
-            version, topic, lmq, group, member, *owner = msgpack.unpackb(
-                base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
-            )
-            if version != 1 or len(owner) > 1:
-                raise ValueError
-            if not all(isinstance(v, str) for v in (topic, group, member, *owner)) or not isinstance(lmq, (str, type(None))):
-                raise ValueError
-        except Exception:
-            raise BadArgument(f"'{text[:64]}' is not a subscription handle; use the handle SUB returned") from None
-        return Handle(QueueRef(topic, lmq, owner[0] if owner else None), group, member)

@@ -18,7 +18,8 @@ from fencemq.model import meta
 from fencemq.fences import session_index
 from fencemq.fences.retention import Policy
 from fencemq.errors import NotFound
-from fencemq.model.keys import Handle, Keyspace, QueueKeys, QueueRef
+from fencemq.model.keys import Keyspace, QueueKeys, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.ops.totals import entry_figures, entry_of
 from fencemq.ops.operations import (
     _in_s,

@@ -14,7 +14,8 @@ from typing import Any
 from fencemq.config import Config
 from fencemq.errors import BadArgument, NotFound
 from fencemq.model import meta
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.messages import unpack_delivery
 from fencemq.ops.operations import (
     PIPELINE_CHUNK,

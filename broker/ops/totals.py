@@ -29,7 +29,8 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from fencemq.fences.priority import level_counts
 from fencemq.model import meta
-from fencemq.model.keys import Keyspace, key_slot, queue_ref
+from fencemq.model.keys import Keyspace, queue_ref
+from fencemq.model.slots import key_slot
 from fencemq.model.values import text
 from fencemq.ops.operations import PIPELINE_CHUNK, is_cluster_client, parse_meta, primaries, scan_step
 

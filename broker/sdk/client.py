@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Literal
 
 from fencemq.errors import FenceMQError
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.model.messages import Delivery
 from fencemq.sdk.connection import DEFAULT_URL, PipelinedConnection
 from fencemq.sdk.replies import ConnectionLost, EndOfStream, _map, _notice, _str

@@ -11,7 +11,7 @@ import weakref
 from typing import Any, Protocol
 
 from fencemq.errors import FenceMQError
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.sdk.client import Client
 
 Notice = dict[str, Any]

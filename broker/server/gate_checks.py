@@ -15,7 +15,8 @@ from fencemq.config import Config
 from fencemq.errors import LimitExceeded, NoPermission
 from fencemq.fences import session_index
 from fencemq.model import meta
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.records import decode_names
 from fencemq.model.values import text
 from fencemq.ops.users import User

@@ -1,6 +1,6 @@
 """Handles a client cannot forge: every handle a worker hands out carries a MAC of the fleet's secret.
 
-A handle names a queue, a group and a member (fencemq.model.keys.Handle);
+A handle names a queue, a group and a member (fencemq.model.handles.Handle);
 the fences check membership, and on top of that a worker refuses a handle
 it did not issue before any fence runs. The secret lives in Redis
 (``keys.handle_secret``, made once by whichever worker starts first), so
@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from fencemq.errors import BadArgument, NoPermission
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 
 MAC_BYTES = 12  # 96 bits: a forger's guess is refused, and every wrong guess costs a round trip
 MAX_HANDLE_CHARS = 2048  # a handle is a few hundred characters; anything longer is not one

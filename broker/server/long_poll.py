@@ -22,7 +22,7 @@ import anyio
 from fencemq.errors import FenceMQError
 from fencemq.fences.leases import Leases, Look, PullResult
 from fencemq.fences.redis_errors import REDIS_FAILURES
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 from fencemq.server.wakeups import Waiter

@@ -18,7 +18,8 @@ from fencemq.errors import BadArgument, FenceMQError, NoPermission
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
 from fencemq.fences.subscribe import Subscription
-from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.keys import QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.meta import LITE_GROUP
 from fencemq.model.topics import SHARE_PREFIX, FilterTarget, parse_target
 from fencemq.protocol.commands import Request

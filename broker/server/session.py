@@ -31,7 +31,8 @@ import msgpack
 
 from fencemq.errors import BadArgument, FenceMQError, NoPermission
 from fencemq.ops.users import User
-from fencemq.model.keys import Handle, check_name
+from fencemq.model.keys import check_name
+from fencemq.model.handles import Handle
 from fencemq.server.gate import Pass
 from fencemq.protocol.commands import Request
 from fencemq.protocol.resp import Push

@@ -16,7 +16,8 @@ import anyio
 from redis.exceptions import RedisError
 
 from fencemq.server import metrics
-from fencemq.model.keys import Handle, queue_ref
+from fencemq.model.keys import queue_ref
+from fencemq.model.handles import Handle
 from fencemq.errors import FenceMQError
 from fencemq.fences.core import Core
 from fencemq.server.mqtt.wills import Wills

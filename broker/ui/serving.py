@@ -16,7 +16,8 @@ from typing import Any
 import anyio
 import uvicorn
 
-from fencemq.ui.app import UI, create_app
+from fencemq.ui.app import create_app
+from fencemq.ui.pages import UI
 
 
 class QuietServer(uvicorn.Server):

@@ -19,7 +19,8 @@ from fencemq.config import Config
 from fencemq.model import meta
 from fencemq.model.records import journal_events
 from fencemq.server.embedded import EmbeddedRedis, free_port
-from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.keys import QueueRef
+from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 from fencemq.cli.ops import register
 from tests.helpers import as_map, client, deliveries, worker

@@ -27,7 +27,8 @@ import redis.asyncio
 from fencemq.model import meta as compact_meta
 from fencemq.fences import session_index
 from fencemq.config import Config
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.records import journal_events
 from fencemq.fences.core import Core
 from tests import helpers

@@ -23,7 +23,8 @@ from redis.asyncio import Redis
 from fencemq.model import meta as compact_meta
 from fencemq.config import Config
 from fencemq.errors import FenceMQError
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 from fencemq.fences.leases import PullResult, SweepResult
 from fencemq.model.messages import Delivery

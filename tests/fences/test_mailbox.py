@@ -33,7 +33,8 @@ from redis.asyncio import Redis
 from fencemq import Client, EndOfStream, SyncClient
 from fencemq.config import Config
 from fencemq.errors import NotFound
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 from tests import helpers
 from tests.helpers import (

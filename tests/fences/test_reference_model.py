@@ -41,7 +41,8 @@ from redis.asyncio import Redis
 
 from fencemq.config import Config
 from fencemq.errors import FenceMQError
-from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.keys import QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.messages import unpack_delivery
 from fencemq.fences.core import Core
 from fencemq.ops import totals

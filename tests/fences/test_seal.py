@@ -14,7 +14,8 @@ import redis
 
 from fencemq.errors import BadArgument
 from fencemq.fences.leases import RENEW
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from tests.helpers import direct, direct_async
 from tests.helpers import as_map, client, deliveries, error_code, signer, text, worker
 

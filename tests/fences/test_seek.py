@@ -26,7 +26,8 @@ import pytest
 from fencemq.sdk.client import Client, Subscription
 from fencemq.config import Config
 from fencemq.errors import NoPermission
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.messages import Delivery
 from fencemq.fences.core import Core
 from tests import helpers

@@ -176,7 +176,7 @@ def test_gathered_looks_of_many_subscriptions_get_what_the_same_pulls_one_by_one
     queues are left the same (what each member holds, what is still ready)."""
     import redis as sync_redis
 
-    from fencemq.model.keys import Handle
+    from fencemq.model.handles import Handle
 
     rng = random.Random(2829)
     topics = [f"dev/{i}" for i in range(40)]

@@ -15,7 +15,8 @@ from typing import Any
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.fences.leases import Look
-from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.keys import QueueRef
+from fencemq.model.handles import Handle
 from tests import helpers
 
 

@@ -15,7 +15,8 @@ from redis.asyncio import Redis
 from fencemq.config import Config
 from fencemq.fences.core import Core
 from fencemq.model import meta
-from fencemq.model.keys import Handle, Keyspace
+from fencemq.model.keys import Keyspace
+from fencemq.model.handles import Handle
 from fencemq.model.records import (
     Checkout,
     DeadLetter,

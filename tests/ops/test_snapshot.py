@@ -24,7 +24,8 @@ from fencemq.model import meta as compact_meta
 from fencemq.model.records import Checkout, ReadyEntry, decode_names, journal_events
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
-from fencemq.model.keys import Handle, Keyspace
+from fencemq.model.keys import Keyspace
+from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 from fencemq.ops.snapshot import SCHEMAS, Manifest, take_snapshot
 from fencemq.ops.journal_buckets import DEFAULT_BUCKETS, bucket_file, bucket_of

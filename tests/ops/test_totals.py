@@ -24,7 +24,8 @@ from fencemq.errors import FenceMQError
 from fencemq.fences.retention import Policy, set_policy
 from fencemq.fences.registry import Fences
 from fencemq.fences.subscribe import DROP_IF_EMPTY
-from fencemq.model.keys import Keyspace, QueueRef, key_slot
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.slots import key_slot
 from fencemq.ops import maintenance, overview, totals
 from tests.helpers import as_map, client, deliveries, direct, direct_async, in_cluster_mode, wait_for, worker
 

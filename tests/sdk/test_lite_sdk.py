@@ -18,7 +18,8 @@ import redis
 from fencemq.sdk.client import Client
 from fencemq.config import Config
 from fencemq.model import meta
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.sdk.lite import LiteSubscriptions
 from fencemq.server.runner import WorkerThread
 from tests.helpers import held_handles

@@ -16,7 +16,8 @@ import pytest
 
 from fencemq.config import Config
 from fencemq.errors import NoPermission
-from fencemq.model.keys import Handle, QueueRef
+from fencemq.model.keys import QueueRef
+from fencemq.model.handles import Handle
 from fencemq.protocol.commands import TABLE
 from fencemq.protocol.resp import Push
 from fencemq.server.handles import HandleSigner

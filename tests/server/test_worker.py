@@ -446,7 +446,8 @@ def test_unsub_returns_pending_checkouts_at_once_and_is_idempotent(w, proto):
 
 
 def test_commands_on_a_handle_never_subscribed_are_notfound_or_settle_nothing(w):
-    from fencemq.model.keys import Handle, QueueRef
+    from fencemq.model.keys import QueueRef
+    from fencemq.model.handles import Handle
 
     c = client(w.port, 2, "nobody")
     h = w.worker.services.handles.sign(Handle(QueueRef("orders"), "g", "nobody").encode())
@@ -457,7 +458,8 @@ def test_commands_on_a_handle_never_subscribed_are_notfound_or_settle_nothing(w)
 
 
 def test_a_handle_made_up_by_a_client_is_noperm_before_any_fence_runs(w):
-    from fencemq.model.keys import Handle, QueueRef
+    from fencemq.model.keys import QueueRef
+    from fencemq.model.handles import Handle
 
     c = client(w.port, 2, "forger")
     forged = Handle(QueueRef("orders"), "g", "forger").encode()

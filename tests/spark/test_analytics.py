@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from fencemq.config import Config
 from fencemq.fences.core import Core
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.ops.journal_buckets import bucket_of, buckets_of, spark_hash, write_buckets
 
 from fencemq.server.embedded import free_port

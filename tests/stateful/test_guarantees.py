@@ -47,7 +47,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from fencemq.model import meta as fields
-from fencemq.model.keys import Handle, Keyspace, QueueRef
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.handles import Handle
 from fencemq.model.messages import EXPIRES
 from fencemq.ops.priority import set_priority
 from tests.ops.test_totals import checkpoint, run_async

@@ -31,7 +31,7 @@ import redis
 from fencemq.model import meta
 from fencemq.ops.users import UserStore
 from fencemq.model.keys import Keyspace
-from fencemq.ui.app import UI
+from fencemq.ui.pages import UI
 from fencemq.ui.serving import DashboardThread
 from tests.helpers import as_map, client, deliveries, worker
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from fencemq.ui.app import UI
+from fencemq.ui.pages import UI
 from fencemq.ui.serving import DashboardThread
 from tests.helpers import deliveries
 from tests.ui.conftest import CHROMIUM, OPERATOR_PASSWORD, VIEWER_PASSWORD

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from fencemq.server.embedded import EmbeddedRedis
-from fencemq.ui.app import UI
+from fencemq.ui.pages import UI
 from fencemq.ui.serving import DashboardThread
 from fencemq.model.keys import Keyspace
 from fencemq.ops import totals

@@ -16,7 +16,7 @@ from fencemq.config import Config
 from fencemq.ops import alarm_rules
 from fencemq.ops.redis_health import Health, NodeHealth
 from fencemq.server.embedded import EmbeddedRedis
-from fencemq.ui.app import UI
+from fencemq.ui.pages import UI
 from fencemq.ui.serving import DashboardThread
 from tests.helpers import client, wait_for, worker
 from tests.ui.test_ui_pages import rows, text

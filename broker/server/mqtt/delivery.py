@@ -23,7 +23,7 @@ import anyio.abc
 
 from fencemq.errors import NotFound, Stale
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.protocol.mqtt.events import DeliveryAcknowledged
 from fencemq.protocol.mqtt.properties import NO_PROPERTIES
 from fencemq.protocol.mqtt.session import MqttServerSession

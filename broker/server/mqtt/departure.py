@@ -16,7 +16,7 @@ import anyio
 from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.protocol.mqtt.packets import Will
 from fencemq.protocol.mqtt.session import MqttServerSession
 from fencemq.server.mqtt.delivery import BATCH, MqttSubscription

@@ -26,7 +26,7 @@ from typing import Any
 import anyio.abc
 
 from fencemq.fences import session_index
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.protocol.mqtt.events import ConnectRequested, MqttEvent
 from fencemq.protocol.mqtt.session import MqttServerSession
 from fencemq.server.mqtt.delivery import MqttSubscription, filter_of

@@ -27,7 +27,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from fencemq.model.keys import Handle, Keyspace
+from fencemq.model.keys import Keyspace
+from fencemq.model.handles import Handle
 
 SUB = "mqtt-sub:"
 OUT = "mqtt-out:"

@@ -16,7 +16,7 @@ from typing import Any
 import anyio.abc
 
 from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoPermission
-from fencemq.model.keys import Handle
+from fencemq.model.handles import Handle
 from fencemq.protocol.mqtt.events import SubscribeRequested, UnsubscribeRequested
 from fencemq.protocol.mqtt.reasons import ReasonCode
 from fencemq.protocol.mqtt.session import MqttServerSession
