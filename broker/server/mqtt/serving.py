@@ -16,6 +16,7 @@ import socket
 import ssl
 import time
 from collections import deque
+from functools import partial
 from typing import Any
 
 import anyio
@@ -177,7 +178,8 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
                 async def accepted(sock: socket.socket, address: Any) -> None:
                     await one(tasks, sock, address)
 
-                tg.start_soon(_serve_closing, tcp, serve_sockets, tcp, accepted)
+                # accepted by a thread of its own: a storm leaves the listen backlog as fast as it comes
+                tg.start_soon(_serve_closing, tcp, partial(serve_sockets, threaded=True), tcp, accepted)
             if ws is not None:
                 listener = guarded_tls(ws, tls, gate) if tls is not None else ws
 
