@@ -21,8 +21,11 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any
@@ -182,6 +185,82 @@ class SheddingListener(Listener[SocketStream]):
                     # a handler that does not wait (MQTT's admission) leaves the loop to others now and then
                     await anyio.lowlevel.checkpoint()
 
+    async def serve_sockets_threaded(self, handler: Callable[[socket.socket, Any], Awaitable[None]]) -> None:
+        """:meth:`serve_sockets`, the accepting done by a thread of its own, for a door whose handler never
+        waits (MQTT's: it only counts the connection and queues it for its turn, server/admission.py).
+
+        In a reconnect storm the event loop's first turns after the drop are long (thousands of
+        connections ending at once), and a loop that accepts once a turn leaves the kernel's listen
+        backlog full meanwhile: a SYN that finds it full is dropped, and the client sends it again
+        only 1, 3, 7, 15 s later (10,000 devices on a worker waited 9-16 s at the median for that
+        while the worker spent 5 s of CPU). The thread empties the backlog as the SYNs come (it waits
+        for the GIL a switch interval at most: ``sys.getswitchinterval()``, 5 ms) and hands the sockets
+        to the loop, which runs ``handler`` for each. Running out of descriptors is left to the loop
+        (:meth:`_shed_one`), the thread pausing meanwhile."""
+        raw: socket.socket = self.listener.extra(SocketAttribute.raw_socket)
+        loop = asyncio.get_running_loop()
+        taken: deque[tuple[socket.socket, Any]] = deque()  # (appended by the thread, taken by the loop)
+        failed: deque[OSError] = deque()
+        ready = asyncio.Event()
+        stop = threading.Event()
+        going = threading.Event()  # cleared while the loop sheds for want of descriptors
+        going.set()
+
+        def accepting() -> None:
+            poller = select.poll()
+            poller.register(raw.fileno(), select.POLLIN)
+            while not stop.is_set():
+                if not going.wait(0.1) or not poller.poll(100) or stop.is_set():
+                    continue
+                got = 0
+                while got < ACCEPTS_AT_ONCE:
+                    try:
+                        sock, address = raw.accept()
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        if exc.errno in CLIENT_GONE:
+                            continue
+                        failed.append(exc)  # out of descriptors (or the listener closed): the loop's to handle
+                        going.clear()
+                        break
+                    sock.setblocking(False)
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    taken.append((sock, address))
+                    got += 1
+                if got or failed:
+                    try:
+                        loop.call_soon_threadsafe(ready.set)
+                    except RuntimeError:  # the loop is closed: nobody to hand them to
+                        return
+
+        thread = threading.Thread(target=accepting, name="fencemq-accept", daemon=True)
+        thread.start()
+        handed = 0
+        try:
+            while True:
+                await ready.wait()
+                ready.clear()
+                while taken:
+                    sock, address = taken.popleft()
+                    await handler(sock, address)
+                    handed += 1
+                    if handed % ACCEPTS_AT_ONCE == 0:
+                        await anyio.lowlevel.checkpoint()
+                while failed:
+                    exc = failed.popleft()
+                    if exc.errno in OUT_OF_DESCRIPTORS:
+                        await self._shed_one()
+                    else:
+                        raise exc
+                going.set()
+        finally:
+            stop.set()
+            going.set()
+            while taken:  # accepted, never handed over: closed
+                taken.popleft()[0].close()
+
     async def _accept_one(self, accept: Callable[[], Awaitable[Any]]) -> Any:
         """One accepted connection, or None when there was none to take (shed, or gone before it was)."""
         try:
@@ -233,9 +312,11 @@ def shedding(listener: Any, spare: SpareDescriptor, refusal: bytes = b"") -> Lis
     return SheddingListener(listener, spare, refusal)
 
 
-async def serve_sockets(listener: Any, handler: Callable[[socket.socket, Any], Awaitable[None]]) -> None:
-    """:meth:`SheddingListener.serve_sockets` on every socket of a :func:`shedding` listener."""
+async def serve_sockets(listener: Any, handler: Callable[[socket.socket, Any], Awaitable[None]], *,
+                        threaded: bool = False) -> None:
+    """:meth:`SheddingListener.serve_sockets` on every socket of a :func:`shedding` listener
+    (``threaded``: :meth:`SheddingListener.serve_sockets_threaded`, for a handler that never waits)."""
     listeners = listener.listeners if isinstance(listener, MultiListener) else [listener]
     async with anyio.create_task_group() as tg:
         for one in listeners:
-            tg.start_soon(one.serve_sockets, handler)
+            tg.start_soon(one.serve_sockets_threaded if threaded else one.serve_sockets, handler)

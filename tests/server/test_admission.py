@@ -89,3 +89,56 @@ def test_no_limit_admits_everyone_at_once() -> None:
     for n in range(1000):
         door.offer(n)
     assert len(door.started) == 1000 and door.admission.most_waiting == 0
+
+
+def test_a_crowd_leaves_the_listen_backlog_while_the_event_loop_is_busy() -> None:
+    """MQTT's door accepts in a thread of its own (accepting.serve_sockets_threaded): a crowd of connects
+    completes while the loop is held up (a storm's ends), where a loop that accepts once a turn would
+    leave the kernel's backlog full and the clients' SYNs dropped."""
+    import socket
+    import threading
+
+    import anyio
+    from anyio.abc import SocketAttribute
+
+    from fencemq.server.accepting import SpareDescriptor, serve_sockets, shedding
+
+    crowd_size = 50
+    handed: list[socket.socket] = []
+    opened: list[socket.socket] = []
+    failures: list[OSError] = []
+    all_in = threading.Event()
+
+    async def main() -> bool:
+        listener = shedding(await anyio.create_tcp_listener(local_host="127.0.0.1", backlog=4), SpareDescriptor())
+        port = listener.extra(SocketAttribute.local_port)
+
+        async def handler(sock: socket.socket, address: Any) -> None:
+            handed.append(sock)
+
+        def crowd() -> None:
+            for _ in range(crowd_size):
+                try:
+                    opened.append(socket.create_connection(("127.0.0.1", port), timeout=15))
+                except OSError as exc:
+                    failures.append(exc)
+            all_in.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: serve_sockets(listener, handler, threaded=True))
+            await anyio.sleep(0.2)
+            threading.Thread(target=crowd, daemon=True).start()
+            # the loop is busy: nothing of it runs until the whole crowd is connected (or 10 s)
+            in_while_busy = all_in.wait(10)
+            await anyio.sleep(0.2)
+            tg.cancel_scope.cancel()
+        await listener.aclose()
+        return in_while_busy
+
+    try:
+        assert anyio.run(main), "the crowd connected while the loop was busy"
+        assert failures == [] and len(opened) == crowd_size
+        assert len(handed) == crowd_size, "each accepted socket was handed to the door once the loop ran"
+    finally:
+        for s in opened + handed:
+            s.close()

@@ -14,6 +14,9 @@ import asyncio
 import logging
 import socket
 import ssl
+import time
+from collections import deque
+from functools import partial
 from typing import Any
 
 import anyio
@@ -57,33 +60,82 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
     # connections in their connect phase at once (admission.py): the rest of a storm waits accepted
     admission = worker.mqtt_admission = Admission(worker.config.max_connecting)
 
+    # A dropped connection counts against max_connections until its end is done (its session let go in
+    # Redis), though its socket, and so its descriptor, went at once. In a storm the new connections are all
+    # accepted while the old ones still end: one that finds the gate full only of those is held, accepted and
+    # unread, until one of them is done (at most as many as hold a count and no descriptor, and for the
+    # connect timeout at most), instead of being refused for what is gone already.
+    ended_sockets = 0  # connections over TCP whose socket is closed and whose end is not done yet
+    held: deque[tuple[socket.socket, str, float]] = deque()  # (socket, host, since): waiting for a count
+    door: dict[str, Any] = {}  # the task group the door's connections run in, once it serves
+
+    def socket_closed() -> None:
+        nonlocal ended_sockets
+        ended_sockets += 1
+
     def over(conn: MqttConnection) -> None:
+        nonlocal ended_sockets
         conn.admission_done()  # (ended before its CONNECT was done with)
         worker.connections.pop(conn.token, None)
         gate.leave(conn.gate_pass)
+        wire = conn.stream
+        if isinstance(wire, _DoorWire):
+            if wire.closed_hook is None:  # its socket closed before: counted among the ended ones
+                ended_sockets -= 1
+            else:
+                wire.closed_hook = None  # done: its socket closing later counts for nothing
+        while held:
+            sock, host, _ = held[0]
+            try:
+                gate_pass = gate.enter("mqtt", host)
+            except LimitExceeded:
+                break
+            held.popleft()
+            admit(door["tasks"], sock, gate_pass)
+
+    async def expire_held() -> None:
+        """Those held longer than the connect timeout are refused as at the limit."""
+        while held:
+            await anyio.sleep(0.25)
+            now = time.monotonic()
+            while held and now - held[0][2] >= gate.connect_timeout_s:
+                sock, _, _ = held.popleft()
+                refuse(door["tasks"], sock)
 
     def connection(door: str, gate_pass: Any) -> MqttConnection:
         conn = MqttConnection(worker, f"{worker.id}:mqtt{next(numbers)}", gate_pass, limits)
         worker.connections[conn.token] = conn
         return conn
 
+    def refuse(tasks: anyio.abc.TaskGroup, sock: socket.socket) -> None:
+        """Past max_connections (every door counted): CONNACK 0x97 / 3.1.1 0x03, a few at a time, else a close."""
+        if worker.refusals.take():
+            tasks.start_soon(_attach, Refusal(ReasonCode.QUOTA_EXCEEDED, worker.refusals.give), sock,
+                             tls, gate.handshake_timeout_s)
+        else:
+            sock.close()
+
     async def one(tasks: anyio.abc.TaskGroup, sock: socket.socket, address: Any) -> None:
         host = address[0] if isinstance(address, tuple) else ""
         try:
             gate_pass = gate.enter("mqtt", host)
-        except LimitExceeded:  # past max_connections (every door counted): CONNACK 0x97 / 3.1.1 0x03
-            if worker.refusals.take():
-                tasks.start_soon(_attach, Refusal(ReasonCode.QUOTA_EXCEEDED, worker.refusals.give), sock,
-                                 tls, gate.handshake_timeout_s)
-            else:
-                sock.close()
+        except LimitExceeded:
+            if len(held) < ended_sockets:  # a count comes free once an ended connection is done
+                held.append((sock, host, time.monotonic()))
+                if len(held) == 1:
+                    tasks.start_soon(expire_held)
+                return
+            refuse(tasks, sock)
             return
+        admit(tasks, sock, gate_pass)
+
+    def admit(tasks: anyio.abc.TaskGroup, sock: socket.socket, gate_pass: Any) -> None:
 
         def start(done: Any) -> None:
             # made only now: its connect timeout runs from its admission, not from its accept
             conn = connection("mqtt", gate_pass)
             conn.admission_done = done
-            wire = MqttWire(conn.received)
+            wire = _DoorWire(conn.received, socket_closed)
             conn.stream = wire
             conn._start_driving(tasks.start_soon, over, deadlines)
             # attached in a task of its own (with TLS, the handshake too): the accept loop goes on taking
@@ -119,13 +171,15 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
         conn.tasks.start_soon(wire.read)
 
     async def serve(tasks: anyio.abc.TaskGroup) -> None:
+        door["tasks"] = tasks
         task_status.started(tcp_bound)
         async with anyio.create_task_group() as tg:
             if tcp is not None:
                 async def accepted(sock: socket.socket, address: Any) -> None:
                     await one(tasks, sock, address)
 
-                tg.start_soon(_serve_closing, tcp, serve_sockets, tcp, accepted)
+                # accepted by a thread of its own: a storm leaves the listen backlog as fast as it comes
+                tg.start_soon(_serve_closing, tcp, partial(serve_sockets, threaded=True), tcp, accepted)
             if ws is not None:
                 listener = guarded_tls(ws, tls, gate) if tls is not None else ws
 
@@ -147,9 +201,27 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
             async with anyio.create_task_group() as own:
                 await serve(own)
     finally:
+        while held:  # (they hold no count)
+            held.popleft()[0].close()
         if abandoned := admission.abandon_waiting():
             log.info("MQTT: %d accepted connection(s) closed before their turn (the worker stops accepting)",
                      abandoned)
+
+
+class _DoorWire(MqttWire):
+    """An MQTT connection's TCP transport that tells the door when its socket is closed (its descriptor free)."""
+
+    __slots__ = ("closed_hook",)
+
+    def __init__(self, received: Any, closed_hook: Any) -> None:
+        super().__init__(received)
+        self.closed_hook = closed_hook
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        hook, self.closed_hook = self.closed_hook, None
+        if hook is not None:
+            hook()
 
 
 async def _serve_closing(listener: Any, serve: Any, *args: Any) -> None:

@@ -154,3 +154,72 @@ def test_a_client_that_connects_and_hangs_up_before_its_connect_gives_its_place_
         writer.close()
 
     asyncio.run(scenario())
+
+
+def test_devices_back_while_their_old_connections_still_end_wait_for_them_rather_than_being_refused(
+        redis_url, monkeypatch) -> None:
+    # Each old connection's end takes a second (a storm's ends, behind), and max_connections holds only
+    # the devices: the new connections find the gate full of connections whose sockets are gone already.
+    from fencemq.server.mqtt.listener import MqttConnection
+
+    ending = MqttConnection._session_over
+
+    async def slowly(self) -> None:
+        await asyncio.sleep(1.0)
+        await ending(self)
+
+    monkeypatch.setattr(MqttConnection, "_session_over", slowly)
+    devices = 20
+    ids = [f"full-{i}" for i in range(devices)]
+    with worker(redis_url, mqtt_port=0, max_connections=devices, session_lease_ms=5000) as w:
+        port = w.worker.mqtt_port
+
+        async def scenario() -> None:
+            async def subscribed(client_id: str) -> asyncio.StreamWriter:
+                reader, writer, _ = await _connect(port, client_id)
+                writer.write(mqtt_subscribe(f"dev/{client_id}"))
+                first, _ = await asyncio.wait_for(_packet(reader), 30)
+                assert first == 0x90, "SUBACK"
+                return writer
+
+            old = await asyncio.gather(*(subscribed(i) for i in ids))
+            for writer in old:
+                _drop(writer)
+            await asyncio.sleep(0.2)  # their sockets closed, their ends not done
+            again = await asyncio.gather(*(_connect(port, i) for i in ids))
+            assert all(present for _, _, present in again), "each came back to its session"
+            for _, writer, _ in again:
+                writer.close()
+
+        asyncio.run(scenario())
+
+
+def test_a_device_held_for_a_count_longer_than_the_connect_timeout_is_refused_as_at_the_limit(
+        redis_url, monkeypatch) -> None:
+    from fencemq.server.mqtt.listener import MqttConnection
+
+    ending = MqttConnection._session_over
+
+    async def very_slowly(self) -> None:
+        await asyncio.sleep(4.0)  # longer than the connect timeout below
+        await ending(self)
+
+    monkeypatch.setattr(MqttConnection, "_session_over", very_slowly)
+    with worker(redis_url, mqtt_port=0, max_connections=2, auth_timeout_ms=1000) as w:
+        port = w.worker.mqtt_port
+
+        async def scenario() -> None:
+            old = [(await _connect(port, f"slow-{i}"))[1] for i in range(2)]
+            for writer in old:
+                _drop(writer)
+            await asyncio.sleep(0.2)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(mqtt_connect("slow-0", clean=False))
+            started = asyncio.get_running_loop().time()
+            first, body = await asyncio.wait_for(_packet(reader), 10)
+            waited = asyncio.get_running_loop().time() - started
+            assert (first, body[1]) == (0x20, 3), "CONNACK 3 Server unavailable, as past max_connections"
+            assert waited >= 0.9, "it was held for the connect timeout first"
+            writer.close()
+
+        asyncio.run(scenario())
