@@ -50,6 +50,46 @@ def _drop(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+async def _storm(port: int, ids: list[str], pause_s: float = 0.0
+                 ) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]]:
+    """Every device subscribes to its own topic, every connection drops at the same moment, and every
+    device comes back at once (``pause_s`` later): the new connections, each asserted to have found its session."""
+
+    async def subscribed(client_id: str) -> asyncio.StreamWriter:
+        reader, writer, _ = await _connect(port, client_id)
+        writer.write(mqtt_subscribe(f"dev/{client_id}"))
+        first, _ = await asyncio.wait_for(_packet(reader), 120)
+        assert first == 0x90, "SUBACK"
+        return writer
+
+    old = await asyncio.gather(*(subscribed(i) for i in ids))
+    for writer in old:
+        _drop(writer)
+    await asyncio.sleep(pause_s)
+    again = await asyncio.gather(*(_connect(port, i) for i in ids))
+    lost = [i for i, (_, _, present) in zip(ids, again) if not present]
+    assert lost == [], f"{len(lost)} of {len(ids)} devices were answered without their session: {lost[:5]}"
+    return again
+
+
+async def _every_subscription_delivers(port: int, ids: list[str], again: list, payload: bytes) -> None:
+    """A message to each device's topic reaches it on its new connection; then everything is closed."""
+    _, publisher, _ = await _connect(port, f"{ids[0]}-publisher")
+    publisher.write(b"".join(mqtt_publish(f"dev/{i}", payload) for i in ids))
+
+    async def delivered(reader: asyncio.StreamReader) -> bytes:
+        while True:
+            first, body = await _packet(reader)
+            if first >> 4 == 3:
+                return body
+
+    bodies = await asyncio.wait_for(asyncio.gather(*(delivered(r) for r, _, _ in again)), 60)
+    assert all(b.endswith(payload) for b in bodies), "every resumed subscription delivers"
+    for _, writer, _ in again:
+        writer.close()
+    publisher.close()
+
+
 @pytest.fixture
 def w(redis_url):
     # a short worker lease (keep-alives every ~0.7 s): a worker behind by a second is as behind as a storm of
@@ -64,34 +104,8 @@ def test_devices_that_all_drop_and_all_resume_at_once_find_their_sessions_and_su
     ids = [f"storm-{i}" for i in range(DEVICES)]
 
     async def scenario() -> None:
-        async def subscribed(client_id: str) -> asyncio.StreamWriter:
-            reader, writer, _ = await _connect(port, client_id)
-            writer.write(mqtt_subscribe(f"dev/{client_id}"))
-            first, _ = await asyncio.wait_for(_packet(reader), 120)
-            assert first == 0x90, "SUBACK"
-            return writer
-
-        old = await asyncio.gather(*(subscribed(i) for i in ids))
-        for writer in old:  # every connection drops at the same moment
-            _drop(writer)
-        again = await asyncio.gather(*(_connect(port, i) for i in ids))  # and every device comes back at once
-        lost = [i for i, (_, _, present) in zip(ids, again) if not present]
-        assert lost == [], f"{len(lost)} of {DEVICES} devices were answered without their session: {lost[:5]}"
-
-        _, publisher, _ = await _connect(port, "storm-publisher")
-        publisher.write(b"".join(mqtt_publish(f"dev/{i}", b"are you there") for i in ids))
-
-        async def delivered(reader: asyncio.StreamReader) -> bytes:
-            while True:
-                first, body = await _packet(reader)
-                if first >> 4 == 3:
-                    return body
-
-        bodies = await asyncio.wait_for(asyncio.gather(*(delivered(r) for r, _, _ in again)), 60)
-        assert all(b.endswith(b"are you there") for b in bodies), "every resumed subscription delivers"
-        for _, writer, _ in again:
-            writer.close()
-        publisher.close()
+        again = await _storm(port, ids)  # every device drops at the same moment and comes back at once
+        await _every_subscription_delivers(port, ids, again, b"are you there")
 
     asyncio.run(scenario())
 
@@ -108,37 +122,11 @@ def test_devices_past_the_admission_bound_wait_their_turn_and_all_resume_their_s
     ids = [f"queued-{i}" for i in range(DEVICES)]
 
     async def scenario() -> None:
-        async def subscribed(client_id: str) -> asyncio.StreamWriter:
-            reader, writer, _ = await _connect(port, client_id)
-            writer.write(mqtt_subscribe(f"dev/{client_id}"))
-            first, _ = await asyncio.wait_for(_packet(reader), 120)
-            assert first == 0x90, "SUBACK"
-            return writer
-
-        old = await asyncio.gather(*(subscribed(i) for i in ids))
-        for writer in old:
-            _drop(writer)
-        again = await asyncio.gather(*(_connect(port, i) for i in ids))
-        lost = [i for i, (_, _, present) in zip(ids, again) if not present]
-        assert lost == [], f"{len(lost)} of {DEVICES} devices were answered without their session: {lost[:5]}"
+        again = await _storm(port, ids)
         admission = narrow.worker.mqtt_admission
         assert admission.most_waiting > 0, "some devices waited for a place (the bound was in force)"
         assert admission.admitted == 0, "every place was given back once its CONNECT was answered"
-
-        _, publisher, _ = await _connect(port, "queued-publisher")
-        publisher.write(b"".join(mqtt_publish(f"dev/{i}", b"still here") for i in ids))
-
-        async def delivered(reader: asyncio.StreamReader) -> bytes:
-            while True:
-                first, body = await _packet(reader)
-                if first >> 4 == 3:
-                    return body
-
-        bodies = await asyncio.wait_for(asyncio.gather(*(delivered(r) for r, _, _ in again)), 60)
-        assert all(b.endswith(b"still here") for b in bodies), "every resumed subscription delivers"
-        for _, writer, _ in again:
-            writer.close()
-        publisher.close()
+        await _every_subscription_delivers(port, ids, again, b"still here")
 
     asyncio.run(scenario())
 
@@ -175,19 +163,7 @@ def test_devices_back_while_their_old_connections_still_end_wait_for_them_rather
         port = w.worker.mqtt_port
 
         async def scenario() -> None:
-            async def subscribed(client_id: str) -> asyncio.StreamWriter:
-                reader, writer, _ = await _connect(port, client_id)
-                writer.write(mqtt_subscribe(f"dev/{client_id}"))
-                first, _ = await asyncio.wait_for(_packet(reader), 30)
-                assert first == 0x90, "SUBACK"
-                return writer
-
-            old = await asyncio.gather(*(subscribed(i) for i in ids))
-            for writer in old:
-                _drop(writer)
-            await asyncio.sleep(0.2)  # their sockets closed, their ends not done
-            again = await asyncio.gather(*(_connect(port, i) for i in ids))
-            assert all(present for _, _, present in again), "each came back to its session"
+            again = await _storm(port, ids, pause_s=0.2)  # back with their sockets closed, their ends not done
             for _, writer, _ in again:
                 writer.close()
 
