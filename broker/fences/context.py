@@ -104,16 +104,31 @@ class FenceContext:
         fence holds it to ``lease_intent_ms`` by Redis's clock.
         """
         now = time.monotonic()
-        known = self._intents.get(qid)
-        if known is not None and not fresh and (now - known[1]) * 1000 < self.config.lease_intent_ms / 2:
-            return known[0]
-        schedule, intents = self.schedule_keys(qid)
-        at = int(await self.fences.run(LEASE_INTENT, None, extra_keys={"schedule": schedule, "intents": intents},
-                                       qid=qid, lock_ms=self.intent_quiet_ms))
-        if len(self._intents) > 65_536:
-            self._intents.clear()
-        self._intents[qid] = (at, now)
+        known = None if fresh else self._known_intent(qid, now)
+        if known is not None:
+            return known
+        spec, keys, extra, _, args, _ = self._intent_call(qid)
+        at = int(await self.fences.run(spec, keys, extra_keys=extra, **args))
+        self._remember_intents({qid: at}, now)
         return at
+
+    def _known_intent(self, qid: str, now: float) -> int | None:
+        """The intent written for ``qid`` less than half ``lease_intent_ms`` ago, if any."""
+        known = self._intents.get(qid)
+        if known is not None and (now - known[1]) * 1000 < self.config.lease_intent_ms / 2:
+            return known[0]
+        return None
+
+    def _intent_call(self, qid: str) -> tuple:
+        schedule, intents = self.schedule_keys(qid)
+        return (LEASE_INTENT, None, {"schedule": schedule, "intents": intents}, (),
+                {"qid": qid, "lock_ms": self.intent_quiet_ms}, ())
+
+    def _remember_intents(self, written: dict[str, int], now: float) -> None:
+        if len(self._intents) + len(written) > 65_536:
+            self._intents.clear()
+        for qid, at in written.items():
+            self._intents[qid] = (at, now)
 
     async def lease_intents(self, qids: list[str]) -> dict[str, int | Exception]:
         """:meth:`lease_intent` of each queue (each once), those to write in one round trip: the intent,
@@ -122,27 +137,20 @@ class FenceContext:
         out: dict[str, int | Exception] = {}
         needed: list[str] = []
         for qid in dict.fromkeys(qids):
-            known = self._intents.get(qid)
-            if known is not None and (now - known[1]) * 1000 < self.config.lease_intent_ms / 2:
-                out[qid] = known[0]
+            known = self._known_intent(qid, now)
+            if known is not None:
+                out[qid] = known
             else:
                 needed.append(qid)
         if not needed:
             return out
-        calls = []
-        for qid in needed:
-            schedule, intents = self.schedule_keys(qid)
-            calls.append((LEASE_INTENT, None, {"schedule": schedule, "intents": intents}, (),
-                          {"qid": qid, "lock_ms": self.intent_quiet_ms}, ()))
-        replies = await self.fences.run_each(calls)
-        if len(self._intents) + len(needed) > 65_536:
-            self._intents.clear()
+        replies = await self.fences.run_each([self._intent_call(qid) for qid in needed])
+        written = {}
         for qid, reply in zip(needed, replies, strict=True):
-            if isinstance(reply, Exception):
-                out[qid] = reply
-            else:
-                out[qid] = int(reply)
-                self._intents[qid] = (int(reply), now)
+            out[qid] = reply if isinstance(reply, Exception) else int(reply)
+            if not isinstance(reply, Exception):
+                written[qid] = int(reply)
+        self._remember_intents(written, now)
         return out
 
     @property
