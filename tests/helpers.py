@@ -167,9 +167,38 @@ def fencemq_serve(*args: str, env: dict[str, str] | None = None, cwd: str | None
         proc.stdout.close()  # type: ignore[union-attr]
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# A port the kernel hands out (bind to 0) lies in the ephemeral range, where every outgoing connection of
+# every test process also takes its local port: between "free now" and the worker's bind, a client's
+# connect could take it (CI once failed so: "Address already in use" for an MQTT port). Ports are chosen
+# below that range instead, each pytest-xdist process in a band of its own, so neither a connection nor
+# another test process can take one between the check and the bind.
+_BAND_BASE = 10_000
+_band_ports = max(1, (_ephemeral_low() - _BAND_BASE) // 16)
+_band = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 16
+_next_port = _BAND_BASE + _band * _band_ports + (os.getpid() * 7919) % _band_ports
+
+
 def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        return s.getsockname()[1]
+    """A port free now that no outgoing connection and no other test process will take before it is bound."""
+    global _next_port
+    band_start = _BAND_BASE + _band * _band_ports
+    for _ in range(_band_ports):
+        port = band_start + (_next_port - band_start) % _band_ports
+        _next_port = port + 1
+        try:
+            with socket.create_server(("127.0.0.1", port)):
+                return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no free port in {band_start}..{band_start + _band_ports - 1}")
 
 
 def subprocess_worker(redis_url: str, port: int, *, file_limit: int | None = None, loop: str = "asyncio",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Terminal
+from tests.helpers import Terminal, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "127.0.0.1:7379> "
@@ -46,11 +46,6 @@ EXIT = re.compile(r"#.*\bexits? (\d+)\b")
 
 def blocks(text: str) -> list[tuple[str, list[str]]]:
     return [(kind, body.splitlines()) for kind, body in BLOCK.findall(text)]
-
-
-def _free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        return s.getsockname()[1]
 
 
 def _answers(port: int) -> bool:
@@ -65,7 +60,7 @@ class Reader:
     """Runs what the README says, as a reader at a shell would, in a scratch directory."""
 
     def __init__(self, redis_url: str, cwd: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.redis_url = redis_url
         self.cwd = cwd
         self.env = dict(os.environ)  # a fresh shell: PATH as it was, no FENCEMQ_* settings

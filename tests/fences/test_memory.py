@@ -8,7 +8,6 @@ test does not depend on how much the broker's state weighs.
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -165,8 +164,8 @@ def test_an_mqtt_publish_above_the_watermark_gets_quota_exceeded_and_a_will_is_r
 
     from tests.server.mqtt.clients import Client
 
-    port = free_port()
-    with worker(redis_url, memory_sample_ms=SAMPLE_MS, mqtt_port=port) as w:
+    with worker(redis_url, memory_sample_ms=SAMPLE_MS, mqtt_port=0) as w:
+        port = w.worker.mqtt_port
         c = client(w.port, 2, "alice")
         handle = as_map(c.execute_command("SUB", "orders", "GROUP", "g"))["handle"]
         reasons: list[int] = []
@@ -184,17 +183,12 @@ def test_an_mqtt_publish_above_the_watermark_gets_quota_exceeded_and_a_will_is_r
         assert deliveries(c.execute_command("PULL", handle, "COUNT", 10)) == []
 
 
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        return s.getsockname()[1]
-
-
 def test_an_mqtt_3_1_1_publish_above_the_watermark_is_not_acknowledged_and_arrives_once_memory_is_back(
         nodes, redis_url) -> None:
     from tests.server.mqtt.clients import Client
 
-    port = free_port()
-    with worker(redis_url, memory_sample_ms=SAMPLE_MS, mqtt_port=port) as w:
+    with worker(redis_url, memory_sample_ms=SAMPLE_MS, mqtt_port=0) as w:
+        port = w.worker.mqtt_port
         c = client(w.port, 2, "alice")
         handle = as_map(c.execute_command("SUB", "orders", "GROUP", "g"))["handle"]
         mq = Client(port, "sensor", "3.1.1", clean=False)
