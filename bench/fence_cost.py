@@ -42,6 +42,7 @@ from bench.harness import ROOT, git_commit, machine_info
 from bench.stats import RedisMeter
 from fencemq.config import Config
 from fencemq.fences.core import Core
+from fencemq.fences.leases import PULL_REPLY_HEAD
 from fencemq.fences.registry import SPECS
 from fencemq.model.handles import Handle
 from fencemq.server.embedded import EmbeddedRedis, find_server_binary, free_port
@@ -96,7 +97,7 @@ class Calls:
 
 
 def tags_of(pull_reply: list[Any]) -> list[bytes]:
-    return [pull_reply[i] for i in range(4, len(pull_reply), 4)]
+    return [pull_reply[i] for i in range(PULL_REPLY_HEAD, len(pull_reply), 4)]
 
 
 def one_round(r: redis.Redis, calls: Calls, after: Any) -> int:
@@ -106,8 +107,10 @@ def one_round(r: redis.Redis, calls: Calls, after: Any) -> int:
     pulled = r.execute_command(*calls.command("pull"))
     after("pull")
     tags = tags_of(pulled)
-    r.execute_command(*calls.command("ack", tags))
+    acked = r.execute_command(*calls.command("ack", tags))
     after("ack")
+    if acked != len(tags):  # an ack that settles nothing costs nothing: it would measure the wrong thing
+        raise RuntimeError(f"the ack settled {acked} of the {len(tags)} messages pulled")
     return len(tags)
 
 

@@ -41,6 +41,10 @@ SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled totals backlogs", 
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 
+# A PULL's reply (lua/pull.lua, Returns): epoch, deadline, status, refill, since, then 4 per delivery.
+PULL_REPLY_HEAD = 5
+
+
 @dataclass(slots=True)
 class PullResult:
     epoch: int
@@ -153,7 +157,7 @@ class Leases:
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [
             unpack_delivery(topic, lmq, epoch, res[i], int(res[i + 1]), int(res[i + 2]), res[i + 3])
-            for i in range(5, len(res), 4)
+            for i in range(PULL_REPLY_HEAD, len(res), 4)
         ]
         if deadline >= 0:
             await self.ctx.schedule_soon(handle.queue.qid, deadline)
