@@ -121,7 +121,7 @@ class Config:
     auth_delay_ms: int = 100
     auth_delay_max_ms: int = 5_000
     max_connections: int = 10_000  # per worker, every door counted; past it a new connection is closed
-    # MQTT connections (TCP, TLS) in their connect phase at once (the CONNECT read, the session bound and taken up):
+    # MQTT connections (TCP, TLS, WebSocket) in their connect phase at once (the CONNECT read, the session bound and taken up):
     # past it, newly accepted ones wait their turn unread (server/admission.py). A reconnect storm is then
     # taken at a steady rate with full batches, its crowd out of the listen backlog (0 = no bound).
     max_connecting: int = 512

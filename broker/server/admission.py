@@ -25,8 +25,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+import anyio
 
 Start = Callable[[Callable[[], None]], None]
+
+
+class _Waiting:
+    """A connection waiting for a place: its start and abandon, and whether it still waits."""
+
+    __slots__ = ("start", "abandon", "live")
+
+    def __init__(self, start: Start, abandon: Callable[[], None]) -> None:
+        self.start, self.abandon, self.live = start, abandon, True
 
 
 class Admission:
@@ -38,15 +48,47 @@ class Admission:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.admitted = 0
-        self.waiting: deque[tuple[Start, Callable[[], None]]] = deque()
+        self.waiting: deque[_Waiting] = deque()
         self.most_waiting = 0  # the longest the queue has been (a storm's depth; for logs and tests)
 
-    def admit(self, start: Start, abandon: Callable[[], None]) -> None:
+    def admit(self, start: Start, abandon: Callable[[], None]) -> _Waiting | None:
+        """Returns the connection's place in the queue when it waits (:meth:`withdraw` takes it out), else None."""
+        while self.waiting and not self.waiting[0].live:  # withdrawn ones hold no turn
+            self.waiting.popleft()
         if self.limit and (self.admitted >= self.limit or self.waiting):
-            self.waiting.append((start, abandon))
+            waiting = _Waiting(start, abandon)
+            self.waiting.append(waiting)
             self.most_waiting = max(self.most_waiting, len(self.waiting))
-            return
+            return waiting
         self._start(start)
+        return None
+
+    def withdraw(self, waiting: _Waiting) -> None:
+        """A waiting connection that will never take its place (its task is cancelled): passed over, in
+        O(1), when its turn comes; neither started nor abandoned."""
+        waiting.live = False
+
+    async def place(self) -> Callable[[], None] | None:
+        """For a door whose connection waits in a task of its own (MQTT over WebSocket): its ``done``, once
+        admitted, or None when it was abandoned (the worker stops accepting). Cancelled while it waits, it
+        leaves the queue; cancelled as it is admitted, its place is given back."""
+        turn = anyio.Event()
+        given: list[Callable[[], None]] = []
+
+        def start(done: Callable[[], None]) -> None:
+            given.append(done)
+            turn.set()
+
+        waiting = self.admit(start, turn.set)
+        try:
+            await turn.wait()
+        except BaseException:
+            if given:
+                given[0]()
+            elif waiting is not None:
+                self.withdraw(waiting)
+            raise
+        return given[0] if given else None
 
     def _start(self, start: Start) -> None:
         self.admitted += 1
@@ -59,7 +101,9 @@ class Admission:
             given_back = True
             self.admitted -= 1
             while self.waiting and (not self.limit or self.admitted < self.limit):
-                self._start(self.waiting.popleft()[0])
+                waiting = self.waiting.popleft()
+                if waiting.live:
+                    self._start(waiting.start)
 
         try:
             start(done)
@@ -70,6 +114,7 @@ class Admission:
     def abandon_waiting(self) -> int:
         """Those still waiting are not admitted: each ``abandon()`` is called. How many there were."""
         waiting, self.waiting = self.waiting, deque()
-        for _, abandon in waiting:
-            abandon()
-        return len(waiting)
+        live = [w for w in waiting if w.live]
+        for w in live:
+            w.abandon()
+        return len(live)

@@ -142,3 +142,56 @@ def test_a_crowd_leaves_the_listen_backlog_while_the_event_loop_is_busy() -> Non
     finally:
         for s in opened + handed:
             s.close()
+
+
+
+def test_a_door_that_waits_in_a_task_is_admitted_in_turn_and_a_cancelled_wait_holds_no_turn() -> None:
+    import anyio
+
+    async def scenario() -> None:
+        admission = Admission(1)
+        first = await admission.place()  # a place is free: at once
+        assert first is not None and admission.admitted == 1
+        got: dict[str, Any] = {}
+
+        async def wait(name: str) -> None:
+            got[name] = await admission.place()
+
+        async with anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as doomed:
+                doomed.start_soon(wait, "cancelled")
+                await anyio.sleep(0.01)
+                doomed.cancel_scope.cancel()  # its connection's task is cancelled while it waits
+            tg.start_soon(wait, "next")
+            await anyio.sleep(0.01)
+            assert got == {} and admission.admitted == 1
+            first()  # the cancelled wait is passed over: the next in line is admitted
+            await anyio.sleep(0.01)
+            assert "cancelled" not in got and got["next"] is not None and admission.admitted == 1
+            got["next"]()
+        assert admission.admitted == 0 and not admission.waiting
+        assert await admission.place() is not None, "a newcomer is admitted at once"
+
+    anyio.run(scenario)
+
+
+def test_a_door_waiting_in_a_task_when_accepting_stops_is_told_so_and_never_admitted() -> None:
+    import anyio
+
+    async def scenario() -> None:
+        admission = Admission(1)
+        first = await admission.place()
+        got: dict[str, Any] = {}
+
+        async def wait() -> None:
+            got["waiting"] = await admission.place()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.01)
+            assert admission.abandon_waiting() == 1
+        assert got["waiting"] is None
+        first()
+        assert admission.admitted == 0
+
+    anyio.run(scenario)

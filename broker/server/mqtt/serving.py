@@ -154,6 +154,18 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
         except LimitExceeded:
             await anyio.aclose_forcefully(stream)  # no CONNACK before the upgrade: closed
             return
+        # a place among the connections in their connect phase, as over TCP: the upgrade is read, and the
+        # connect timeout starts, only at its turn (a storm over WebSocket waits accepted too)
+        try:
+            done = await admission.place()
+        except BaseException:
+            await anyio.aclose_forcefully(stream)
+            gate.leave(gate_pass)
+            raise
+        if done is None:  # the worker stops accepting: closed unread
+            await anyio.aclose_forcefully(stream)
+            gate.leave(gate_pass)
+            return
         ws = MqttWebSocketStream(stream)
         try:
             with anyio.fail_after(gate.connect_timeout_s):
@@ -162,8 +174,13 @@ async def serve_mqtt(worker: Any, port: int | None, tls: Any, *, ws_port: int | 
             log.info("MQTT WebSocket refused: %s", exc)
             await anyio.aclose_forcefully(stream)
             gate.leave(gate_pass)
+            done()
             return
+        except BaseException:
+            done()
+            raise
         conn = connection("mqtt-ws", gate_pass)
+        conn.admission_done = done
         wire = StreamWire(ws, conn.received, conn.caught_up)
         conn.stream = wire
         conn._start_driving(tasks.start_soon, over, deadlines)

@@ -128,3 +128,65 @@ def test_mqtt_over_websocket_over_tls_with_the_workers_certificates(redis_url, t
             assert got.get(timeout=10) == ("wss/x", b"sealed", 1)
         finally:
             c.disconnect(), c.loop_stop()
+
+
+UPGRADE = (b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+           b"Sec-WebSocket-Protocol: mqtt\r\n\r\n")
+
+
+def _upgraded(port: int) -> socket.socket:
+    """A WebSocket upgraded for MQTT that has sent no CONNECT yet: in its connect phase."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(UPGRADE)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 101"), head[:40]
+    return s
+
+
+@pytest.fixture
+def one_at_a_time(redis_url):
+    # one connection in its connect phase at a time, whatever its door
+    with worker(redis_url, mqtt_port=0, mqtt_ws_port=0, max_connecting=1) as started:
+        yield started
+
+
+def test_a_websocket_client_past_the_admission_bound_waits_its_turn_unanswered_then_connects(one_at_a_time) -> None:
+    w = one_at_a_time.worker
+    holder = _upgraded(w.mqtt_ws_port)  # upgraded, its CONNECT not sent: it holds the one place
+    waiting = socket.create_connection(("127.0.0.1", w.mqtt_ws_port), timeout=10)
+    waiting.sendall(UPGRADE)
+    waiting.settimeout(1.0)
+    with pytest.raises(TimeoutError):  # its upgrade unread: not even the 101 before its turn
+        waiting.recv(4096)
+    assert w.mqtt_admission.most_waiting >= 1
+    holder.close()  # gone before its CONNECT: its place is given back, and the waiting one's turn comes
+    waiting.settimeout(10)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += waiting.recv(4096)
+    assert head.startswith(b"HTTP/1.1 101"), head[:40]
+    waiting.close()
+    got: queue.Queue[Any] = queue.Queue()
+    c = ws_client(w.mqtt_ws_port, "after-the-wait", "5.0", got)  # every place given back: a client connects
+    c.disconnect(), c.loop_stop()
+
+
+def test_the_doors_share_one_bound_and_a_refused_upgrade_gives_its_place_back(one_at_a_time) -> None:
+    w = one_at_a_time.worker
+    s = socket.create_connection(("127.0.0.1", w.mqtt_ws_port), timeout=10)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # not an upgrade: refused (426), and its place freed
+    assert _whole_reply(s).startswith(b"HTTP/1.1 426")
+    holder = _upgraded(w.mqtt_ws_port)
+    tcp = socket.create_connection(("127.0.0.1", w.mqtt_port), timeout=10)
+    tcp.sendall(bytes([0x10, 0x10, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 60, 0, 4]) + b"test")
+    tcp.settimeout(1.0)
+    with pytest.raises(TimeoutError):  # the WebSocket holds the place: the TCP client's CONNECT waits unread
+        tcp.recv(4)
+    holder.close()
+    tcp.settimeout(10)
+    assert tcp.recv(4) == bytes([0x20, 0x02, 0x00, 0x00]), "CONNACK, accepted, once the place came free"
+    tcp.close()
+    assert w.mqtt_admission.admitted == 0
