@@ -51,6 +51,11 @@ LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 IDLE_S = 0.1  # a connection idle this long is asked whether Redis closed it before a write goes on it
 
 
+def _read_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 class _Wire(asyncio.Protocol):
     """The socket's side: writes what it is given, hands each reply to the oldest waiting future."""
 
@@ -214,8 +219,13 @@ class RedisLink:
             loop.call_soon(self._flush)
         try:
             replies = [await futures[0]] if len(futures) == 1 else [await f for f in futures]
-        except LOST as exc:
-            if not batch.written:
+        except BaseException as exc:
+            # The commands after the one that failed fail too (or will, once the loss reaches them): their
+            # failure is this call's, raised here. Left unread, each would be logged with its traceback when
+            # collected, at any moment: inside a compile() on Python 3.11, that is a SystemError.
+            for fut in futures:
+                fut.add_done_callback(_read_failure)
+            if isinstance(exc, LOST) and not batch.written:
                 raise NotSent(f"the connection to Redis was lost before the command went: {exc}") from exc
             raise
         for reply in replies:

@@ -9,6 +9,7 @@ twice. A connection that could not be made at all is retried: nothing was sent.
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -26,11 +27,11 @@ LOG = Keyspace().queue(QueueRef("orders")).log
 
 
 class CuttingProxy:
-    """Forwards to Redis; once armed, the first connection that sends an EVALSHA is cut after
-    forwarding it, before the reply goes back."""
+    """Forwards to Redis; once armed, the first connection that sends an EVALSHA (of the script
+    ``needle`` names, when set) is cut after forwarding it, before the reply goes back."""
 
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
+    def __init__(self, upstream_port: int, needle: bytes = b"EVALSHA") -> None:
+        self.upstream_port, self.needle = upstream_port, needle
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.armed = threading.Event()
@@ -53,7 +54,7 @@ class CuttingProxy:
             while data := src.recv(65536):
                 if held.is_set():
                     break
-                armed = to_redis and self.armed.is_set() and b"EVALSHA" in data
+                armed = to_redis and self.armed.is_set() and b"EVALSHA" in data and self.needle in data
                 if armed:
                     self.armed.clear()
                     held.set()
@@ -76,7 +77,7 @@ class CuttingProxy:
         self.listener.close()
 
 
-def test_a_publish_whose_connection_broke_after_it_ran_is_stored_once() -> None:
+def test_a_publish_whose_connection_broke_after_it_ran_is_stored_once(caplog) -> None:
     with EmbeddedRedis() as server:
         proxy = CuttingProxy(server.port)
         try:
@@ -92,6 +93,10 @@ def test_a_publish_whose_connection_broke_after_it_ran_is_stored_once() -> None:
                 assert c.call("PUB", "orders", "twice", "ID", "order-7").startswith("TRYAGAIN")
                 assert c.call("PUB", "orders", "twice", "ID", "order-7") == "3"
                 assert server.client().hlen(LOG) == 3
+            gc.collect()
+            # the publish's other commands on the cut connection failed with it, and were read: a failure
+            # left unread is logged when collected, and on Python 3.11 that inside a compile() is a SystemError
+            assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
         finally:
             proxy.close()
 
@@ -135,3 +140,4 @@ def test_a_tls_sentinel_url_uses_tls_to_the_sentinels_too() -> None:
 def test_a_malformed_sentinel_url_is_refused_saying_why(url) -> None:
     with pytest.raises(BadArgument):
         parse_sentinel_url(url)
+
