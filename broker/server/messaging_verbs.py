@@ -26,6 +26,7 @@ from fencemq.protocol.commands import Request
 from fencemq.protocol.deliveries import encode_deliveries, encode_delivery
 from fencemq.protocol.resp import Prebuilt, SimpleString, encode_bulk_array
 from fencemq.server import long_poll, metrics
+from fencemq.server.lost_pulls import MAY_HAVE_RUN, PullLedger
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 
@@ -223,14 +224,28 @@ class MessagingVerbs:
 
     async def pull(self, session: Session, handle: str, count: int = 1, block_ms: int | None = None) -> Any:
         h = session.own(handle)
-        if block_ms is None:
-            result = await self.services.core.leases.pull(h, count)
-        else:
-            # A fenced member (evicted, suspected, standby, ended) waits like any long
-            # poll: woken when it may receive again, not answered at once to spin.
-            result = await long_poll.pull(self.services, session, h, count, block_ms)
+        ledger = session.pulls or self._ledger(session)
+        leases = self.services.core.leases
+        result = await ledger.recover(leases, handle, h, count) if ledger.in_doubt else None
+        if result is None:
+            try:
+                if block_ms is None:
+                    result = await leases.pull(h, count)
+                else:
+                    # A fenced member (evicted, suspected, standby, ended) waits like any long
+                    # poll: woken when it may receive again, not answered at once to spin.
+                    result = await long_poll.pull(self.services, session, h, count, block_ms)
+            except MAY_HAVE_RUN:
+                ledger.doubt(handle)  # its checkouts, if it made any, answer the next PULL (lost_pulls.py)
+                raise
+        ledger.delivered(handle, result.deliveries)
         metrics.DELIVERED.inc(len(result.deliveries))
         return Prebuilt(encode_deliveries(result.deliveries, session.proto))
+
+    @staticmethod
+    def _ledger(session: Session) -> PullLedger:
+        session.pulls = PullLedger()
+        return session.pulls
 
     async def ack_then_pull(self, session: Session, ack: Request, pull: Request) -> list[Any]:
         """``ACK h tags…`` pipelined with ``PULL h …`` (the consume loop): both fence calls in one
@@ -251,20 +266,32 @@ class MessagingVerbs:
         except FenceMQError as exc:
             return [exc, exc]  # the same handle: alone, each is refused the same way
         count, block_ms = pull.args.get("count", 1), pull.args.get("block_ms")
+        handle = pull.args["handle"]
+        ledger = session.pulls or self._ledger(session)
+        if ledger.in_doubt.get(handle) is not None:  # a PULL cut off before: answered first, one by one
+            return [await self._outcome_alone(session, r) for r in (ack, pull)]
         leases = self.services.core.leases
         try:
             acked, result = await leases.ack_then_pull(h, ack.args["tags"], count)
         except FenceMQError:  # refused before anything ran (a bad tag, COUNT): one by one
             return [await self._outcome_alone(session, r) for r in (ack, pull)]
+        except MAY_HAVE_RUN:
+            ledger.doubt(handle)
+            raise
         if not isinstance(acked, Exception):
             metrics.ACKED.inc(acked)
+        if isinstance(result, MAY_HAVE_RUN):
+            ledger.doubt(handle)
         if isinstance(result, Exception):
             return [acked, result]
         if not result.deliveries and block_ms is not None:
             try:
                 result = await long_poll.pull(self.services, session, h, count, block_ms)
             except (FenceMQError, RedisError) as exc:  # the ACK ran: only the PULL's reply is this refusal
+                if isinstance(exc, MAY_HAVE_RUN):
+                    ledger.doubt(handle)
                 return [acked, exc]
+        ledger.delivered(handle, result.deliveries)
         metrics.DELIVERED.inc(len(result.deliveries))
         return [acked, Prebuilt(encode_deliveries(result.deliveries, session.proto))]
 

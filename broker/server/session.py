@@ -34,6 +34,7 @@ from fencemq.ops.users import User
 from fencemq.model.keys import check_name
 from fencemq.model.handles import Handle
 from fencemq.server.gate import Pass
+from fencemq.server.lost_pulls import PullLedger
 from fencemq.protocol.commands import Request
 from fencemq.protocol.resp import Push
 from fencemq.server.services import Services
@@ -92,6 +93,7 @@ class Session:
         self.linger_ms = services.config.session_lease_ms
         self._waits: set[anyio.CancelScope] = set()  # long polls that a drain ends early
         self.farewell: Push | None = None  # a last notice to send before the connection closes
+        self.pulls: PullLedger | None = None  # its PULLs, once it pulls: one cut off is answered by the next
         self.taken_over_afresh = False  # taken over by a connection that started the session anew
         self._watch_for_hangup = watch_for_hangup
         self._end_connection = end_connection

@@ -141,3 +141,86 @@ def test_a_malformed_sentinel_url_is_refused_saying_why(url) -> None:
     with pytest.raises(BadArgument):
         parse_sentinel_url(url)
 
+
+def _pull_cut_off(lock_ms: int):
+    """A worker behind a proxy that cuts the connection of the next PULL fence after Redis ran it, a
+    named session subscribed to orders (lease ``lock_ms``), and a, b, c published."""
+    from bench.bulk_fences import load_scripts
+    from tests.helpers import as_map
+
+    server = EmbeddedRedis().start()
+    proxy = CuttingProxy(server.port, needle=load_scripts(server.client())["pull"].encode())
+    w = worker(f"redis://127.0.0.1:{proxy.port}/0", default_lock_ms=lock_ms, sweep_interval_ms=50)
+    started = w.__enter__()
+    c = RespConn(started.port, timeout=20)
+    c.hello(3, "alice")
+    handle = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
+    assert c.call("MPUB", "orders", 3, "a", "b", "c") == ["1", "2", "3"]
+
+    def close() -> None:
+        c.close()
+        w.__exit__(None, None, None)
+        proxy.close()
+        server.stop()
+
+    return server, proxy, c, handle, close
+
+
+def test_a_pull_whose_reply_was_lost_is_answered_by_the_next_pull_and_its_member_never_suspected() -> None:
+    from tests.helpers import deliveries
+
+    lock_ms = 800
+    server, proxy, c, handle, close = _pull_cut_off(lock_ms)
+    try:
+        proxy.armed.set()
+        reply = c.call("PULL", handle, "COUNT", 2)
+        assert proxy.cut.is_set() and str(reply).startswith("TRYAGAIN"), reply
+        # Redis ran it: a and b are checked out to alice, whose client never saw them. Sent again, the
+        # PULL answers them (not c, not nothing), with their tags, before their leases run out.
+        got = deliveries(c.call("PULL", handle, "COUNT", 10))
+        assert [d["payload"] for d in got] == ["a", "b"], got
+        assert c.call("ACK", handle, *[d["tag"] for d in got]) == 2
+        time.sleep(3 * lock_ms / 1000)  # past the leases the lost PULL made: nothing of it left to run out
+        got = deliveries(c.call("PULL", handle, "COUNT", 10))
+        assert [d["payload"] for d in got] == ["c"], "not suspected: the next PULL checks out as usual"
+    finally:
+        close()
+
+
+def test_a_lost_pull_is_answered_count_at_a_time_and_a_pull_that_never_ran_changes_nothing() -> None:
+    from tests.helpers import deliveries
+
+    server, proxy, c, handle, close = _pull_cut_off(30_000)
+    try:
+        proxy.armed.set()
+        assert str(c.call("PULL", handle, "COUNT", 3)).startswith("TRYAGAIN")
+        first = deliveries(c.call("PULL", handle, "COUNT", 2))  # what was lost, COUNT at a time
+        rest = deliveries(c.call("PULL", handle, "COUNT", 2))
+        assert [d["payload"] for d in first + rest] == ["a", "b", "c"]
+        assert len({d["tag"] for d in first + rest}) == 3
+        assert deliveries(c.call("PULL", handle, "COUNT", 2)) == [], "each was answered once"
+        assert c.call("MPUB", "orders", 1, "d") == ["4"]
+        # NOREPLICAS: the PULL never ran (nothing in doubt): the next one checks out as usual
+        server.client().config_set("min-replicas-to-write", 1)
+        assert str(c.call("PULL", handle, "COUNT", 2)).startswith("TRYAGAIN")
+        server.client().config_set("min-replicas-to-write", 0)
+        assert [d["payload"] for d in deliveries(c.call("PULL", handle, "COUNT", 2))] == ["d"]
+    finally:
+        close()
+
+
+def test_a_pull_pipelined_behind_an_ack_and_lost_with_it_is_answered_by_the_next_pull() -> None:
+    from tests.helpers import deliveries, pipeline
+
+    server, proxy, c, handle, close = _pull_cut_off(30_000)
+    try:
+        first = deliveries(c.call("PULL", handle, "COUNT", 1))
+        proxy.armed.set()  # the consume loop: ACK what it has and PULL the next, in one write
+        c.send_raw(pipeline(("ACK", handle, first[0]["tag"]), ("PULL", handle, "COUNT", 2)))
+        replies = c.replies(2)
+        assert proxy.cut.is_set() and all(str(r).startswith("TRYAGAIN") for r in replies), replies
+        got = deliveries(c.call("PULL", handle, "COUNT", 5))
+        assert [d["payload"] for d in got] == ["b", "c"], got
+        assert c.call("ACK", handle, first[0]["tag"]) == 0, "the ACK ran: it settles nothing twice"
+    finally:
+        close()
