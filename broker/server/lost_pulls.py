@@ -25,10 +25,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fencemq.errors import Unconfirmed
 from fencemq.fences.leases import Leases, Look, PullResult
+from fencemq.fences.redis_servers import NotSent
 from fencemq.model.handles import Handle
 from fencemq.model.messages import Delivery
 
-# What a PULL's fence call may raise after it ran in Redis (READONLY, NOREPLICAS, OOM… never ran)
+# What a PULL's fence call may raise after it ran in Redis (READONLY, NOREPLICAS, OOM… never ran; NotSent
+# never left the worker)
 MAY_HAVE_RUN: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, Unconfirmed)
 REMEMBERED_HANDLES = 64
 
@@ -51,8 +53,10 @@ class PullLedger:
         if len(self.delivered_to) > REMEMBERED_HANDLES:
             del self.delivered_to[next(iter(self.delivered_to))]
 
-    def doubt(self, handle: str) -> None:
-        self.in_doubt.setdefault(handle, self.delivered_to.get(handle, 0))
+    def doubt(self, handle: str, exc: BaseException) -> None:
+        """The handle's PULL failed with ``exc``: in doubt if it may have run."""
+        if isinstance(exc, MAY_HAVE_RUN) and not isinstance(exc, NotSent):
+            self.in_doubt.setdefault(handle, self.delivered_to.get(handle, 0))
 
     async def recover(self, leases: Leases, handle: str, h: Handle, count: int) -> PullResult | None:
         """What the handle's PULL in doubt checked out (at most ``count``), or None: nothing in doubt,

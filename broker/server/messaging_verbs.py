@@ -235,8 +235,8 @@ class MessagingVerbs:
                     # A fenced member (evicted, suspected, standby, ended) waits like any long
                     # poll: woken when it may receive again, not answered at once to spin.
                     result = await long_poll.pull(self.services, session, h, count, block_ms)
-            except MAY_HAVE_RUN:
-                ledger.doubt(handle)  # its checkouts, if it made any, answer the next PULL (lost_pulls.py)
+            except MAY_HAVE_RUN as exc:
+                ledger.doubt(handle, exc)  # its checkouts, if it made any, answer the next PULL (lost_pulls.py)
                 raise
         ledger.delivered(handle, result.deliveries)
         metrics.DELIVERED.inc(len(result.deliveries))
@@ -275,21 +275,19 @@ class MessagingVerbs:
             acked, result = await leases.ack_then_pull(h, ack.args["tags"], count)
         except FenceMQError:  # refused before anything ran (a bad tag, COUNT): one by one
             return [await self._outcome_alone(session, r) for r in (ack, pull)]
-        except MAY_HAVE_RUN:
-            ledger.doubt(handle)
+        except MAY_HAVE_RUN as exc:
+            ledger.doubt(handle, exc)
             raise
         if not isinstance(acked, Exception):
             metrics.ACKED.inc(acked)
-        if isinstance(result, MAY_HAVE_RUN):
-            ledger.doubt(handle)
         if isinstance(result, Exception):
+            ledger.doubt(handle, result)
             return [acked, result]
         if not result.deliveries and block_ms is not None:
             try:
                 result = await long_poll.pull(self.services, session, h, count, block_ms)
             except (FenceMQError, RedisError) as exc:  # the ACK ran: only the PULL's reply is this refusal
-                if isinstance(exc, MAY_HAVE_RUN):
-                    ledger.doubt(handle)
+                ledger.doubt(handle, exc)
                 return [acked, exc]
         ledger.delivered(handle, result.deliveries)
         metrics.DELIVERED.inc(len(result.deliveries))
