@@ -1,14 +1,14 @@
 """A PULL whose reply Redis's failure lost: the next PULL of the handle on the connection answers it.
 
-A PULL's fence call cut off by a lost connection or a timeout (``TRYAGAIN``), or run but not
-confirmed by the replicas (``UNCONFIRMED``), may have checked messages out to the member. Nobody
+A PULL's fence call cut off by a lost connection or a timeout (``TRYAGAIN``) may have checked
+messages out to the member (a PULL is not one of the calls the durability setting confirms). Nobody
 received them: left alone, their leases ran out, the member was suspected, and a plain client
 that only sends its PULL again got empty replies until it RENEWed tags it never saw. So the
 connection remembers the handle's PULL as in doubt, and its next PULL of that handle first reads
 back (lua/pull.lua, look ``recover``) the member's checkouts made after the last delivery this
 connection answered for the handle: what the lost PULL checked out. They are that PULL's answer,
 at most COUNT of them (the rest come with the next PULL), their leases as they were made; when
-there are none, the PULL checks out as usual. docs/protocol.md, "A PULL answered TRYAGAIN or UNCONFIRMED".
+there are none, the PULL checks out as usual. docs/protocol.md, "A PULL answered TRYAGAIN".
 
 What a connection remembers is small and bounded: per handle it pulled, the last tag it
 delivered (for the most recent :data:`REMEMBERED_HANDLES`), and the handles in doubt. A handle
@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fencemq.errors import Unconfirmed
 from fencemq.fences.leases import Leases, Look, PullResult
 from fencemq.fences.redis_servers import NotSent
 from fencemq.model.handles import Handle
@@ -31,7 +30,7 @@ from fencemq.model.messages import Delivery
 
 # What a PULL's fence call may raise after it ran in Redis (READONLY, NOREPLICAS, OOM… never ran; NotSent
 # never left the worker)
-MAY_HAVE_RUN: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, Unconfirmed)
+MAY_HAVE_RUN: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError)
 REMEMBERED_HANDLES = 64
 
 
