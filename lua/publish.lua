@@ -5,24 +5,6 @@
 --@include lib/schedule.lua
 --@flags none
 --
--- Returns: {ids, push members, handed}: one message id per pair (a repeated dedup id
---   within the window returns the id of the first publish and stores
---   nothing; for a run, the ids the run was given, consecutive from it),
---   the queue's push members as 'group TAB member' lines (false when none) for
---   the worker to dispatch to, and handed: -1 when no long poll waits, 0 when
---   some wait but nothing was handed to them (no fresh intent given, or they
---   are fenced), else the earliest deadline of the leases handed out.
---   Scheduled (a due time after now): the ids are schedule ids ('s' and digits), the messages
---   wait in the schedule, nothing is appended, and handed is the due time; then this call
---   must run under a fresh lease intent (it listed the queue for the sweep).
--- Errors: BADARG when the messages are not pairs, a span is malformed or runs
---   past the batch, a number is not an integer, or the due time is further ahead than
---   max_delay_ms; STALE when scheduling under a lease intent that is too old (nothing done);
---   NOPRIORITY when a PRIORITY is given for a queue not set to honour it (nothing done).
--- Then the log's head is trimmed (lib/retention.lua): without a policy, what
---   every group has settled; past the limits, whatever its state.
--- Cost: O(n + trimmed + groups · log n), trimming at most n + 100 old entries per call.
---
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] dedup           zset: dedup id scored by publish time
@@ -61,6 +43,23 @@
 -- ARGV[15] priority       '' or PRIORITY: the level (0–9) of every message of the call, on a queue set to
 --                         honour priority (lib/priority.lua); '' there is level 0
 -- ARGV[16..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- Returns: {ids, push members, handed}: one message id per pair (a repeated dedup id
+--   within the window returns the id of the first publish and stores
+--   nothing; for a run, the ids the run was given, consecutive from it),
+--   the queue's push members as 'group TAB member' lines (false when none) for
+--   the worker to dispatch to, and handed: -1 when no long poll waits, 0 when
+--   some wait but nothing was handed to them (no fresh intent given, or they
+--   are fenced), else the earliest deadline of the leases handed out.
+--   Scheduled (a due time after now): the ids are schedule ids ('s' and digits), the messages
+--   wait in the schedule, nothing is appended, and handed is the due time; then this call
+--   must run under a fresh lease intent (it listed the queue for the sweep).
+-- Errors: BADARG when the messages are not pairs, a span is malformed or runs
+--   past the batch, a number is not an integer, or the due time is further ahead than
+--   max_delay_ms; STALE when scheduling under a lease intent that is too old (nothing done);
+--   NOPRIORITY when a PRIORITY is given for a queue not set to honour it (nothing done).
+-- Then the log's head is trimmed (lib/retention.lua): without a policy, what
+--   every group has settled; past the limits, whatever its state.
+-- Cost: O(n + trimmed + groups · log n), trimming at most n + 100 old entries per call.
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local maxlen = int_arg(A.maxlen, 'MAXLEN')
 local maxage = int_arg(A.maxage_ms, 'MAXAGE')

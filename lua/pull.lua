@@ -3,21 +3,6 @@
 --@include lib/waiters.lua
 --@flags allow-oom
 --
--- Returns: {epoch, deadline, status, refill, since, tag1, id1, acquisitions1, body1, ...}
---   status 'ok' with 0..count deliveries, or a fence that yields none:
---   'evicted' (preempted; its old checkouts go back to the queue),
---   'suspected' (a lease expired; settle or RENEW first), 'standby' (not the
---   active member), 'ended' (its MAX is reached, or a push member's end of
---   stream). deadline is the new leases' deadline, -1 when none were made.
---   A push member takes up to COUNT from its mailbox, as TAKE does one at a
---   time; refill = 1 when it is a shared group's member, for dispatch.lua.
---   since is the queue's last tag when 'first' registered the waiter, else ''
---   (a push member is never registered: a publish fills its mailbox).
--- Errors: NOTFOUND when the member is not subscribed; BADARG on a bad count;
---   STALE when the lease intent is too old (nothing done).
--- Cost: O(count + due delayed) — returned messages first, in id order, then
---   new ones from the cursor.
---
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -48,6 +33,20 @@
 -- ARGV[8] wid             the waiter's id (unique per long poll)
 -- ARGV[9] since           what 'first' answered
 -- ARGV[10] wait_ms        how long the record lives ('first'): the BLOCK left, and a margin
+-- Returns: {epoch, deadline, status, refill, since, tag1, id1, acquisitions1, body1, ...}
+--   status 'ok' with 0..count deliveries, or a fence that yields none:
+--   'evicted' (preempted; its old checkouts go back to the queue),
+--   'suspected' (a lease expired; settle or RENEW first), 'standby' (not the
+--   active member), 'ended' (its MAX is reached, or a push member's end of
+--   stream). deadline is the new leases' deadline, -1 when none were made.
+--   A push member takes up to COUNT from its mailbox, as TAKE does one at a
+--   time; refill = 1 when it is a shared group's member, for dispatch.lua.
+--   since is the queue's last tag when 'first' registered the waiter, else ''
+--   (a push member is never registered: a publish fills its mailbox).
+-- Errors: NOTFOUND when the member is not subscribed; BADARG on a bad count;
+--   STALE when the lease intent is too old (nothing done).
+-- Cost: O(count + due delayed) — returned messages first, in id order, then
+--   new ones from the cursor.
 local g, m = A.group, A.member
 local count = int_arg(A.count, 'COUNT', 1)
 check_intent(A.intent_at, A.intent_ms)

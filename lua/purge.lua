@@ -2,6 +2,20 @@
 --@include lib/lite.lua
 --@flags allow-oom
 --
+-- KEYS[1] meta
+-- KEYS[2] log
+-- KEYS[3] checkouts
+-- KEYS[4] owned
+-- KEYS[5] ready
+-- KEYS[6] delayed
+-- KEYS[7] dedup
+-- KEYS[8] dedup_ids
+-- KEYS[9] journal
+-- KEYS[10] dead           (an lmq holding dead letters is not reclaimed: lib/lite.lua)
+-- KEYS[11] totals         the broker's totals (lib/totals.lua)
+-- KEYS[12] backlogs
+-- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
+-- ARGV[1] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- Returns: {seq, {group, cursor before, unread dropped, returned dropped,
 --   delayed dropped, checkouts left, ...}} (six entries per group, in the
 --   order the groups were created).
@@ -18,21 +32,6 @@
 -- An lmq left with nothing to read and no owner gets its idle TTL.
 -- Errors: NOTFOUND when the queue does not exist.
 -- Cost: O(groups · log n + returned and delayed messages of the queue).
---
--- KEYS[1] meta
--- KEYS[2] log
--- KEYS[3] checkouts
--- KEYS[4] owned
--- KEYS[5] ready
--- KEYS[6] delayed
--- KEYS[7] dedup
--- KEYS[8] dedup_ids
--- KEYS[9] journal
--- KEYS[10] dead           (an lmq holding dead letters is not reclaimed: lib/lite.lua)
--- KEYS[11] totals         the broker's totals (lib/totals.lua)
--- KEYS[12] backlogs
--- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
--- ARGV[1] idle_ttl_ms     of an lmq (0 = a plain topic)
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
 if redis.call('EXISTS', K.meta) == 0 then raise('NOTFOUND', 'no such queue; list them with `fencemq queues`') end

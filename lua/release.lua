@@ -3,15 +3,6 @@
 --@include lib/lite.lua
 --@flags allow-oom
 --
--- Returns: {ids, push members, next due}: the message ids the released messages got (in due
---   order: each enters the log now, stamped with now), the queue's push members as 'group TAB
---   member' lines (false when none) for the worker to dispatch to, and when the next scheduled
---   message is due (-1: none left).
--- A message cancelled before (unpub.lua) is not released; one released is no longer
--- cancellable. Idempotent: several sweepers may release one queue at once, each message once.
--- Errors: BADARG when a number is not an integer.
--- Cost: O(released · log n + trimmed).
---
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] scheduled
@@ -36,6 +27,14 @@
 -- ARGV[6] keep            1: the topic has a retention policy (lib/retention.lua); 0: settled messages go
 -- ARGV[7] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- ARGV[8] journal_cap     (0 = off)
+-- Returns: {ids, push members, next due}: the message ids the released messages got (in due
+--   order: each enters the log now, stamped with now), the queue's push members as 'group TAB
+--   member' lines (false when none) for the worker to dispatch to, and when the next scheduled
+--   message is due (-1: none left).
+-- A message cancelled before (unpub.lua) is not released; one released is no longer
+-- cancellable. Idempotent: several sweepers may release one queue at once, each message once.
+-- Errors: BADARG when a number is not an integer.
+-- Cost: O(released · log n + trimmed).
 local upto = int_arg(A.upto, 'upto')
 local limit = int_arg(A.limit, 'limit', 1)
 local maxlen = int_arg(A.maxlen, 'MAXLEN')

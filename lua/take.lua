@@ -2,20 +2,6 @@
 --@include lib/mailbox.lua
 --@flags allow-oom
 --
--- Returns: {'msg', epoch, deadline, tag, id, acquisitions, body, refill},
---   {'none', refill} when there is nothing the member may take (empty, or the
---   member is fenced off or suspected), or {'eos', gone} at the end of stream.
---   After a MAX the member stays, ended (gone = 0, and every TAKE after it
---   answers the same): its handle still settles (ACK, NACK, RENEW) what it
---   took; those come back to the group only by lease expiry or the session's
---   end. After an UNSUB the member is removed (gone = 1). refill = 1: a shared group's
---   member, to be refilled by dispatch.lua with the group's strategy.
--- The taken message's lease starts now; the mailbox is topped up in the same
--- call. See take_from_mailbox (lib/mailbox.lua) for what is dropped.
--- Errors: NOTFOUND (not subscribed), BADARG (not a push subscription), STALE
---   (the lease intent is too old: nothing done).
--- Cost: O(skipped + messages topped up).
---
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -35,6 +21,19 @@
 -- ARGV[3] default_lock_ms
 -- ARGV[4] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
 -- ARGV[5] intent_ms       how old that intent may be
+-- Returns: {'msg', epoch, deadline, tag, id, acquisitions, body, refill},
+--   {'none', refill} when there is nothing the member may take (empty, or the
+--   member is fenced off or suspected), or {'eos', gone} at the end of stream.
+--   After a MAX the member stays, ended (gone = 0, and every TAKE after it
+--   answers the same): its handle still settles (ACK, NACK, RENEW) what it
+--   took; those come back to the group only by lease expiry or the session's
+--   end. After an UNSUB the member is removed (gone = 1). refill = 1: a shared group's
+--   member, to be refilled by dispatch.lua with the group's strategy.
+-- The taken message's lease starts now; the mailbox is topped up in the same
+-- call. See take_from_mailbox (lib/mailbox.lua) for what is dropped.
+-- Errors: NOTFOUND (not subscribed), BADARG (not a push subscription), STALE
+--   (the lease intent is too old: nothing done).
+-- Cost: O(skipped + messages topped up).
 local g, m = A.group, A.member
 check_intent(A.intent_at, A.intent_ms)
 local now = now_ms()

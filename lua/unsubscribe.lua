@@ -2,16 +2,6 @@
 --@include lib/mailbox.lua
 --@flags allow-oom
 --
--- Returns: {checkouts returned, owner after (or ''), 1 if the member was
---   removed now else 0, 1 if it stays until it TAKEs its end-of-stream
---   sentinel else 0}. Idempotent: leaving twice returns {0, owner, 0, 0}.
--- All the member's checkouts go back to the queue at once, its marker and
--- state are removed (no marker outlives its member), and an exclusive or
--- single-active group hands ownership to the next member in arrival order.
--- The group itself, with its cursor and epoch, stays: it is durable.
--- Errors: none of its own.
--- Cost: O(the member's checkouts + members of the group).
---
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -35,6 +25,15 @@
 --   the end-of-stream sentinel seated, so a blocked TAKE wakes with EOS; the
 --   member goes when it TAKEs it) or 'leave' (session over: gone at once)
 -- ARGV[4] idle_ttl_ms     of an lmq (0 = a plain topic)
+-- Returns: {checkouts returned, owner after (or ''), 1 if the member was
+--   removed now else 0, 1 if it stays until it TAKEs its end-of-stream
+--   sentinel else 0}. Idempotent: leaving twice returns {0, owner, 0, 0}.
+-- All the member's checkouts go back to the queue at once, its marker and
+-- state are removed (no marker outlives its member), and an exclusive or
+-- single-active group hands ownership to the next member in arrival order.
+-- The group itself, with its cursor and epoch, stays: it is durable.
+-- Errors: none of its own.
+-- Cost: O(the member's checkouts + members of the group).
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local mb, g, m = K.mailbox, A.group, A.member
 local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER), mf(g, m, DELIVERED), mf(g, m, CAPACITY), mf(g, m, ENDED))
