@@ -63,14 +63,11 @@ class PullLedger:
         since = self.in_doubt.get(handle)
         if since is None:
             return None
-        result = await leases.pull(h, count, Look("recover", "", str(since)))
-        found = [d for d in result.deliveries if not d.tag.startswith("q")]
+        result = await leases.pull(h, count, Look("recover", "", str(since)))  # checkouts only: no QoS 0
+        found = result.deliveries
         if len(found) > count:
             self.in_doubt[handle] = int(found[count - 1].tag)  # the rest: with the next PULL
             result.deliveries = found[:count]
             return result
         del self.in_doubt[handle]
-        if not found:
-            return None
-        result.deliveries = found
-        return result
+        return result if found else None

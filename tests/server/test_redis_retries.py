@@ -13,6 +13,8 @@ import gc
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -20,7 +22,7 @@ from fencemq.fences.redis_servers import is_sentinel_url, parse_sentinel_url
 from fencemq.errors import BadArgument
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.server.embedded import EmbeddedRedis
-from tests.helpers import RespConn, worker
+from tests.helpers import RespConn, as_map, deliveries, pipeline, worker
 
 pytestmark = pytest.mark.standalone
 LOG = Keyspace().queue(QueueRef("orders")).log
@@ -142,36 +144,28 @@ def test_a_malformed_sentinel_url_is_refused_saying_why(url) -> None:
         parse_sentinel_url(url)
 
 
-def _pull_cut_off(lock_ms: int):
+@contextmanager
+def _pull_cut_off(lock_ms: int) -> Iterator[tuple[EmbeddedRedis, CuttingProxy, RespConn, str]]:
     """A worker behind a proxy that cuts the connection of the next PULL fence after Redis ran it, a
     named session subscribed to orders (lease ``lock_ms``), and a, b, c published."""
     from bench.bulk_fences import load_scripts
-    from tests.helpers import as_map
 
-    server = EmbeddedRedis().start()
-    proxy = CuttingProxy(server.port, needle=load_scripts(server.client())["pull"].encode())
-    w = worker(f"redis://127.0.0.1:{proxy.port}/0", default_lock_ms=lock_ms, sweep_interval_ms=50)
-    started = w.__enter__()
-    c = RespConn(started.port, timeout=20)
-    c.hello(3, "alice")
-    handle = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
-    assert c.call("MPUB", "orders", 3, "a", "b", "c") == ["1", "2", "3"]
-
-    def close() -> None:
-        c.close()
-        w.__exit__(None, None, None)
-        proxy.close()
-        server.stop()
-
-    return server, proxy, c, handle, close
+    with EmbeddedRedis() as server:
+        proxy = CuttingProxy(server.port, needle=load_scripts(server.client())["pull"].encode())
+        try:
+            with worker(f"redis://127.0.0.1:{proxy.port}/0", default_lock_ms=lock_ms, sweep_interval_ms=50) as w, \
+                    RespConn(w.port, timeout=20) as c:
+                c.hello(3, "alice")
+                handle = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
+                assert c.call("MPUB", "orders", 3, "a", "b", "c") == ["1", "2", "3"]
+                yield server, proxy, c, handle
+        finally:
+            proxy.close()
 
 
 def test_a_pull_whose_reply_was_lost_is_answered_by_the_next_pull_and_its_member_never_suspected() -> None:
-    from tests.helpers import deliveries
-
     lock_ms = 800
-    server, proxy, c, handle, close = _pull_cut_off(lock_ms)
-    try:
+    with _pull_cut_off(lock_ms) as (server, proxy, c, handle):
         proxy.armed.set()
         reply = c.call("PULL", handle, "COUNT", 2)
         assert proxy.cut.is_set() and str(reply).startswith("TRYAGAIN"), reply
@@ -183,15 +177,10 @@ def test_a_pull_whose_reply_was_lost_is_answered_by_the_next_pull_and_its_member
         time.sleep(3 * lock_ms / 1000)  # past the leases the lost PULL made: nothing of it left to run out
         got = deliveries(c.call("PULL", handle, "COUNT", 10))
         assert [d["payload"] for d in got] == ["c"], "not suspected: the next PULL checks out as usual"
-    finally:
-        close()
 
 
 def test_a_lost_pull_is_answered_count_at_a_time_and_a_pull_that_never_ran_changes_nothing() -> None:
-    from tests.helpers import deliveries
-
-    server, proxy, c, handle, close = _pull_cut_off(30_000)
-    try:
+    with _pull_cut_off(30_000) as (server, proxy, c, handle):
         proxy.armed.set()
         assert str(c.call("PULL", handle, "COUNT", 3)).startswith("TRYAGAIN")
         first = deliveries(c.call("PULL", handle, "COUNT", 2))  # what was lost, COUNT at a time
@@ -205,15 +194,10 @@ def test_a_lost_pull_is_answered_count_at_a_time_and_a_pull_that_never_ran_chang
         assert str(c.call("PULL", handle, "COUNT", 2)).startswith("TRYAGAIN")
         server.client().config_set("min-replicas-to-write", 0)
         assert [d["payload"] for d in deliveries(c.call("PULL", handle, "COUNT", 2))] == ["d"]
-    finally:
-        close()
 
 
 def test_a_pull_pipelined_behind_an_ack_and_lost_with_it_is_answered_by_the_next_pull() -> None:
-    from tests.helpers import deliveries, pipeline
-
-    server, proxy, c, handle, close = _pull_cut_off(30_000)
-    try:
+    with _pull_cut_off(30_000) as (server, proxy, c, handle):
         first = deliveries(c.call("PULL", handle, "COUNT", 1))
         proxy.armed.set()  # the consume loop: ACK what it has and PULL the next, in one write
         c.send_raw(pipeline(("ACK", handle, first[0]["tag"]), ("PULL", handle, "COUNT", 2)))
@@ -222,5 +206,3 @@ def test_a_pull_pipelined_behind_an_ack_and_lost_with_it_is_answered_by_the_next
         got = deliveries(c.call("PULL", handle, "COUNT", 5))
         assert [d["payload"] for d in got] == ["b", "c"], got
         assert c.call("ACK", handle, first[0]["tag"]) == 0, "the ACK ran: it settles nothing twice"
-    finally:
-        close()
