@@ -42,7 +42,9 @@
 -- ARGV[14] max_delay_ms    how far ahead a message may be scheduled
 -- ARGV[15] priority       '' or PRIORITY: the level (0–9) of every message of the call, on a queue set to
 --                         honour priority (lib/priority.lua); '' there is level 0
--- ARGV[16..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- ARGV[16] clock_ids      1: a queue that can be deleted and made again (an lmq, a filter queue): its
+--                         ids start at the clock, not at 1 (lib/meta.lua, start_ids)
+-- ARGV[17..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
 -- Returns: {ids, push members, handed}: one message id per pair (a repeated dedup id
 --   within the window returns the id of the first publish and stores
 --   nothing; for a run, the ids the run was given, consecutive from it),
@@ -110,7 +112,12 @@ if window > 0 then
   end
 end
 
-local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
+local seq, fresh = 0, false  -- a scheduled publish gives no id: its release starts the queue's ids
+if not due and n > 0 then seq, fresh = start_ids(K, now, A.clock_ids == '1') end
+if fresh then  -- the queue's first message: it counts from now
+  redis.call('HSET', K.meta, 'ct', now)
+  count_queue(K, 1)
+end
 local first_new = seq + 1
 local stamp = int_str(now) .. ':'
 local ids, pairs_, np = {}, {}, 0
@@ -190,10 +197,6 @@ if new_ids then journal_batch(now, 'pub', nil, nil, new_ids) end
 
 redis.call('HSET', K.log, unpack(pairs_))
 if prio_on(K) then index_messages(K, level or 0, first_new, seq) end
-if redis.call('HSETNX', K.meta, 'first', 1) == 1 then
-  redis.call('HSET', K.meta, 'ct', now)
-  count_queue(K, 1)
-end
 redis.call('HSET', K.meta, 'seq', seq, 'wt', now, 'jcap', A.journal_cap)
 count_appended(K, seq - first_new + 1)
 

@@ -27,6 +27,7 @@
 -- ARGV[6] keep            1: the topic has a retention policy (lib/retention.lua); 0: settled messages go
 -- ARGV[7] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- ARGV[8] journal_cap     (0 = off)
+-- ARGV[9] clock_ids       1: an lmq or a filter queue: its ids start at the clock (lib/meta.lua, start_ids)
 -- Returns: {ids, push members, next due}: the message ids the released messages got (in due
 --   order: each enters the log now, stamped with now), the queue's push members as 'group TAB
 --   member' lines (false when none) for the worker to dispatch to, and when the next scheduled
@@ -46,7 +47,7 @@ if upto > now then upto = now end
 local due = take_due(K, upto, limit)
 if #due == 0 then return {{}, false, first_scheduled(K)} end
 expand_meta(K.meta)  -- validated: now the writes, with no field left to a default
-local seq = tonumber(redis.call('HGET', K.meta, 'seq') or '0')
+local seq, fresh = start_ids(K, now, A.clock_ids == '1')
 local texts = int_strs(seq + 1, #due)
 local pairs_ = {}
 for i, d in ipairs(due) do
@@ -57,7 +58,7 @@ redis.call('HSET', K.log, unpack(pairs_))
 if prio_on(K) then  -- each at the level it was published with (lib/priority.lua)
   for i, d in ipairs(due) do index_messages(K, scheduled_level(d[1]), seq + i, seq + i) end
 end
-if redis.call('HSETNX', K.meta, 'first', 1) == 1 then
+if fresh then
   redis.call('HSET', K.meta, 'ct', now)
   count_queue(K, 1)
 end

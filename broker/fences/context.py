@@ -86,6 +86,13 @@ class FenceContext:
         """An lmq's idle TTL: how long an unowned, empty lmq lives; 0 for queues that are never reclaimed."""
         return self.config.lmq_idle_ttl_ms if ref.lite else 0
 
+    @staticmethod
+    def clock_ids(ref: QueueRef) -> int:
+        """1 when ``ref``'s ids start at the clock: a queue that can be deleted and made again (an lmq,
+        reclaimed when idle; a filter queue, dropped with its last member) must never give an id twice
+        (docs/data-model.md, "Message ids"); 0: a plain topic, never deleted, starts at 1."""
+        return 1 if ref.lite or ref.is_filter else 0
+
     def journal_cap(self, ref: QueueRef) -> int:
         return self.config.lite_journal_cap if ref.lite else self.config.journal_cap
 

@@ -62,7 +62,7 @@ PUBLISH = fence("publish",
                 "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters "
                 "scheduled scheduled_bodies totals backlogs priority",
                 "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans intent_at intent_ms "
-                "default_lock_ms delay_ms at_ms max_delay_ms priority", argv_rest="messages")
+                "default_lock_ms delay_ms at_ms max_delay_ms priority clock_ids", argv_rest="messages")
 
 
 class Publishing:
@@ -178,6 +178,7 @@ class Publishing:
         args = dict(dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
                     journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans), default_lock_ms=config.default_lock_ms,
                     delay_ms=opt(delay_ms), at_ms=opt(at_ms), max_delay_ms=config.max_delay_ms, priority=opt(priority),
+                    clock_ids=self.ctx.clock_ids(ref),
                     **await self.ctx.retention.args(ref.topic))
         keys = self.ctx.keys.queue(ref)
 

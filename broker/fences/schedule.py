@@ -25,7 +25,7 @@ from fencemq.model.values import text
 
 RELEASE = fence("release", "meta log scheduled scheduled_bodies held ready delayed journal wake dedup dedup_ids dead "
                 "totals backlogs priority",
-                "upto limit maxlen maxage_ms maxbytes keep idle_ttl_ms journal_cap")
+                "upto limit maxlen maxage_ms maxbytes keep idle_ttl_ms journal_cap clock_ids")
 UNPUB = fence("unpub", "meta scheduled scheduled_bodies journal totals backlogs", "", argv_rest="sids")
 
 _SCHEDULE_ID = re.compile(r"s\d+(?:p\d)?")
@@ -61,7 +61,7 @@ class Scheduling:
         k = self.ctx.keys.queue(ref)
         res = await self.ctx.fences.run(RELEASE, k, upto=upto, limit=self.ctx.config.sweep_batch,
                                         idle_ttl_ms=self.ctx.idle_ttl(ref), journal_cap=self.ctx.journal_cap(ref),
-                                        **await self.ctx.retention.args(ref.topic))
+                                        clock_ids=self.ctx.clock_ids(ref), **await self.ctx.retention.args(ref.topic))
         ids, members, next_due = [text(i) for i in res[0]], parse_push_members(res[1]), int(res[2])
         if ids and members:
             await self.mailboxes.dispatch(ref, members)

@@ -147,3 +147,33 @@ local function set_members(meta, g, list)
   if #list == 0 then redis.call('HDEL', meta, gf(g, MEMBERS))
   else redis.call('HSET', meta, gf(g, MEMBERS), table.concat(list, '\n')) end
 end
+
+-- Where a queue's ids start: decided by the fence that gives it its first id
+-- (publish, release). A plain topic starts at 1. A queue that can be deleted
+-- and made again (an lmq reclaimed when idle, a filter queue dropped with its
+-- last member: `from_clock`) starts at `now · 1000 + 1` (ms since the epoch,
+-- times 1,000), so made again it starts above every id it gave before, as
+-- long as it took fewer than 1,000 ids per ms on average (docs/data-model.md,
+-- "Message ids"). Returns the queue's seq, and whether the queue is new (no
+-- `first` yet: the caller counts it). A queue that never had a message has
+-- read nothing: every cursor is at its start, and moves with it. O(groups),
+-- once per queue.
+local function start_ids(K, now, from_clock)
+  local top = redis.call('HMGET', K.meta, 'seq', 'first', 'groups')
+  local seq = tonumber(top[1] or '0')
+  if seq > 0 then return seq, false end
+  if not from_clock then
+    if top[2] then return 0, false end
+    redis.call('HSET', K.meta, 'first', 1)
+    return 0, true
+  end
+  seq = now * 1000
+  local start = int_str(seq + 1)
+  local fields = {'seq', int_str(seq), 'first', start}
+  for _, g in ipairs(top[3] and split(top[3], '\n') or {}) do
+    fields[#fields + 1] = gf(g, CURSOR)
+    fields[#fields + 1] = start
+  end
+  redis.call('HSET', K.meta, unpack(fields))
+  return seq, not top[2]
+end

@@ -652,6 +652,20 @@ def test_an_idle_lmq_that_had_dedup_ids_vanishes_whole(redis_url, r):
         wait_for(lambda: lmq_keys(r, "chat", "x") == {}, timeout=2, what="every key of the idle lmq to expire (TTL 300 ms)")
 
 
+def test_an_lmq_reclaimed_and_made_again_never_gives_an_id_it_gave_before(redis_url, r):
+    with worker(redis_url, lmq_idle_ttl_ms=300) as w, connect(w.port, "A", 2) as a:
+        before = [int(i) for i in a.call("MPUB", "chat", 2, "m1", "m2", "LMQ", "x")]
+        h = subscribe(a, "chat", "x")
+        assert a.call("ACK", h, *(d["tag"] for d in pull(a, h))) == 2
+        a.call("UNSUB", h)
+        wait_for(lambda: not lmq_keys(r, "chat", "x"), timeout=3, what="the idle lmq to vanish")
+        after = [int(i) for i in a.call("MPUB", "chat", 2, "m3", "m4", "LMQ", "x")]
+        assert after[1] == after[0] + 1 and after[0] > before[1], (before, after)
+        h = subscribe(a, "chat", "x")
+        got = pull(a, h)
+        assert [(int(d["id"]), d["payload"]) for d in got] == [(after[0], "m3"), (after[1], "m4")]
+
+
 # =====================================================================================
 # Offset policy on preemption
 

@@ -353,6 +353,22 @@ def test_the_last_member_leaving_deletes_the_groups_queue_and_its_registry_entry
     assert take_all(c, hc) == []
 
 
+def test_a_group_deleted_with_its_last_member_and_made_again_never_gives_an_id_it_gave_before(w, r):
+    a, p = client(w.port, 2, "a"), client(w.port, 2, "pub")
+    ha = sub(a, "$share/again/k/#")
+    p.execute_command("MPUB", "k/x", 2, "m1", "m2")
+    before = [int(d["id"]) for d in take_all(a, ha)]
+    qid = share_ref("again", "k/#").qid
+    a.execute_command("UNSUB", ha)
+    assert take(a, ha) == "EOS"
+    wait_for(lambda: not r.hexists(KEYS.filters, qid), timeout=3, what="the group to be deleted")
+    ha = sub(a, "$share/again/k/#")
+    p.execute_command("MPUB", "k/x", 2, "m3", "m4")
+    after = [(int(d["id"]), d["payload"]) for d in take_all(a, ha)]
+    assert len(before) == 2 and [m for _, m in after] == ["m3", "m4"], (before, after)
+    assert after[0][0] > max(before) and after[1][0] == after[0][0] + 1, (before, after)
+
+
 def test_a_group_created_to_queue_for_offline_members_keeps_their_share_in_their_mailbox(w, r):
     a, b = RespConn(w.port), client(w.port, 2, "dur-b")
     a.hello(2, "dur-a")
@@ -462,7 +478,7 @@ def test_a_sub_to_a_share_group_with_a_number_out_of_range_is_badarg_and_leaves_
     p.execute_command("MPUB", "r/x", 3, "0", "1", "2")
     k = KEYS.queue(share_ref("s", "r/#"))
     before = r.hgetall(k.meta), r.lrange(k.mailbox("s", "a"), 0, -1), r.lrange(k.mailbox("s", "b"), 0, -1)
-    assert int(before[0][b"g|s|cur"]) == 4 and before[1] and before[2]
+    assert int(before[0][b"g|s|cur"]) == int(before[0][b"seq"]) + 1 and before[1] and before[2]
     message = expect_error("BADARG", a.execute_command, "SUB", "$share/s/r/#", option, number)
     assert option in message and str(2**53 - 1) in message, message
     assert (r.hgetall(k.meta), r.lrange(k.mailbox("s", "a"), 0, -1), r.lrange(k.mailbox("s", "b"), 0, -1)) == before
