@@ -45,6 +45,12 @@ RECOVERING_LOOK_S = 0.5  # how often a waiter looks at its queue while pub/sub r
 RECOVERY_S = 5.0  # how long after the last pub/sub failure waiters keep looking on their own
 CLASSIC_MOVE_S = 2.0  # Cluster: classic channels failing this long move to another node
 RETRY_S = 0.5  # the pause after a failed read, before the next one (redis-py reconnects in it)
+# redis-py's PubSub has one socket. A subscribe that finds it closed reconnects, and reads the
+# handshake's reply while this module's reader may be waiting on that same socket: asyncio allows one
+# reader ("RuntimeError: read() called while another coroutine is already waiting for incoming data",
+# redis-py 8 after a Redis restart). That is the connection being replaced: a pub/sub failure like any
+# other, never the long poll's or the session's.
+PUBSUB_FAILURES: tuple[type[BaseException], ...] = (*REDIS_FAILURES, RuntimeError)
 
 
 class Waiter:
@@ -179,7 +185,7 @@ class Wakeups:
                 self._dispatch(msg)
             except anyio.get_cancelled_exc_class():
                 raise
-            except REDIS_FAILURES as exc:
+            except PUBSUB_FAILURES as exc:
                 self._failed("reading" + (f" from {node_name}" if node_name else ""), exc)
                 if node_name is None and self.cluster:
                     now = anyio.current_time()
@@ -302,7 +308,7 @@ class Wakeups:
                     if self.cluster:
                         node = self.redis.get_node_from_key(channel)
                         self._start_reader(node.name)
-                except REDIS_FAILURES as exc:
+                except PUBSUB_FAILURES as exc:
                     self.confirmed.pop(channel, None)
                     self._failed(f"subscribing {channel}", exc)
             confirmed = self.confirmed.get(channel)
@@ -347,7 +353,7 @@ class Wakeups:
             channels = list(dict.fromkeys(channel for _, channel in changes[start:end]))
             try:
                 await (self.pubsub.subscribe if subscribing else self.pubsub.unsubscribe)(*channels)
-            except REDIS_FAILURES as exc:
+            except PUBSUB_FAILURES as exc:
                 # Redis failing over: the reader's next tick subscribes what is followed and
                 # unsubscribes what is not (a closing connection's session must not fail for it)
                 if not subscribing:
