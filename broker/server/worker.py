@@ -304,6 +304,7 @@ class Worker:
                     if conn.session.client_id in gone and conn.session.bound:
                         # its session was ended (say, after an outage longer than the lease): the
                         # client reconnects to a fresh one rather than act for a session that is gone
+                        log.info("closing %s: its session %r was ended", conn.session.peer, conn.session.client_id)
                         conn.session.bound = False
                         conn.cut()
             except (OSError, RedisError) as exc:
