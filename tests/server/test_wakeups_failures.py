@@ -11,32 +11,16 @@ deterministic by giving the real PubSub's ``ssubscribe`` that error once.
 from __future__ import annotations
 
 import anyio
-import redis.asyncio
 
 from fencemq.server.wakeups import Wakeups
+from tests.server.test_per_call_path import _with_wakeups
 
 ONE_READER = "read() called while another coroutine is already waiting for incoming data"
 
 
-def _with_wakeups(redis_url: str, body) -> None:
-    async def main() -> None:
-        r = redis.asyncio.Redis.from_url(redis_url)
-        wakeups = Wakeups(r, "test-control")
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(wakeups.run)
-                await wakeups.ready.wait()
-                await body(wakeups, r)
-                tg.cancel_scope.cancel()
-        finally:
-            await r.aclose()
-
-    anyio.run(main)
-
-
 def test_a_subscribe_cut_by_the_one_reader_rule_leaves_the_long_poll_looking_again_then_subscribes_again(
         redis_url):
-    async def body(wakeups: Wakeups, r: redis.asyncio.Redis) -> None:
+    async def body(wakeups: Wakeups) -> None:
         real = wakeups.shards.ssubscribe
         calls: list[str] = []
 
@@ -53,7 +37,7 @@ def test_a_subscribe_cut_by_the_one_reader_rule_leaves_the_long_poll_looking_aga
                 await waiter.wait()  # woken by the look-again pause, not left waiting for ever
         async with wakeups.watching("{q}:wake") as waiter:  # the next long poll subscribes again
             assert calls == ["{q}:wake", "{q}:wake"] and wakeups.confirmed["{q}:wake"].is_set()
-            await r.spublish("{q}:wake", "1")
+            await wakeups.redis.spublish("{q}:wake", "1")
             with anyio.fail_after(2):
                 await waiter.wait()
 
