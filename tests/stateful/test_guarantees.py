@@ -65,6 +65,8 @@ SHARDS = max(1, int(os.environ.get("FENCEMQ_STATEFUL_SHARDS", "1")))
 LOCK_MS = 400  # short enough that pauses and slow steps let leases lapse, long enough to ack most
 WORKER_SETTINGS = {"session_lease_ms": 1500, "sweep_interval_ms": 50}
 RUNS = itertools.count(1)
+# Every sequence names queues of its own; after this many the workers start again on a flushed Redis
+SEQUENCES_PER_FLUSH = 10
 TARGETS = ("group", "share", "lmq")
 
 
@@ -86,9 +88,13 @@ class Workers:
 
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
-        self.inside = worker(redis_url, **WORKER_SETTINGS).start()
+        self.start()
+
+    def start(self) -> None:
+        self.inside = worker(self.redis_url, **WORKER_SETTINGS).start()
         self.outside_port = free_port()
-        self.outside = subprocess_worker(redis_url, self.outside_port, **WORKER_SETTINGS)
+        self.outside = subprocess_worker(self.redis_url, self.outside_port, **WORKER_SETTINGS)
+        self.sequences = 0  # run since Redis was last flushed
 
     def port(self, which: int) -> int:
         return self.inside.port if which == 0 else self.outside_port
@@ -105,6 +111,14 @@ class Workers:
         self.outside.wait()
         self.inside.stop()
 
+    def start_afresh(self, direct: redis.Redis) -> None:
+        """Both workers stopped, Redis flushed, both started again: no sequence leaves queues behind for the
+        next ones' totals check to count (a count of every queue after every step: the keys of a shard's
+        250 sequences made that quadratic, half an hour of a shard's time)."""
+        self.stop()
+        direct.flushall()
+        self.start()
+
 
 class Guarantees(RuleBasedStateMachine):
     workers: Workers
@@ -113,6 +127,9 @@ class Guarantees(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.run = next(RUNS)
+        if self.workers.sequences == SEQUENCES_PER_FLUSH:
+            self.workers.start_afresh(self.redis)
+        self.workers.sequences += 1
         base = f"st{self.run}"
         self.topic, self.lite_topic, self.filter_topic = f"{base}/t", f"{base}/lt", f"{base}/f/a"
         self.share_filter = f"$share/s/{base}/f/#"
@@ -200,6 +217,13 @@ class Guarantees(RuleBasedStateMachine):
         start = after.get(fields.FIRST)
         return {k for k in after if (k == fields.FIRST or k.endswith("|" + fields.CURSOR)) and after[k] == start
                 and int(before.get(k) or 1) == 1}
+
+    def connections_on_live_workers(self, cid: str) -> list[str]:
+        """The connections a session is held by (their tokens: '<worker id>:<n>'), those of a worker killed
+        with SIGKILL aside: they never leave, and that worker's lease in the workers index has run out."""
+        now = self.redis_ms()
+        live = {text(w) for w, lease in self.redis.zrange(KEYS.workers, 0, -1, withscores=True) if lease > now}
+        return [t for t in map(text, self.redis.smembers(KEYS.session_conns(cid))) if t.rsplit(":", 1)[0] in live]
 
     def forget_fetched(self, c: Consumer, target: str) -> None:
         c.fetched.pop(target, None)
@@ -457,6 +481,10 @@ class Guarantees(RuleBasedStateMachine):
         session = KEYS.session(c.cid)
         if not self.redis.exists(session):
             return
+        # A worker starts a session's lease afresh when the session's last connection leaves: that must be
+        # over before the lease is cut short here, or the session lives a whole lease more (1.5 s a time)
+        wait_for(lambda: not self.connections_on_live_workers(c.cid), timeout=10,
+                 what=f"{c.cid}'s connections to leave its session")
         # as if its lease ran out: what the sweeper reads is the lease in the session hash and in the index
         self.redis.hset(session, "lease", 1)
         self.redis.zadd(KEYS.sessions, {c.cid: 1})
