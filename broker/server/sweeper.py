@@ -20,6 +20,7 @@ from fencemq.model.keys import queue_ref
 from fencemq.model.handles import Handle
 from fencemq.errors import FenceMQError
 from fencemq.fences.core import Core
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.server.mqtt.wills import Wills
 
 log = logging.getLogger(__name__)
@@ -34,14 +35,22 @@ class Sweeper:
         self.interval = interval_ms / 1000
         self.worker_id = worker_id
         self.attached = attached  # the sessions this worker's connections hold
+        self._unreachable = False  # the last round failed for Redis (said once until a round succeeds)
 
     async def run(self) -> None:
         while True:
             try:
                 await self.sweep_once()
+                self._unreachable = False
             except anyio.get_cancelled_exc_class():
                 raise
-            except Exception:  # a failed round must not stop the next one
+            except REDIS_FAILURES as exc:
+                # Redis failing over or a shard down: expected, and the next round tries again. One line
+                # when the outage begins, not a traceback twenty times a second while it lasts.
+                if not self._unreachable:
+                    log.warning("sweep round failed, trying again every %d ms: %s", self.interval * 1000, exc)
+                self._unreachable = True
+            except Exception:  # a bug: a failed round must not stop the next one
                 log.exception("sweep round failed")
             await anyio.sleep(self.interval)
 

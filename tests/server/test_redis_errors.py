@@ -7,6 +7,7 @@ MISCONF. Never INTERNAL (kept for a fence's bug), never a dropped connection.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -14,8 +15,12 @@ import time
 import pytest
 import redis
 
+from fencemq.model.keys import Keyspace
+from fencemq.model.slots import key_slot
 from fencemq.server.embedded import EmbeddedRedis
 from tests.helpers import Err, RespConn, as_map, pipeline, wait_for, worker
+
+KEYS = Keyspace("fmq")
 
 pytestmark = pytest.mark.standalone
 
@@ -119,6 +124,21 @@ def test_a_pipelined_pub_batch_that_loses_redis_is_answered_not_dropped() -> Non
             assert time.monotonic() - started < 20
     finally:
         server.stop()
+
+
+def test_a_sweeper_whose_shard_went_dark_says_so_once_not_a_traceback_every_round(cluster, caplog) -> None:
+    from tests.server.test_cluster_worker import masters_by_slot
+
+    sessions_index = masters_by_slot(cluster)[key_slot(KEYS.sessions)]
+    with worker(f"redis://127.0.0.1:{cluster[0].port}/0", sweep_interval_ms=20) as w:
+        with caplog.at_level(logging.WARNING, logger="fencemq.server.sweeper"):
+            cluster[sessions_index].kill()  # no replica to take over: every round meets it
+            time.sleep(4.0)
+        said = [r for r in caplog.records if r.name == "fencemq.server.sweeper"]
+        assert len(said) == 1, [r.getMessage() for r in said]
+        assert said[0].levelno == logging.WARNING and said[0].exc_info is None, said[0].getMessage()
+        assert said[0].getMessage().startswith("sweep round failed, trying again every 20 ms"), said[0].getMessage()
+        assert w._thread.is_alive()
 
 
 def test_an_ack_pipelined_with_a_pull_on_a_shard_gone_dark_answers_both_with_tryagain(cluster) -> None:
