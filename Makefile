@@ -93,15 +93,16 @@ FAILOVER_TESTS ?= tests/failover
 test-failover: $(VENV)/.test
 	FENCEMQ_TEST_FAILOVER=1 $(PY) -m pytest $(FAILOVER_TESTS) -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
-# The model-based test of all five guarantees, 1,000 sequences (make test runs 30) in 4 shards side by side, beside
+# The model-based test of all five guarantees, 1,000 sequences (make test runs 30) in 12 shards, beside
 # the fences against the reference model (300 sequences per primary; make test runs 30) and lmq compaction against
-# the uncompacted layout (300; make test runs 60), in 4 processes (~26 min on 2 cores). On 2 cores the shards'
-# workers run behind their 1.5 s session leases, so leases lapse more often than on a quiet machine: the three
-# sequences found that way (a broker bug and two of the test's own) are in the README and replayed in
-# tests/stateful/test_found_sequences.py. FENCEMQ_STATEFUL_EXAMPLES and FENCEMQ_STATEFUL_SHARDS change the count.
+# the uncompacted layout (300; make test runs 60), in 4 processes. Twelve shorter shards rather than one per
+# process: pytest-xdist queues a test behind a running one, and with 4 shards two pairs ran one after the other.
+# On 2 cores the shards' workers run behind their 1.5 s session leases, so leases lapse more often than on a
+# quiet machine: the three sequences found that way (a broker bug and two of the test's own) are in the README
+# and replayed in tests/stateful/test_found_sequences.py. FENCEMQ_STATEFUL_EXAMPLES and FENCEMQ_STATEFUL_SHARDS change the count.
 STATEFUL_WORKERS ?= 4
 test-stateful: $(VENV)/.test
-	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} FENCEMQ_STATEFUL_SHARDS=$${FENCEMQ_STATEFUL_SHARDS:-4} \
+	FENCEMQ_STATEFUL_EXAMPLES=$${FENCEMQ_STATEFUL_EXAMPLES:-1000} FENCEMQ_STATEFUL_SHARDS=$${FENCEMQ_STATEFUL_SHARDS:-12} \
 	$(PY) -m pytest -n $(STATEFUL_WORKERS) --dist worksteal tests/stateful \
 	    tests/fences/test_reference_model.py tests/fences/test_lmq_at_rest.py -q --durations=10 $(PYTEST_ARGS)
 
