@@ -3,6 +3,8 @@
 --@include lib/lite.lua
 --@flags allow-oom
 --
+-- Returns: the number of checkouts settled (in full after ARGV)
+-- Errors: BADARG (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] checkouts
 -- KEYS[3] deadlines
@@ -27,12 +29,12 @@
 -- ARGV[6] maxage_ms       (0 = no limit)
 -- ARGV[7] maxbytes        (0 = no limit)
 -- ARGV[8..] tags
--- Returns: the number of checkouts settled. A tag that is not (any more)
+-- Returns, in full: the number of checkouts settled. A tag that is not (any more)
 --   checked out to this member — past its deadline (swept or not yet),
 --   redelivered, released by a seek, settled before — settles nothing.
 --   Then the log's head is trimmed (lib/retention.lua): without a policy,
 --   what every group has now settled, at most tags + 100 messages a call.
--- Errors: BADARG when a retention limit is not an integer.
+-- Errors, in full: BADARG when a retention limit is not an integer.
 -- Cost: O(tags · log n + groups · log n), in a dozen Redis calls whatever the batch size.
 local maxlen = int_arg(A.maxlen, 'MAXLEN')
 local maxage = int_arg(A.maxage_ms, 'MAXAGE')

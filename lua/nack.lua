@@ -2,6 +2,8 @@
 --@include lib/retention.lua
 --@flags allow-oom
 --
+-- Returns: {returned, dead-lettered, due} (in full after ARGV)
+-- Errors: BADARG (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -27,7 +29,7 @@
 -- ARGV[9] maxage_ms       (0 = no limit)
 -- ARGV[10] maxbytes       (0 = no limit)
 -- ARGV[11..] tags
--- Returns: {returned, dead-lettered, due}: checkouts returned (or discarded),
+-- Returns, in full: {returned, dead-lettered, due}: checkouts returned (or discarded),
 --   how many of them went to the dead-letter list, and when delayed ones
 --   become ready (-1 when none were delayed).
 -- A NACK counts a failure; at the limit the message goes to the dead-letter
@@ -37,7 +39,7 @@
 -- A message discarded or dead-lettered is settled: the log's head is then
 -- trimmed as ACK trims it (lib/retention.lua); a dead letter carries its
 -- message (replay_dead.lua puts it back).
--- Errors: BADARG when DELAY or a retention limit is not an integer of 0 or more.
+-- Errors, in full: BADARG when DELAY or a retention limit is not an integer of 0 or more.
 -- Cost: O(tags + groups · log n).
 local g, m = A.group, A.member
 local delay = int_arg(A.delay_ms, 'DELAY')

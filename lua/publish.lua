@@ -5,6 +5,8 @@
 --@include lib/schedule.lua
 --@flags none
 --
+-- Returns: {ids, push members, handed} (in full after ARGV)
+-- Errors: BADARG, STALE, NOPRIORITY (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] dedup           zset: dedup id scored by publish time
@@ -45,7 +47,7 @@
 -- ARGV[16] clock_ids      1: a queue that can be deleted and made again (an lmq, a filter queue): its
 --                         ids start at the clock, not at 1 (lib/meta.lua, start_ids)
 -- ARGV[17..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
--- Returns: {ids, push members, handed}: one message id per pair (a repeated dedup id
+-- Returns, in full: {ids, push members, handed}: one message id per pair (a repeated dedup id
 --   within the window returns the id of the first publish and stores
 --   nothing; for a run, the ids the run was given, consecutive from it),
 --   the queue's push members as 'group TAB member' lines (false when none) for
@@ -55,7 +57,7 @@
 --   Scheduled (a due time after now): the ids are schedule ids ('s' and digits), the messages
 --   wait in the schedule, nothing is appended, and handed is the due time; then this call
 --   must run under a fresh lease intent (it listed the queue for the sweep).
--- Errors: BADARG when the messages are not pairs, a span is malformed or runs
+-- Errors, in full: BADARG when the messages are not pairs, a span is malformed or runs
 --   past the batch, a number is not an integer, or the due time is further ahead than
 --   max_delay_ms; STALE when scheduling under a lease intent that is too old (nothing done);
 --   NOPRIORITY when a PRIORITY is given for a queue not set to honour it (nothing done).

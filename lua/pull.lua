@@ -3,6 +3,8 @@
 --@include lib/waiters.lua
 --@flags allow-oom
 --
+-- Returns: {epoch, deadline, status, refill, since, then 4 entries per delivery} (in full after ARGV)
+-- Errors: NOTFOUND, BADARG, STALE (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -33,7 +35,7 @@
 -- ARGV[8] wid             the waiter's id (unique per long poll)
 -- ARGV[9] since           what 'first' answered
 -- ARGV[10] wait_ms        how long the record lives ('first'): the BLOCK left, and a margin
--- Returns: {epoch, deadline, status, refill, since, tag1, id1, acquisitions1, body1, ...}
+-- Returns, in full: {epoch, deadline, status, refill, since, tag1, id1, acquisitions1, body1, ...}
 --   status 'ok' with 0..count deliveries, or a fence that yields none:
 --   'evicted' (preempted; its old checkouts go back to the queue),
 --   'suspected' (a lease expired; settle or RENEW first), 'standby' (not the
@@ -43,7 +45,7 @@
 --   time; refill = 1 when it is a shared group's member, for dispatch.lua.
 --   since is the queue's last tag when 'first' registered the waiter, else ''
 --   (a push member is never registered: a publish fills its mailbox).
--- Errors: NOTFOUND when the member is not subscribed; BADARG on a bad count;
+-- Errors, in full: NOTFOUND when the member is not subscribed; BADARG on a bad count;
 --   STALE when the lease intent is too old (nothing done).
 -- Cost: O(count + due delayed) — returned messages first, in id order, then
 --   new ones from the cursor.

@@ -2,6 +2,8 @@
 --@include lib/lite.lua
 --@flags allow-oom
 --
+-- Returns: {seq, six entries per group} (in full after ARGV)
+-- Errors: NOTFOUND (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -16,7 +18,7 @@
 -- KEYS[12] backlogs
 -- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
 -- ARGV[1] idle_ttl_ms     of an lmq (0 = a plain topic)
--- Returns: {seq, {group, cursor before, unread dropped, returned dropped,
+-- Returns, in full: {seq, {group, cursor before, unread dropped, returned dropped,
 --   delayed dropped, checkouts left, ...}} (six entries per group, in the
 --   order the groups were created).
 -- Every group of the queue: its cursor moves to seq + 1 (nothing published
@@ -30,7 +32,7 @@
 -- replayable. One 'purge' journal event per group (id = the new cursor,
 -- extra = messages dropped), or one without a group when there is none.
 -- An lmq left with nothing to read and no owner gets its idle TTL.
--- Errors: NOTFOUND when the queue does not exist.
+-- Errors, in full: NOTFOUND when the queue does not exist.
 -- Cost: O(groups · log n + returned and delayed messages of the queue).
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local ttl = int_arg(A.idle_ttl_ms, 'idle TTL')

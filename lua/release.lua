@@ -3,6 +3,8 @@
 --@include lib/lite.lua
 --@flags allow-oom
 --
+-- Returns: {ids, push members, next due} (in full after ARGV)
+-- Errors: BADARG (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] scheduled
@@ -28,13 +30,13 @@
 -- ARGV[7] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- ARGV[8] journal_cap     (0 = off)
 -- ARGV[9] clock_ids       1: an lmq or a filter queue: its ids start at the clock (lib/meta.lua, start_ids)
--- Returns: {ids, push members, next due}: the message ids the released messages got (in due
+-- Returns, in full: {ids, push members, next due}: the message ids the released messages got (in due
 --   order: each enters the log now, stamped with now), the queue's push members as 'group TAB
 --   member' lines (false when none) for the worker to dispatch to, and when the next scheduled
 --   message is due (-1: none left).
 -- A message cancelled before (unpub.lua) is not released; one released is no longer
 -- cancellable. Idempotent: several sweepers may release one queue at once, each message once.
--- Errors: BADARG when a number is not an integer.
+-- Errors, in full: BADARG when a number is not an integer.
 -- Cost: O(released · log n + trimmed).
 local upto = int_arg(A.upto, 'upto')
 local limit = int_arg(A.limit, 'limit', 1)

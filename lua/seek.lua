@@ -3,6 +3,8 @@
 --@include lib/members.lua
 --@flags allow-oom
 --
+-- Returns: {new epoch, new cursor, clamped} (in full after ARGV)
+-- Errors: NOTFOUND, STALE, NOPERM, BADARG (nothing changed) (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -21,14 +23,14 @@
 -- ARGV[3] operator        1: an operator's seek, which needs no membership
 -- ARGV[4] kind            id | time | earliest | latest
 -- ARGV[5] target          id or ms ('' for earliest/latest)
--- Returns: {new epoch, new cursor, 1 if the target was below retention and
+-- Returns, in full: {new epoch, new cursor, 1 if the target was below retention and
 --   was clamped to the oldest retained message else 0}
 -- Every checkout of the group taken under the old epoch is released (its tag
 -- goes stale: ACK/RENEW of it settle nothing) and every returned or delayed
 -- message of the group is dropped: after the seek the group reads from the
 -- new cursor only. The epoch is raised inside this one atomic call, so it
 -- only ever grows, across workers and concurrent seeks.
--- Errors: NOTFOUND (no such subscription, or the caller is not a member),
+-- Errors, in full: NOTFOUND (no such subscription, or the caller is not a member),
 --   STALE (the caller was evicted, or its subscription has ended), NOPERM (a
 --   standby of an exclusive or single-active group), BADARG (bad target).
 --   Nothing is changed then.

@@ -2,6 +2,8 @@
 --@include lib/mailbox.lua
 --@flags allow-oom
 --
+-- Returns: {'msg', …}, {'none', refill} or {'eos', gone} (in full after ARGV)
+-- Errors: NOTFOUND, BADARG, STALE (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -21,7 +23,7 @@
 -- ARGV[3] default_lock_ms
 -- ARGV[4] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
 -- ARGV[5] intent_ms       how old that intent may be
--- Returns: {'msg', epoch, deadline, tag, id, acquisitions, body, refill},
+-- Returns, in full: {'msg', epoch, deadline, tag, id, acquisitions, body, refill},
 --   {'none', refill} when there is nothing the member may take (empty, or the
 --   member is fenced off or suspected), or {'eos', gone} at the end of stream.
 --   After a MAX the member stays, ended (gone = 0, and every TAKE after it
@@ -31,7 +33,7 @@
 --   member, to be refilled by dispatch.lua with the group's strategy.
 -- The taken message's lease starts now; the mailbox is topped up in the same
 -- call. See take_from_mailbox (lib/mailbox.lua) for what is dropped.
--- Errors: NOTFOUND (not subscribed), BADARG (not a push subscription), STALE
+-- Errors, in full: NOTFOUND (not subscribed), BADARG (not a push subscription), STALE
 --   (the lease intent is too old: nothing done).
 -- Cost: O(skipped + messages topped up).
 local g, m = A.group, A.member

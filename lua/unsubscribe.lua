@@ -2,6 +2,8 @@
 --@include lib/mailbox.lua
 --@flags allow-oom
 --
+-- Returns: {checkouts returned, owner after, removed now, stays until EOS} (in full after ARGV)
+-- Errors: none of its own (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
 -- KEYS[3] checkouts
@@ -25,14 +27,14 @@
 --   the end-of-stream sentinel seated, so a blocked TAKE wakes with EOS; the
 --   member goes when it TAKEs it) or 'leave' (session over: gone at once)
 -- ARGV[4] idle_ttl_ms     of an lmq (0 = a plain topic)
--- Returns: {checkouts returned, owner after (or ''), 1 if the member was
+-- Returns, in full: {checkouts returned, owner after (or ''), 1 if the member was
 --   removed now else 0, 1 if it stays until it TAKEs its end-of-stream
 --   sentinel else 0}. Idempotent: leaving twice returns {0, owner, 0, 0}.
 -- All the member's checkouts go back to the queue at once, its marker and
 -- state are removed (no marker outlives its member), and an exclusive or
 -- single-active group hands ownership to the next member in arrival order.
 -- The group itself, with its cursor and epoch, stays: it is durable.
--- Errors: none of its own.
+-- Errors, in full: none of its own.
 -- Cost: O(the member's checkouts + members of the group).
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local mb, g, m = K.mailbox, A.group, A.member
