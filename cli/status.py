@@ -170,7 +170,7 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
             group = groups[g]
             returned, held = next(counts), next(counts)
             cursor = max(_int(group.get(meta.CURSOR), first), first)
-            unread = max(0, seq - cursor + 1)
+            unread = meta.unread(fields, cursor)
             members = []
             for m, mfields in group["members"].items():
                 pending = next(counts)
@@ -207,7 +207,7 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
             "qid": qid,
             "first_id": first,
             "last_id": seq,
-            "retained": max(0, seq - first + 1),
+            "retained": meta.ids_between(fields, first, seq),
             "backlog": max((g["backlog"] for g in out_groups), default=None),
             "checkouts": int(checkouts),
             "oldest_deadline_ms": oldest_ms,

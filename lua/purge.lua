@@ -58,7 +58,7 @@ for _, g in ipairs(groups) do
   local gs = redis.call('HMGET', K.meta, gf(g, CURSOR), gf(g, EPOCH))
   local cur = tonumber(gs[1] or first)
   if cur < first then cur = first end
-  local unread = math.max(0, seq - cur + 1)
+  local unread = count_between(K.meta, cur, seq)
   if prio_on(K) then  -- what it has not read at any level (lib/priority.lua)
     unread = unread_by_level(K, g, cur)
     redis.call('HDEL', K.meta, gf(g, LEVEL_CURSORS))

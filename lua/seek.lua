@@ -48,7 +48,7 @@ elseif kind == 'id' then
   if cur > seq + 1 then cur = seq + 1 end
 elseif kind == 'time' then
   local ms = int_arg(arg, 'SEEK TIME')
-  cur = first_at_or_after(K.log, first, seq, ms)
+  cur = first_at_or_after(K, first, seq, ms)
   -- below retention: the oldest retained message is newer than the target
   if cur == first and first > 1 then
     local body = redis.call('HGET', K.log, first)

@@ -124,15 +124,21 @@ end
 
 local entries = {}
 if max_log > 0 then
-  local last = math.min(seq, first + max_log - 1)
-  for id = first, last do
-    local body = redis.call('HGET', K.log, id)
-    if body then
-      local ms = string.match(body, '^(%d+):')
-      entries[#entries + 1] = id
-      entries[#entries + 1] = tonumber(ms)
-      entries[#entries + 1] = #body - #ms - 1
+  -- the first max_log positions from the head, gaps stepped over (lib/ids.lua)
+  local id, left = past_gap(K.meta, first), max_log
+  while left > 0 and id <= seq do
+    local last = run_end(K.meta, id, math.min(seq, id + left - 1))
+    for at = id, last do
+      local body = redis.call('HGET', K.log, at)
+      if body then
+        local ms = string.match(body, '^(%d+):')
+        entries[#entries + 1] = at
+        entries[#entries + 1] = tonumber(ms)
+        entries[#entries + 1] = #body - #ms - 1
+      end
     end
+    left = left - (last - id + 1)
+    id = past_gap(K.meta, last + 1)
   end
 end
 

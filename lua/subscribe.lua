@@ -94,10 +94,10 @@ if not existing_mode then
   local kind = A.from_kind
   if kind == 'latest' then cur = seq + 1
   elseif kind == 'id' then cur = math.min(math.max(from_arg, first), seq + 1)
-  elseif kind == 'time' then cur = first_at_or_after(K.log, first, seq, from_arg)
+  elseif kind == 'time' then cur = first_at_or_after(K, first, seq, from_arg)
   else cur = first end
   if redis.call('HSETNX', K.meta, 'first', 1) == 1 then count_queue(K, 1) end
-  add_total(K, READY, unread_of(cur, first, seq))
+  add_total(K, READY, unread_of(K.meta, cur, first, seq))
   redis.call('HSETNX', K.meta, 'seq', 0)
   redis.call('HSETNX', K.meta, 'ct', now)
   redis.call('HSET', K.meta, gf(g, MODE), mode, gf(g, POLICY), policy, gf(g, EPOCH), epoch, gf(g, CURSOR), cur,

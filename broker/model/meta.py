@@ -36,6 +36,8 @@ JOURNAL_CAP = "jcap"
 PUSH = "push"  # the push members (records.encode_push_members)
 MAX_FAILURES = "maxdel"
 PRIORITY = "prio"  # "1": the queue honours PUB … PRIORITY (lua/lib/priority.lua); absent: it does not
+SERVER = "srv"  # the server that gave the last ids: its run_id's first 8 hex digits (lua/lib/ids.lua)
+GAPS = "gaps"  # "a-b,c-d": ids skipped after a promotion or a restart, that no message holds (lua/lib/ids.lua)
 
 # -- group fields: group_field(group, name)
 MODE = "mode"  # exclusive | shared | single-active
@@ -62,6 +64,38 @@ CAPACITY = "cap"  # a push member's mailbox capacity; absent: a pull member
 QOS = "qos"
 ENDED = "end"  # the end-of-stream sentinel is seated
 ONLINE = "on"  # "0": its session has no connection
+
+
+def gaps(fields: dict[str, str]) -> list[tuple[int, int]]:
+    """The queue's gaps, ascending: inclusive ranges of ids no message holds or ever will."""
+    text = fields.get(GAPS)
+    if not text:
+        return []
+    return [(int(a), int(b)) for a, _, b in (span.partition("-") for span in text.split(","))]
+
+
+def ids_between(fields: dict[str, str], low: int, high: int) -> int:
+    """How many ids of [low, high] may hold a message: those in no gap (lua/lib/ids.lua, count_between)."""
+    if high < low:
+        return 0
+    n = high - low + 1
+    for a, b in gaps(fields):
+        n -= max(0, min(b, high) - max(a, low) + 1)
+    return n
+
+
+def unread(fields: dict[str, str], cursor: int) -> int:
+    """How many messages a group whose cursor is ``cursor`` has not read (a queue not set to honour priority)."""
+    seq, first = int(fields.get(SEQ) or 0), int(fields.get(FIRST) or 1)
+    return ids_between(fields, max(cursor, first), seq)
+
+
+def past_gap(fields: dict[str, str], position: int) -> int:
+    """``position``, or the first id after the gap it falls in."""
+    for a, b in gaps(fields):
+        if a <= position <= b:
+            position = b + 1
+    return position
 
 
 def group_field(group: str, name: str) -> str:

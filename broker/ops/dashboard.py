@@ -53,9 +53,9 @@ async def queue_looks(redis: Any, keys: Keyspace, qids: list[str]) -> dict[str, 
         if not raw:
             continue
         fields, groups = parse_meta(raw)
-        seq, first = _int(fields.get(meta.SEQ), 0), _int(fields.get(meta.FIRST), 1)
+        first = _int(fields.get(meta.FIRST), 1)
         cursors = [max(_int(g.get(meta.CURSOR), first), first) for g in groups.values()]
-        unread = [c for c in cursors if c <= seq]
+        unread = [meta.past_gap(fields, c) for c in cursors if meta.unread(fields, c) > 0]
         out[qid] = {"qid": qid, "name": queue_info(qid)["name"], "oldest_unread": min(unread) if unread else None,
                     "flagged": [(g, m, f) for g, group in groups.items() for m, f in group["members"].items()
                                 if meta.SUSPECTED_SINCE in f or meta.MARKER in f]}

@@ -112,7 +112,8 @@ def _member_row(group: str, m: str, f: dict[str, str], owner: str | None, now: i
     }
 
 
-def _group_row(name: str, group: dict[str, Any], seq: int, first: int) -> dict[str, Any]:
+def _group_row(name: str, group: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
+    first = _int(fields.get(meta.FIRST), 1)
     cursor = max(_int(group.get(meta.CURSOR), first), first)
     return {
         "group": name,
@@ -123,7 +124,7 @@ def _group_row(name: str, group: dict[str, Any], seq: int, first: int) -> dict[s
         "epoch": _int(group.get(meta.EPOCH)),
         "cursor": cursor,
         "owner": group.get(meta.OWNER),
-        "unread": max(0, seq - cursor + 1),
+        "unread": meta.unread(fields, cursor),
     }
 
 
@@ -185,7 +186,7 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
     levels = await level_counts(redis, k)  # a priority queue's: per level (fences/priority.py); None otherwise
     out_groups = []
     for g, group in groups.items():
-        row = _group_row(g, group, seq, first)
+        row = _group_row(g, group, fields)
         if levels is not None:  # its cursor is a low-water mark: what it has not read is counted by level
             row["unread"] = sum(levels["unread"].get(g, {}).values())
             row["unread_by_level"] = levels["unread"].get(g, {})
@@ -248,7 +249,7 @@ async def inspect_group(redis: Any, keys: Keyspace, ref: QueueRef, group: str, *
     counts = (await _group_counts(redis, k, {group: g}))[group]
     delayed_by = await _delayed_by_group(redis, k)
     checkouts, total = await _checkouts(redis, k, now, limit, group=group, epochs={group: _int(g.get(meta.EPOCH))})
-    row = _group_row(group, g, seq, first)
+    row = _group_row(group, g, fields)
     levels = await level_counts(redis, k)  # a priority queue's: what the group has not read, by level
     if levels is not None:
         row["unread"] = sum(levels["unread"].get(group, {}).values())

@@ -332,11 +332,11 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
             for g, group in groups.items():
                 returned = next(counts)
                 cursor = max(_int(group.get(meta.CURSOR), first), first)
-                if cursor <= seq:
-                    unread.append(cursor)
+                if meta.unread(fields, cursor) > 0:
+                    unread.append(meta.past_gap(fields, cursor))
                 levels = by_level.get(qid)
                 not_read = (sum(levels["unread"].get(g, {}).values()) if levels is not None
-                            else max(0, seq - cursor + 1))
+                            else meta.unread(fields, cursor))
                 backlogs.append(not_read + int(returned))
                 if group.get(meta.OWNER):
                     owners.append(group[meta.OWNER])

@@ -303,7 +303,7 @@ class TableWriter:
             cursor = max(_int(gfields.get(meta.CURSOR), first), first)
             by_level = unread_by_level.get(g)
             # a priority queue's cursor is a low-water mark: its unread is what each level's cursor has ahead
-            unread = sum(by_level) if by_level is not None else max(0, seq - cursor + 1)
+            unread = sum(by_level) if by_level is not None else meta.unread(f, cursor)
             mem = q.state.member_names(g)
             n_members = len(set(mem) | {m for (gg, m) in q.state.members if gg == g})
             ready = per_group_rd[g]

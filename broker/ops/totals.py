@@ -318,8 +318,8 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
             qid = Keyspace.qid_from_meta_key(key)
             e = entry_of(qid)
             fields, groups = parse_meta(raw)
-            seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST) or 1)
-            unread = sum(seq + 1 - max(_int(g.get(meta.CURSOR) or first), first) for g in groups.values())
+            first = _int(fields.get(meta.FIRST) or 1)
+            unread = sum(meta.unread(fields, _int(g.get(meta.CURSOR) or first)) for g in groups.values())
             if fields.get(meta.PRIORITY) in ("1", b"1"):  # a priority queue: what each group has not read by level
                 counts = await level_counts(redis, keys.queue_by_id(qid))
                 unread = sum(sum(by_level.values()) for by_level in (counts or {}).get("unread", {}).values())

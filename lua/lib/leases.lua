@@ -253,7 +253,8 @@ local function take_next(K, g, count, now)
     count_expired(K, g, gone, now)
     return taken
   end
-  local want = math.min(count - #taken, last - cur + 1)
+  cur = past_gap(K.meta, cur)  -- a gap is no message: stepped over, not counted (lib/ids.lua)
+  local want = math.min(count - #taken, run_end(K.meta, cur, last) - cur + 1)
   -- an empty poll of a queue at rest writes nothing
   if want > 0 or #taken > 0 or #gone > 0 then expand_meta(K.meta) end
   local moved = false
@@ -267,10 +268,10 @@ local function take_next(K, g, count, now)
         else taken[#taken + 1] = {nil, cur + i - 1, 1, body, 0, texts[i]} end
       end
     end
-    cur = cur + want
+    cur = past_gap(K.meta, cur + want)
     add_total(K, READY, -want)
     moved = true
-    want = math.min(count - #taken, last - cur + 1)
+    want = math.min(count - #taken, run_end(K.meta, cur, last) - cur + 1)
   end
   if moved then redis.call('HSET', K.meta, gf(g, CURSOR), cur) end
   count_expired(K, g, gone, now)
@@ -296,7 +297,7 @@ local function put_back(K, g, taken, from)
   end
   if by_level then put_back_by_level(K, g, by_level) end
   if back_to then
-    add_total(K, READY, tonumber(redis.call('HGET', K.meta, gf(g, CURSOR))) - back_to)
+    add_total(K, READY, count_between(K.meta, back_to, tonumber(redis.call('HGET', K.meta, gf(g, CURSOR))) - 1))
     redis.call('HSET', K.meta, gf(g, CURSOR), back_to)
   end
 end

@@ -86,13 +86,16 @@ local LMQ_KEYS = {'meta', 'log', 'journal', 'dedup', 'dedup_ids', 'dead'}
 -- Then, nothing being checked out, its meta hash may come to rest compact.
 -- One look at each group serves both. Cost: O(groups + messages dropped).
 local function drop_consumed(K, first, upto)
-  upto = math.min(upto, first + 999)
+  first = past_gap(K.meta, first)
+  upto = run_end(K.meta, first, math.min(upto, first + 999))
   if upto < first then return end
   local ids = {}
   for id = first, upto do ids[#ids + 1] = id end
   redis.call('HDEL', K.log, unpack(ids))
   expand_meta(K.meta)
-  redis.call('HSET', K.meta, 'first', upto + 1)
+  local head = past_gap(K.meta, upto + 1)
+  redis.call('HSET', K.meta, 'first', head)
+  forget_gaps_below(K.meta, head)
 end
 
 local function reclaim_if_idle(K, ttl_ms, keep)
@@ -108,7 +111,7 @@ local function reclaim_if_idle(K, ttl_ms, keep)
     for _, g in ipairs(groups and split(groups, '\n') or {}) do
       local f = read_meta(K.meta, {gf(g, OWNER), gf(g, MEMBERS), gf(g, CURSOR), gf(g, ON_PREEMPT)})
       local cur = tonumber(f[3] or first)
-      if f[1] or f[2] or cur <= seq then idle = false end
+      if f[1] or f[2] or count_between(K.meta, math.max(cur, first), seq) > 0 then idle = false end
       if f[4] == 'earliest' then rewinds = true end
       if not read_by_all or cur - 1 < read_by_all then read_by_all = cur - 1 end
     end

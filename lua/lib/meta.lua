@@ -2,6 +2,7 @@
 -- a group's member list. Touches only the meta hash the caller passes (a key
 -- the fence got in KEYS).
 --@include lib/base.lua
+--@include lib/ids.lua
 --
 -- Compact meta (lmqs at rest; docs/data-model.md, "Lmqs at rest"). Millions
 -- of lite queues sit idle with one exclusive owner, and a meta hash that
@@ -154,14 +155,16 @@ end
 -- last member: `from_clock`) starts at `now · 1000 + 1` (ms since the epoch,
 -- times 1,000), so made again it starts above every id it gave before, as
 -- long as it took fewer than 1,000 ids per ms on average (docs/data-model.md,
--- "Message ids"). Returns the queue's seq, and whether the queue is new (no
--- `first` yet: the caller counts it). A queue that never had a message has
--- read nothing: every cursor is at its start, and moves with it. O(groups),
--- once per queue.
+-- "Message ids"). A queue that gave ids before counts on from its seq, unless
+-- another server gave them (lib/ids.lua, guard_ids). Returns the queue's seq,
+-- and whether the queue is new (no `first` yet: the caller counts it). A
+-- queue that never had a message has read nothing: every cursor is at its
+-- start, and moves with it. O(groups), once per queue.
 local function start_ids(K, now, from_clock)
-  local top = redis.call('HMGET', K.meta, 'seq', 'first', 'groups')
+  local top = redis.call('HMGET', K.meta, 'seq', 'first', 'groups', 'wt', 'srv')
   local seq = tonumber(top[1] or '0')
-  if seq > 0 then return seq, false end
+  if seq > 0 or (top[2] and top[5]) then return guard_ids(K.meta, now, seq, top[4], top[5]), false end
+  redis.call('HSET', K.meta, 'srv', server_id())
   if not from_clock then
     if top[2] then return 0, false end
     redis.call('HSET', K.meta, 'first', 1)

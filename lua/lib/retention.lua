@@ -56,10 +56,21 @@ end
 local function trim_log(K, budget, keep, maxlen, maxage, maxbytes, now)
   local top = read_meta(K.meta, {'seq', 'first'})
   local seq, first = tonumber(top[1] or '0'), tonumber(top[2] or '1')
-  if first > seq or budget <= 0 then return 0 end
-  local last = math.min(seq, first + budget - 1)  -- the most this call may drop up to
+  if budget <= 0 then return 0 end
+  local head = past_gap(K.meta, first)  -- a gap at the head goes first: it holds nothing (lib/ids.lua)
+  if head > first then
+    expand_meta(K.meta)
+    redis.call('HSET', K.meta, 'first', head)
+    forget_gaps_below(K.meta, head)
+    first = head
+  end
+  if first > seq then return 0 end
+  -- the most this call may drop up to: within budget, and before the next gap
+  local last = run_end(K.meta, first, math.min(seq, first + budget - 1))
   local upto = first - 1
-  if maxlen > 0 then upto = math.max(upto, seq - maxlen) end
+  if maxlen > 0 and count_between(K.meta, first, seq) > maxlen then
+    upto = math.max(upto, position_after(K.meta, first, count_between(K.meta, first, seq) - maxlen) - 1)
+  end
   if not keep then
     local low = lowest_unsettled(K, first, seq)
     if low then upto = math.max(upto, low - 1) end
@@ -86,7 +97,9 @@ local function trim_log(K, budget, keep, maxlen, maxage, maxbytes, now)
   end
   expand_meta(K.meta)
   if prio_on(K) then trim_levels(K, first, upto + 1) else count_trimmed(K, first, upto + 1) end
-  redis.call('HSET', K.meta, 'first', upto + 1)
+  local head = past_gap(K.meta, upto + 1)
+  redis.call('HSET', K.meta, 'first', head)
+  forget_gaps_below(K.meta, head)
   return upto - first + 1
 end
 

@@ -27,15 +27,18 @@ local function published_at(body)
 end
 
 -- First retained id published at or after `ms` (seq + 1 when none): a binary
--- search over the log, since ids are assigned in publish-time order.
-local function first_at_or_after(log, first, seq, ms)
-  local lo, hi = first, seq + 1
+-- search over the log, since ids are assigned in publish-time order. It
+-- counts positions, gaps left out (lib/ids.lua).
+local function first_at_or_after(K, first, seq, ms)
+  local n = count_between(K.meta, first, seq)
+  local lo, hi = 0, n
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
-    local body = redis.call('HGET', log, mid)
+    local body = redis.call('HGET', K.log, position_after(K.meta, first, mid))
     if body and published_at(body) >= ms then hi = mid else lo = mid + 1 end
   end
-  return lo
+  if lo == n then return seq + 1 end
+  return position_after(K.meta, first, lo)
 end
 
 -- Move the group's cursor and raise its epoch: every checkout of the group
@@ -51,9 +54,9 @@ local function move_cursor(K, g, cur)
   if prio_on(K) then  -- every level's cursor moves to `cur` (lib/priority.lua)
     local unread = unread_by_level(K, g, math.max(before, first))
     redis.call('HDEL', K.meta, gf(g, LEVEL_CURSORS))
-    add_total(K, READY, unread_of(cur, first, seq) - unread)
+    add_total(K, READY, unread_of(K.meta, cur, first, seq) - unread)
   else
-    add_total(K, READY, unread_of(cur, first, seq) - unread_of(before, first, seq))
+    add_total(K, READY, unread_of(K.meta, cur, first, seq) - unread_of(K.meta, before, first, seq))
   end
   redis.call('HSET', K.meta, gf(g, CURSOR), cur)
   return epoch

@@ -21,6 +21,7 @@
 -- 'consumers' (members of every group), and of them 'suspected' and
 -- 'fenced' (carrying an eviction marker).
 --@include lib/base.lua
+--@include lib/ids.lua
 
 local READY, OUT, DELAYED, DEAD, SCHEDULED = 'ready', 'out', 'delayed', 'dead', 'scheduled'
 local ENTRIES = {}  -- meta key -> entry, per call
@@ -77,10 +78,11 @@ local function count_queue(K, n)
   end
 end
 
--- How many messages a group has past its cursor: seq + 1 - max(cursor, first).
-local function unread_of(cur, first, seq)
+-- How many messages a group has past its cursor: the positions from
+-- max(cursor, first) to seq that are in no gap (lib/ids.lua).
+local function unread_of(meta, cur, first, seq)
   if cur < first then cur = first end
-  return seq + 1 - cur
+  return count_between(meta, cur, seq)
 end
 
 -- Every group's cursor (first when it has none): {group = cursor}.
@@ -100,7 +102,7 @@ local function count_trimmed(K, before, after)
   local gone = 0
   for _, cur in pairs(group_cursors(K.meta, before)) do
     local lo = cur < before and before or cur
-    if lo < after then gone = gone + after - lo end
+    gone = gone + count_between(K.meta, lo, after - 1)
   end
   add_total(K, READY, -gone)
 end

@@ -1,0 +1,113 @@
+"""An id is never given to two messages, a lagging replica's promotion included (lua/lib/ids.lua).
+
+A replica promoted while it was behind holds an older ``seq`` than the primary that gave
+the last ids. Here the replica is cut off (REPLICAOF NO ONE) and the primary publishes
+on: what it publishes then is what a real promotion loses. The promoted replica's
+first ids on such a queue start above the clock, and the ids between are a gap that
+no read, count, seek or trim sees as a message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.server.embedded import EmbeddedRedis
+from tests.helpers import RespConn, as_map, deliveries, wait_for, worker
+from tests.ops.test_totals import checkpoint
+
+pytestmark = pytest.mark.standalone
+KEYS = Keyspace()
+CHECK_AFTER_S = 1.05  # lua/lib/ids.lua, SERVER_CHECK_MS: ids given this long ago make a fence ask who gave them
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
+    """A primary and its replica, linked."""
+    with EmbeddedRedis() as primary:
+        with EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]) as replica:
+            wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", 10)
+            yield primary, replica
+
+
+def caught_up(primary: EmbeddedRedis) -> None:
+    assert primary.client().execute_command("WAIT", 1, 5000) == 1
+
+
+def promote(replica: EmbeddedRedis) -> None:
+    """Cut the replica off and make it a primary: what its primary writes from now on, it never gets."""
+    replica.client().execute_command("REPLICAOF", "NO", "ONE")
+
+
+def meta(server: EmbeddedRedis, topic: str) -> dict[str, str]:
+    raw = server.client().hgetall(KEYS.queue(QueueRef(topic)).meta)
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def test_a_replica_promoted_behind_its_primary_gives_ids_above_every_id_the_primary_gave(pair) -> None:
+    primary, replica = pair
+    with worker(primary.url) as old, RespConn(old.port) as c:
+        c.hello(3, "alice")
+        c.call("SUB", "orders", "GROUP", "g", "MODE", "shared")
+        kept = [c.call("PUB", "orders", f"kept-{i}") for i in range(5)]
+        caught_up(primary)
+        promote(replica)
+        lost = [c.call("PUB", "orders", f"lost-{i}") for i in range(3)]
+    assert [int(i) for i in kept + lost] == list(range(1, 9))
+    time.sleep(CHECK_AFTER_S)
+    with worker(replica.url) as new, RespConn(new.port) as c:
+        c.hello(3, "bob")
+        handle = as_map(c.call("SUB", "orders", "GROUP", "g", "MODE", "shared"))["handle"]
+        before_ms = int(replica.client().time()[0]) * 1000
+        fresh = [int(c.call("PUB", "orders", f"new-{i}")) for i in range(3)]
+        assert fresh[0] > 8 and fresh[0] >= before_ms * 1000, "counted on from the replica's older seq"
+        assert fresh == list(range(fresh[0], fresh[0] + 3)), "after the gap, ids count up by one again"
+        checkpoint(replica.url, replica.client())  # the gap is in no backlog the totals keep
+        got = deliveries(c.call("PULL", handle, "COUNT", 20))
+        assert [(int(d["id"]), d["payload"]) for d in got] == \
+            [(int(k), f"kept-{i}") for i, k in enumerate(kept)] + [(f, f"new-{i}") for i, f in enumerate(fresh)]
+        for d in got:
+            assert c.call("ACK", handle, d["tag"]) == 1
+        checkpoint(replica.url, replica.client())
+        assert deliveries(c.call("PULL", handle, "COUNT", 20, "BLOCK", 50)) == []
+        # once every group is past it, the log's head passes the gap and it is forgotten
+        assert "gaps" not in meta(replica, "orders")
+
+
+def test_the_same_primary_counts_on_with_no_gap_however_long_a_queue_rested(pair) -> None:
+    primary, _ = pair
+    with worker(primary.url) as w, RespConn(w.port) as c:
+        assert c.call("PUB", "orders", "a") == "1"
+        time.sleep(CHECK_AFTER_S)
+        assert c.call("PUB", "orders", "b") == "2"
+    assert "gaps" not in meta(primary, "orders") and len(meta(primary, "orders")["srv"]) == 8
+
+
+def test_a_retained_log_across_a_gap_reads_seeks_and_trims_as_if_the_gap_were_not_there(pair) -> None:
+    primary, replica = pair
+    primary.client().hset(KEYS.retention, "audit", "6 0 0")  # `fencemq retention set audit --count 6`
+    with worker(primary.url) as old, RespConn(old.port) as c:
+        c.hello(3, "alice")
+        c.call("SUB", "audit", "GROUP", "g", "MODE", "shared")
+        before = [int(c.call("PUB", "audit", f"before-{i}")) for i in range(4)]
+        caught_up(primary)
+        promote(replica)
+        c.call("PUB", "audit", "lost")
+    time.sleep(CHECK_AFTER_S)
+    with worker(replica.url) as new, RespConn(new.port) as c:
+        c.hello(3, "bob")
+        handle = as_map(c.call("SUB", "audit", "GROUP", "g", "MODE", "shared"))["handle"]
+        time.sleep(0.01)
+        after_ms = int(replica.client().time()[0]) * 1000 + int(replica.client().time()[1]) // 1000
+        time.sleep(0.01)
+        after = [int(c.call("PUB", "audit", f"after-{i}")) for i in range(3)]
+        ids = [int(k) for k in replica.client().hkeys(KEYS.queue(QueueRef("audit")).log)]
+        assert sorted(ids) == before[1:] + after, "the count of 6 keeps six messages, the gap counting for none"
+        c.call("SEEK", handle, "TIME", after_ms)
+        assert [int(d["id"]) for d in deliveries(c.call("PULL", handle, "COUNT", 10))] == after
+        c.call("SEEK", handle, "EARLIEST")
+        assert [int(d["id"]) for d in deliveries(c.call("PULL", handle, "COUNT", 10))] == before[1:] + after
+        checkpoint(replica.url, replica.client())
