@@ -51,7 +51,7 @@ local function anything_left(K, seq)
   local groups = read_meta(K.meta, {'groups'})[1]
   for _, g in ipairs(groups and split(groups, '\n') or {}) do
     local f = redis.call('HMGET', K.meta, gf(g, CURSOR), 'first')
-    local cur = math.max(tonumber(f[1] or f[2] or '1'), tonumber(f[2] or '1'))
+    local cur = tonumber(f[1] or f[2] or '1')
     if count_between(K.meta, cur, seq) > 0 then return true end
     if #redis.call('ZRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1', 'LIMIT', 0, 1) > 0 then return true end
   end

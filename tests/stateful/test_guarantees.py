@@ -448,7 +448,7 @@ class Guarantees(RuleBasedStateMachine):
         dispatched = self.dispatched_meanwhile(queue, before, after, expired_before)
         changed = {k for k in before.keys() | after.keys()
                    if before.get(k) != after.get(k) and not k.endswith(("|sus", "|n", "|on")) and k not in
-                   (fields.TAG, fields.LAST_WRITE, fields.SEQ) and k not in dispatched
+                   (fields.TAG, fields.LAST_WRITE, fields.SEQ, fields.SERVER) and k not in dispatched
                    and k not in self.started_meanwhile(before, after)}
         assert not changed, f"{command[0]} with {huge} was refused but changed {changed}"
 
