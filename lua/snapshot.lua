@@ -111,7 +111,7 @@ local oldest = {}
 for _, g in ipairs(f.groups and split(f.groups, '\n') or {}) do
   local cur = tonumber(f[gf(g, CURSOR)] or first)
   if cur < first then cur = first end
-  pending(g, cur)
+  pending(g, past_gap(K.meta, cur))  -- a cursor in a gap reads next from the id after it (lib/ids.lua)
   if low[g] then
     local body = redis.call('HGET', K.log, low[g])
     if body then

@@ -104,6 +104,25 @@ local function server_id()
   return string.sub(string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'), 1, 8)
 end
 
+-- May a new plain topic start its ids at 1? Only on the server that has held
+-- the slot's state from its first queue on: the totals hash of the slot (one
+-- per slot on a Cluster, one in all elsewhere, lib/totals.lua) names it in
+-- `srv`, set by the slot's first new queue, to this server when it has never
+-- been a replica promoted (INFO replication: no second replication id), else
+-- to '-', which is no server. On any other server the topic may be one that a
+-- failover or a restart lost whole, its ids given already: it starts at the
+-- clock. Asked once per new queue (and the server's history once per slot).
+local function ids_from_one(totals, here)
+  local holder = redis.call('HGET', totals, 'srv')
+  if not holder then
+    local replication = redis.call('INFO', 'replication')
+    local second = string.match(replication, 'master_replid2:(%x+)') or ''
+    holder = string.find(second, '[^0]') and '-' or here
+    redis.call('HSET', totals, 'srv', holder)
+  end
+  return holder == here
+end
+
 -- Before a fence gives ids after `seq` (a queue that has given ids before,
 -- whose meta was last written `wt`, by server `srv`): the seq to count on
 -- from. The same seq, unless another server gave the queue's last ids: then

@@ -150,7 +150,9 @@ local function set_members(meta, g, list)
 end
 
 -- Where a queue's ids start: decided by the fence that gives it its first id
--- (publish, release). A plain topic starts at 1. A queue that can be deleted
+-- (publish, release). A plain topic starts at 1 on a server that has held its
+-- slot's state from the start (lib/ids.lua, ids_from_one), else at the clock
+-- as below: it may be one lost whole in a failover or a restart. A queue that can be deleted
 -- and made again (an lmq reclaimed when idle, a filter queue dropped with its
 -- last member: `from_clock`) starts at `now · 1000 + 1` (ms since the epoch,
 -- times 1,000), so made again it starts above every id it gave before, as
@@ -164,8 +166,9 @@ local function start_ids(K, now, from_clock)
   local top = redis.call('HMGET', K.meta, 'seq', 'first', 'groups', 'wt', 'srv')
   local seq = tonumber(top[1] or '0')
   if seq > 0 or (top[2] and top[5]) then return guard_ids(K.meta, now, seq, top[4], top[5]), false end
-  redis.call('HSET', K.meta, 'srv', server_id())
-  if not from_clock then
+  local here = server_id()
+  redis.call('HSET', K.meta, 'srv', here)
+  if not from_clock and ids_from_one(K.totals, here) then
     if top[2] then return 0, false end
     redis.call('HSET', K.meta, 'first', 1)
     return 0, true

@@ -19,7 +19,9 @@
 -- group met expired and settled unsent, lib/leases.lua). Queues: 'queues:t', 'queues:l',
 -- 'queues:f' (an lmq set to be reclaimed is not counted), 'lmqs|<entry>',
 -- 'consumers' (members of every group), and of them 'suspected' and
--- 'fenced' (carrying an eviction marker).
+-- 'fenced' (carrying an eviction marker). And 'srv', which is no figure: the
+-- server that has held the slot's state from its first queue (lib/ids.lua,
+-- ids_from_one).
 --@include lib/base.lua
 --@include lib/ids.lua
 

@@ -111,3 +111,18 @@ def test_a_retained_log_across_a_gap_reads_seeks_and_trims_as_if_the_gap_were_no
         c.call("SEEK", handle, "EARLIEST")
         assert [int(d["id"]) for d in deliveries(c.call("PULL", handle, "COUNT", 10))] == before[1:] + after
         checkpoint(replica.url, replica.client())
+
+
+def test_a_plain_topic_lost_whole_in_the_promotion_starts_again_above_the_ids_it_gave(pair) -> None:
+    primary, replica = pair
+    with worker(primary.url) as old, RespConn(old.port) as c:
+        assert c.call("PUB", "early", "kept") == "1", "a server that has held everything from the start: from 1"
+        caught_up(primary)
+        promote(replica)
+        lost = [int(c.call("PUB", "late", f"lost-{i}")) for i in range(3)]
+    assert lost == [1, 2, 3]
+    with worker(replica.url) as new, RespConn(new.port) as c:
+        again = int(c.call("PUB", "late", "new"))
+        assert again > 3, "a topic the promoted replica never had gave ids 1-3 on the old primary"
+        assert int(c.call("PUB", "never-seen", "x")) > 3, "nor can it tell a new topic from one it lost"
+        assert int(c.call("PUB", "late", "next")) == again + 1
