@@ -6,7 +6,7 @@
 -- again. So the meta hash names, in `srv`, the server that gave its ids (the
 -- first 8 hex digits of its run_id: another after a promotion or a restart),
 -- and the first fence that gives ids on a queue last written by another
--- server starts them above the clock (`now · 1000`, as a new lmq does). The
+-- server goes on past every id that server may have given (guard_ids). The
 -- ids skipped form a *gap*: positions no message holds or ever will, kept in
 -- the meta field `gaps` ("a-b,c-d": inclusive, ascending) until the log's
 -- head passes them. Whatever counts or walks the positions between a cursor
@@ -124,10 +124,14 @@ local function ids_from_one(totals, here)
 end
 
 -- Before a fence gives ids after `seq` (a queue that has given ids before,
--- whose meta was last written `wt`, by server `srv`): the seq to count on
--- from. The same seq, unless another server gave the queue's last ids: then
--- `now · 1000` (if higher), the ids between made a gap. Records this server
--- as the queue's when it asked.
+-- last at `wt`, by server `srv`): the seq to count on from. The same seq,
+-- unless another server gave the queue's last ids. Then that server may have
+-- given more after `wt` (what this one never got), at most 1,000 a ms on
+-- average (the bound lmqs' clock ids rest on, docs/data-model.md): the ids
+-- go on 1,000 per ms since `wt` further, the ids skipped made a gap. (Not
+-- `now · 1000`: a priority queue's ids stay below 2^48, lib/priority.lua, so
+-- a plain topic's ids grow with the time it failed over after, not with the
+-- date.) Records this server as the queue's when it asked.
 local function guard_ids(meta, now, seq, wt, srv)
   if wt and now - tonumber(wt) < SERVER_CHECK_MS and srv then return seq end
   local here = server_id()
@@ -136,8 +140,8 @@ local function guard_ids(meta, now, seq, wt, srv)
   end
   redis.call('HSET', meta, 'srv', here)
   -- a queue from before `srv` was kept (nil): nothing to compare with
-  if not srv or now * 1000 <= seq then return seq end
-  local gaps, top = gaps_of(meta), now * 1000
+  if not srv then return seq end
+  local gaps, top = gaps_of(meta), seq + math.max(now - tonumber(wt or now - SERVER_CHECK_MS), 1) * 1000
   local last = gaps[#gaps]
   if last and last[2] == seq then last[2] = top else gaps[#gaps + 1] = {seq + 1, top} end
   write_gaps(meta, gaps)

@@ -151,8 +151,9 @@ end
 
 -- Where a queue's ids start: decided by the fence that gives it its first id
 -- (publish, release). A plain topic starts at 1 on a server that has held its
--- slot's state from the start (lib/ids.lua, ids_from_one), else at the clock
--- as below: it may be one lost whole in a failover or a restart. A queue that can be deleted
+-- slot's state from the start (lib/ids.lua, ids_from_one), else at the clock,
+-- `now · 100`: it may be one lost whole in a failover or a restart (as long as
+-- it took fewer than 100 ids per ms on average). A queue that can be deleted
 -- and made again (an lmq reclaimed when idle, a filter queue dropped with its
 -- last member: `from_clock`) starts at `now · 1000 + 1` (ms since the epoch,
 -- times 1,000), so made again it starts above every id it gave before, as
@@ -173,7 +174,9 @@ local function start_ids(K, now, from_clock)
     redis.call('HSET', K.meta, 'first', 1)
     return 0, true
   end
-  seq = now * 1000
+  -- an lmq or a filter queue counts the clock in µs; a plain topic in tens of µs, so that, honouring
+  -- priority, its ids stay below 2^48 (lib/priority.lua) until 2059
+  seq = now * (from_clock and 1000 or 100)
   local start = int_str(seq + 1)
   local fields = {'seq', int_str(seq), 'first', start}
   for _, g in ipairs(top[3] and split(top[3], '\n') or {}) do

@@ -3,7 +3,7 @@
 A replica promoted while it was behind holds an older ``seq`` than the primary that gave
 the last ids. Here the replica is cut off (REPLICAOF NO ONE) and the primary publishes
 on: what it publishes then is what a real promotion loses. The promoted replica's
-first ids on such a queue start above the clock, and the ids between are a gap that
+first ids on such a queue skip past every id the primary may have given, a gap that
 no read, count, seek or trim sees as a message.
 """
 
@@ -15,9 +15,10 @@ from collections.abc import Iterator
 import pytest
 
 from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.ops.priority import set_priority
 from fencemq.server.embedded import EmbeddedRedis
-from tests.helpers import RespConn, as_map, deliveries, wait_for, worker
-from tests.ops.test_totals import checkpoint
+from tests.helpers import RespConn, as_map, deliveries, direct_async, wait_for, worker
+from tests.ops.test_totals import checkpoint, run_async
 
 pytestmark = pytest.mark.standalone
 KEYS = Keyspace()
@@ -61,9 +62,9 @@ def test_a_replica_promoted_behind_its_primary_gives_ids_above_every_id_the_prim
     with worker(replica.url) as new, RespConn(new.port) as c:
         c.hello(3, "bob")
         handle = as_map(c.call("SUB", "orders", "GROUP", "g", "MODE", "shared"))["handle"]
-        before_ms = int(replica.client().time()[0]) * 1000
         fresh = [int(c.call("PUB", "orders", f"new-{i}")) for i in range(3)]
-        assert fresh[0] > 8 and fresh[0] >= before_ms * 1000, "counted on from the replica's older seq"
+        # past what the old primary could have given since the replica's last write: 1,000 a ms
+        assert fresh[0] > 5 + CHECK_AFTER_S * 1_000_000, "counted on from the replica's older seq"
         assert fresh == list(range(fresh[0], fresh[0] + 3)), "after the gap, ids count up by one again"
         checkpoint(replica.url, replica.client())  # the gap is in no backlog the totals keep
         got = deliveries(c.call("PULL", handle, "COUNT", 20))
@@ -122,7 +123,40 @@ def test_a_plain_topic_lost_whole_in_the_promotion_starts_again_above_the_ids_it
         lost = [int(c.call("PUB", "late", f"lost-{i}")) for i in range(3)]
     assert lost == [1, 2, 3]
     with worker(replica.url) as new, RespConn(new.port) as c:
+        now_ms = int(replica.client().time()[0]) * 1000
         again = int(c.call("PUB", "late", "new"))
         assert again > 3, "a topic the promoted replica never had gave ids 1-3 on the old primary"
+        assert now_ms * 100 <= again < 2**48, "the clock in tens of µs: a priority queue's ids stay below 2^48"
         assert int(c.call("PUB", "never-seen", "x")) > 3, "nor can it tell a new topic from one it lost"
         assert int(c.call("PUB", "late", "next")) == again + 1
+
+
+def test_a_priority_queue_reads_level_by_level_across_a_gap(pair) -> None:
+    primary, replica = pair
+
+    async def honour_priority() -> None:
+        r = direct_async(primary.url)
+        try:
+            await set_priority(r, KEYS, QueueRef("jobs"), True)
+        finally:
+            await r.aclose()
+
+    run_async(honour_priority())
+    with worker(primary.url) as old, RespConn(old.port) as c:
+        c.hello(3, "alice")
+        c.call("SUB", "jobs", "GROUP", "g", "MODE", "shared")
+        low = [int(c.call("PUB", "jobs", f"low-{i}", "PRIORITY", 1)) for i in range(2)]
+        caught_up(primary)
+        promote(replica)
+        c.call("PUB", "jobs", "lost", "PRIORITY", 9)
+    time.sleep(CHECK_AFTER_S)
+    with worker(replica.url) as new, RespConn(new.port) as c:
+        c.hello(3, "bob")
+        handle = as_map(c.call("SUB", "jobs", "GROUP", "g", "MODE", "shared"))["handle"]
+        high = int(c.call("PUB", "jobs", "high", "PRIORITY", 9))
+        later_low = int(c.call("PUB", "jobs", "low-later", "PRIORITY", 1))
+        assert 3 < high < later_low < 2**48, "past the gap, and below the priority index's bound"
+        checkpoint(replica.url, replica.client())
+        got = deliveries(c.call("PULL", handle, "COUNT", 10))
+        assert [int(d["id"]) for d in got] == [high, *low, later_low], "level 9 first, then level 1 in order"
+        checkpoint(replica.url, replica.client())

@@ -213,7 +213,7 @@ def test_an_idle_worker_survives_a_redis_restart(fresh_redis):
         fresh_redis.restart()
         time.sleep(1.1)  # (and the ids' server is asked: lua/lib/ids.lua, SERVER_CHECK_MS)
         assert w._thread.is_alive(), f"the worker died: {w._error!r}"
-        # a restarted server may have lost its last writes: the ids go on above the clock (lua/lib/ids.lua)
+        # a restarted server may have lost its last writes: its ids skip past them (lua/lib/ids.lua)
         assert int(c.call("PUB", "orders", "y")) > 2
 
 
