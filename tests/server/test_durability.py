@@ -25,15 +25,6 @@ pytestmark = pytest.mark.standalone
 LOG = Keyspace().queue(QueueRef("orders")).log
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
-    """A primary and its replica, linked."""
-    with EmbeddedRedis() as primary:
-        with EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]) as replica:
-            wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", 10)
-            yield primary, replica
-
-
 def code(reply: object) -> str:
     return str(reply).split(" ", 1)[0]
 

@@ -10,28 +10,18 @@ no read, count, seek or trim sees as a message.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.ops.priority import set_priority
 from fencemq.server.embedded import EmbeddedRedis
-from tests.helpers import RespConn, as_map, deliveries, direct_async, wait_for, worker
+from tests.helpers import RespConn, as_map, deliveries, direct_async, worker
 from tests.ops.test_totals import checkpoint, run_async
 
 pytestmark = pytest.mark.standalone
 KEYS = Keyspace()
 CHECK_AFTER_S = 1.05  # lua/lib/ids.lua, SERVER_CHECK_MS: ids given this long ago make a fence ask who gave them
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
-    """A primary and its replica, linked."""
-    with EmbeddedRedis() as primary:
-        with EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]) as replica:
-            wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", 10)
-            yield primary, replica
 
 
 def caught_up(primary: EmbeddedRedis) -> None:
