@@ -111,7 +111,9 @@ end
 -- been a replica promoted (INFO replication: no second replication id), else
 -- to '-', which is no server. On any other server the topic may be one that a
 -- failover or a restart lost whole, its ids given already: it starts at the
--- clock. Asked once per new queue (and the server's history once per slot).
+-- clock, and the slot's `srv` becomes '-' for good (its first server, back as
+-- primary after a failover and a failback, may have lost topics too). Asked
+-- once per new queue (and the server's history once per slot).
 local function ids_from_one(totals, here)
   local holder = redis.call('HGET', totals, 'srv')
   if not holder then
@@ -119,6 +121,8 @@ local function ids_from_one(totals, here)
     local second = string.match(replication, 'master_replid2:(%x+)') or ''
     holder = string.find(second, '[^0]') and '-' or here
     redis.call('HSET', totals, 'srv', holder)
+  elseif holder ~= here and holder ~= '-' then
+    redis.call('HSET', totals, 'srv', '-')
   end
   return holder == here
 end

@@ -119,6 +119,8 @@ def test_a_plain_topic_lost_whole_in_the_promotion_starts_again_above_the_ids_it
         assert now_ms * 100 <= again < 2**48, "the clock in tens of µs: a priority queue's ids stay below 2^48"
         assert int(c.call("PUB", "never-seen", "x")) > 3, "nor can it tell a new topic from one it lost"
         assert int(c.call("PUB", "late", "next")) == again + 1
+    # and for good: the old primary, made primary again after a failback, may have lost topics too
+    assert replica.client().hget(KEYS.totals, "srv") == b"-"
 
 
 def test_a_priority_queue_reads_level_by_level_across_a_gap(pair) -> None:
