@@ -68,8 +68,9 @@ local function trim_log(K, budget, keep, maxlen, maxage, maxbytes, now)
   -- the most this call may drop up to: within budget, and before the next gap
   local last = run_end(K.meta, first, math.min(seq, first + budget - 1))
   local upto = first - 1
-  if maxlen > 0 and count_between(K.meta, first, seq) > maxlen then
-    upto = math.max(upto, position_after(K.meta, first, count_between(K.meta, first, seq) - maxlen) - 1)
+  if maxlen > 0 then
+    local kept = count_between(K.meta, first, seq)
+    if kept > maxlen then upto = math.max(upto, position_after(K.meta, first, kept - maxlen) - 1) end
   end
   if not keep then
     local low = lowest_unsettled(K, first, seq)
