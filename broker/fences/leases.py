@@ -228,6 +228,10 @@ class Leases:
                                         args_rest=tags)
         if int(res[2]) >= 0:
             await self.ctx.schedule(handle.queue.qid, int(res[2]))
+        if int(res[0]) and not delay_ms and not discard:
+            # returned to the group now: a push group's members take only from their mailboxes, so
+            # the group's strategy gives it to one of them (else it waits for the next publish)
+            await self.mailboxes.dispatch_all(handle.queue)
         return int(res[0]), int(res[1])
 
     async def member_tags(self, handle: Handle) -> list[str]:

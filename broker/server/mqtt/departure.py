@@ -92,6 +92,7 @@ class MqttDeparture:
         for sub in list(self.subscriptions.values()):
             if sub.shared and sub.qos:
                 await self._hand_back_mailbox(sub.handle)
+                await self._hand_back_unsent(sub.handle)
 
     async def _hand_back_mailbox(self, handle: Handle) -> None:
         leases = self.services.core.leases
@@ -105,6 +106,20 @@ class MqttDeparture:
                     return
         except FenceMQError as exc:
             log.info("MQTT mailbox of %s not handed back (it returns after its lock): %s", handle.queue, exc)
+
+    async def _hand_back_unsent(self, handle: Handle) -> None:
+        """What the delivery task checked out and had not yet sent when the connection went (it was
+        cancelled between the two, or while the pull's reply was on its way) is neither in flight
+        nor in the mailbox: the member's checkouts left now are those, and they go back too."""
+        if self.taken_over:
+            return  # a resumed connection holds the member's checkouts now (mqtt/resumption.py)
+        leases = self.services.core.leases
+        try:
+            tags = [t for t in await leases.member_tags(handle) if not t.startswith("q")]
+            if tags:
+                await leases.nack(handle, tags, release=True)
+        except (FenceMQError, RedisError, OSError) as exc:
+            log.info("MQTT checkouts of %s not handed back (they return after their lock): %s", handle.queue, exc)
 
     async def will_after_delay(self) -> None:
         """The will of a connection that ended without DISCONNECT 0x00 (mqtt/wills.py): published now,
