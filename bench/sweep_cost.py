@@ -41,6 +41,7 @@ from bench.stats import FENCE_METRICS as METRICS, RedisMeter, interleaved_runs
 from bench.stats import fence_summary as summary
 from fencemq.config import Config
 from fencemq.model.handles import Handle
+from fencemq.model.records import Checkout
 from fencemq.fences.core import Core
 from fencemq.fences.redis_client import connect
 
@@ -58,7 +59,7 @@ class LiveQueue:
         self.size = size
         self.topic = f"sweep-{size}"
         self.handle: Handle | None = None
-        self.tags: list[str] = []
+        self.batches: list[list[str]] = []  # the tags of each PULL: one lease batch each
         self._expired: set[str] = set()
 
     @property
@@ -74,10 +75,10 @@ class LiveQueue:
         payloads = [b"%015d" % i for i in range(BATCH)]
         for _ in range(self.size // BATCH):
             await q.publishing.publish(self.topic, payloads)
-        while len(self.tags) < self.size:
+        while sum(map(len, self.batches)) < self.size:
             got = await q.leases.pull(self.handle, BATCH)
             assert got.status == "ok" and got.deliveries, got.status
-            self.tags += [d.tag for d in got.deliveries]
+            self.batches.append([d.tag for d in got.deliveries])
         return time.perf_counter() - t0
 
     async def refill(self, expected: int) -> None:
@@ -86,14 +87,18 @@ class LiveQueue:
         await self.queues.leases.ack(self.handle, ["0"])
         got = await self.queues.leases.pull(self.handle, BATCH)
         assert got.status == "ok" and len(got.deliveries) == expected, (got.status, len(got.deliveries))
-        back = {d.tag for d in got.deliveries}
-        self.tags = [t for t in self.tags if t not in self._expired] + list(back)
+        self.batches = [b for b in self.batches if not self._expired.intersection(b)]
+        self.batches.append([d.tag for d in got.deliveries])
 
     async def measure(self, admin: redis.Redis, meter: RedisMeter, expired: int, rng: random.Random) -> dict[str, Any]:
         keys = self.queues.keys.queue_by_id(self.qid)
-        assert admin.zcard(keys.deadlines) == self.size and admin.hlen(keys.checkouts) == self.size
-        self._expired = set(rng.sample(self.tags, expired))
-        admin.zadd(keys.deadlines, dict.fromkeys(self._expired, 0), xx=True)
+        # one lease per PULL (a lease batch): `expired` checkouts are whole batches' deadlines moved back
+        assert admin.zcard(keys.deadlines) == len(self.batches), "one lease per PULL"
+        assert admin.hlen(keys.checkouts) == self.size + len(self.batches), "a record per checkout, a count per batch"
+        chosen = rng.sample(self.batches, max(1, expired // BATCH))
+        self._expired = {t for b in chosen for t in b}
+        leases = {Checkout.decode(admin.hget(keys.checkouts, b[0])).lease(b[0]) for b in chosen}
+        admin.zadd(keys.deadlines, dict.fromkeys(leases, 0), xx=True)
         meter.reset()
         t0 = time.perf_counter()
         result = await self.queues.leases.sweep(self.qid)
@@ -135,7 +140,7 @@ async def bench(url: str, sizes: list[int], expired: int, repeat: int, seed: int
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000], help="live checkouts per queue")
-    ap.add_argument("--expired", type=int, default=1000, help="checkouts expired per sweep")
+    ap.add_argument("--expired", type=int, default=1000, help="checkouts expired per sweep (whole PULLs of 1,000: one lease each)")
     ap.add_argument("--repeat", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")

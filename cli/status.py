@@ -12,8 +12,9 @@ Per queue (a plain topic, or one lmq of a lite topic, ``topic[lmq]``):
 * per group: ``unread`` = last id - cursor + 1 (never read by the group),
   ``returned`` = messages of the group waiting for redelivery (lease expired,
   NACKed, or given back by a preempted/leaving member), ``backlog`` = unread +
-  returned, ``checkouts`` = leases held by its members.
-* ``checkouts`` = ZCARD of the deadlines zset; ``oldest_deadline_in_s`` = the
+  returned, ``checkouts`` = checkouts held by its members.
+* ``checkouts`` = the checkouts under a lease deadline (a lease batch, one
+  PULL's checkouts, counts them all); ``oldest_deadline_in_s`` = the
   first deadline, in seconds from now (negative: overdue, the sweeper is about
   to return it).
 * ``backlog`` of the queue = the largest group backlog (null with no group).
@@ -41,7 +42,7 @@ from fencemq.model import meta
 from fencemq.model.keys import Keyspace
 from fencemq.ops.operations import parse_meta
 from fencemq.model.keys import queue_ref
-from fencemq.model.records import lex_range
+from fencemq.model.records import OwnedEntry, is_batch_key, lex_range
 from fencemq.cli.common import safe_url, text
 
 PIPELINE_CHUNK = 200
@@ -136,8 +137,7 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
         for qid in qids:
             k = keys.queue_by_id(qid)
             pipe.hgetall(k.meta)
-            pipe.zcard(k.deadlines)
-            pipe.zrange(k.deadlines, 0, 0, withscores=True)
+            pipe.zrange(k.deadlines, 0, -1, withscores=True)
             pipe.zcard(k.ready)
             pipe.zcard(k.delayed)
             pipe.llen(k.dead)
@@ -145,35 +145,56 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
 
     parsed = []
     for i, qid in enumerate(qids):
-        raw_meta, checkouts, oldest, ready, delayed, dead = replies[6 * i : 6 * i + 6]
+        raw_meta, leases, ready, delayed, dead = replies[5 * i : 5 * i + 5]
         if not raw_meta:
             continue  # reclaimed between SCAN and now
-        parsed.append((qid, parse_meta(raw_meta), checkouts, oldest, ready, delayed, dead))
+        parsed.append((qid, parse_meta(raw_meta), [text(lease) for lease, _ in leases], leases[:1], ready, delayed,
+                       dead))
 
-    # Per-group returned/checked-out counts and per-member pending: lex counts, O(log n) each.
+    # Per group: returned (a lex count) and its members' leases (an ownership entry each: a tag, or a lease batch
+    # holding one PULL's checkouts, whose count the checkouts hash keeps beside the records)
     with client.pipeline(transaction=False) as pipe:
         for qid, (fields, groups), *_ in parsed:
             k = keys.queue_by_id(qid)
             for g in sorted(groups):  # the same order as the loop that reads the counts below
                 pipe.zlexcount(k.ready, *lex_range(g))
-                pipe.zlexcount(k.owned, *lex_range(g))
-                for m in groups[g]["members"]:
-                    pipe.zlexcount(k.owned, *lex_range(g, m))
+                pipe.zrangebylex(k.owned, *lex_range(g))
         counts = iter(pipe.execute())
+    owned: dict[tuple[str, str], list[OwnedEntry]] = {}
+    returned_of: dict[tuple[str, str], int] = {}
+    for qid, (fields, groups), *_ in parsed:
+        for g in sorted(groups):
+            returned_of[(qid, g)] = next(counts)
+            owned[(qid, g)] = [OwnedEntry.decode(o) for o in next(counts)]
+    batches = {qid: sorted({lease for lease in leases if is_batch_key(lease)}
+                           | {o.tag for g in groups for o in owned[(qid, g)] if is_batch_key(o.tag)})
+               for qid, (_fields, groups), leases, *_ in parsed}
+    with client.pipeline(transaction=False) as pipe:
+        for qid, keys_of in batches.items():
+            if keys_of:
+                pipe.hmget(keys.queue_by_id(qid).checkouts, keys_of)
+        found = iter(pipe.execute())
+    batch_count = {(qid, key): int(n or 0) for qid, keys_of in batches.items() if keys_of
+                   for key, n in zip(keys_of, next(found), strict=True)}
 
-    for qid, (fields, groups), checkouts, oldest, ready, delayed, dead in parsed:
+    def held(qid: str, leases: Iterable[str]) -> int:
+        return sum(batch_count[(qid, lease)] if is_batch_key(lease) else 1 for lease in leases)
+
+    for qid, (fields, groups), leases, oldest, ready, delayed, dead in parsed:
+        checkouts = held(qid, leases)
         ref = queue_ref(qid)
         seq = _int(fields.get(meta.SEQ))
         first = _int(fields.get(meta.FIRST), 1)
         out_groups = []
         for g in sorted(groups):
             group = groups[g]
-            returned, held = next(counts), next(counts)
+            returned = returned_of[(qid, g)]
+            group_owned = owned[(qid, g)]
             cursor = max(_int(group.get(meta.CURSOR), first), first)
             unread = meta.unread(fields, cursor)
             members = []
             for m, mfields in group["members"].items():
-                pending = next(counts)
+                pending = held(qid, (o.tag for o in group_owned if o.member == m))
                 members.append({
                     "id": m,
                     "delivered": _int(mfields.get(meta.DELIVERED)),
@@ -194,7 +215,7 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
                 "unread": unread,
                 "returned": returned,
                 "backlog": unread + returned,
-                "checkouts": held,
+                "checkouts": held(qid, (o.tag for o in group_owned)),
                 "members": members,
                 "suspected": [m["id"] for m in members if m["suspected"]],
                 "evicted": [m["id"] for m in members if m["evicted_by"] is not None],

@@ -47,47 +47,90 @@ for _, tag in ipairs(A.tags) do
     tags[#tags + 1] = tag
   end
 end
--- One read and three deletes for the whole batch, not a round of calls per tag.
+-- One read and a few deletes for the whole batch, not a round of calls per tag.
 local records, size = checkout_records(K, tags)
 local now = now_ms()
--- A lease past its deadline settles nothing; when the queue has none, no
--- tag's deadline needs reading (nor parsing).
-local dues = {}
-if redis.call('ZCOUNT', K.deadlines, '-inf', now) > 0 then dues = redis.call('ZMSCORE', K.deadlines, unpack(tags)) end
 local epoch = group_epoch(K.meta, g)
-local settled, owned, ids, id_tags, settled_ids = {}, {}, {}, {}, {}
 local journaling = journal_on(K)
--- A record of this member under the group's epoch starts with `gm`, and
--- its epoch follows the id: compared as text, without parsing the record
--- (a record that does not match so takes the full parse below).
+-- The member's own records under the group's epoch, each with its lease (a
+-- batch's key, or its tag): a record that starts with `gm` and has the
+-- group's epoch after its id is compared as text, not parsed (one that does
+-- not match so takes the full parse below).
 local gm = g .. SEP .. m .. SEP
 local head, ep_text = #gm, SEP .. int_str(epoch) .. SEP
+local id_of, lease_of_at, parsed = {}, {}, {}  -- by position in tags: the member's own only
+local leases, lease_at = {}, {}  -- the distinct leases, and where each is in `leases`
+local ep_len = #ep_text
+local BATCH_MARK, by_tail = SEP .. 'b', {}
 for i, rec in ipairs(records) do
-  if rec and not (dues[i] and tonumber(dues[i]) <= now) then
+  if rec then
+    local lease = nil
     local id_end = string.sub(rec, 1, head) == gm and string.find(rec, SEP, head + 1, true)
-    if id_end and string.sub(rec, id_end, id_end + #ep_text - 1) == ep_text then
-      settled[#settled + 1] = tags[i]
-      owned[#owned + 1] = gm .. tags[i]
-      local id = string.sub(rec, head + 1, id_end - 1)
-      settled_ids[#settled] = tonumber(id)
-      if journaling then
-        ids[#ids + 1] = id
-        id_tags[#ids] = tags[i]
+    if id_end then
+      -- what follows the id (epoch, acquisitions, failures, the batch's key) is the same text for
+      -- most records of a call: read once per distinct text
+      local tail = string.sub(rec, id_end)
+      local known = by_tail[tail]
+      if known == nil then
+        known = false
+        if string.sub(tail, 1, ep_len) == ep_text then
+          -- a checkout of a lease batch ends with NUL and its key ('b…'; every other field is digits)
+          local at = string.find(tail, BATCH_MARK, ep_len, true)
+          known = at and string.sub(tail, at + 1) or ''
+        end
+        by_tail[tail] = known
       end
-    else
+      if known then
+        lease = known ~= '' and known or tags[i]
+        id_of[i] = string.sub(rec, head + 1, id_end - 1)
+      end
+    end
+    if not lease then
       local c = parse_checkout(tags[i], rec)
-      if settles(c, g, m, epoch, dues[i], now) then
-        settled[#settled + 1] = tags[i]
-        owned[#owned + 1] = gm .. tags[i]
-        settled_ids[#settled] = c.id
-        journal(now, 'ack', g, m, c.id, c.tag, c.epoch)
+      if c and c.group == g and c.member == m and c.epoch >= epoch then
+        lease, parsed[i], id_of[i] = lease_of(c), c, int_str(c.id)
       end
+    end
+    if lease then
+      lease_of_at[i] = lease
+      if not lease_at[lease] then
+        leases[#leases + 1] = lease
+        lease_at[lease] = #leases
+      end
+    end
+  end
+end
+-- A lease past its deadline settles nothing; when the queue has none, no
+-- lease's deadline needs reading.
+local dues = {}
+if #leases > 0 and redis.call('ZCOUNT', K.deadlines, '-inf', now) > 0 then
+  dues = redis.call('ZMSCORE', K.deadlines, unpack(leases))
+end
+local settled, singles, batches, order, ids, id_tags, settled_ids = {}, {}, {}, {}, {}, {}, {}
+for i = 1, #tags do
+  local lease = lease_of_at[i]
+  local due = lease and dues[lease_at[lease]]
+  if lease and not (due and tonumber(due) <= now) then
+    local tag = tags[i]
+    settled[#settled + 1] = tag
+    settled_ids[#settled] = tonumber(id_of[i])
+    if lease == tag then singles[#singles + 1] = tag
+    elseif batches[lease] then batches[lease] = batches[lease] + 1
+    else
+      batches[lease] = 1
+      order[#order + 1] = lease
+    end
+    local c = parsed[i]
+    if c then journal(now, 'ack', g, m, c.id, tag, c.epoch)
+    elseif journaling then
+      ids[#ids + 1] = id_of[i]
+      id_tags[#ids] = tag
     end
   end
 end
 if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch, nil, true) end
 if #settled > 0 then
-  remove_checkouts(K, settled, owned, size)
+  remove_checkouts(K, g, m, settled, singles, batches, order, size)
   tally(K, 'acked', #settled)
   forget_below_first(K, settled_ids)
   trim_log(K, #settled + 100, A.keep == '1', maxlen, maxage, maxbytes, now)

@@ -57,7 +57,7 @@ local gone = {}  -- ids discarded or dead-lettered: settled for this group
 for _, tag in ipairs(A.tags) do
   local rec = redis.call('HGET', K.checkouts, tag)
   local c = rec and parse_checkout(tag, rec)
-  if settles(c, g, m, epoch, rec and redis.call('ZSCORE', K.deadlines, tag), now) then
+  if settles(c, g, m, epoch, c and deadline_of(K, c), now) then
     take_checkout(K, tag)
     returned = returned + 1
     local fail = release and c.fail or c.fail + 1

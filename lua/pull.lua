@@ -97,7 +97,7 @@ end
 local taken = {}
 if status == 'ok' then
   local deadline = now + lock_of(K, member, A.default_lock_ms)
-  taken = check_out(K, g, m, allowed, ep, now, deadline, member.qos)
+  taken = check_out(K, g, m, allowed, ep, now, deadline, member.qos, true)
   if #taken > 0 then
     if look == 'again' then redis.call('ZREM', K.waiters, waiter_record(A.wid, g, m, count, A.since)) end
     return reply(ep, deadline, 'ok', 0, taken)

@@ -66,7 +66,7 @@ for _, g in ipairs(groups) do
   local returned = redis.call('ZLEXCOUNT', K.ready, '[' .. g .. SEP, '(' .. g .. '\1')
   if returned > 0 then add_total(K, READY, -redis.call('ZREMRANGEBYLEX', K.ready, '[' .. g .. SEP, '(' .. g .. '\1')) end
   add_total(K, READY, -unread)
-  local held = redis.call('ZLEXCOUNT', K.owned, '[' .. g .. SEP, '(' .. g .. '\1')
+  local held = group_checkout_count(K, g)
   redis.call('HSET', K.meta, gf(g, CURSOR), seq + 1)
   local dropped = unread + returned + (delayed[g] or 0)
   journal(now, 'purge', g, nil, seq + 1, nil, gs[2], dropped)

@@ -5,9 +5,10 @@
 -- KEYS[1] meta
 -- KEYS[2] checkouts
 -- KEYS[3] deadlines
--- KEYS[4] wake
--- KEYS[5] totals          the broker's totals (lib/totals.lua: a suspicion cleared)
--- KEYS[6] backlogs
+-- KEYS[4] owned           (a checkout renewed apart from its lease batch takes a lease of its own)
+-- KEYS[5] wake
+-- KEYS[6] totals          the broker's totals (lib/totals.lua: a suspicion cleared)
+-- KEYS[7] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] lock_ms         0 = the member's or the queue's
@@ -27,13 +28,37 @@ local now = now_ms()
 local deadline = now + lock
 local renewed = 0
 local epoch = group_epoch(K.meta, g)
+local seen, in_batch, batches = {}, {}, {}
 for _, tag in ipairs(A.tags) do
-  local rec = redis.call('HGET', K.checkouts, tag)
+  local rec = not seen[tag] and redis.call('HGET', K.checkouts, tag)
   local c = rec and parse_checkout(tag, rec)
-  if settles(c, g, m, epoch, rec and redis.call('ZSCORE', K.deadlines, tag), now) then
-    -- (XX: a mailbox entry of a member alone, not yet leased, stays unleased)
-    redis.call('ZADD', K.deadlines, 'XX', deadline, tag)
+  if seen[tag] then
+    if seen[tag] == 'renewed' then renewed = renewed + 1 end  -- named twice: renewed twice, as one by one
+  elseif settles(c, g, m, epoch, c and deadline_of(K, c), now) then
+    seen[tag] = 'renewed'
+    if c.batch then  -- settled below, with the rest of its batch's
+      if not in_batch[c.batch] then
+        in_batch[c.batch] = {}
+        batches[#batches + 1] = c.batch
+      end
+      table.insert(in_batch[c.batch], c)
+    else
+      -- (XX: a mailbox entry of a member alone, not yet leased, stays unleased)
+      redis.call('ZADD', K.deadlines, 'XX', deadline, tag)
+    end
     renewed = renewed + 1
+  else
+    seen[tag] = 'not'
+  end
+end
+-- A lease batch renewed whole moves its one deadline; renewed in part, the
+-- checkouts renewed leave it for leases of their own, the rest keep its deadline.
+for _, key in ipairs(batches) do
+  local cs = in_batch[key]
+  if tonumber(redis.call('HGET', K.checkouts, key) or '0') == #cs then
+    redis.call('ZADD', K.deadlines, 'XX', deadline, key)
+  else
+    for _, c in ipairs(cs) do lease_alone(K, c, deadline) end
   end
 end
 -- alive, even if every tag had expired: a long poll it has waiting may receive again

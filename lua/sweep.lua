@@ -31,7 +31,24 @@ expand_meta(K.meta)  -- this fence writes meta: no field may be left to a defaul
 local limit = int_arg(A.limit, 'limit')
 local now = now_ms()
 local moved = promote_delayed(K, now)
-local expired = redis.call('ZRANGEBYSCORE', K.deadlines, '-inf', now, 'LIMIT', 0, limit)
+-- the expired leases, a lease batch whole: at most `limit` checkouts and one batch more,
+-- returned in the order of their deadlines, then of their tags as text (as one lease each were)
+local due_leases = redis.call('ZRANGEBYSCORE', K.deadlines, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local expired, due_of = {}, {}
+for i = 1, #due_leases, 2 do
+  if #expired >= limit then break end
+  local lease = due_leases[i]
+  local tags = tags_of_leases(K, {lease})
+  if #tags == 0 then  -- nothing left under it (a batch whose last checkout went another way)
+    redis.call('ZREM', K.deadlines, lease)
+    if string.sub(lease, 1, 1) == 'b' then redis.call('HDEL', K.checkouts, lease) end
+  end
+  for _, tag in ipairs(tags) do
+    expired[#expired + 1] = tag
+    due_of[tag] = tonumber(due_leases[i + 1])
+  end
+end
+table.sort(expired, function(a, b) return due_of[a] < due_of[b] or (due_of[a] == due_of[b] and a < b) end)
 local by_member, order = {}, {}
 for _, tag in ipairs(expired) do
   local c = take_checkout(K, tag)

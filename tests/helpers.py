@@ -37,6 +37,7 @@ from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.server.handles import HandleSigner
 from fencemq.model.keys import Keyspace
+from fencemq.model.records import is_batch_key
 from fencemq.server.runner import WorkerThread
 
 
@@ -425,6 +426,12 @@ class RespConn:
                 out[k] = v
             return out, pos
         raise AssertionError(f"unexpected RESP type byte {kind!r} in {self.buf[pos - 10 : pos + 40]!r}")
+
+
+def checkout_records(r: redis.Redis, k: Any) -> dict[str, bytes]:
+    """A queue's checkout records by tag, read straight from Redis (each lease batch's count, kept in
+    the same hash, left out: lua/lib/leases.lua)."""
+    return {t.decode(): v for t, v in r.hgetall(k.checkouts).items() if not is_batch_key(t)}
 
 
 def held_handles(r: redis.Redis, client: str, keys: Keyspace | None = None) -> set[str]:

@@ -1,7 +1,9 @@
 """Consumer timeouts with suspicion (guarantee 5): checkouts, their leases, the sweep.
 
-Every checkout is a lease with its own delivery tag and a deadline in the
-queue's sorted set; ACK, NACK and RENEW settle or extend it (lua/ack.lua,
+Every checkout has its own delivery tag and a lease: a deadline in the
+queue's sorted set, shared by the checkouts of one PULL (a lease batch: one
+deadline and one ownership entry for the batch, each checkout still settled
+by its own tag); ACK, NACK and RENEW settle or extend it (lua/ack.lua,
 nack.lua, renew.lua); a sweep returns the expired ones and marks their
 holders suspected (lua/sweep.lua). The queues to sweep are found through a
 global schedule (another slot than the queues', so written beside the fence:
@@ -24,10 +26,58 @@ from fencemq.fences.gathering import Gathering
 from fencemq.fences.mailbox import Mailboxes
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.handles import Handle
+from fencemq.model.keys import QueueKeys
 from fencemq.model.messages import Delivery, unpack_delivery
+from fencemq.model.records import Checkout, batch_span, is_batch_key
 from fencemq.model.values import text
 
 _LEASE_KEYS = "meta log checkouts deadlines owned held ready delayed"
+
+
+async def leases_held(redis: Any, k: QueueKeys, leases: list[list[str]]) -> list[int]:
+    """For each list of leases (ownership entries' last fields, or deadline members) of queue ``k``,
+    how many checkouts they hold: a tag one, a lease batch what its count says. One round trip."""
+    batches = sorted({lease for group in leases for lease in group if is_batch_key(lease)})
+    counts: dict[str, int] = {}
+    if batches:
+        counts = {key: int(n or 0) for key, n in zip(batches, await redis.hmget(k.checkouts, batches), strict=True)}
+    return [sum(counts[lease] if is_batch_key(lease) else 1 for lease in group) for group in leases]
+
+
+async def queue_leases(redis: Any, k: QueueKeys) -> tuple[int, int]:
+    """A queue's checkouts and how many of them are leased (have a deadline; the others wait in a push
+    mailbox): the checkouts hash holds each lease batch's count beside the records. O(its leases)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hlen(k.checkouts)
+        pipe.zrange(k.deadlines, 0, -1)
+        size, leases = await pipe.execute()
+    leases = [text(lease) for lease in leases]
+    (leased,) = await leases_held(redis, k, [leases])
+    return int(size) - sum(1 for lease in leases if is_batch_key(lease)), leased
+
+
+async def tags_of_leases(redis: Any, k: QueueKeys, leases: list[str]) -> list[str]:
+    """The delivery tags under these leases (as the ownership index names them: a tag, or a lease
+    batch's key, whose checkouts are its records in its range that still name it; lua/lib/leases.lua
+    tags_of_leases)."""
+    batches = [lease for lease in leases if is_batch_key(lease)]
+    if not batches:
+        return leases
+    ranges = {key: [str(first + i) for i in range(span + 1)] for key in batches for first, span in [batch_span(key)]}
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in batches:
+            pipe.hmget(k.checkouts, ranges[key])
+        found = dict(zip(batches, await pipe.execute(), strict=True))
+    tags: list[str] = []
+    for lease in leases:
+        if not is_batch_key(lease):
+            tags.append(lease)
+            continue
+        for tag, rec in zip(ranges[lease], found[lease], strict=True):
+            if rec is not None and Checkout.decode(rec).lease(tag) == lease:
+                tags.append(tag)
+    return tags
+
 
 PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake totals backlogs priority",
              "group member count default_lock_ms intent_at intent_ms look wid since wait_ms")
@@ -36,7 +86,7 @@ ACK = fence("ack", "meta checkouts deadlines owned held ready delayed log dedup 
 NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs priority",
              "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
-RENEW = fence("renew", "meta checkouts deadlines wake totals backlogs", "group member lock_ms default_lock_ms", argv_rest="tags")
+RENEW = fence("renew", "meta checkouts deadlines owned wake totals backlogs", "group member lock_ms default_lock_ms", argv_rest="tags")
 SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled totals backlogs", "limit")
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
@@ -241,7 +291,7 @@ class Leases:
         prefix = f"{handle.group}\0{handle.member}\0".encode()
         owned = await self.ctx.linked.zrangebylex(k.owned, b"[" + prefix,
                                                  b"(" + f"{handle.group}\0{handle.member}\1".encode())
-        return [m[len(prefix):].decode() for m in owned]
+        return await tags_of_leases(self.ctx.linked, k, [m[len(prefix):].decode() for m in owned])
 
     async def alive(self, handle: Handle, tags: list[str] | None = None) -> int:
         """The member proves alive (a connection delivering to it): its suspicion is cleared and

@@ -51,9 +51,25 @@ def lex_range(*parts: str) -> tuple[bytes, bytes]:
     return b"[" + prefix + SEP.encode(), b"(" + prefix + b"\x01"
 
 
+BATCH = "b"  # a lease batch's key starts so: 'b<first tag>+<span>' (no delivery tag does)
+
+
+def is_batch_key(field: bytes | str) -> bool:
+    """Is this field of the checkouts hash (or member of the deadlines zset, last field of an owned
+    entry) a lease batch's key rather than a delivery tag? (lua/lib/leases.lua)"""
+    return text(field)[:1] == BATCH
+
+
+def batch_span(key: bytes | str) -> tuple[int, int]:
+    """A lease batch's first tag and span (its last tag - its first) from its key."""
+    first, span = text(key)[1:].split("+")
+    return int(first), int(span)
+
+
 @dataclass(frozen=True, slots=True)
 class Checkout:
-    """A checkout record (``co`` hash, by delivery tag): ``group NUL member NUL id NUL epoch NUL acquisitions NUL failures``."""
+    """A checkout record (``co`` hash, by delivery tag): ``group NUL member NUL id NUL epoch NUL acquisitions NUL failures``,
+    then, for a checkout of a lease batch (one PULL's checkouts under one deadline), ``NUL`` and the batch's key."""
 
     group: str
     member: str
@@ -61,14 +77,66 @@ class Checkout:
     epoch: int
     acquisitions: int
     failures: int
+    batch: str | None = None
 
     def encode(self) -> bytes:
-        return _join(self.group, self.member, self.id, self.epoch, self.acquisitions, self.failures)
+        if self.batch is None:
+            return _join(self.group, self.member, self.id, self.epoch, self.acquisitions, self.failures)
+        return _join(self.group, self.member, self.id, self.epoch, self.acquisitions, self.failures, self.batch)
+
+    def lease(self, tag: bytes | str) -> str:
+        """The lease this checkout (of ``tag``) is under, as the deadlines zset names it: its batch's key, or its tag."""
+        return text(tag) if self.batch is None else self.batch
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Checkout:
+        parts = text(raw).split(SEP)
+        if len(parts) == 7:
+            g, m, msg_id, epoch, acq, fail, batch = parts
+            if not is_batch_key(batch):
+                raise ValueError(f"a checkout record's seventh field is a lease batch's key: {text(raw)[:80]!r}")
+            return cls(g, m, _number(msg_id), _number(epoch), _number(acq), _number(fail), batch)
         g, m, msg_id, epoch, acq, fail = _fields(raw, 6, "checkout record")
         return cls(g, m, _number(msg_id), _number(epoch), _number(acq), _number(fail))
+
+
+def checkout_items(pairs: Any) -> list[tuple[str, Checkout]]:
+    """The (tag, checkout) pairs of a checkouts hash read whole (HGETALL, as pairs), its lease batches'
+    counts left out."""
+    return [(text(tag), Checkout.decode(rec)) for tag, rec in pairs if not is_batch_key(tag)]
+
+
+def per_tag_view(co: dict[str, Any], deadlines: dict[str, int], owned: list[Any]
+                 ) -> tuple[dict[str, bytes], dict[str, int], set[bytes]]:
+    """A queue's checkouts as if each had a lease of its own (the layout before lease batches): its
+    record without its place in a batch, a deadline and an ownership entry per tag. ``co`` is the
+    checkouts hash (tag -> record, batch counts included), ``deadlines`` the deadlines zset (member ->
+    ms), ``owned`` the ownership index's entries. What a check written for one lease per checkout reads."""
+    records: dict[str, bytes] = {}
+    per_tag: dict[str, int] = {}
+    own: set[bytes] = set()
+    batches_owned = set()
+    for raw in owned:
+        entry = OwnedEntry.decode(raw)
+        if is_batch_key(entry.tag):
+            batches_owned.add((entry.group, entry.member, entry.tag))
+        else:
+            own.add(entry.encode())
+    for tag, raw in co.items():
+        tag = text(tag)
+        if is_batch_key(tag):
+            continue
+        c = Checkout.decode(raw)
+        lease = c.lease(tag)
+        records[tag] = Checkout(c.group, c.member, c.id, c.epoch, c.acquisitions, c.failures).encode()
+        if lease in deadlines:
+            per_tag[tag] = deadlines[lease]
+        if lease != tag and (c.group, c.member, lease) in batches_owned:
+            own.add(OwnedEntry(c.group, c.member, tag).encode())
+    for member, score in deadlines.items():
+        if not is_batch_key(member) and text(member) not in per_tag:
+            per_tag[text(member)] = score  # a deadline with no record (settled meanwhile): as it is
+    return records, per_tag, own
 
 
 @dataclass(frozen=True, slots=True)

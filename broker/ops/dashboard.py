@@ -66,39 +66,28 @@ async def oldest_pending_ms(redis: Any, keys: Keyspace, rows: list[dict[str, Any
     """Publish time of each queue's oldest message not yet acknowledged by every group.
 
     That message is the lowest of: each group's cursor (its next unread id), the
-    first returned message waiting in ``rd``, and the checkout due first (an
-    approximation of the oldest checkout that costs one lookup, not a scan; likewise
-    ``rd``'s first entry is its first group's oldest).
+    first returned message waiting in ``rd`` (its first group's oldest: one lookup,
+    not a scan), and the lowest id checked out (the holding index, by id).
     """
     firsts: dict[str, int] = {}
     async with redis.pipeline(transaction=False) as pipe:
         for row in rows:
             k = keys.queue_by_id(row["qid"])
             pipe.zrange(k.ready, 0, 0)
-            pipe.zrange(k.deadlines, 0, 0)
+            pipe.zrange(k.held, 0, 0, withscores=True)
         replies = await pipe.execute() if rows else []
     async with redis.pipeline(transaction=False) as pipe:
-        asked = []
+        looked = []
         for i, row in enumerate(rows):
-            ready, due = replies[2 * i : 2 * i + 2]
+            ready, held = replies[2 * i : 2 * i + 2]
             candidates = [row["oldest_unread"]] if row.get("oldest_unread") is not None else []
             if ready:
                 candidates.append(int(ready[0].split(b"\0")[1]))
-            if due:
-                k = keys.queue_by_id(row["qid"])
-                pipe.hget(k.checkouts, due[0])
-                asked.append((row["qid"], candidates, True))
-            else:
-                asked.append((row["qid"], candidates, False))
-        checkout_replies = iter(await pipe.execute()) if any(a[2] for a in asked) else iter(())
-    async with redis.pipeline(transaction=False) as pipe:
-        looked = []
-        for qid, candidates, has_due in asked:
-            if has_due and (record := next(checkout_replies)):
-                candidates.append(int(record.split(b"\0")[2]))
+            if held:
+                candidates.append(int(held[0][1]))
             if candidates:
-                pipe.hget(keys.queue_by_id(qid).log, min(candidates))
-                looked.append(qid)
+                pipe.hget(keys.queue_by_id(row["qid"]).log, min(candidates))
+                looked.append(row["qid"])
         entries = await pipe.execute() if looked else []
     for qid, entry in zip(looked, entries, strict=True):
         if entry:

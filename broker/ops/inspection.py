@@ -29,7 +29,8 @@ from fencemq.ops.operations import (
     parse_meta,
     queue_info,
 )
-from fencemq.model.records import Checkout, OwnedEntry, ReadyEntry, decode_push_members, lex_range
+from fencemq.fences.leases import leases_held, queue_leases, tags_of_leases
+from fencemq.model.records import Checkout, OwnedEntry, ReadyEntry, decode_push_members, is_batch_key, lex_range
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 
@@ -38,22 +39,19 @@ async def _checkouts(redis: Any, k: QueueKeys, now: int, limit: int, group: str 
                      member: str | None = None, epochs: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], int]:
     """Up to ``limit`` checkouts (soonest deadline first; those waiting in a push
     mailbox, with no deadline yet, last) and how many there are in all."""
-    tags: list[bytes] = []
+    tags: list[str] = []
     if group is None:
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.hlen(k.checkouts)
-            pipe.zcard(k.deadlines)
-            pipe.zrange(k.deadlines, 0, max(limit - 1, 0), withscores=True)
-            total, leased, first = await pipe.execute()
-        total = int(total)
-        tags = [t for t, _ in first] if limit > 0 else []
-        if len(tags) < limit and total > int(leased):
+        total, leased = await queue_leases(redis, k)
+        first = await redis.zrange(k.deadlines, 0, max(limit - 1, 0)) if limit > 0 else []
+        tags = (await tags_of_leases(redis, k, [_s(lease) for lease in first]))[:limit]
+        if len(tags) < limit and total > leased:
             # Checkouts without a deadline (in a push mailbox): walk the records.
             seen = set(tags)
             scan_cursor = 0
             while len(tags) < limit:
                 scan_cursor, batch = await redis.hscan(k.checkouts, scan_cursor, count=500)
-                fresh = [t for t in batch if t not in seen]
+                fresh = [(_s(t), rec) for t, rec in batch.items() if not is_batch_key(t) and _s(t) not in seen]
+                fresh = [t for t, rec in fresh if Checkout.decode(rec).batch is None]  # a lease batch's are leased
                 if fresh:
                     for tag, score in zip(fresh, await redis.zmscore(k.deadlines, fresh), strict=True):
                         if score is None and len(tags) < limit:
@@ -63,23 +61,22 @@ async def _checkouts(redis: Any, k: QueueKeys, now: int, limit: int, group: str 
                     break
     else:
         lo, hi = lex_range(group, member) if member is not None else lex_range(group)
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.zlexcount(k.owned, lo, hi)
-            pipe.zrangebylex(k.owned, lo, hi, 0, limit)
-            total, owned = await pipe.execute()
-        total = int(total)
-        tags = [OwnedEntry.decode(o).tag for o in owned] if limit > 0 else []
+        leases = [OwnedEntry.decode(o).tag for o in await redis.zrangebylex(k.owned, lo, hi)]
+        (total,) = await leases_held(redis, k, [leases])
+        tags = (await tags_of_leases(redis, k, leases[:limit]))[:limit] if limit > 0 else []
     if not tags:
         return [], total
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.hmget(k.checkouts, tags)
-        pipe.zmscore(k.deadlines, tags)
-        records, deadlines = await pipe.execute()
+    records = await redis.hmget(k.checkouts, tags)
+    decoded = {tag: Checkout.decode(rec) for tag, rec in zip(tags, records, strict=True) if rec is not None}
+    leases_of = {tag: c.lease(tag) for tag, c in decoded.items()}
+    unique = sorted(set(leases_of.values()))
+    due = dict(zip(unique, await redis.zmscore(k.deadlines, unique), strict=True)) if unique else {}
+    deadlines = [due.get(leases_of[tag]) if tag in decoded else None for tag in tags]
     out = []
     for tag, rec, deadline in zip(tags, records, deadlines, strict=True):
         if rec is None:
             continue  # settled between the two reads
-        c = Checkout.decode(rec)
+        c = decoded[tag]
         dl = int(deadline) if deadline is not None else None
         row = {
             "tag": _s(tag), "group": c.group, "member": c.member, "id": c.id, "epoch": c.epoch,
@@ -144,17 +141,24 @@ async def _group_counts(redis: Any, k: QueueKeys, groups: dict[str, dict[str, An
     async with redis.pipeline(transaction=False) as pipe:
         for g, group in groups.items():
             pipe.zlexcount(k.ready, *lex_range(g))
-            pipe.zlexcount(k.owned, *lex_range(g))
-            for m, f in group["members"].items():
-                pipe.zlexcount(k.owned, *lex_range(g, m))
+            pipe.zrangebylex(k.owned, *lex_range(g))
+            for m in group["members"]:
                 pipe.llen(k.mailbox(g, m))
         replies = iter(await pipe.execute()) if groups else iter(())
+    read: dict[str, tuple[int, dict[str, list[str]], list[int]]] = {}
+    for g, group in groups.items():
+        returned, owned = int(next(replies)), [OwnedEntry.decode(o) for o in next(replies)]
+        by_member: dict[str, list[str]] = {m: [] for m in group["members"]}
+        for o in owned:
+            by_member.setdefault(o.member, []).append(o.tag)
+        read[g] = (returned, by_member, [int(next(replies)) for _ in group["members"]])
     out: dict[str, Any] = {}
     for g, group in groups.items():
-        entry = {"returned": int(next(replies)), "checkouts": int(next(replies)), "members": {}}
-        for m, f in group["members"].items():
-            held, depth = int(next(replies)), int(next(replies))
-            entry["members"][m] = {"checkouts": held, "mailbox_depth": depth if meta.CAPACITY in f else None}
+        returned, by_member, depths = read[g]
+        held = dict(zip(by_member, await leases_held(redis, k, list(by_member.values())), strict=True))
+        entry = {"returned": returned, "checkouts": sum(held.values()), "members": {}}
+        for (m, f), depth in zip(group["members"].items(), depths, strict=True):
+            entry["members"][m] = {"checkouts": held[m], "mailbox_depth": depth if meta.CAPACITY in f else None}
         out[g] = entry
     return out
 
@@ -171,11 +175,11 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         pipe.zcard(k.delayed)
         pipe.llen(k.dead)
         pipe.llen(k.journal)
-        pipe.zcard(k.deadlines)
         pipe.pttl(k.meta)
         pipe.hget(keys.retention, ref.topic)
         pipe.zcard(k.scheduled)
-        log_len, ready, delayed, dead, journal, leased, ttl, policy, scheduled = await pipe.execute()
+        log_len, ready, delayed, dead, journal, ttl, policy, scheduled = await pipe.execute()
+    _, leased = await queue_leases(redis, k)
     seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
     entry = entry_of(ref.qid)
     figures = (await entry_figures(redis, keys, [entry]))[entry]
@@ -355,7 +359,7 @@ async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int
     async with redis.pipeline(transaction=False) as pipe:
         for h in decoded:
             pipe.hgetall(keys.queue(h.queue).meta)  # whole: an lmq at rest is compact (fencemq.model.meta)
-            pipe.zlexcount(keys.queue(h.queue).owned, *lex_range(h.group, h.member))
+            pipe.zrangebylex(keys.queue(h.queue).owned, *lex_range(h.group, h.member))
         pipe.hgetall(keys.session_lite_counts(client))
         pipe.lrange(keys.session_notices(client), 0, max(limit - 1, 0))
         replies = await pipe.execute()
@@ -369,7 +373,7 @@ async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int
         state = meta.decode(next(states))
         g, f = state.groups.get(h.group, {}), state.members.get((h.group, h.member), {})
         n, mk, own = f.get(meta.DELIVERED), f.get(meta.MARKER), g.get(meta.OWNER)
-        held = int(next(states))
+        (held,) = await leases_held(redis, keys.queue(h.queue), [[OwnedEntry.decode(o).tag for o in next(states)]])
         subs.append({
             "handle": h.encode(), **queue_info(h.queue.qid), "queue": display_name(h.queue), "group": h.group,
             "mode": g.get(meta.MODE), "epoch": _int(g.get(meta.EPOCH)), "member": n is not None,

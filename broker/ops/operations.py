@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+from fencemq.fences.leases import leases_held
 from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.errors import BadArgument, NotFound
 from fencemq.model.keys import Keyspace, QueueRef, escape
 from fencemq.model.keys import queue_ref
-from fencemq.model.records import lex_range
+from fencemq.model.records import is_batch_key, lex_range
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 
@@ -303,7 +304,7 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
             for qid in chunk:
                 k = keys.queue_by_id(qid)
                 pipe.hgetall(k.meta)
-                pipe.zcard(k.deadlines)
+                pipe.zrange(k.deadlines, 0, -1)
                 pipe.hlen(k.checkouts)
                 pipe.zcard(k.ready)
                 pipe.zcard(k.delayed)
@@ -312,8 +313,12 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
             replies = await pipe.execute()
         parsed = []
         for i, qid in enumerate(chunk):
-            raw_meta, leased, held, ready, delayed, dead, scheduled = replies[7 * i : 7 * i + 7]
+            raw_meta, leases, size, ready, delayed, dead, scheduled = replies[7 * i : 7 * i + 7]
             if raw_meta:
+                # a lease batch (one PULL's checkouts) is one deadline, and a count beside the records
+                leases = [_s(lease) for lease in leases]
+                (leased,) = await leases_held(redis, keys.queue_by_id(qid), [leases])
+                held = int(size) - sum(1 for lease in leases if is_batch_key(lease))
                 parsed.append((qid, *parse_meta(raw_meta), leased, held, ready, delayed, dead, scheduled))
         async with redis.pipeline(transaction=False) as pipe:
             for qid, _fields, groups, *_ in parsed:

@@ -10,7 +10,7 @@ Tables (one row per ...):
   subscription's filter), lmq, owner (filter subscriptions), log bounds
   (seq = last id, first = first retained id), retained, last tag,
   created/last-write ms, snapshot ms (Redis clock, inside the fence), counts
-  (groups, checkouts, ready, delayed, dead letters, owned entries, push
+  (groups, checkouts, ready, delayed, dead letters, owned entries (one per lease: a lease batch is one), push
   members, journal cap / length kept in Redis / rows exported), the state
   digest (what ``--since`` compares), scheduled (published for later, not in
   the log yet), priority (whether it honours PUB … PRIORITY) and, for a
@@ -64,7 +64,7 @@ from fencemq.fences.lite import churn_of
 from fencemq.ops.journal_buckets import DEFAULT_BUCKETS, bucket_file, bucket_of
 from fencemq.model import meta
 from fencemq.model.keys import queue_ref
-from fencemq.model.records import Checkout, ReadyEntry, journal_events
+from fencemq.model.records import ReadyEntry, checkout_items, journal_events
 from fencemq.model.values import integer
 from fencemq.model.values import text as _s
 
@@ -278,12 +278,12 @@ class TableWriter:
         deadlines = {_s(tag): _int(score) for tag, score in _pairs(dl)}
         per_group_co: Counter[str] = Counter()
         per_member_co: Counter[tuple[str, str]] = Counter()
-        for tag, rec in _pairs(co):
-            tag_s, c = _s(tag), Checkout.decode(rec)
+        checkouts = checkout_items(_pairs(co))  # a lease batch's count left out: its checkouts are the rows
+        for tag_s, c in checkouts:
             per_group_co[c.group] += 1
             per_member_co[(c.group, c.member)] += 1
             t["checkouts"].add((q.qid, tag_s, c.group, c.member, c.id, c.epoch, c.acquisitions, c.failures,
-                                deadlines.get(tag_s)))
+                                deadlines.get(c.lease(tag_s))))
         per_group_rd: Counter[str] = Counter()
         per_group_dly: Counter[str] = Counter()
         for entry, due, per_group in [(e, None, per_group_rd) for e in rd] + [
@@ -342,6 +342,6 @@ class TableWriter:
         kind = "filter" if ref.owner is not None else "lmq" if lmq is not None else "topic"
         t["queues"].add((q.qid, kind, topic, lmq, ref.owner, seq, first, retained, _int(f.get(meta.TAG), 0),
                          _int(f.get(meta.CREATED)), _int(f.get(meta.LAST_WRITE)), q.now, len(q.group_order),
-                         len(co) // 2, len(rd), len(dly) // 2, dead, owned, len(q.push),
+                         len(checkouts), len(rd), len(dly) // 2, dead, owned, len(q.push),
                          _int(f.get(meta.JOURNAL_CAP)), jlen, len(events), _s(digest), scheduled,
                          f.get(meta.PRIORITY) == "1", held_by_level))

@@ -30,6 +30,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace, queue_ref
+from fencemq.model.records import is_batch_key
 from fencemq.model.slots import key_slot
 from fencemq.model.values import text
 from fencemq.ops.operations import PIPELINE_CHUNK, is_cluster_client, parse_meta, primaries, scan_step
@@ -308,13 +309,15 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
                 pipe.hgetall(k.meta)
                 pipe.pttl(k.meta)
                 pipe.hlen(k.checkouts)
+                pipe.zrange(k.deadlines, 0, -1)
                 pipe.zrange(k.ready, 0, -1)
                 pipe.zcard(k.delayed)
                 pipe.llen(k.dead)
                 pipe.zcard(k.scheduled)
             replies = await pipe.execute()
         for i, key in enumerate(chunk):
-            raw, ttl, out, ready, delayed, dead, scheduled = replies[7 * i : 7 * i + 7]
+            raw, ttl, size, leases, ready, delayed, dead, scheduled = replies[8 * i : 8 * i + 8]
+            out = int(size) - sum(1 for lease in leases if is_batch_key(lease))  # each lease batch's count
             qid = Keyspace.qid_from_meta_key(key)
             e = entry_of(qid)
             fields, groups = parse_meta(raw)

@@ -1,9 +1,16 @@
 -- lib/leases.lua: checkouts, their leases, and the ready and delayed sets.
--- A checkout is a record (K.checkouts: tag -> record), a deadline (K.deadlines:
--- tag scored by ms, absent while it waits in a push mailbox), an ownership
--- entry (K.owned, lex: group NUL member NUL tag), so a member's checkouts are
--- found in O(its own), and its message id (K.held: tag scored by id), so the
--- lowest id still checked out is found in O(log n) (lib/retention.lua).
+-- A checkout is a record (K.checkouts: tag -> record), a lease, and its message
+-- id (K.held: tag scored by id), so the lowest id still checked out is found in
+-- O(log n) (lib/retention.lua). A lease is a deadline (K.deadlines: scored by
+-- ms, absent while it waits in a push mailbox) and an ownership entry (K.owned,
+-- lex: group NUL member NUL lease), so a member's checkouts are found in O(its
+-- own). The lease of a checkout alone is its tag. The checkouts one PULL makes
+-- share one lease, a *lease batch*: its key 'b<first tag>+<span>' is the
+-- deadline's member and the ownership entry's last field, and K.checkouts
+-- counts the batch's checkouts left under that key; each record names its
+-- batch. A settled checkout leaves its batch, the last one takes the
+-- batch's lease with it; a renewed or taken one leaves it for a lease of its
+-- own; the batch expires as a unit, each checkout keeping its own tag.
 --@include lib/meta.lua
 --@include lib/journal.lua
 --@include lib/totals.lua
@@ -11,16 +18,52 @@
 --
 -- Encodings (docs/data-model.md; broker/model/records.py reads them):
 --   checkout record  group NUL member NUL id NUL epoch NUL acquisitions NUL failures
+--                    [NUL batch key]: a checkout of a lease batch
+--   batch key        'b' first tag '+' span (last tag - first; K.checkouts: the batch's checkouts left)
 --   ready member     group NUL id(16 digits) NUL acquisitions NUL failures
 --   owned member     group NUL member NUL tag
 
 -- A checkout record, or nil when it does not parse (then nothing may be
 -- done with it: no fence deletes what it cannot read).
+local function batch_key(first, span)
+  return 'b' .. int_str(first) .. '+' .. int_str(span)
+end
+
+-- The batch key a record's tail (what follows its failures: '' or NUL batch
+-- key) names, '' when the checkout has a lease of its own, nil when the tail
+-- does not parse.
+local function batch_of(tail)
+  if tail == '' then return '' end
+  return string.match(tail, '^%z(b%d+%+%d+)$')
+end
+
 local function parse_checkout(tag, rec)
-  local g, m, id, ep, acq, fail = string.match(rec, '^([^%z]*)%z([^%z]*)%z(%d+)%z(%d+)%z(%d+)%z(%d+)$')
+  local g, m, id, ep, acq, fail, tail = string.match(rec, '^([^%z]*)%z([^%z]*)%z(%d+)%z(%d+)%z(%d+)%z(%d+)(.*)$')
   if not fail then return nil end
+  local batch = batch_of(tail)
+  if not batch then return nil end
   return {tag = tag, group = g, member = m, id = tonumber(id), epoch = tonumber(ep),
-          acq = tonumber(acq), fail = tonumber(fail)}
+          acq = tonumber(acq), fail = tonumber(fail), batch = batch ~= '' and batch or nil}
+end
+
+-- A checkout's lease: its batch's key, or its own tag.
+local function lease_of(c)
+  return c.batch or c.tag
+end
+
+-- A checkout's lease deadline (false when it has none: unleased in a mailbox).
+local function deadline_of(K, c)
+  return redis.call('ZSCORE', K.deadlines, lease_of(c))
+end
+
+-- `k` checkouts of batch `key` (group g, member m) are gone: the batch counts
+-- them off, and its lease goes with its last.
+local function leave_batch(K, key, g, m, k)
+  if redis.call('HINCRBY', K.checkouts, key, -k) <= 0 then
+    redis.call('HDEL', K.checkouts, key)
+    redis.call('ZREM', K.deadlines, key)
+    redis.call('ZREM', K.owned, g .. SEP .. m .. SEP .. key)
+  end
 end
 
 -- Is this checkout member m's to settle now? Not if it is another's, was
@@ -48,18 +91,42 @@ local function checkout_records(K, tags)
   return out, size
 end
 
--- Remove settled checkouts: `tags` and their `owned` entries. When they are
--- all the queue has, its three keys go whole (a listpack deletes field by
--- field, each a scan); an entry of another checkout cannot be among them.
-local function remove_checkouts(K, tags, owned, size)
+-- Remove settled checkouts of member m of group g: `tags`; `singles` (those
+-- with a lease of their own) and `batches` (key -> how many of `tags` it
+-- holds, `order` its keys in the order met). `size` is K.checkouts' length
+-- before. When they and their batches' counts are all the hash has, the four
+-- keys go whole (a listpack deletes field by field, each a scan).
+local function remove_checkouts(K, g, m, tags, singles, batches, order, size)
   add_total(K, OUT, -#tags)
-  if size == #tags then
+  local emptied, left = {}, {}
+  if #order > 0 then
+    local counts = redis.call('HMGET', K.checkouts, unpack(order))
+    for i, key in ipairs(order) do
+      if tonumber(counts[i] or '0') <= batches[key] then emptied[#emptied + 1] = key else left[#left + 1] = key end
+    end
+  end
+  if size == #tags + #emptied then
     redis.call('DEL', K.checkouts, K.deadlines, K.owned, K.held)
     return
   end
-  redis.call('HDEL', K.checkouts, unpack(tags))
-  redis.call('ZREM', K.deadlines, unpack(tags))
-  redis.call('ZREM', K.owned, unpack(owned))
+  local gm = g .. SEP .. m .. SEP
+  local fields, leases, owned = {}, {}, {}
+  for i, tag in ipairs(tags) do fields[i] = tag end
+  for _, tag in ipairs(singles) do
+    leases[#leases + 1] = tag
+    owned[#owned + 1] = gm .. tag
+  end
+  for _, key in ipairs(emptied) do
+    fields[#fields + 1] = key
+    leases[#leases + 1] = key
+    owned[#owned + 1] = gm .. key
+  end
+  for _, key in ipairs(left) do redis.call('HINCRBY', K.checkouts, key, -batches[key]) end
+  redis.call('HDEL', K.checkouts, unpack(fields))
+  if #leases > 0 then
+    redis.call('ZREM', K.deadlines, unpack(leases))
+    redis.call('ZREM', K.owned, unpack(owned))
+  end
   redis.call('ZREM', K.held, unpack(tags))
 end
 
@@ -71,11 +138,49 @@ local function take_checkout(K, tag)
   local c = parse_checkout(tag, rec)
   if not c then return nil end
   redis.call('HDEL', K.checkouts, tag)
-  redis.call('ZREM', K.deadlines, tag)
-  redis.call('ZREM', K.owned, c.group .. SEP .. c.member .. SEP .. tag)
+  if c.batch then leave_batch(K, c.batch, c.group, c.member, 1)
+  else
+    redis.call('ZREM', K.deadlines, tag)
+    redis.call('ZREM', K.owned, c.group .. SEP .. c.member .. SEP .. tag)
+  end
   redis.call('ZREM', K.held, tag)
   add_total(K, OUT, -1)
   return c
+end
+
+-- Give checkout c (of a batch) a lease of its own, due at `due` (false: none
+-- yet, as a mailbox entry waits): its record drops its place in the batch,
+-- which counts it off.
+local function lease_alone(K, c, due)
+  leave_batch(K, c.batch, c.group, c.member, 1)
+  c.batch = nil
+  redis.call('HSET', K.checkouts, c.tag, c.group .. SEP .. c.member .. SEP .. int_str(c.id) .. SEP .. int_str(c.epoch)
+    .. SEP .. int_str(c.acq) .. SEP .. int_str(c.fail))
+  if due then redis.call('ZADD', K.deadlines, due, c.tag) end
+  redis.call('ZADD', K.owned, 0, c.group .. SEP .. c.member .. SEP .. c.tag)
+end
+
+-- The tags of the checkouts under the leases `leases` (tags, or batch keys,
+-- as K.deadlines and K.owned hold them): a batch's are its records in its
+-- range that still name it. O(the batches' spans).
+local function tags_of_leases(K, leases)
+  local tags = {}
+  for _, lease in ipairs(leases) do
+    local first, span = string.match(lease, '^b(%d+)%+(%d+)$')
+    if not span then tags[#tags + 1] = lease
+    else
+      first, span = tonumber(first), tonumber(span)
+      local range = int_strs(first, span + 1)
+      local recs = redis.call('HMGET', K.checkouts, unpack(range))
+      for i, rec in ipairs(recs) do
+        if rec then
+          local tail = string.match(rec, '^[^%z]*%z[^%z]*%z%d+%z%d+%z%d+%z%d+(.*)$')
+          if tail and batch_of(tail) == lease then tags[#tags + 1] = range[i] end
+        end
+      end
+    end
+  end
+  return tags
 end
 
 local function ready_member(g, id, acq, fail)
@@ -91,9 +196,20 @@ end
 local function member_tags(K, g, m)
   local prefix = g .. SEP .. m .. SEP
   local owned = redis.call('ZRANGEBYLEX', K.owned, '[' .. prefix, '(' .. g .. SEP .. m .. '\1')
-  local tags = {}
-  for i, member in ipairs(owned) do tags[i] = string.sub(member, #prefix + 1) end
-  return tags
+  local leases = {}
+  for i, member in ipairs(owned) do leases[i] = string.sub(member, #prefix + 1) end
+  return tags_of_leases(K, leases)
+end
+
+-- How many checkouts group g's members hold. O(the group's leases).
+local function group_checkout_count(K, g)
+  local owned = redis.call('ZRANGEBYLEX', K.owned, '[' .. g .. SEP, '(' .. g .. '\1')
+  local n = 0
+  for _, member in ipairs(owned) do
+    local key = string.match(member, '%z(b%d+%+%d+)$')
+    n = n + (key and tonumber(redis.call('HGET', K.checkouts, key) or '0') or 1)
+  end
+  return n
 end
 
 local function return_member_checkouts(K, g, m)
@@ -109,11 +225,14 @@ end
 -- Cost: O(the group's checkouts).
 local function release_group_checkouts(K, g, back_to_ready)
   local owned = redis.call('ZRANGEBYLEX', K.owned, '[' .. g .. SEP, '(' .. g .. '\1')
-  for _, member in ipairs(owned) do
-    local c = take_checkout(K, split(member, SEP)[3])
+  local leases = {}
+  for i, member in ipairs(owned) do leases[i] = split(member, SEP)[3] end
+  local tags = tags_of_leases(K, leases)
+  for _, tag in ipairs(tags) do
+    local c = take_checkout(K, tag)
     if c and back_to_ready then requeue(K, c, c.fail) end
   end
-  return #owned
+  return #tags
 end
 
 local function promote_delayed(K, now)
@@ -303,14 +422,16 @@ local function put_back(K, g, taken, from)
 end
 
 -- Check `taken` (from take_next) out to member m: each message gets a fresh
--- tag, a record and an ownership entry; a deadline only when `deadline` is
--- given (a push mailbox starts the lease when the consumer TAKEs it).
+-- tag and a record. `as_batch` with a `deadline` (a PULL's): the messages
+-- share one lease (a lease batch: one deadline and one ownership entry); else
+-- each has its own, with no deadline when none is given (a push mailbox
+-- starts the lease when the consumer TAKEs it, one by one).
 -- Granted QoS is min(member's, message's): a QoS 0 delivery is at most once —
 -- no record, no lease, never redelivered — and its tag starts with 'q'.
 -- Fills in each entry's tag and returns `taken`. O(#taken); what the batch
 -- shares (epoch, time, the record's tail for a first delivery, the journal
 -- entry) is built once per call.
-local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
+local function lease_out(K, g, m, taken, ep, now, deadline, member_qos, as_batch)
   local n_taken = #taken
   if n_taken == 0 then return taken end
 
@@ -321,6 +442,9 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
   local ep_text = SEP .. int_str(ep) .. SEP
   local first_tail = ep_text .. '1' .. SEP .. '0'  -- a first delivery: one acquisition, no failure
   local records, deadlines, owned, held, n = {}, {}, {}, {}, 0
+  -- a lease batch spans the call's tags (a QoS 0 one among them has no record)
+  local batch = as_batch and deadline and n_taken > 1 and member_qos ~= 0 and batch_key(base + 1, n_taken - 1)
+  local batch_tail = batch and SEP .. batch
   -- redis.call turns every number argument into text: the batch's one
   -- deadline (and the owned entries' score) go as text made once.
   local due = deadline and int_str(deadline)
@@ -342,10 +466,13 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
       records[n - 1] = tag
       if t[3] == 1 and t[5] == 0 then records[n] = gm .. t[6] .. first_tail
       else records[n] = gm .. t[6] .. ep_text .. int_str(t[3]) .. SEP .. int_str(t[5]) end
-      deadlines[n - 1] = due
-      deadlines[n] = tag
-      owned[n - 1] = '0'
-      owned[n] = gm .. tag
+      if batch then records[n] = records[n] .. batch_tail
+      else
+        deadlines[n - 1] = due
+        deadlines[n] = tag
+        owned[n - 1] = '0'
+        owned[n] = gm .. tag
+      end
       held[n - 1] = t[6]
       held[n] = tag
     end
@@ -358,17 +485,26 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos)
   tally(K, 'redelivered', again)
   if n == 0 then return taken end
   add_total(K, OUT, n / 2)
-  redis.call('HSET', K.checkouts, unpack(records))
-  if deadline then redis.call('ZADD', K.deadlines, unpack(deadlines)) end
-  redis.call('ZADD', K.owned, unpack(owned))
+  if batch then
+    records[n + 1] = batch
+    records[n + 2] = int_str(n / 2)
+    redis.call('HSET', K.checkouts, unpack(records))
+    redis.call('ZADD', K.deadlines, due, batch)
+    redis.call('ZADD', K.owned, 0, gm .. batch)
+  else
+    redis.call('HSET', K.checkouts, unpack(records))
+    if deadline then redis.call('ZADD', K.deadlines, unpack(deadlines)) end
+    redis.call('ZADD', K.owned, unpack(owned))
+  end
   redis.call('ZADD', K.held, unpack(held))
   return taken
 end
 
--- Check out up to `count` messages for member m (take_next, then lease_out).
+-- Check out up to `count` messages for member m (take_next, then lease_out;
+-- `as_batch`: under one lease, as a PULL's).
 -- Returns a list of {tag, id, acquisitions, body, failures, id as text}.
-local function check_out(K, g, m, count, ep, now, deadline, member_qos)
-  return lease_out(K, g, m, take_next(K, g, count, now), ep, now, deadline, member_qos)
+local function check_out(K, g, m, count, ep, now, deadline, member_qos, as_batch)
+  return lease_out(K, g, m, take_next(K, g, count, now), ep, now, deadline, member_qos, as_batch)
 end
 
 local function lock_of(K, member, default)

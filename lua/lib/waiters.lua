@@ -91,7 +91,7 @@ local function hand_off(K, now, default_lock, limit, seq)
       end
       for i = #taken, keep + 1, -1 do taken[i] = nil end
       if #taken > 0 then
-        lease_out(K, g, m, taken, ep, now, deadline, member.qos)
+        lease_out(K, g, m, taken, ep, now, deadline, member.qos, true)
         redis.call('ZREM', K.waiters, rec)
         local reply = {ep, deadline, 'ok', 0, p[5]}
         for _, t in ipairs(taken) do

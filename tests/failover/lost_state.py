@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.records import per_tag_view
 from fencemq.fences.schedule_shards import SHARDS
 
 KEYS = Keyspace()
@@ -37,9 +38,11 @@ def lost_state(port: int, lost: list[tuple[str, str]]) -> dict[str, Any]:
         ref = QueueRef(topic)
         k = KEYS.queue(ref)
         meta = {_t(a): _t(b) for a, b in r.hgetall(k.meta).items()}
-        co = {_t(a): _t(b).split("\0") for a, b in r.hgetall(k.checkouts).items()}
+        # one lease per checkout (a lease batch's deadline is each of its checkouts')
+        records, dl, _ = per_tag_view(r.hgetall(k.checkouts),
+                                      {_t(a): int(b) for a, b in r.zrange(k.deadlines, 0, -1, withscores=True)}, [])
+        co = {tag: _t(rec).split("\0") for tag, rec in records.items()}
         co_by_id = {int(v[2]): (tag, v) for tag, v in co.items() if len(v) > 2}
-        dl = {_t(a): int(b) for a, b in r.zrange(k.deadlines, 0, -1, withscores=True)}
         rd = [_t(m).split("\0") for m in r.zrange(k.ready, 0, -1)]
         rd_ids = {int(m[1]) for m in rd if len(m) > 1}
         dly = [_t(m).split("\0") for m in r.zrange(k.delayed, 0, -1)]

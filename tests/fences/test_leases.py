@@ -20,9 +20,9 @@ from prometheus_client import REGISTRY
 
 from fencemq.sdk.client import Client
 from fencemq.model.keys import Keyspace, QueueRef
-from fencemq.model.records import journal_events
+from fencemq.model.records import Checkout, journal_events
 from tests import helpers
-from tests.helpers import RespConn, as_map, client, deliveries, in_cluster_mode, wait_for, worker
+from tests.helpers import RespConn, as_map, checkout_records, client, deliveries, in_cluster_mode, wait_for, worker
 
 KEYS = Keyspace()
 ORDERS = KEYS.queue(QueueRef("orders"))
@@ -116,7 +116,7 @@ def test_the_late_ack_of_an_expired_tag_settles_nothing_even_after_the_redeliver
     assert slow.execute_command("NACK", hs, late["tag"]) == 0
     assert slow.execute_command("RENEW", hs, late["tag"], "LOCK", 5000) == 0
     assert take(slow, hs) == [] and take(fast, hf) == []  # x is settled for good, y still held by fast
-    assert direct.hkeys(ORDERS.checkouts) == [y["tag"].encode()]
+    assert list(checkout_records(direct, ORDERS)) == [y["tag"]]
 
 
 def test_renewing_before_each_deadline_keeps_a_lease_alive_for_many_times_its_lock(w):
@@ -134,6 +134,64 @@ def test_renewing_before_each_deadline_keeps_a_lease_alive_for_many_times_its_lo
     assert owner.execute_command("ACK", ho, d["tag"]) == 1
     time.sleep(0.5)
     assert take(rival, hr) == []
+
+
+# -- lease batches: one PULL's checkouts under one lease --------------------------------------------
+
+
+def lease_state(direct) -> tuple[list, list, dict]:
+    """The orders queue's deadline entries, ownership entries and checkout records."""
+    return (direct.zrange(ORDERS.deadlines, 0, -1, withscores=True), direct.zrange(ORDERS.owned, 0, -1),
+            checkout_records(direct, ORDERS))
+
+
+def test_a_pulls_checkouts_share_one_deadline_and_one_ownership_entry_and_the_last_settled_takes_them(w, direct):
+    c = client(w.port, 2, "batcher")
+    h = join(c, "GROUP", "g", "LOCK", 60_000)
+    c.execute_command("MPUB", "orders", 100, *[f"m{i}" for i in range(100)])
+    got = take(c, h, 100)
+    deadlines, owned, records = lease_state(direct)
+    assert len(got) == len(records) == 100 and len(deadlines) == len(owned) == 1  # one lease, not a hundred
+    ((lease, _),) = deadlines
+    assert {Checkout.decode(records[d["tag"]]).lease(d["tag"]) for d in got} == {lease.decode()}
+    assert len({d["tag"] for d in got}) == 100  # each its own tag
+    assert c.execute_command("ACK", h, *[d["tag"] for d in got[:60]]) == 60
+    deadlines, owned, records = lease_state(direct)
+    assert (len(deadlines), len(owned), len(records)) == (1, 1, 40)
+    assert int(direct.hget(ORDERS.checkouts, lease)) == 40  # the batch counts what it holds
+    assert c.execute_command("NACK", h, *[d["tag"] for d in got[60:]]) == 40
+    assert lease_state(direct) == ([], [], {}) and direct.hlen(ORDERS.checkouts) == 0  # the last took the lease
+
+
+def test_a_lease_batch_expires_as_a_unit_and_a_checkout_renewed_apart_keeps_a_lease_of_its_own(w, direct):
+    c, other = client(w.port, 2, "holder"), client(w.port, 2, "other")
+    h = join(c, "GROUP", "g", "LOCK", 400)
+    ho = join(other, "GROUP", "g", "LOCK", 60_000)
+    c.execute_command("MPUB", "orders", 4, "a", "b", "c", "d")
+    got = take(c, h, 4)
+    assert c.execute_command("ACK", h, got[0]["tag"]) == 1
+    assert c.execute_command("RENEW", h, got[1]["tag"], "LOCK", 60_000) == 1  # leaves the batch
+    assert len(lease_state(direct)[0]) == 2  # the batch's deadline, and b's own
+    notice = wait_expired(c, h, [got[2]["tag"], got[3]["tag"]])  # c and d, at the batch's one deadline
+    assert sorted(notice["tags"]) == sorted([got[2]["tag"], got[3]["tag"]])
+    back = take(other, ho, 10)
+    assert payloads(back) == ["c", "d"] and [d["deliveries"] for d in back] == [2, 2]
+    assert c.execute_command("ACK", h, got[2]["tag"], got[3]["tag"]) == 0  # late: settles nothing
+    assert c.execute_command("ACK", h, got[1]["tag"]) == 1  # the renewed one is still its own
+    assert c.execute_command("RENEW", h, *[d["tag"] for d in back]) == 0  # another's batch
+
+
+def test_renewing_every_checkout_left_in_a_batch_moves_its_one_deadline(w, direct):
+    c = client(w.port, 2, "renewer")
+    h = join(c, "GROUP", "g", "LOCK", 60_000)
+    c.execute_command("MPUB", "orders", 3, "a", "b", "c")
+    got = take(c, h, 3)
+    assert c.execute_command("ACK", h, got[0]["tag"]) == 1
+    ((lease, before),) = lease_state(direct)[0]
+    time.sleep(0.05)
+    assert c.execute_command("RENEW", h, got[1]["tag"], got[2]["tag"], got[2]["tag"]) == 3  # as one by one
+    ((still, after),) = lease_state(direct)[0]
+    assert still == lease and after > before  # the batch moved whole: no lease of its own for either
 
 
 # -- suspicion -------------------------------------------------------------------------------------
@@ -227,7 +285,7 @@ def test_unsub_with_pending_checkouts_returns_all_of_them_in_id_order_and_remove
     held = take(leaving, hl, 5)
     assert leaving.execute_command("ACK", hl, held[1]["tag"], held[3]["tag"]) == 2
     assert leaving.execute_command("UNSUB", hl) == b"OK"
-    assert direct.hlen(ORDERS.checkouts) == 0
+    assert len(checkout_records(direct, ORDERS)) == 0
     got = take(staying, hs)
     assert payloads(got) == ["a", "c", "e", "f"]
     assert [d["deliveries"] for d in got] == [2, 2, 2, 1]
@@ -267,7 +325,7 @@ def test_a_timed_out_active_member_hands_all_its_pending_to_the_next_member_in_a
     later = take(zed, hz, 2)  # not expired when the first batch is: returned all the same
     notice = wait_expired(zed, hz, [d["tag"] for d in early], at_most=[d["tag"] for d in early + later])
     assert notice["replaced_by"] == "amy"
-    assert direct.hlen(ORDERS.checkouts) == 0
+    assert len(checkout_records(direct, ORDERS)) == 0
     assert take(mx, hm) == [] and take(zed, hz) == []
     got = take(amy, ha, 10)
     assert payloads(got) == ["a", "b", "c", "d", "e"]
@@ -500,7 +558,7 @@ def test_an_ack_pipelined_with_a_pull_settles_first_and_the_pull_gets_the_next_b
     first = take(c, h, 3)
     acked, reply = _ack_then_pull(c, h, [d["tag"] for d in first], "COUNT", 3)
     assert acked == 3 and payloads(deliveries(reply)) == ["m3", "m4", "m5"]
-    assert direct.hlen(KEYS.queue(QueueRef("orders")).checkouts) == 3, "the acked three are gone, three held"
+    assert len(checkout_records(direct, KEYS.queue(QueueRef("orders")))) == 3, "the acked three are gone, three held"
     acked, reply = _ack_then_pull(c, h, [d["tag"] for d in deliveries(reply)], "COUNT", 3)
     assert acked == 3 and deliveries(reply) == []
     assert len(paired) == 2, "each pair ran as one round trip"

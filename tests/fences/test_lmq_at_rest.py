@@ -122,14 +122,26 @@ class TwoBrokers:
         meta, co, own, rd, ttl = self.loop.run_until_complete(read())
         expanded = {f: ("<since>" if f.endswith("|sus") else churn_counts(v) if f.endswith("|ch") else v)
                     for f, v in compact_meta.expand(meta).items() if f not in TIMESTAMPS}
-        seen = [t.decode().lstrip("q") for t in co] + [o.split(b"\0")[2].decode().lstrip("q") for o in own]
+        def number(t: str) -> str:  # a tag's, or a lease batch's first tag's ('b<first>+<span>')
+            return t[1:].split("+")[0] if t.startswith("b") else t.lstrip("q")
+
+        def ordinal(t: str) -> str:
+            if t.startswith("b"):
+                first, span = t[1:].split("+")
+                return f"b{self.ordinal(prefix, first)}+{span}"
+            return self.ordinal(prefix, t)
+
+        seen = [number(t.decode()) for t in co] + [number(o.split(b"\0")[2].decode()) for o in own]
         for t in sorted(set(seen), key=int):  # first seen here (a mailbox filled by SUB): in the order handed out
             self.ordinal(prefix, t)
         if "tag" in expanded:
             expanded["tag"] = self.ordinal(prefix, expanded["tag"])
-        co = {self.ordinal(prefix, t.decode()): r for t, r in co.items()}
-        own = [b"\0".join((*o.split(b"\0")[:2], self.ordinal(prefix, o.split(b"\0")[2].decode()).encode()))
-               for o in own]
+        def record(r: bytes) -> bytes:  # a checkout of a lease batch names the batch last
+            *fields, last = r.split(b"\0")
+            return b"\0".join((*fields, ordinal(last.decode()).encode() if last.startswith(b"b") else last))
+
+        co = {ordinal(t.decode()): record(r) if not t.startswith(b"b") else r for t, r in co.items()}
+        own = [b"\0".join((*o.split(b"\0")[:2], ordinal(o.split(b"\0")[2].decode()).encode())) for o in own]
         return {"meta": expanded, "co": co, "own": sorted(own), "rd": rd, "reclaim_set": ttl > 0}
 
     def close(self) -> None:

@@ -45,6 +45,8 @@ from fencemq.model.keys import QueueRef
 from fencemq.model.handles import Handle
 from fencemq.model.messages import unpack_delivery
 from fencemq.fences.core import Core
+from fencemq.fences.leases import tags_of_leases
+from fencemq.model.records import Checkout, per_tag_view
 from fencemq.ops import totals
 from tests.helpers import direct_async, in_cluster_mode
 from tests.reference import (
@@ -243,11 +245,21 @@ class Harness:
         return self._after(expected)
 
     def expire(self, tags: list[int]) -> None:
-        """Time passes for these leases: their deadlines move into the past."""
+        """Time passes for these leases: their deadlines move into the past. A lease batch (one PULL's
+        checkouts) expires whole: the model is told of every checkout under the leases that did."""
         if tags:
-            self.d.run(self.d.redis.zadd(self.keys.deadlines, {self._real_tag[t]: 0 for t in tags}, xx=True))
+            leases, expired = self._leases_of([self._real_tag[t] for t in tags])
+            self.d.run(self.d.redis.zadd(self.keys.deadlines, {lease: 0 for lease in leases}, xx=True))
+            tags = sorted({self.model_tag(t) for t in expired})
         self.model.expire(tags)
         self._after(None)
+
+    def _leases_of(self, real_tags: list[str]) -> tuple[set[str], list[str]]:
+        """The leases these checkouts are under, and every checkout under them (real tags)."""
+        k = self.keys
+        records = self.d.run(self.d.redis.hmget(k.checkouts, real_tags))
+        leases = {Checkout.decode(r).lease(t) if r is not None else t for t, r in zip(real_tags, records, strict=True)}
+        return leases, self.d.run(tags_of_leases(self.d.redis, k, sorted(leases)))
 
     def make_due(self, group: str) -> None:
         """Time passes for the group's delayed redeliveries."""
@@ -319,6 +331,9 @@ class Harness:
                 return await p.execute()
 
         meta, co, dl, own, rd, dly, dead, sched, loglen = self.d.run(read())
+        # one lease per checkout, as the model keeps them: a lease batch's deadline is each of its checkouts'
+        co, dl_by_tag, own = per_tag_view(co, {_s(t): int(score) for t, score in dl}, own)
+        dl = list(dl_by_tag.items())
         tag = self.model_tag
         meta = {_s(f): _s(v) for f, v in meta.items()}
         if "tag" in meta:
@@ -702,8 +717,8 @@ def test_a_late_ack_of_an_expired_checkout_settles_nothing_and_leaves_the_redeli
 def test_a_suspected_member_gets_nothing_until_it_acks_nacks_or_renews_even_an_expired_tag(h: Harness) -> None:
     h.publish(["", "", ""])
     h.subscribe("g", "a", mode="shared")
-    got = h.pull("g", "a", 2)
-    expired, kept = _tags_of(got)
+    # two PULLs, two leases (one PULL's checkouts share one lease, which expires whole)
+    (expired,), (kept,) = _tags_of(h.pull("g", "a", 1)), _tags_of(h.pull("g", "a", 1))
     h.expire([int(expired)])
     h.sweep()
     assert h.pull("g", "a", 1).status == "suspected"
@@ -769,9 +784,10 @@ def test_a_single_active_member_that_times_out_hands_over_to_the_next_member_not
     h.publish(["", "", ""])
     for m in ("a", "b", "c"):
         h.subscribe("g", m, mode="single-active")
-    got = h.pull("g", "a", 2)
+    got = h.pull("g", "a", 1)
+    h.pull("g", "a", 1)  # a second PULL: a second lease
     h.expire([got.deliveries[0][0]])  # one lease expires: all of a's pending come back
-    assert h.sweep().notices == [("g", "a", _tags_of(got)[:1], "b")]
+    assert h.sweep().notices == [("g", "a", _tags_of(got), "b")]
     assert not h.model.checkouts
     res = h.pull("g", "b", 3)
     assert [(i, acq) for _, i, acq in res.deliveries] == [(1, 2), (2, 2), (3, 1)]

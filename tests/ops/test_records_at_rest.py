@@ -24,13 +24,16 @@ from fencemq.model.records import (
     MailboxEntry,
     OwnedEntry,
     ReadyEntry,
+    batch_span,
     decode_journal_entry,
     decode_names,
     decode_push_members,
     encode_names,
     encode_push_members,
+    is_batch_key,
     is_end_of_stream,
 )
+from fencemq.model.values import text
 from tests.ops.test_snapshot import run, run_workload
 
 
@@ -67,9 +70,20 @@ def test_every_record_the_fences_store_decodes_and_encodes_back(redis_url: str) 
             if meta.PUSH in expanded:
                 assert encode_push_members(decode_push_members(expanded[meta.PUSH])) == expanded[meta.PUSH]
                 seen["push members"] += 1
-            for tag, raw in r.hgetall(k.checkouts).items():
-                assert Checkout.decode(raw).encode() == raw
+            co = r.hgetall(k.checkouts)
+            for tag, raw in co.items():
+                if is_batch_key(tag):  # a lease batch's count of its checkouts left
+                    first, span = batch_span(tag)
+                    held = [t for t in range(first, first + span + 1) if str(t).encode() in co
+                            and Checkout.decode(co[str(t).encode()]).lease(str(t)) == tag.decode()]
+                    assert int(raw) == len(held) > 0 and r.zscore(k.deadlines, tag) is not None
+                    seen["lease batch"] += 1
+                    continue
+                c = Checkout.decode(raw)
+                assert c.encode() == raw
                 seen["checkout"] += 1
+                if c.batch is not None:
+                    assert c.lease(tag) in {text(f) for f in co}, "a checkout of a lease batch whose count is gone"
             for raw in r.zrange(k.owned, 0, -1):
                 entry = OwnedEntry.decode(raw)
                 assert entry.encode() == raw and r.hexists(k.checkouts, entry.tag)
@@ -97,5 +111,6 @@ def test_every_record_the_fences_store_decodes_and_encodes_back(redis_url: str) 
                     seen["marker"] += 1
     finally:
         r.close()
-    assert set(seen) == {"name list", "push members", "checkout", "owned", "ready", "journal", "journal batch", "dead letter",
+    assert set(seen) == {"name list", "push members", "checkout", "lease batch", "owned", "ready", "journal",
+                         "journal batch", "dead letter",
                          "end of stream", "mailbox entry", "marker"}, seen

@@ -20,6 +20,7 @@ from fencemq import Client, SessionTakenOver, SyncClient
 from fencemq.config import Config
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.server.runner import WorkerThread
+from tests import helpers
 
 LOCK_MS = 400  # a lease short enough to run out inside a test
 
@@ -250,7 +251,7 @@ def test_a_delivery_carries_its_publish_time_as_ts_and_its_producer(worker_url: 
 
 
 def checkouts(r: redis.Redis, topic: str) -> int:
-    return r.hlen(Keyspace().queue(QueueRef(topic)).checkouts)
+    return len(helpers.checkout_records(r, Keyspace().queue(QueueRef(topic))))
 
 
 def test_without_prefetch_settling_a_batch_checks_nothing_out_and_with_it_the_next_batch_goes_out(

@@ -51,11 +51,12 @@ from fencemq.model import meta as fields
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.model.handles import Handle
 from fencemq.model.messages import EXPIRES
+from fencemq.model.records import is_batch_key
 from fencemq.ops.priority import set_priority
 from tests.ops.test_totals import checkpoint, run_async
 from tests.helpers import (
-    as_map, client, deliveries, direct_async, error_code, free_port, in_cluster_mode, subprocess_worker, text, wait_for,
-    worker,
+    as_map, checkout_records, client, deliveries, direct_async, error_code, free_port, in_cluster_mode, subprocess_worker,
+    text, wait_for, worker,
 )
 
 KEYS = Keyspace("fmq")
@@ -540,7 +541,7 @@ class Guarantees(RuleBasedStateMachine):
             k = KEYS.queue(ref)
             # sessions are read before the queue: a checkout seen after its session was seen gone is a leak
             meta = fields.expand(self.redis.hgetall(k.meta))
-            records = [text(v) for v in self.redis.hvals(k.checkouts)]
+            records = [text(v) for v in checkout_records(self.redis, k).values()]
             for c in self.consumers:
                 if c.cid in live:
                     continue
@@ -574,7 +575,7 @@ class Guarantees(RuleBasedStateMachine):
         k = KEYS.queue(self.queues["group"])
         with self.redis.pipeline(transaction=True) as p:  # one slot: an atomic view of the queue
             p.hgetall(k.meta)
-            p.hvals(k.checkouts)
+            p.hgetall(k.checkouts)
             p.zrange(k.ready, 0, -1)
             p.zrange(k.delayed, 0, -1)
             p.lrange(k.dead, 0, -1)
@@ -585,7 +586,9 @@ class Guarantees(RuleBasedStateMachine):
         if fields.group_field("g", fields.MODE) not in meta:
             return  # the group was never made: nothing was promised to it yet
         waiting = set()
-        for r in records:
+        for t, r in records.items():
+            if is_batch_key(t):
+                continue  # a lease batch's count
             group, _member, mid, *_ = text(r).split("\0")
             if group == "g":
                 waiting.add(int(mid))
