@@ -86,13 +86,18 @@ end
 -- tag_marks, or nil; extras: one per message, or nil). The caller checks
 -- journal_on first, so nothing is built when the journal is off. With
 -- `as_text`, ids and tags are decimal text (no marks).
+-- A batch entry whose runs and repeats the caller wrote itself (ids_text,
+-- tags_text, extra_text: as journal_runs and journal_repeats write them).
+local function journal_batch_text(ms, ev, g, m, ids_text, tags_text, ep, extra_text)
+  JOURNAL_N = JOURNAL_N + 1
+  JOURNAL[JOURNAL_N] = int_str(ms) .. '\t' .. ev .. '\t' .. (g or '') .. '\t' .. (m or '') .. '\t'
+    .. ids_text .. '\t' .. (tags_text or '') .. '\t' .. journal_field(ep) .. '\t' .. (extra_text or '')
+end
+
 local function journal_batch(ms, ev, g, m, ids, tags, tag_marks, ep, extras, as_text)
   if #ids == 0 then return end
   local runs = as_text and journal_text_runs or journal_runs
-  JOURNAL_N = JOURNAL_N + 1
-  JOURNAL[JOURNAL_N] = int_str(ms) .. '\t' .. ev .. '\t' .. (g or '') .. '\t' .. (m or '') .. '\t'
-    .. runs(ids) .. '\t' .. (tags and runs(tags, tag_marks) or '') .. '\t'
-    .. journal_field(ep) .. '\t' .. (extras and journal_repeats(extras) or '')
+  journal_batch_text(ms, ev, g, m, runs(ids), tags and runs(tags, tag_marks), ep, extras and journal_repeats(extras))
 end
 
 local function flush_journal(K)

@@ -21,10 +21,8 @@
 --                    [NUL batch key]: a checkout of a lease batch
 --   batch key        'b' first tag '+' span (last tag - first; K.checkouts: the batch's checkouts left)
 --   ready member     group NUL id(16 digits) NUL acquisitions NUL failures
---   owned member     group NUL member NUL tag
+--   owned member     group NUL member NUL lease (a tag, or a batch key)
 
--- A checkout record, or nil when it does not parse (then nothing may be
--- done with it: no fence deletes what it cannot read).
 local function batch_key(first, span)
   return 'b' .. int_str(first) .. '+' .. int_str(span)
 end
@@ -37,6 +35,8 @@ local function batch_of(tail)
   return string.match(tail, '^%z(b%d+%+%d+)$')
 end
 
+-- A checkout record, or nil when it does not parse (then nothing may be
+-- done with it: no fence deletes what it cannot read).
 local function parse_checkout(tag, rec)
   local g, m, id, ep, acq, fail, tail = string.match(rec, '^([^%z]*)%z([^%z]*)%z(%d+)%z(%d+)%z(%d+)%z(%d+)(.*)$')
   if not fail then return nil end
@@ -478,9 +478,20 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos, as_batch
     end
   end
   if journaling then
-    local ids, tag_nums, acqs = {}, {}, {}
-    for i = 1, n_taken do ids[i], tag_nums[i], acqs[i] = taken[i][2], base + i, taken[i][3] end
-    journal_batch(now, 'out', g, m, ids, tag_nums, marks, ep, acqs)
+    local ids = {}
+    for i = 1, n_taken do ids[i] = taken[i][2] end
+    if again == 0 and n == 2 * n_taken then
+      -- the usual call: every tag QoS 1 (one run) and every delivery a first: written as journal_batch
+      -- would write them, without the per-message lists it reads them from
+      local one = n_taken == 1
+      journal_batch_text(now, 'out', g, m, journal_runs(ids),
+        one and tags[1] or (tags[1] .. '-' .. tags[n_taken]), ep,
+        one and '1' or ('1*' .. int_str(n_taken)))
+    else
+      local tag_nums, acqs = {}, {}
+      for i = 1, n_taken do tag_nums[i], acqs[i] = base + i, taken[i][3] end
+      journal_batch(now, 'out', g, m, ids, tag_nums, marks, ep, acqs)
+    end
   end
   tally(K, 'redelivered', again)
   if n == 0 then return taken end

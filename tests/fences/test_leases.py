@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 
 from fencemq.sdk.client import Client
 from fencemq.model.keys import Keyspace, QueueRef
-from fencemq.model.records import Checkout, journal_events
+from fencemq.model.records import Checkout, JournalBatch, journal_events
 from tests import helpers
 from tests.helpers import RespConn, as_map, checkout_records, client, deliveries, in_cluster_mode, wait_for, worker
 
@@ -192,6 +192,26 @@ def test_renewing_every_checkout_left_in_a_batch_moves_its_one_deadline(w, direc
     assert c.execute_command("RENEW", h, got[1]["tag"], got[2]["tag"], got[2]["tag"]) == 3  # as one by one
     ((still, after),) = lease_state(direct)[0]
     assert still == lease and after > before  # the batch moved whole: no lease of its own for either
+
+
+@pytest.mark.parametrize("mix", ["first deliveries", "a redelivery among them", "QoS 0 among them"])
+def test_a_pulls_journal_entry_is_the_batch_of_its_deliveries_whichever_way_it_was_written(w, direct, mix):
+    # lease_out writes the usual call's entry (all QoS 1, all first deliveries) directly, the rest through
+    # journal_batch's lists: both must read as the records' codec writes the pull's deliveries
+    c = client(w.port, 2, "journaled")
+    h = join(c, "GROUP", "g", "LOCK", 60_000)
+    c.execute_command("MPUB", "orders", 3, "a", "b", "c")
+    c.execute_command("MPUB", "orders", 2, "d", "e", *(["QOS", 0] if mix == "QoS 0 among them" else []))
+    if mix == "a redelivery among them":
+        (first,) = take(c, h, 1)
+        assert c.execute_command("NACK", h, first["tag"]) == 1
+    got = take(c, h, 5)
+    assert len(got) == 5
+    raw = direct.lrange(ORDERS.journal, -1, -1)[0]
+    entry = JournalBatch.decode(raw)
+    assert entry.encode() == raw == JournalBatch(
+        entry.ms, "out", "g", "journaled", tuple(int(d["id"]) for d in got), tuple(d["tag"] for d in got), 0,
+        tuple(str(d["deliveries"]) for d in got)).encode()
 
 
 # -- suspicion -------------------------------------------------------------------------------------
