@@ -14,6 +14,7 @@ Lua side: lua/lib/leases.lua. Protocol: docs/protocol.md, "Leases".
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,12 +25,15 @@ from fencemq.errors import BadArgument, FenceMQError, Stale
 from fencemq.fences.context import FenceContext
 from fencemq.fences.gathering import Gathering
 from fencemq.fences.mailbox import Mailboxes
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.handles import Handle
 from fencemq.model.keys import QueueKeys
 from fencemq.model.messages import Delivery, unpack_delivery
 from fencemq.model.records import Checkout, batch_span, is_batch_key
 from fencemq.model.values import text
+
+log = logging.getLogger(__name__)
 
 _LEASE_KEYS = "meta log checkouts deadlines owned held ready delayed"
 
@@ -212,8 +216,18 @@ class Leases:
         if deadline >= 0:
             await self.ctx.schedule_soon(handle.queue.qid, deadline)
         if refill and deliveries:
-            await self.mailboxes.dispatch_all(handle.queue)  # a shared group's strategy refills its members
+            await self._refill(handle)  # a shared group's strategy refills its members
         return PullResult(epoch, status, deliveries, since)
+
+    async def _refill(self, handle: Handle) -> None:
+        """Dispatch to the queue's push members after a call that already took effect: a failure here
+        (Redis failing over, a stale intent) is logged, not raised, or the caller would be told its
+        PULL or NACK failed when it did not; the next publish, TAKE or sweep dispatches instead."""
+        try:
+            await self.mailboxes.dispatch_all(handle.queue)
+        except (FenceMQError, *REDIS_FAILURES) as exc:
+            log.info("dispatch to the push members of %s put off (the next publish or sweep does it): %s",
+                     handle.queue.qid, exc)
 
     async def handed(self, handle: Handle, reply: list[Any]) -> PullResult:
         """What a publish handed to a long poll of ``handle`` (lua/lib/waiters.lua): as its PULL's reply."""
@@ -281,7 +295,7 @@ class Leases:
         if int(res[0]) and not delay_ms and not discard:
             # returned to the group now: a push group's members take only from their mailboxes, so
             # the group's strategy gives it to one of them (else it waits for the next publish)
-            await self.mailboxes.dispatch_all(handle.queue)
+            await self._refill(handle)
         return int(res[0]), int(res[1])
 
     async def member_tags(self, handle: Handle) -> list[str]:

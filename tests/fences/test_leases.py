@@ -155,6 +155,9 @@ def test_a_pulls_checkouts_share_one_deadline_and_one_ownership_entry_and_the_la
     ((lease, _),) = deadlines
     assert {Checkout.decode(records[d["tag"]]).lease(d["tag"]) for d in got} == {lease.decode()}
     assert len({d["tag"] for d in got}) == 100  # each its own tag
+    for verb in ("ACK", "NACK", "RENEW"):  # the batch's key is no tag: it settles nothing, changes nothing
+        assert c.execute_command(verb, h, lease) == 0
+    assert lease_state(direct) == (deadlines, owned, records)
     assert c.execute_command("ACK", h, *[d["tag"] for d in got[:60]]) == 60
     deadlines, owned, records = lease_state(direct)
     assert (len(deadlines), len(owned), len(records)) == (1, 1, 40)
@@ -212,6 +215,36 @@ def test_a_pulls_journal_entry_is_the_batch_of_its_deliveries_whichever_way_it_w
     assert entry.encode() == raw == JournalBatch(
         entry.ms, "out", "g", "journaled", tuple(int(d["id"]) for d in got), tuple(d["tag"] for d in got), 0,
         tuple(str(d["deliveries"]) for d in got)).encode()
+
+
+def test_a_nack_that_took_effect_is_answered_even_when_the_dispatch_after_it_fails(redis_url, monkeypatch):
+    # a NACK of a push group's member dispatches what it returned (fences/leases.py _refill); that second
+    # call failing (Redis failing over) must not turn the first one's answer into an error
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from fencemq.config import Config
+    from fencemq.fences.core import Core
+    from fencemq.model.handles import Handle
+
+    async def main() -> None:
+        r = helpers.direct_async(redis_url)
+        q = Core(r, Config(redis_url=redis_url))
+        try:
+            a = Handle.decode((await q.subscriptions.subscribe("ca", "jobs", group="g", mode="shared",
+                                                                capacity=4)).handle)
+            await q.publishing.publish("jobs", [b"x"])
+            (d,) = (await q.leases.pull(a, 1)).deliveries
+
+            async def dark(*_args: object) -> None:
+                raise RedisConnectionError("the primary is gone")
+
+            monkeypatch.setattr(q.mailboxes, "dispatch_all", dark)
+            assert await q.leases.nack(a, [d.tag], release=True) == 1
+            assert await r.zcard(q.keys.queue(a.queue).ready) == 1  # back with the group, for the next dispatch
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())
 
 
 # -- suspicion -------------------------------------------------------------------------------------
