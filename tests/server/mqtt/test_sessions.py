@@ -7,7 +7,9 @@ Named after the normative statements of MQTT 5.0 they check, and the broker issu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -115,47 +117,46 @@ def test_MQTT_4_8_2_a_shared_member_whose_network_goes_with_qos1_in_flight_loses
         staying.close(), pub.close()
 
 
+@contextlib.contextmanager
+def leaving_and_staying(w, name: str, messages: int) -> Iterator[tuple[Client, Client]]:
+    """A shared group of two on topic ``name``: a member about to go, with one message in flight (Receive
+    Maximum 1, never acknowledged, its session kept 300 s), and one that stays; ``messages`` published
+    (payloads ``name`` + i)."""
+    leaving = Client(w.worker.mqtt_port, f"leaving-{name}", expiry=300, auto_ack=False, receive_maximum=1)
+    staying = Client(w.worker.mqtt_port, f"staying-{name}")
+    pub = Client(w.worker.mqtt_port, f"{name}-pub")
+    try:
+        leaving.subscribe(f"$share/g/{name}")
+        staying.subscribe(f"$share/g/{name}")
+        for i in range(messages):
+            pub.publish(name, f"{name}{i}".encode())
+        assert len(leaving.take(1, timeout=5)) == 1  # in flight: its send quota is spent
+        yield leaving, staying
+    finally:
+        staying.close(), pub.close()
+
+
 def test_MQTT_4_8_2_a_shared_member_that_goes_between_checking_messages_out_and_sending_them_loses_nothing(
         w, redis_url) -> None:
     # The connection's delivery task checks a batch out, then sends it: a network that goes between the
     # two leaves checkouts neither in flight nor in the mailbox. They go back with the rest, not after
     # their lock (the race behind the test above losing o10 about once in 20 runs).
-    leaving = Client(w.worker.mqtt_port, "leaving-mid", expiry=300, auto_ack=False, receive_maximum=1)
-    staying = Client(w.worker.mqtt_port, "staying-mid")
-    pub = Client(w.worker.mqtt_port, "mid-pub")
-    try:
-        leaving.subscribe("$share/g/jobs")
-        staying.subscribe("$share/g/jobs")
-        for i in range(8):
-            pub.publish("jobs", f"j{i}".encode())
-        assert len(leaving.take(1, timeout=5)) == 1  # in flight, unacknowledged: its send quota is spent
+    with leaving_and_staying(w, "jobs", 8) as (leaving, staying):
         # what its delivery task would check out next, through the same fence, and never send
-        assert asyncio.run(check_out_for(redis_url, "leaving-mid")), "the leaving member's mailbox was empty"
+        assert asyncio.run(check_out_for(redis_url, "leaving-jobs")), "the leaving member's mailbox was empty"
         leaving.close(clean_disconnect=False)
         got = {m.payload for m in staying.take(8, timeout=5)}
-        assert got == {f"j{i}".encode() for i in range(8)}, f"lost for their lock: {sorted(got)}"
-    finally:
-        staying.close(), pub.close()
+        assert got == {f"jobs{i}".encode() for i in range(8)}, f"lost for their lock: {sorted(got)}"
 
 
 def test_MQTT_4_8_2_what_a_departing_shared_member_had_in_flight_goes_to_the_group_with_nothing_else_published(
         w) -> None:
     # A NACK returns the message to the group's ready set, where no push member looks: the group
     # hands it to a member at once (before, it waited for the next publish to dispatch).
-    leaving = Client(w.worker.mqtt_port, "leaving-alone", expiry=300, auto_ack=False, receive_maximum=1)
-    staying = Client(w.worker.mqtt_port, "staying-alone")
-    pub = Client(w.worker.mqtt_port, "alone-pub")
-    try:
-        leaving.subscribe("$share/g/tasks")
-        staying.subscribe("$share/g/tasks")
-        for i in range(2):  # one each: the leaving member's mailbox is empty when it goes
-            pub.publish("tasks", f"t{i}".encode())
-        assert len(leaving.take(1, timeout=5)) == 1
+    with leaving_and_staying(w, "tasks", 2) as (leaving, staying):  # one each: the leaver's mailbox is empty
         leaving.close(clean_disconnect=False)
         got = {m.payload for m in staying.take(2, timeout=5)}
-        assert got == {b"t0", b"t1"}, f"waiting for a publish: {sorted(got)}"
-    finally:
-        staying.close(), pub.close()
+        assert got == {b"tasks0", b"tasks1"}, f"waiting for a publish: {sorted(got)}"
 
 
 async def check_out_for(redis_url: str, client: str) -> list[str]:
