@@ -29,7 +29,7 @@ import msgpack
 
 RESP_FORM = b"R"
 # A message's expiry (PUB … TTL, MQTT's Message Expiry Interval): its deadline in ms on Redis's clock.
-# The fences settle an expired message without delivering it (lua/lib/leases.lua, expires_at), and
+# The fences settle an expired message without delivering it (lua/lib/expiry.lua, expires_at), and
 # read this header only where pack_body puts it: first among the headers.
 EXPIRES = "mqtt-expires-ms"
 MAX_TTL_MS = 4_294_967_295_000  # MQTT's longest Message Expiry Interval (2^32-1 s), for every door

@@ -6,6 +6,7 @@
 -- Helpers only: they use the including fence's K and the mailbox key it was
 -- given in KEYS; they build no key names themselves.
 --@include lib/members.lua
+--@include lib/reading.lua
 
 local EOS = 'EOS'
 

@@ -16,7 +16,7 @@
 -- '<figure>|<entry>' fields, deleted at 0). Events (tally, broker-wide):
 -- published (and 'published|<entry>'), delivered, redelivered, acked,
 -- nacked, dead_lettered, timeouts, expired (and 'expired|<entry>': messages a
--- group met expired and settled unsent, lib/leases.lua). Queues: 'queues:t', 'queues:l',
+-- group met expired and settled unsent, lib/expiry.lua). Queues: 'queues:t', 'queues:l',
 -- 'queues:f' (an lmq set to be reclaimed is not counted), 'lmqs|<entry>',
 -- 'consumers' (members of every group), and of them 'suspected' and
 -- 'fenced' (carrying an eviction marker). And 'srv', which is no figure: the

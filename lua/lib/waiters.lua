@@ -8,6 +8,7 @@
 -- second fence call. A waiter whose record is gone when it looks again was
 -- handed messages: they are its checkouts with a tag above `since`.
 --@include lib/members.lua
+--@include lib/reading.lua
 
 -- At most this many bytes of message bodies go to one waiter in a wake-up
 -- (what is left stays ready and the wake-up asks waiters to look): pub/sub

@@ -1,7 +1,7 @@
 """Message expiry (issue 34): PUB … TTL ms, and MQTT's Message Expiry Interval, one rule.
 
 A message with a TTL carries its deadline (Redis's clock) in its first header; once it has passed,
-the fences settle the message for every group that meets it without delivering it (lua/lib/leases.lua
+the fences settle the message for every group that meets it without delivering it (lua/lib/expiry.lua
 take_next, and a push mailbox's TAKE), and count it: ``expired`` in the totals, broker-wide and per
 entry. Through a worker and redis-py; what Redis holds is read straight from it.
 """
