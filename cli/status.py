@@ -42,7 +42,7 @@ from fencemq.model import meta
 from fencemq.model.keys import Keyspace
 from fencemq.ops.operations import parse_meta
 from fencemq.model.keys import queue_ref
-from fencemq.model.records import OwnedEntry, is_batch_key, lex_range
+from fencemq.model.records import OwnedEntry, held_under, is_batch_key, lex_range
 from fencemq.cli.common import safe_url, text
 
 PIPELINE_CHUNK = 200
@@ -174,11 +174,11 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
             if keys_of:
                 pipe.hmget(keys.queue_by_id(qid).checkouts, keys_of)
         found = iter(pipe.execute())
-    batch_count = {(qid, key): int(n or 0) for qid, keys_of in batches.items() if keys_of
-                   for key, n in zip(keys_of, next(found), strict=True)}
+    counts_of = {qid: dict(zip(keys_of, (int(n or 0) for n in next(found)), strict=True)) if keys_of else {}
+                 for qid, keys_of in batches.items()}
 
     def held(qid: str, leases: Iterable[str]) -> int:
-        return sum(batch_count[(qid, lease)] if is_batch_key(lease) else 1 for lease in leases)
+        return held_under(leases, counts_of[qid])
 
     for qid, (fields, groups), leases, oldest, ready, delayed, dead in parsed:
         checkouts = held(qid, leases)

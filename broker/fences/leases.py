@@ -30,7 +30,7 @@ from fencemq.fences.registry import Fences, fence
 from fencemq.model.handles import Handle
 from fencemq.model.keys import QueueKeys
 from fencemq.model.messages import Delivery, unpack_delivery
-from fencemq.model.records import Checkout, batch_span, is_batch_key
+from fencemq.model.records import Checkout, batch_span, checkouts_in, held_under, is_batch_key
 from fencemq.model.values import text
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ async def leases_held(redis: Any, k: QueueKeys, leases: list[list[str]]) -> list
     counts: dict[str, int] = {}
     if batches:
         counts = {key: int(n or 0) for key, n in zip(batches, await redis.hmget(k.checkouts, batches), strict=True)}
-    return [sum(counts[lease] if is_batch_key(lease) else 1 for lease in group) for group in leases]
+    return [held_under(group, counts) for group in leases]
 
 
 async def queue_leases(redis: Any, k: QueueKeys) -> tuple[int, int]:
@@ -57,7 +57,7 @@ async def queue_leases(redis: Any, k: QueueKeys) -> tuple[int, int]:
         size, leases = await pipe.execute()
     leases = [text(lease) for lease in leases]
     (leased,) = await leases_held(redis, k, [leases])
-    return int(size) - sum(1 for lease in leases if is_batch_key(lease)), leased
+    return checkouts_in(int(size), leases), leased
 
 
 async def tags_of_leases(redis: Any, k: QueueKeys, leases: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ one group's, or one member's, entries.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,18 @@ def is_batch_key(field: bytes | str) -> bool:
     """Is this field of the checkouts hash (or member of the deadlines zset, last field of an owned
     entry) a lease batch's key rather than a delivery tag? (lua/lib/leases.lua)"""
     return text(field)[:1] == BATCH
+
+
+def held_under(leases: Iterable[str], counts: Mapping[str, int]) -> int:
+    """How many checkouts these leases hold: a tag one, a lease batch its count (``counts``: batch key ->
+    the checkouts hash's count under it)."""
+    return sum(counts.get(lease, 0) if is_batch_key(lease) else 1 for lease in leases)
+
+
+def checkouts_in(hash_length: int, leases: Iterable[bytes | str]) -> int:
+    """The checkouts a checkouts hash of ``hash_length`` fields holds, given every lease with a deadline
+    (the deadlines zset's members): each lease batch has one count field beside the records."""
+    return hash_length - sum(1 for lease in leases if is_batch_key(lease))
 
 
 def batch_span(key: bytes | str) -> tuple[int, int]:

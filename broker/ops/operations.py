@@ -36,7 +36,7 @@ from fencemq.model import meta
 from fencemq.errors import BadArgument, NotFound
 from fencemq.model.keys import Keyspace, QueueRef, escape
 from fencemq.model.keys import queue_ref
-from fencemq.model.records import is_batch_key, lex_range
+from fencemq.model.records import checkouts_in, lex_range
 from fencemq.model.values import integer as _int
 from fencemq.model.values import text as _s
 
@@ -318,7 +318,7 @@ async def queue_rows(redis: Any, keys: Keyspace, qids: list[str], now: int | Non
                 # a lease batch (one PULL's checkouts) is one deadline, and a count beside the records
                 leases = [_s(lease) for lease in leases]
                 (leased,) = await leases_held(redis, keys.queue_by_id(qid), [leases])
-                held = int(size) - sum(1 for lease in leases if is_batch_key(lease))
+                held = checkouts_in(int(size), leases)
                 parsed.append((qid, *parse_meta(raw_meta), leased, held, ready, delayed, dead, scheduled))
         async with redis.pipeline(transaction=False) as pipe:
             for qid, _fields, groups, *_ in parsed:

@@ -30,7 +30,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace, queue_ref
-from fencemq.model.records import is_batch_key
+from fencemq.model.records import checkouts_in
 from fencemq.model.slots import key_slot
 from fencemq.model.values import text
 from fencemq.ops.operations import PIPELINE_CHUNK, is_cluster_client, parse_meta, primaries, scan_step
@@ -317,7 +317,7 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
             replies = await pipe.execute()
         for i, key in enumerate(chunk):
             raw, ttl, size, leases, ready, delayed, dead, scheduled = replies[8 * i : 8 * i + 8]
-            out = int(size) - sum(1 for lease in leases if is_batch_key(lease))  # each lease batch's count
+            out = checkouts_in(int(size), leases)  # each lease batch's count left out
             qid = Keyspace.qid_from_meta_key(key)
             e = entry_of(qid)
             fields, groups = parse_meta(raw)
