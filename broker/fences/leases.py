@@ -241,12 +241,12 @@ class Leases:
                                              **await self.ctx.retention.args(handle.queue.topic),
                                              args_rest=tags))
 
-    async def ack_then_pull(self, handle: Handle, tags: list[str],
-                            count: int) -> tuple[int | Exception, PullResult | Exception]:
+    async def ack_then_pull(self, handle: Handle, tags: list[str], count: int,
+                            look: Look | None = None) -> tuple[int | Exception, PullResult | Exception]:
         """ACK, then PULL, of one member in one round trip (a client that pipelines them: the
         consume loop). Once anything ran, each outcome comes back, a refusal as its exception
         (bad arguments are raised before: then nothing ran). In Redis they run in this order,
-        as one after the other would."""
+        as one after the other would. ``look``: the PULL is a long poll's first look."""
         config = self.ctx.config
         if not 0 < count <= config.max_batch:
             raise BadArgument(f"COUNT must be between 1 and {config.max_batch}")
@@ -254,7 +254,7 @@ class Leases:
         tags = self.ctx.tags(tags)
         intent = {"intent_at": await self.ctx.lease_intent(handle.queue.qid),
                   "intent_ms": config.lease_intent_ms}
-        pull_args = self._pull_args(handle, count, intent)
+        pull_args = self._pull_args(handle, count, intent, look)
         acked, pulled = await self.ctx.fences.run_each([
             (ACK, k, {}, (), {"group": handle.group, "member": handle.member,
                               "idle_ttl_ms": self.ctx.idle_ttl(handle.queue),
@@ -264,8 +264,11 @@ class Leases:
         ack_outcome = acked if isinstance(acked, Exception) else int(acked)
         try:
             if isinstance(pulled, Stale):  # an old intent: the PULL alone again, under a fresh one
-                return ack_outcome, await self.pull(handle, count)
-            return ack_outcome, await self._pulled(handle, Fences.check(pulled))
+                return ack_outcome, await self.pull(handle, count, look)
+            result = await self._pulled(handle, Fences.check(pulled))
+            if result.since:
+                self.ctx.note_waiting(handle.queue.qid)  # (as pull: a long poll's look registered it)
+            return ack_outcome, result
         except (FenceMQError, RedisError) as exc:
             return ack_outcome, exc
 

@@ -63,11 +63,15 @@ async def wait(services: Services, session: Session, h: Handle, block_ms: int, a
     return result if result is not None else await attempt()
 
 
-async def pull(services: Services, session: Session, h: Handle, count: int, block_ms: int) -> PullResult:
+async def pull(services: Services, session: Session, h: Handle, count: int, block_ms: int,
+               first: Callable[[Look], Awaitable[PullResult]] | None = None) -> PullResult:
     """PULL … BLOCK: :func:`wait`, registered as a waiter a publish may hand its messages to
     (lua/lib/waiters.lua: they come with the wake-up, checked out, and no look follows). A look
     that finds its registration gone was handed messages: they come with the wake-up too, or are
-    read back if that was lost. Hanging up gives back, unread, whatever was handed meanwhile."""
+    read back if that was lost. Hanging up gives back, unread, whatever was handed meanwhile.
+
+    ``first``: how the first look is made, when not by a PULL alone (an ACK pipelined before it:
+    the pair in one round trip, the PULL registering the waiter as it looks)."""
     leases = services.core.leases
     wait_ms = min(block_ms or services.config.max_block_ms, services.config.max_block_ms)
     result: PullResult | None = None
@@ -79,7 +83,8 @@ async def pull(services: Services, session: Session, h: Handle, count: int, bloc
                     # The BLOCK time runs out in the wait, not in a look: a fence call cut
                     # short could check messages out to a reply nobody sends.
                     with anyio.CancelScope(shield=True):
-                        result, registered = await _look(leases, h, count, waiter, registered, wait_ms)
+                        result, registered = await _look(leases, h, count, waiter, registered, wait_ms, first)
+                    first = None
                     if result.deliveries:
                         break
                     await waiter.wait()
@@ -113,11 +118,12 @@ async def _hand_back(services: Services, h: Handle, result: Any) -> None:
 
 
 async def _look(leases: Leases, h: Handle, count: int, waiter: Waiter, registered: Look | None,
-                wait_ms: int) -> tuple[PullResult, Look | None]:
+                wait_ms: int, first: Callable[[Look], Awaitable[PullResult]] | None) -> tuple[PullResult, Look | None]:
     """One look of a PULL … BLOCK (or what a publish handed it): the result, and its record after."""
-    if waiter.handed is None:
+    if first is not None or waiter.handed is None:
         if registered is None:
-            result = await leases.pull(h, count, Look("first", waiter.wid, wait_ms=wait_ms + WAITER_MARGIN_MS))
+            look = Look("first", waiter.wid, wait_ms=wait_ms + WAITER_MARGIN_MS)
+            result = await (first(look) if first is not None else leases.pull(h, count, look))
             return result, Look("again", waiter.wid, result.since) if result.since else None
         result = await leases.pull(h, count, registered)
         if result.status != "handed":

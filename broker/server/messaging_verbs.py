@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, FenceMQError, NoPermission
+from fencemq.fences.leases import Look, PullResult
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.shared import is_filter_target
 from fencemq.fences.subscribe import Subscription
@@ -271,27 +272,36 @@ class MessagingVerbs:
         if ledger.in_doubt.get(handle) is not None:  # a PULL cut off before: answered first, one by one
             return [await self._outcome_alone(session, r) for r in (ack, pull)]
         leases = self.services.core.leases
+        acks: list[int | Exception] = []  # the ACK's outcome, once the pair ran
+
+        async def pair(look: Look | None = None) -> PullResult:
+            acked, pulled = await leases.ack_then_pull(h, ack.args["tags"], count, look)
+            acks.append(acked)
+            if not isinstance(acked, Exception):
+                metrics.ACKED.inc(acked)
+            if isinstance(pulled, Exception):
+                raise pulled
+            return pulled
+
         try:
-            acked, result = await leases.ack_then_pull(h, ack.args["tags"], count)
-        except FenceMQError:  # refused before anything ran (a bad tag, COUNT): one by one
-            return [await self._outcome_alone(session, r) for r in (ack, pull)]
-        except MAY_HAVE_RUN as exc:
-            ledger.doubt(handle, exc)
-            raise
-        if not isinstance(acked, Exception):
-            metrics.ACKED.inc(acked)
-        if isinstance(result, Exception):
-            ledger.doubt(handle, result)
-            return [acked, result]
-        if not result.deliveries and block_ms is not None:
-            try:
-                result = await long_poll.pull(self.services, session, h, count, block_ms)
-            except (FenceMQError, RedisError) as exc:  # the ACK ran: only the PULL's reply is this refusal
+            # With BLOCK the pair is the long poll's first look: its PULL registers the waiter
+            # (subscribed to the queue's wake channel before), where a look of its own would follow
+            result = await (pair() if block_ms is None else long_poll.pull(self.services, session, h, count,
+                                                                            block_ms, first=pair))
+        except FenceMQError as exc:
+            if not acks:  # refused before anything ran (a bad tag, COUNT): one by one
+                return [await self._outcome_alone(session, r) for r in (ack, pull)]
+            ledger.doubt(handle, exc)  # the ACK ran: only the PULL's reply is this refusal
+            return [acks[0], exc]
+        except RedisError as exc:
+            if isinstance(exc, MAY_HAVE_RUN) or acks:
                 ledger.doubt(handle, exc)
-                return [acked, exc]
+            if not acks:
+                raise
+            return [acks[0], exc]
         ledger.delivered(handle, result.deliveries)
         metrics.DELIVERED.inc(len(result.deliveries))
-        return [acked, Prebuilt(encode_deliveries(result.deliveries, session.proto))]
+        return [acks[0], Prebuilt(encode_deliveries(result.deliveries, session.proto))]
 
     async def _outcome_alone(self, session: Session, request: Request) -> Any:
         """An admitted command's handler run on its own: its reply, or its refusal as the exception."""

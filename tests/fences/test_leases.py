@@ -642,6 +642,32 @@ def test_a_pipelined_blocking_pull_waits_after_its_ack_and_wakes_on_publish(w):
     assert 0.2 < time.monotonic() - started < 4
 
 
+def test_a_pipelined_blocking_pull_registers_its_waiter_with_the_ack_and_is_handed_the_next_publish(w, monkeypatch):
+    leases, looks, handed = w.worker.core.leases, [], []
+    pull, hand = leases.pull, leases.handed
+
+    async def counted_pull(handle, count=1, look=None):
+        looks.append(look.kind if look else "")
+        return await pull(handle, count, look)
+
+    async def counted_hand(handle, reply):
+        handed.append(handle)
+        return await hand(handle, reply)
+
+    monkeypatch.setattr(leases, "pull", counted_pull)
+    monkeypatch.setattr(leases, "handed", counted_hand)
+    c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
+    h = join(c, "GROUP", "g")
+    p.execute_command("PUB", "orders", "one")
+    (d,) = take(c, h, 1)
+    looks.clear()
+    threading.Timer(0.3, lambda: p.execute_command("PUB", "orders", "two")).start()
+    acked, reply = _ack_then_pull(c, h, [d["tag"]], "COUNT", 10, "BLOCK", 5000)
+    assert acked == 1 and payloads(deliveries(reply)) == ["two"]
+    assert looks == [], "the pair's PULL was the first look: no look of its own before the wait"
+    assert len(handed) == 1, "the publish handed its message to the waiter the pair registered"
+
+
 def test_the_pair_runs_each_fence_once_when_the_script_cache_was_flushed(w, direct):
     c = client(w.port, 2, "c")
     h = join(c, "GROUP", "g")
