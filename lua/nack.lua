@@ -2,7 +2,7 @@
 --@include lib/retention.lua
 --@flags allow-oom
 --
--- Returns: {returned, dead-lettered, due} (in full after ARGV)
+-- Returns: {returned, dead-lettered, due, push} (in full after ARGV)
 -- Errors: BADARG (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
@@ -29,9 +29,12 @@
 -- ARGV[9] maxage_ms       (0 = no limit)
 -- ARGV[10] maxbytes       (0 = no limit)
 -- ARGV[11..] tags
--- Returns, in full: {returned, dead-lettered, due}: checkouts returned (or discarded),
---   how many of them went to the dead-letter list, and when delayed ones
---   become ready (-1 when none were delayed).
+-- Returns, in full: {returned, dead-lettered, due, push}: checkouts returned (or discarded),
+--   how many of them went to the dead-letter list, when delayed ones
+--   become ready (-1 when none were delayed), and the queue's push members
+--   (meta field push) when some went back to their group now ('' else): a
+--   push group's members take only from their mailboxes, so the worker
+--   dispatches to them at once, without reading them in a round trip of its own.
 -- A NACK counts a failure; at the limit the message goes to the dead-letter
 -- list instead of back to the queue. DISCARD drops it (no redelivery).
 -- RELEASE hands back what a consumer fetched and never processed (an SDK
@@ -52,7 +55,7 @@ expand_meta(K.meta)  -- validated: now the writes, with no field left to a defau
 local maxfail = tonumber(redis.call('HGET', K.meta, 'maxdel') or A.max_failures)
 local now = now_ms()
 local epoch = group_epoch(K.meta, g)
-local returned, dead, woke = 0, 0, false
+local returned, dead, woke, requeued = 0, 0, false, false
 local gone = {}  -- ids discarded or dead-lettered: settled for this group
 for _, tag in ipairs(A.tags) do
   local rec = redis.call('HGET', K.checkouts, tag)
@@ -77,7 +80,7 @@ for _, tag in ipairs(A.tags) do
         add_total(K, DELAYED, redis.call('ZADD', K.delayed, now + delay, ready_member(g, c.id, c.acq, fail)))
       else
         requeue(K, c, fail)
-        woke = true
+        woke, requeued = true, true
       end
     end
   end
@@ -92,4 +95,5 @@ end
 if clear_suspicion(K, g, m) then woke = true end
 flush_journal(K)
 if woke then redis.call('SPUBLISH', K.wake, 'nack') end
-return {returned, dead, (delay > 0 and not discard and returned > dead) and now + delay or -1}
+return {returned, dead, (delay > 0 and not discard and returned > dead) and now + delay or -1,
+  requeued and redis.call('HGET', K.meta, 'push') or ''}

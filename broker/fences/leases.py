@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from fencemq.errors import BadArgument, FenceMQError, Stale
 from fencemq.fences.context import FenceContext
 from fencemq.fences.gathering import Gathering
-from fencemq.fences.mailbox import Mailboxes
+from fencemq.fences.mailbox import Mailboxes, parse_push_members
 from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.handles import Handle
@@ -219,12 +219,16 @@ class Leases:
             await self._refill(handle)  # a shared group's strategy refills its members
         return PullResult(epoch, status, deliveries, since)
 
-    async def _refill(self, handle: Handle) -> None:
-        """Dispatch to the queue's push members after a call that already took effect: a failure here
-        (Redis failing over, a stale intent) is logged, not raised, or the caller would be told its
-        PULL or NACK failed when it did not; the next publish, TAKE or sweep dispatches instead."""
+    async def _refill(self, handle: Handle, members: list[tuple[str, str]] | None = None) -> None:
+        """Dispatch to the queue's push members (``members``, when the call that took effect said
+        them; else read) after a call that already took effect: a failure here (Redis failing over,
+        a stale intent) is logged, not raised, or the caller would be told its PULL or NACK failed
+        when it did not; the next publish, TAKE or sweep dispatches instead."""
         try:
-            await self.mailboxes.dispatch_all(handle.queue)
+            if members is None:
+                await self.mailboxes.dispatch_all(handle.queue)
+            else:
+                await self.mailboxes.dispatch(handle.queue, members)
         except (FenceMQError, *REDIS_FAILURES) as exc:
             log.info("dispatch to the push members of %s put off (the next publish or sweep does it): %s",
                      handle.queue.qid, exc)
@@ -295,10 +299,10 @@ class Leases:
                                         args_rest=tags)
         if int(res[2]) >= 0:
             await self.ctx.schedule(handle.queue.qid, int(res[2]))
-        if int(res[0]) and not delay_ms and not discard:
+        if res[3]:
             # returned to the group now: a push group's members take only from their mailboxes, so
             # the group's strategy gives it to one of them (else it waits for the next publish)
-            await self._refill(handle)
+            await self._refill(handle, parse_push_members(res[3]))
         return int(res[0]), int(res[1])
 
     async def member_tags(self, handle: Handle) -> list[str]:

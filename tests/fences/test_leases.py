@@ -238,9 +238,48 @@ def test_a_nack_that_took_effect_is_answered_even_when_the_dispatch_after_it_fai
             async def dark(*_args: object) -> None:
                 raise RedisConnectionError("the primary is gone")
 
-            monkeypatch.setattr(q.mailboxes, "dispatch_all", dark)
+            monkeypatch.setattr(q.mailboxes, "dispatch", dark)
             assert await q.leases.nack(a, [d.tag], release=True) == 1
             assert await r.zcard(q.keys.queue(a.queue).ready) == 1  # back with the group, for the next dispatch
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_nack_learns_the_queues_push_members_from_its_own_call_and_reads_them_in_no_round_trip_after(
+        redis_url, monkeypatch):
+    # a push group's members take only from their mailboxes, so a NACK's returned message is dispatched
+    # to them at once; the members come back with the NACK (nack.lua), for a pull group as none at all
+    from fencemq.config import Config
+    from fencemq.fences.core import Core
+    from fencemq.model.handles import Handle
+
+    async def main() -> None:
+        r = helpers.direct_async(redis_url)
+        q = Core(r, Config(redis_url=redis_url))
+        reads: list[object] = []
+        push_members = q.mailboxes.push_members
+
+        async def counted(ref):
+            reads.append(ref)
+            return await push_members(ref)
+
+        try:
+            pushed = Handle.decode((await q.subscriptions.subscribe("ca", "jobs", group="g", mode="shared",
+                                                                     capacity=4)).handle)
+            pulled = Handle.decode((await q.subscriptions.subscribe("cb", "work", group="p")).handle)
+            await q.publishing.publish("jobs", [b"x"])
+            await q.publishing.publish("work", [b"y"])
+            (d,) = (await q.leases.pull(pushed, 1)).deliveries
+            (e,) = (await q.leases.pull(pulled, 1)).deliveries
+            monkeypatch.setattr(q.mailboxes, "push_members", counted)
+            assert await q.leases.nack(pushed, [d.tag]) == 1
+            mailbox = q.keys.queue(pushed.queue).mailbox(pushed.group, pushed.member)
+            assert await r.llen(mailbox) == 1, "dispatched to the push member at once"
+            assert await q.leases.nack(pulled, [e.tag]) == 1
+            assert await r.zcard(q.keys.queue(pulled.queue).ready) == 1, "back with the pull group"
+            assert reads == [], "the push members were read again after the NACK"
         finally:
             await r.aclose()
 
