@@ -6,6 +6,8 @@ the SDK hands out str keys and values, ``Delivery`` objects and notice dicts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from fencemq.errors import ConnectionLost, EndOfStream, FenceMQError  # noqa: F401 (re-exported)
@@ -47,17 +49,64 @@ def _delivery(raw: Any) -> Delivery:
     m = raw if isinstance(raw, dict) else (dict(zip(raw[::2], raw[1::2])) if isinstance(raw, list) else None)
     if not m or not isinstance(next(iter(m)), bytes):
         return _delivery_slowly(raw)
-    get = m.get
-    headers, lmq, producer, qos = get(b"headers"), get(b"lmq"), get(b"producer"), get(b"qos")
-    tag = m[b"tag"].decode()
-    return Delivery(
-        m[b"id"].decode(), tag, int(m[b"epoch"]), m[b"topic"].decode("utf-8", "replace"),
-        bytes(m[b"payload"]), int(get(b"deliveries", 1)), int(get(b"ts", 0)),
-        None if lmq is None else lmq.decode("utf-8", "replace"),
-        {_str(k): _str(v) for k, v in _map(headers).items()} if headers else {},
-        _granted(tag) if qos is None else int(qos),
-        None if producer is None else _str(producer),
-    )
+    return WireDelivery(m)
+
+
+def _lazy(name: str, decode: Callable[[WireDelivery, dict[bytes, Any]], Any]) -> property:
+    """A field of a :class:`WireDelivery`, decoded from the reply on first read and kept in the
+    Delivery's own slot (a write goes there too)."""
+    slot = getattr(Delivery, name)  # the dataclass's slot, which the property hides
+
+    def read(self: WireDelivery) -> Any:
+        try:
+            return slot.__get__(self)
+        except AttributeError:
+            value = decode(self, self._reply)
+            slot.__set__(self, value)
+            return value
+
+    def write(self: WireDelivery, value: Any) -> None:
+        slot.__set__(self, value)
+
+    return property(read, write, doc=f"``{name}``, decoded from the reply when first read")
+
+
+def _maybe_text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+class WireDelivery(Delivery):
+    """A delivery as the worker's reply holds it: the tag and epoch (which every reply's fence
+    and every settle reads) decoded at once, every other field when the application first reads
+    it. A consumer that acks by tag, or reads only the payload, decodes nothing more."""
+
+    __slots__ = ("_reply",)
+
+    def __init__(self, reply: dict[bytes, Any]) -> None:
+        self._reply = reply
+        self.tag = reply[b"tag"].decode()
+        self.epoch = int(reply[b"epoch"])
+
+    id = _lazy("id", lambda d, m: m[b"id"].decode())
+    topic = _lazy("topic", lambda d, m: m[b"topic"].decode("utf-8", "replace"))
+    payload = _lazy("payload", lambda d, m: bytes(m[b"payload"]))
+    deliveries = _lazy("deliveries", lambda d, m: int(m.get(b"deliveries", 1)))
+    ts = _lazy("ts", lambda d, m: int(m.get(b"ts", 0)))
+    lmq = _lazy("lmq", lambda d, m: _maybe_text(m.get(b"lmq")))
+    headers = _lazy("headers", lambda d, m: {_str(k): _str(v) for k, v in _map(h).items()}
+                    if (h := m.get(b"headers")) else {})
+    qos = _lazy("qos", lambda d, m: _granted(d.tag) if (q := m.get(b"qos")) is None else int(q))
+    producer = _lazy("producer", lambda d, m: None if (p := m.get(b"producer")) is None else _str(p))
+
+    def __eq__(self, other: object) -> bool:  # by value, as a Delivery (the dataclass's asks for one class)
+        if not isinstance(other, Delivery):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # like Delivery: mutable, compared by value
+
+
+_FIELDS = tuple(f.name for f in fields(Delivery))
 
 
 def _delivery_slowly(raw: Any) -> Delivery:

@@ -9,7 +9,7 @@ import pytest
 
 from fencemq.model.messages import Delivery
 from fencemq.protocol.deliveries import encode_deliveries
-from fencemq.sdk.replies import _delivery
+from fencemq.sdk.replies import WireDelivery, _delivery
 
 SENT = [
     Delivery("1", "1795706801064034", 0, "orders", b"x" * 128, 1, 1795706801063),
@@ -24,6 +24,31 @@ def test_deliveries_read_back_as_the_worker_wrote_them(proto):
     reader = hiredis.Reader()
     reader.feed(encode_deliveries(SENT, proto))
     assert [_delivery(raw) for raw in reader.gets()] == SENT
+
+
+@pytest.mark.parametrize("proto", [2, 3])
+def test_a_delivery_decodes_a_field_when_the_application_first_reads_it_and_keeps_what_it_writes(proto):
+    reader = hiredis.Reader()
+    reader.feed(encode_deliveries(SENT, proto))
+    got = [_delivery(raw) for raw in reader.gets()]
+    assert all(type(d) is WireDelivery for d in got)
+    d = got[2]
+    assert (d.tag, d.epoch) == (SENT[2].tag, SENT[2].epoch), "what the fence and the settles read, at once"
+    lazy = ("id", "topic", "payload", "ts", "headers", "producer")
+    assert [name for name in lazy if _decoded(d, name)] == [], "decoded before the application read it"
+    assert d.payload == b"\xff\x00bin" and _decoded(d, "payload") and not _decoded(d, "headers")
+    d.headers = {"set": "by the application"}
+    d.qos = 0
+    assert (d.headers, d.qos, d.producer) == ({"set": "by the application"}, 0, "pub-1")
+    assert got[1].qos == 0 and got[0].qos == 1, "a reply names no qos: the tag says (q…: QoS 0)"
+
+
+def _decoded(d: Delivery, name: str) -> bool:
+    try:
+        getattr(Delivery, name).__get__(d)  # the dataclass's own slot, under the lazy field
+        return True
+    except AttributeError:
+        return False
 
 
 @pytest.mark.parametrize("args", [
