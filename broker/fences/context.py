@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded, Stale
@@ -26,6 +25,7 @@ from fencemq.fences.retention import Retention
 from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.values import text
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class FenceContext:
         for shard, scores in by_shard.items():
             try:
                 await self.set_scores(self.shards.keys_of(shard)[0], scores, "LT")
-            except RedisError as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
+            except REDIS_FAILURES as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
                 log.warning("could not schedule the sweep of %d queues: %s", len(scores), exc)
 
 

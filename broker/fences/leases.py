@@ -19,7 +19,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
 
 from fencemq.errors import BadArgument, FenceMQError, Stale
 from fencemq.fences.context import FenceContext
@@ -174,7 +173,7 @@ class Leases:
                     results[i] = await self._pulled(handle, Fences.check(reply))
                 if results[i].since:  # type: ignore[union-attr]  # (as pull: only a long poll's look says it)
                     self.ctx.note_waiting(handle.queue.qid)
-            except (FenceMQError, RedisError) as exc:
+            except (FenceMQError, *REDIS_FAILURES) as exc:
                 results[i] = exc
         return results  # type: ignore[return-value]
 
@@ -273,7 +272,7 @@ class Leases:
             if result.since:
                 self.ctx.note_waiting(handle.queue.qid)  # (as pull: a long poll's look registered it)
             return ack_outcome, result
-        except (FenceMQError, RedisError) as exc:
+        except (FenceMQError, *REDIS_FAILURES) as exc:
             return ack_outcome, exc
 
     async def nack(self, handle: Handle, tags: list[str], *, delay_ms: int = 0, discard: bool = False,

@@ -34,13 +34,14 @@ from typing import Any
 
 import anyio
 from redis.asyncio import RedisCluster
-from redis.exceptions import OutOfMemoryError, RedisError
+from redis.exceptions import OutOfMemoryError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, EvictingRedis, FenceMQError, Full
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.keys import Keyspace
 from fencemq.model.values import text
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ class MemoryGuard:
             try:
                 await self.sample()
                 self._failing = False
-            except (RedisError, OSError) as exc:
+            except REDIS_FAILURES as exc:
                 if not self._failing:
                     log.warning("could not sample the memory of the broker's Redis: %s", exc)
                 self._failing = True

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 
 import anyio
-from redis.exceptions import RedisError
 
 from fencemq.errors import BadArgument, FenceMQError
 from fencemq.fences.context import FenceContext
@@ -37,6 +36,7 @@ from fencemq.fences.subscribe import Subscription, Subscriptions
 from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body, unpack_delivery
 from fencemq.model.topics import SHARE_PREFIX, check_topic_name, has_wildcard, parse_target
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class Shared:
             try:
                 ids = await self._publish_checked(ref, payloads, qos=qos, dedup_ids=dedup, headers=headers,
                                                   producer=producer)
-            except (FenceMQError, RedisError) as exc:
+            except (FenceMQError, *REDIS_FAILURES) as exc:
                 for i in call:
                     outcomes[i] = exc
                 continue
@@ -257,7 +257,7 @@ class Shared:
             if payloads[-1]:
                 try:
                     await self.retained.keep(topic, pack_body(payloads[-1], headers, qos, producer, topic))
-                except RedisError as exc:
+                except REDIS_FAILURES as exc:
                     if is_oom(exc):  # past the watermark between two samples: the publish is stored, not retained
                         raise self.publishing.ctx.memory.refused_by_redis(exc) from None
                     raise

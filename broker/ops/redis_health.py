@@ -29,10 +29,10 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
-from redis.exceptions import RedisError
 
 from fencemq.model.keys import Keyspace
 from fencemq.model.values import text
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 NODE_TIMEOUT_S = 1.0
 # What a node's own client may carry over from the broker's (credentials, TLS)
@@ -266,7 +266,7 @@ class HealthReader:
                 n.slots_assigned, n.slots_ok = _int(ci, "cluster_slots_assigned"), _int(ci, "cluster_slots_ok")
                 n.slots_pfail, n.slots_fail = _int(ci, "cluster_slots_pfail"), _int(ci, "cluster_slots_fail")
             return info
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             n.up, n.error = False, (str(exc).splitlines() or [type(exc).__name__])[0][:200]
             return None
 
@@ -297,7 +297,7 @@ class HealthReader:
         health = Health(mode)
         try:
             address = await self._primary_address()
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             health.nodes.append(NodeHealth("primary", "primary", up=False, error=str(exc)[:200]))
             return health
         primary = NodeHealth(address, "primary")
@@ -339,7 +339,7 @@ class HealthReader:
                 return {"sentinel": f"{host}:{port}", "service": target.service, "flags": master.get("flags", ""),
                         "primary": f"{master.get('ip')}:{master.get('port')}",
                         "replicas": _int(master, "num-slaves"), "sentinels": _int(master, "num-other-sentinels") + 1}
-            except (RedisError, OSError):
+            except REDIS_FAILURES:
                 continue
             finally:
                 await c.aclose()
@@ -352,7 +352,7 @@ class HealthReader:
             try:
                 listing = parse_cluster_nodes(await self._client(node.name).execute_command("CLUSTER NODES"))
                 break
-            except (RedisError, OSError):
+            except REDIS_FAILURES:
                 continue
         if not listing:
             listing = [{"node": n.name, "id": n.name, "flags": "master" if n.server_type == "primary" else "slave",

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError
 from fencemq.protocol.request_reader import RequestReader
@@ -36,6 +35,7 @@ from fencemq.server.pipeline import Pipeline
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 from fencemq.server.verbs import Verbs
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +345,7 @@ class ClientConnection(Pipeline, asyncio.BufferedProtocol):
         with anyio.CancelScope(shield=True):
             try:
                 await self.session.release()
-            except (OSError, RedisError, FenceMQError) as exc:  # out of open files, Redis gone, the worker stopping
+            except (*REDIS_FAILURES, FenceMQError) as exc:  # out of open files, Redis gone, the worker stopping
                 log.warning("cleanup of %s failed, its lease will expire: %s", self.session.client_id, exc)
             except Exception:  # a bug in a cleanup must not stop the worker either
                 log.exception("cleanup of %s failed, its lease will expire", self.session.client_id)

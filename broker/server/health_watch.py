@@ -21,7 +21,6 @@ import logging
 from typing import Any
 
 import anyio
-from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError
 from fencemq.fences.schedule_shards import ScheduleShards
@@ -33,6 +32,7 @@ from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import queue_rows
 from fencemq.ops.redis_health import HealthReader, remembered_nodes
 from fencemq.server import metrics
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class HealthWatch:
                 try:
                     await self.sample()
                     self._failing = False
-                except (RedisError, OSError, FenceMQError) as exc:
+                except (*REDIS_FAILURES, FenceMQError) as exc:
                     if not self._failing:
                         log.warning("could not judge the broker's health: %s", exc)
                     self._failing = True

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, FenceMQError, NoPermission
@@ -30,6 +29,7 @@ from fencemq.server import long_poll, metrics
 from fencemq.server.lost_pulls import MAY_HAVE_RUN, PullLedger
 from fencemq.server.services import Services
 from fencemq.server.session import Session
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 OK = SimpleString("OK")
 
@@ -293,7 +293,7 @@ class MessagingVerbs:
                 return [await self._outcome_alone(session, r) for r in (ack, pull)]
             ledger.doubt(handle, exc)  # the ACK ran: only the PULL's reply is this refusal
             return [acks[0], exc]
-        except RedisError as exc:
+        except REDIS_FAILURES as exc:
             if isinstance(exc, MAY_HAVE_RUN) or acks:
                 ledger.doubt(handle, exc)
             if not acks:
@@ -307,7 +307,7 @@ class MessagingVerbs:
         """An admitted command's handler run on its own: its reply, or its refusal as the exception."""
         try:
             return await self.handlers[request.verb](session, **request.args)
-        except (FenceMQError, RedisError) as exc:
+        except (FenceMQError, *REDIS_FAILURES) as exc:
             return exc
 
     async def take(self, session: Session, handle: str, block_ms: int | None = None) -> Any:

@@ -16,7 +16,6 @@ from typing import Any
 
 import anyio
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
-from redis.exceptions import RedisError
 
 from fencemq.fences.priority import level_counts
 from fencemq.model.keys import Keyspace, queue_ref
@@ -25,6 +24,7 @@ from fencemq.ops.operations import now_ms, queue_rows, scan_queues
 from fencemq.ops.priority import LEVELS_SHOWN, backlog_by_level
 from fencemq.ops.redis_health import HealthReader
 from fencemq.ops.totals import SharedReading, read_totals
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ async def run_sampler(redis: Any, keys: Keyspace, *, every_ms: int, scan_limit: 
                 await sample(redis, keys, scan_limit=scan_limit, max_topics=max_topics, top_lmqs=top_lmqs,
                              totals=totals)
                 redis_health_read(await reader.read())
-            except (OSError, RedisError) as exc:
+            except REDIS_FAILURES as exc:
                 log.warning("could not sample the metrics gauges: %s", exc)
             except Exception:  # a sampling bug must never take the worker down: the gauges just go stale
                 log.exception("sampling the metrics gauges failed")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import FenceMQError, LimitExceeded
@@ -20,6 +19,7 @@ from fencemq.protocol.resp import ErrorReply
 from fencemq.server import metrics
 from fencemq.server.session import Session
 from fencemq.server.verbs import Verbs
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 
 class Pipeline:
@@ -55,7 +55,7 @@ class Pipeline:
                 ack, pull = requests[i], requests[i + 1]
                 try:
                     outcomes = await self.verbs.ack_then_pull(self.session, ack, pull)  # type: ignore[arg-type]
-                except RedisError as exc:
+                except REDIS_FAILURES as exc:
                     outcomes = [exc, exc]
                 replies.extend(self._outcome(r, out) for r, out in zip((ack, pull), outcomes))  # type: ignore
                 i += 2
@@ -74,7 +74,7 @@ class Pipeline:
                 else:
                     try:
                         outcomes = await self.verbs.sub_lmq_batch(self.session, requests[i:j])  # type: ignore
-                    except (FenceMQError, RedisError):
+                    except (FenceMQError, *REDIS_FAILURES):
                         # refused before any SUB ran, or cut short by Redis (a SUB may run twice: the
                         # same member again): one by one
                         outcomes = [await self._run_one(one) for one in requests[i:j]]  # type: ignore[arg-type]
@@ -114,14 +114,14 @@ class Pipeline:
             return await self.verbs.run(self.session, req)
         except FenceMQError as exc:
             return self._error(exc)
-        except RedisError as exc:
+        except REDIS_FAILURES as exc:
             return self._error(redis_failure(exc, req.verb, self.session.services.core.fences))
 
     def _outcome(self, req: Request, outcome: Any) -> Any:
         """A batched command's reply: its value, or its refusal as an error reply."""
         if isinstance(outcome, FenceMQError):
             return self._error(outcome)
-        if isinstance(outcome, RedisError):
+        if isinstance(outcome, REDIS_FAILURES):
             return self._error(redis_failure(outcome, req.verb, self.session.services.core.fences))
         return outcome
 

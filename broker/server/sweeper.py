@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable
 
 import anyio
-from redis.exceptions import RedisError
 
 from fencemq.server import metrics
 from fencemq.model.keys import queue_ref
@@ -61,7 +60,7 @@ class Sweeper:
         for qid, shard in await self.core.leases.due_entries(now):
             try:
                 returned += await self._sweep(qid, now, shard)
-            except (FenceMQError, RedisError) as exc:  # one queue's failure must not skip the others
+            except (FenceMQError, *REDIS_FAILURES) as exc:  # one queue's failure must not skip the others
                 log.warning("sweep of %s failed: %s", qid, exc)
         for client in await self.sessions.claim_expired(self.worker_id, self.attached):
             try:
@@ -72,7 +71,7 @@ class Sweeper:
                     metrics.SESSIONS_EXPIRED.inc()
                     if will is not None and self.wills is not None:
                         await self.wills.publish(client, will, 0)
-            except (FenceMQError, RedisError) as exc:  # the next round finishes it
+            except (FenceMQError, *REDIS_FAILURES) as exc:  # the next round finishes it
                 log.warning("ending the session of %s failed: %s", client, exc)
         return returned
 

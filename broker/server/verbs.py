@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from redis.exceptions import RedisError
 
 from fencemq import __version__
 from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted
@@ -28,6 +27,7 @@ from fencemq.server.introspection import client_line, info_text
 from fencemq.server.messaging_verbs import OK, MessagingVerbs
 from fencemq.server.services import Services
 from fencemq.server.session import Session, Transaction
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 QUEUED = SimpleString("QUEUED")
 BEFORE_AUTH = frozenset({"HELLO", "AUTH", "PING", "QUIT", "RESET"})
@@ -119,7 +119,7 @@ class Verbs(MessagingVerbs):
         for request in transaction.queued:
             try:
                 replies.append(await self.handlers[request.verb](session, **request.args))
-            except RedisError as exc:
+            except REDIS_FAILURES as exc:
                 replies.append(ErrorReply(redis_failure(exc, request.verb, self.services.core.fences).resp()))
             except FenceMQError as exc:
                 metrics.ERRORS.labels(exc.code).inc()

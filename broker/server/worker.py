@@ -29,7 +29,6 @@ from typing import Any
 
 import anyio
 from anyio.abc import SocketAttribute
-from redis.exceptions import RedisError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded
@@ -48,6 +47,7 @@ from fencemq.server.startup import ready_services
 from fencemq.server.sweeper import Sweeper
 from fencemq.server.tls import client_tls
 from fencemq.server.verbs import Verbs
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class Worker:
         while True:
             try:
                 await self._still_here()
-            except (OSError, RedisError) as exc:
+            except REDIS_FAILURES as exc:
                 log.warning("could not refresh the worker's lease: %s", exc)
             await anyio.sleep(self.config.session_lease_ms / 3000)
 
@@ -307,7 +307,7 @@ class Worker:
                         log.info("closing %s: its session %r was ended", conn.session.peer, conn.session.client_id)
                         conn.session.bound = False
                         conn.cut()
-            except (OSError, RedisError) as exc:
+            except REDIS_FAILURES as exc:
                 log.warning("could not refresh session leases: %s", exc)
                 pause = 0.2
             await anyio.sleep(pause)

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import redis
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
 from fencemq.model.keys import Keyspace
 from fencemq.model.slots import key_slot
@@ -139,6 +140,33 @@ def test_a_sweeper_whose_shard_went_dark_says_so_once_not_a_traceback_every_roun
         assert said[0].levelno == logging.WARNING and said[0].exc_info is None, said[0].getMessage()
         assert said[0].getMessage().startswith("sweep round failed, trying again every 20 ms"), said[0].getMessage()
         assert w._thread.is_alive()
+
+
+@pytest.mark.parametrize("failure", [
+    SlotNotCoveredError("Slot 5 is not covered by the cluster"),  # a Cluster shard gone dark, slots not yet moved
+    RedisClusterException("Redis Cluster cannot be connected"),
+    ConnectionRefusedError(111, "Connection refused"),  # an OSError, not a redis-py error at all
+], ids=["slot not covered", "cluster unreachable", "socket refused"])
+def test_a_redis_failure_redis_py_raises_outside_redis_error_is_tryagain_and_keeps_the_connection(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch, failure: Exception) -> None:
+    # redis-py's Cluster client raises RedisClusterException (and a socket OSError) outside RedisError:
+    # the doors catch what fences.redis_errors.REDIS_FAILURES names, not RedisError alone
+    with worker(redis_url) as w, RespConn(w.port, timeout=10) as c:
+        c.hello(3, "alice")
+        handle = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
+        c.call("PUB", "orders", "m")
+        tag = as_map(c.call("PULL", handle)[0])["tag"]
+        leases = w.worker.core.leases
+
+        async def dark(*_args: object, **_kwargs: object) -> None:
+            raise failure
+
+        monkeypatch.setattr(leases, "ack_then_pull", dark)
+        monkeypatch.setattr(leases, "pull", dark)
+        c.send_raw(pipeline(("ACK", handle, tag), ("PULL", handle, "COUNT", 5), ("PULL", handle), ("PING",)))
+        replies = c.replies(4, timeout=10)
+        assert [code(r) for r in replies[:3]] == ["TRYAGAIN"] * 3, replies
+        assert replies[3] == "PONG", "the same connection, still served"
 
 
 def test_an_ack_pipelined_with_a_pull_on_a_shard_gone_dark_answers_both_with_tryagain(cluster) -> None:

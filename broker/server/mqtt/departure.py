@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 
 import anyio
-from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError
 from fencemq.model.handles import Handle
@@ -24,6 +23,7 @@ from fencemq.server.mqtt.state import InFlight, MqttSessionState, in_flight_reco
 from fencemq.server.mqtt.wills import StoredWill, Wills
 from fencemq.server.services import Services
 from fencemq.server.session import Session
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class MqttDeparture:
             try:
                 await self.mqtt_state.sending({pid: in_flight_record(f.qos, f.handle, "", f.message)
                                                for pid, f in self.in_flight.items()})
-            except (OSError, RedisError) as exc:
+            except REDIS_FAILURES as exc:
                 log.info("MQTT packet ids of %r not kept (fresh ones on resume): %s", client, exc)
         # marks the client offline (a group gives it nothing new) and, if this was its last
         # connection, starts the session's expiry in the same step
@@ -118,7 +118,7 @@ class MqttDeparture:
             tags = [t for t in await leases.member_tags(handle) if not t.startswith("q")]
             if tags:
                 await leases.nack(handle, tags, release=True)
-        except (FenceMQError, RedisError, OSError) as exc:
+        except (FenceMQError, *REDIS_FAILURES) as exc:
             log.info("MQTT checkouts of %s not handed back (they return after their lock): %s", handle.queue, exc)
 
     async def will_after_delay(self) -> None:

@@ -38,7 +38,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from redis.exceptions import RedisError
 
 from fencemq.errors import EvictingRedis, FenceMQError, Full, LimitExceeded, NoPermission, WrongPassword
 from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
@@ -354,7 +353,7 @@ class MqttConnection(MqttDriving, MqttDelivery, MqttDeparture, MqttSubscribing, 
             await self.mqtt_state.recorded([e.packet_id for e, out in zip(run, outcomes, strict=True)
                                             if e.qos == 2 and e.packet_id is not None and isinstance(out, list)])
         for event, outcome in zip(run, outcomes, strict=True):
-            if isinstance(outcome, RedisError):
+            if isinstance(outcome, REDIS_FAILURES):
                 # Unknown whether it was stored: the connection ends unacknowledged and the client
                 # sends it (and what followed it) again.
                 raise outcome

@@ -39,7 +39,6 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from redis.exceptions import RedisError
 
 from fencemq.errors import FenceMQError
 from fencemq.model.messages import MAX_TTL_MS
@@ -49,6 +48,7 @@ from fencemq.protocol.mqtt.properties import Properties
 from fencemq.server import metrics
 from fencemq.server.mqtt.messages import headers_of
 from fencemq.server.mqtt.state import WILL, WILL_SID
+from fencemq.fences.redis_errors import REDIS_FAILURES
 
 if TYPE_CHECKING:
     from fencemq.server.services import Services
@@ -133,7 +133,7 @@ class Wills:
         ref = self.services.core.ctx.queue(topic, None)
         try:
             cancelled = await self.services.core.scheduling.cancel(ref, [sid])
-        except (FenceMQError, RedisError) as exc:
+        except (FenceMQError, *REDIS_FAILURES) as exc:
             log.info("MQTT will %s on %r not cancelled: %s", sid, topic[:128], exc)
             return 0
         metrics.SCHEDULED_CANCELLED.inc(cancelled)
@@ -154,7 +154,7 @@ class Wills:
             ids = await services.core.shared.publish(
                 will.topic, [will.payload], qos=min(will.qos, 1), headers=will.headers, retain=will.retain,
                 producer=client, delay_ms=delay_ms, ttl_ms=ttl_ms)
-        except (FenceMQError, RedisError) as exc:
+        except (FenceMQError, *REDIS_FAILURES) as exc:
             log.info("MQTT will of %r not published: %s", client, exc)
             return None
         if delay_ms is not None:
@@ -183,7 +183,7 @@ class Wills:
         connection's worker died), to publish once the session is over."""
         try:
             will, scheduled = await self.pending(client)
-        except (RedisError, ValueError) as exc:
+        except (*REDIS_FAILURES, ValueError) as exc:
             log.info("MQTT will of %r unreadable: %s", client, exc)
             return None
         return will if scheduled is None else None
