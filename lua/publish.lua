@@ -5,7 +5,7 @@
 --@include lib/schedule.lua
 --@flags none
 --
--- Returns: {ids, push members, handed} (in full after ARGV)
+-- Returns: {ids, push members, handed, handed here} (in full after ARGV)
 -- Errors: BADARG, STALE, NOPRIORITY (in full after ARGV)
 -- KEYS[1] meta
 -- KEYS[2] log
@@ -46,14 +46,18 @@
 --                         honour priority (lib/priority.lua); '' there is level 0
 -- ARGV[16] clock_ids      1: a queue that can be deleted and made again (an lmq, a filter queue): its
 --                         ids start at the clock, not at 1 (lib/meta.lua, start_ids)
--- ARGV[17..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
--- Returns, in full: {ids, push members, handed}: one message id per pair (a repeated dedup id
+-- ARGV[17] local_wids     the waiter ids of the calling worker's long polls begin with this ('' = none)
+-- ARGV[18..] messages     pairs: body (opaque, packed by the caller), dedup id ('' = none)
+-- Returns, in full: {ids, push members, handed, handed here}: one message id per pair (a repeated dedup id
 --   within the window returns the id of the first publish and stores
 --   nothing; for a run, the ids the run was given, consecutive from it),
 --   the queue's push members as 'group TAB member' lines (false when none) for
 --   the worker to dispatch to, and handed: -1 when no long poll waits, 0 when
 --   some wait but nothing was handed to them (no fresh intent given, or they
---   are fenced), else the earliest deadline of the leases handed out.
+--   are fenced), else the earliest deadline of the leases handed out; handed here:
+--   the hand-off's wake-up message when a long poll of the calling worker was among
+--   those handed to ('' else), which that worker hands them without waiting for the
+--   pub/sub copy (still published, for the others and if the reply is lost).
 --   Scheduled (a due time after now): the ids are schedule ids ('s' and digits), the messages
 --   wait in the schedule, nothing is appended, and handed is the due time; then this call
 --   must run under a fresh lease intent (it listed the queue for the sweep).
@@ -205,14 +209,15 @@ count_appended(K, seq - first_new + 1)
 trim_log(K, n + 100, A.keep == '1', maxlen, maxage, maxbytes, now)
 
 if idle_ttl > 0 then revive(K) end
-local handed, wake = -1, seq
+local handed, wake, here = -1, seq, ''
 if redis.call('EXISTS', K.waiters) == 1 then
   handed = 0
   if intent_at and now - intent_at <= intent_ms then
-    local message, due = hand_off(K, now, default_lock, n + 16, seq)
+    local message, due, local_served = hand_off(K, now, default_lock, n + 16, seq, A.local_wids)
     if message then wake, handed = message, due end
+    if local_served then here = message end
   end
 end
 flush_journal(K)
 redis.call('SPUBLISH', K.wake, wake)
-return {ids, redis.call('HGET', K.meta, 'push'), handed}
+return {ids, redis.call('HGET', K.meta, 'push'), handed, here}

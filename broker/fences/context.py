@@ -49,6 +49,10 @@ class FenceContext:
     # Set by a worker: runs a background write beside the reply (e.g. the
     # global lease schedule) instead of before it.
     spawn: Callable[..., None] | None = None
+    # Set by a worker: its long polls' waiter ids begin with local_wids, and handed_here(wake channel,
+    # wake-up message) hands them at once what a publish of this worker handed them (server/wakeups.py)
+    local_wids: str = ""
+    handed_here: Callable[[str, bytes], None] | None = None
     _topic_kinds: dict[str, str] = field(init=False, default_factory=dict)
     _intents: dict[str, tuple[int, float]] = field(init=False, default_factory=dict)  # qid -> (Redis ms, monotonic)
     _due_soon: dict[str, int] = field(init=False, default_factory=dict)  # schedule writes not flushed yet

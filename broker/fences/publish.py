@@ -62,7 +62,7 @@ PUBLISH = fence("publish",
                 "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters "
                 "scheduled scheduled_bodies totals backlogs priority",
                 "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans intent_at intent_ms "
-                "default_lock_ms delay_ms at_ms max_delay_ms priority clock_ids", argv_rest="messages")
+                "default_lock_ms delay_ms at_ms max_delay_ms priority clock_ids local_wids", argv_rest="messages")
 
 
 class Publishing:
@@ -178,7 +178,7 @@ class Publishing:
         args = dict(dedup_window_ms=config.dedup_window_ms, idle_ttl_ms=self.ctx.idle_ttl(ref),
                     journal_cap=self.ctx.journal_cap(ref), spans=",".join(spans), default_lock_ms=config.default_lock_ms,
                     delay_ms=opt(delay_ms), at_ms=opt(at_ms), max_delay_ms=config.max_delay_ms, priority=opt(priority),
-                    clock_ids=self.ctx.clock_ids(ref),
+                    clock_ids=self.ctx.clock_ids(ref), local_wids=self.ctx.local_wids,
                     **await self.ctx.retention.args(ref.topic))
         keys = self.ctx.keys.queue(ref)
 
@@ -189,9 +189,9 @@ class Publishing:
 
         try:
             if scheduling:  # listed for the sweep before it is stored: whenever this worker dies, it is found
-                (ids, push_members, handed), value = await self.ctx.under_intent(ref.qid, call)
+                (ids, push_members, handed, here), value = await self.ctx.under_intent(ref.qid, call)
             else:
-                (ids, push_members, handed), value = await call(await self.ctx.handoff_intent(ref.qid))
+                (ids, push_members, handed, here), value = await call(await self.ctx.handoff_intent(ref.qid))
         except Exception as exc:
             # Redis refuses the fence whole (it is not allow-oom): nothing was stored
             if is_oom(exc):
@@ -201,6 +201,10 @@ class Publishing:
             if int(handed) > 0:
                 await self.ctx.schedule(ref.qid, int(handed))  # swept when due
             return [text(i) for i in ids], value
+        if here and self.ctx.handed_here is not None:
+            # a long poll of this worker was handed messages: it gets them now, not from the pub/sub
+            # copy of the wake-up (which follows, and finds it served)
+            self.ctx.handed_here(keys.wake, here)
         await self.ctx.waiters_seen(ref.qid, int(handed))
         members = parse_push_members(push_members)
         if members:

@@ -213,6 +213,12 @@ class Wakeups:
             for handler in list(self.session_handlers.get(channel, ())):
                 handler(msg["data"])
 
+    def handed_here(self, channel: str, data: bytes) -> None:
+        """A publish of this worker handed messages to long polls on ``channel``, some of them this
+        worker's: theirs now, as the pub/sub copy would (which follows: a waiter it finds served
+        has left, or takes the same reply twice and reads it once)."""
+        self._wake(self.waiters.get(channel, ()), data)
+
     def _wake(self, waiters: Any, data: Any) -> None:
         """A queue's channel fired: wake its waiters. A publish that handed messages to long polls sends
         ``H`` + msgpack [rest, wid, reply, …]: those waiters get their reply, the others are woken only

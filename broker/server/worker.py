@@ -104,6 +104,8 @@ class Worker:
             # and connections, so a drain still completes them.
             async with anyio.create_task_group() as writes:
                 services.core.ctx.spawn = writes.start_soon
+                services.core.ctx.local_wids = services.wakeups.wid_prefix
+                services.core.ctx.handed_here = services.wakeups.handed_here
                 async with anyio.create_task_group() as background:
                     background.start_soon(services.wakeups.run)
                     await services.wakeups.follow(

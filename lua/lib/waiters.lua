@@ -65,13 +65,15 @@ end
 -- gets nothing. Returns the wake-up message: 'H' .. msgpack {rest, wid1,
 -- reply1, …} with each reply laid out as PULL's, rest = 1 when the other
 -- waiters should still look (some group has something left, or there were
--- more waiters than `limit`) — or nil when nothing was handed — and the
--- earliest new deadline (-1: none). O(limit · count).
-local function hand_off(K, now, default_lock, limit, seq)
+-- more waiters than `limit`) — or nil when nothing was handed —, the
+-- earliest new deadline (-1: none), and whether a waiter whose id begins with
+-- `local_wids` (the calling worker's, '' = none) was handed to. O(limit · count).
+local function hand_off(K, now, default_lock, limit, seq, local_wids)
   local stale = redis.call('ZRANGEBYSCORE', K.waiters, '-inf', now - 1, 'LIMIT', 0, limit)
   if #stale > 0 then redis.call('ZREM', K.waiters, unpack(stale)) end
   local waiting = redis.call('ZRANGEBYSCORE', K.waiters, now, '+inf', 'LIMIT', 0, limit)
-  local out, first_due, served = {0}, -1, 0
+  local out, first_due, served, here = {0}, -1, 0, false
+  local prefix_len = #(local_wids or '')
   for _, rec in ipairs(waiting) do
     local p = split(rec, SEP)
     local g, m = p[2], p[3]
@@ -104,11 +106,12 @@ local function hand_off(K, now, default_lock, limit, seq)
         out[#out + 1] = p[1]
         out[#out + 1] = reply
         served = served + 1
+        if prefix_len > 0 and string.sub(p[1], 1, prefix_len) == local_wids then here = true end
         if first_due < 0 or deadline < first_due then first_due = deadline end
       end
     end
   end
-  if served == 0 then return nil, -1 end
+  if served == 0 then return nil, -1, false end
   if #waiting == limit or anything_left(K, seq) then out[1] = 1 end
-  return 'H' .. cmsgpack.pack(out), first_due
+  return 'H' .. cmsgpack.pack(out), first_due, here
 end

@@ -200,6 +200,30 @@ def test_a_publish_hands_its_messages_to_a_waiting_long_poll_which_looks_no_more
     assert c.execute_command("ACK", h, *[d["tag"] for d in got]) == 2  # leased as a PULL's checkouts are
 
 
+def test_a_long_poll_on_the_publishing_worker_is_handed_its_messages_by_the_publish_not_by_pub_sub(w, monkeypatch):
+    # the publish's reply says a long poll of this worker was handed to: it gets them then, and the
+    # pub/sub copy of the wake-up (lost here) is not waited for
+    wakeups = w.worker.services.wakeups
+    dispatch = wakeups._dispatch
+
+    def without_hand_offs(msg: dict[str, Any]) -> None:
+        if isinstance(msg.get("data"), bytes) and msg["data"][:1] == b"H":
+            return  # the hand-off's pub/sub copy never arrives
+        dispatch(msg)
+
+    monkeypatch.setattr(wakeups, "_dispatch", without_hand_offs)
+    c, p = client(w.port, 2, "c"), client(w.port, 2, "p")
+    h = sub(c, "orders", "GROUP", "g")
+    pulls = _count_fence_calls(w, monkeypatch, "pull")
+    waiting = Waiting(c, h, block_ms=5000)
+    sent = time.monotonic()
+    p.execute_command("MPUB", "orders", 2, "x", "y")
+    got = waiting.reply()
+    assert payloads(got) == ["x", "y"]
+    assert waiting.result["at"] - sent < 1.5, "waited for its BLOCK to run out, then read it back"
+    assert pulls[0] == 1, "handed with the publish's reply: no look after the first"
+
+
 def test_a_long_poll_on_another_worker_is_handed_the_publishes_after_the_first_that_saw_it_wait(redis_url,
                                                                                                monkeypatch):
     with worker(redis_url) as consuming, worker(redis_url) as publishing:
