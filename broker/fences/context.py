@@ -19,13 +19,13 @@ from fencemq.config import Config
 from fencemq.errors import BadArgument, LimitExceeded, Stale
 from fencemq.fences.durability import Durability
 from fencemq.fences.memory import MemoryGuard
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.redis_link import Linked
 from fencemq.fences.registry import Fences, fence
 from fencemq.fences.retention import Retention
 from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.model.keys import Keyspace, QueueRef, check_name, check_topic
 from fencemq.model.values import text
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 

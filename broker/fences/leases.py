@@ -19,7 +19,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from fencemq.errors import BadArgument, FenceMQError, Stale
 from fencemq.fences.context import FenceContext
 from fencemq.fences.gathering import Gathering

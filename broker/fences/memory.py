@@ -38,10 +38,10 @@ from redis.exceptions import OutOfMemoryError
 
 from fencemq.config import Config
 from fencemq.errors import BadArgument, EvictingRedis, FenceMQError, Full
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.registry import Fences, fence
 from fencemq.model.keys import Keyspace
 from fencemq.model.values import text
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 

@@ -30,13 +30,13 @@ from fencemq.fences.filter_registry import FilterRegistry
 from fencemq.fences.memory import is_oom
 from fencemq.fences.priority import check_level
 from fencemq.fences.publish import Publishing
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.retained import Retained
 from fencemq.fences.schedule import Scheduling, release_dedup_id
 from fencemq.fences.subscribe import Subscription, Subscriptions
 from fencemq.model.keys import QueueRef
 from fencemq.model.messages import pack_body, unpack_delivery
 from fencemq.model.topics import SHARE_PREFIX, check_topic_name, has_wildcard, parse_target
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
 
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.model.keys import Keyspace
 from fencemq.model.values import text
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 NODE_TIMEOUT_S = 1.0
 # What a node's own client may carry over from the broker's (credentials, TLS)

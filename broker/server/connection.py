@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from fencemq.errors import FenceMQError
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.protocol.request_reader import RequestReader
 from fencemq.protocol.resp import ErrorReply, Push, RequestError, RequestTooLarge, encode_many
 from fencemq.server import reading
@@ -35,7 +36,6 @@ from fencemq.server.pipeline import Pipeline
 from fencemq.server.services import Services
 from fencemq.server.session import Session
 from fencemq.server.verbs import Verbs
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 

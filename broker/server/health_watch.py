@@ -23,16 +23,16 @@ from typing import Any
 import anyio
 
 from fencemq.errors import FenceMQError
-from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.fences.memory import ALARM as ALARM_FENCE
 from fencemq.fences.memory import read_alarms
+from fencemq.fences.redis_errors import REDIS_FAILURES
+from fencemq.fences.schedule_shards import ScheduleShards
 from fencemq.model.values import text
 from fencemq.ops import alarm_rules, history
 from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import queue_rows
 from fencemq.ops.redis_health import HealthReader, remembered_nodes
 from fencemq.server import metrics
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 

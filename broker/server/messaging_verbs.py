@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-
 from fencemq.config import Config
 from fencemq.errors import BadArgument, FenceMQError, NoPermission
 from fencemq.fences.leases import Look, PullResult
 from fencemq.fences.lite import unsubscribe_notice
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.shared import is_filter_target
 from fencemq.fences.subscribe import Subscription
-from fencemq.model.keys import QueueRef
 from fencemq.model.handles import Handle
+from fencemq.model.keys import QueueRef
 from fencemq.model.meta import LITE_GROUP
 from fencemq.model.topics import SHARE_PREFIX, FilterTarget, parse_target
 from fencemq.protocol.commands import Request
@@ -29,7 +29,6 @@ from fencemq.server import long_poll, metrics
 from fencemq.server.lost_pulls import MAY_HAVE_RUN, PullLedger
 from fencemq.server.services import Services
 from fencemq.server.session import Session
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 OK = SimpleString("OK")
 

@@ -18,13 +18,13 @@ import anyio
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 from fencemq.fences.priority import level_counts
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.model.keys import Keyspace, queue_ref
 from fencemq.ops.dashboard import oldest_pending_ms
 from fencemq.ops.operations import now_ms, queue_rows, scan_queues
 from fencemq.ops.priority import LEVELS_SHOWN, backlog_by_level
 from fencemq.ops.redis_health import HealthReader
 from fencemq.ops.totals import SharedReading, read_totals
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 

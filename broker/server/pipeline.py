@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from fencemq.config import Config
 from fencemq.errors import FenceMQError, LimitExceeded
-from fencemq.fences.redis_errors import redis_failure
+from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.protocol.commands import Request, parse
 from fencemq.protocol.resp import ErrorReply
 from fencemq.server import metrics
 from fencemq.server.session import Session
 from fencemq.server.verbs import Verbs
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 
 class Pipeline:

@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import anyio
 
-from fencemq.server import metrics
-from fencemq.model.keys import queue_ref
-from fencemq.model.handles import Handle
 from fencemq.errors import FenceMQError
 from fencemq.fences.core import Core
 from fencemq.fences.redis_errors import REDIS_FAILURES
+from fencemq.model.handles import Handle
+from fencemq.model.keys import queue_ref
+from fencemq.server import metrics
 from fencemq.server.mqtt.wills import Wills
 
 log = logging.getLogger(__name__)

@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-
 from fencemq import __version__
 from fencemq.errors import BadArgument, FenceMQError, LimitExceeded, NoAuth, TransactionAborted
-from fencemq.fences.redis_errors import redis_failure
+from fencemq.fences.redis_errors import REDIS_FAILURES, redis_failure
 from fencemq.protocol.command_docs import command_docs, command_info, known
 from fencemq.protocol.commands import COMMANDS, TABLE, Request
 from fencemq.protocol.resp import ErrorReply, SimpleString, Verbatim
@@ -27,7 +26,6 @@ from fencemq.server.introspection import client_line, info_text
 from fencemq.server.messaging_verbs import OK, MessagingVerbs
 from fencemq.server.services import Services
 from fencemq.server.session import Session, Transaction
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 QUEUED = SimpleString("QUEUED")
 BEFORE_AUTH = frozenset({"HELLO", "AUTH", "PING", "QUIT", "RESET"})

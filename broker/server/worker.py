@@ -35,19 +35,19 @@ from fencemq.errors import BadArgument, LimitExceeded
 from fencemq.fences.core import Core
 from fencemq.fences.durability import Durability
 from fencemq.fences.redis_client import limit_connections, servers_of
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.fences.redis_link import RedisLink
 from fencemq.server import file_limit, metrics
 from fencemq.server.accepting import RESP_REFUSAL, Refusals, SpareDescriptor, serve_sockets, shedding
 from fencemq.server.admission import Admission
 from fencemq.server.connection import ClientConnection
-from fencemq.server.mqtt.wills import Wills
 from fencemq.server.health_watch import HealthWatch
+from fencemq.server.mqtt.wills import Wills
 from fencemq.server.services import Services
 from fencemq.server.startup import ready_services
 from fencemq.server.sweeper import Sweeper
 from fencemq.server.tls import client_tls
 from fencemq.server.verbs import Verbs
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 

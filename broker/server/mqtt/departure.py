@@ -15,6 +15,7 @@ import logging
 import anyio
 
 from fencemq.errors import FenceMQError
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.model.handles import Handle
 from fencemq.protocol.mqtt.packets import Will
 from fencemq.protocol.mqtt.session import MqttServerSession
@@ -23,7 +24,6 @@ from fencemq.server.mqtt.state import InFlight, MqttSessionState, in_flight_reco
 from fencemq.server.mqtt.wills import StoredWill, Wills
 from fencemq.server.services import Services
 from fencemq.server.session import Session
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 log = logging.getLogger(__name__)
 

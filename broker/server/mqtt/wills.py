@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 
 from fencemq.errors import FenceMQError
+from fencemq.fences.redis_errors import REDIS_FAILURES
 from fencemq.model.messages import MAX_TTL_MS
 from fencemq.ops.users import User
 from fencemq.protocol.mqtt.packets import Will
@@ -48,7 +49,6 @@ from fencemq.protocol.mqtt.properties import Properties
 from fencemq.server import metrics
 from fencemq.server.mqtt.messages import headers_of
 from fencemq.server.mqtt.state import WILL, WILL_SID
-from fencemq.fences.redis_errors import REDIS_FAILURES
 
 if TYPE_CHECKING:
     from fencemq.server.services import Services
