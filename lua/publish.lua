@@ -180,13 +180,13 @@ if due then
   elseif n > 0 then
     redis.call('HSET', K.dedup_ids, A.messages[2], ids[1])  -- all repeats: as below
   end
-  return {ids, false, due}
+  return {ids, false, due, ''}
 end
 if np == 0 then
   -- All repeats: written again as they are, so that a confirmation after this call (WAIT,
   -- WAITAOF: fences/durability.py) also covers the first publish, on whatever connection it ran.
   if n > 0 then redis.call('HSET', K.dedup_ids, A.messages[2], ids[1]) end
-  return {ids, false, -1}
+  return {ids, false, -1, ''}
 end
 -- the new ids are consecutive: their text is made in one go
 local texts = int_strs(first_new, seq - first_new + 1)
