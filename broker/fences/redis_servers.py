@@ -11,8 +11,9 @@
   authenticate to the Sentinels; the URL's own user and password are Redis's.
 
 **What the worker's client retries.** Only what never left it: a connection
-that could not be made (refused, timed out, a server still LOADING or
-answering the handshake with an error) is tried again for up to
+that could not be made (refused, timed out, reset before anything was
+written on it, a server still LOADING or answering the handshake with an
+error) is tried again for up to
 ``connect_patience_s`` — nothing was sent, so nothing can run twice. A
 command whose connection broke after it was written, or whose reply did not
 come within the socket timeout, is never sent again by the client: it may
@@ -67,6 +68,10 @@ class NotSent(RedisConnectionError):
     """Redis could not be reached: the command never left the worker, so sending it again is safe."""
 
 
+class ResetBeforeWrite(NotSent):
+    """The server reset the connection before a command was written on it (under uvloop)."""
+
+
 class _Patient:
     """A connection that keeps trying to connect for a while, and says when it gave up (NotSent)."""
 
@@ -77,13 +82,16 @@ class _Patient:
         while True:
             try:
                 return await super().connect()  # type: ignore[misc]
-            except NotSent:
-                raise
+            except NotSent as exc:
+                if not isinstance(exc, ResetBeforeWrite):  # a connection of its own gave up already
+                    raise
+                failed: Exception = exc  # reset during the handshake: not made, tried again like a refusal
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                if time.monotonic() + delay >= deadline:
-                    raise NotSent(f"could not reach Redis for {self.patience_s:.1f} s: {exc}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+                failed = exc
+            if time.monotonic() + delay >= deadline:
+                raise NotSent(f"could not reach Redis for {self.patience_s:.1f} s: {failed}") from failed
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         # A pooled connection the server closed while it sat idle (a restart, a failover) is
@@ -93,7 +101,15 @@ class _Patient:
             await self.disconnect()  # type: ignore[attr-defined]
         if not self.is_connected:  # type: ignore[attr-defined]
             await self.connect()
-        await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        try:
+            await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        except RuntimeError as exc:
+            # uvloop refuses to write on a transport the server has reset meanwhile (a node killed just
+            # as the connection was made) with RuntimeError("… the handler is closed"), where asyncio's
+            # loop raises ConnectionResetError; it checks before writing anything, so nothing was sent.
+            if "closed" not in str(exc):
+                raise
+            raise ResetBeforeWrite(f"the connection to Redis closed before the command was written: {exc}") from exc
 
     def pack_command(self, *args: Any) -> list[bytes]:
         return pack(args)

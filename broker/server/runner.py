@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import signal
 import threading
@@ -22,6 +23,8 @@ import anyio
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.server.worker import Worker
+
+log = logging.getLogger(__name__)
 
 
 LOOPS = ("auto", "uvloop", "asyncio")
@@ -113,6 +116,8 @@ class WorkerThread:
             run(body, loop=self.loop)
         except BaseException as exc:  # surfaced to the starting thread
             self._error = exc
+            if self._ready.is_set():  # after the start, nobody waits for it: say so where it is seen
+                log.error("the worker's thread ended on an error", exc_info=exc)
             self._ready.set()
 
     def start(self) -> "WorkerThread":
@@ -136,5 +141,8 @@ class WorkerThread:
     def __enter__(self) -> "WorkerThread":
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self.stop()
+        if exc_type is None and self._error is not None:
+            # a worker that ended on an error while in use (logged when it happened) fails its user
+            raise RuntimeError(f"the worker ended on an error: {self._error!r}") from self._error

@@ -141,8 +141,11 @@ class Worker:
                         conns.start_soon(self._cut_stragglers, self.config.drain_timeout_ms / 1000, conns)
                     background.cancel_scope.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
-                await redis.hdel(services.keys.worker_figures, self.id)
+                try:
+                    await redis.zrem(services.keys.workers, self.id)  # gone: no need to wait for its lease
+                    await redis.hdel(services.keys.worker_figures, self.id)
+                except REDIS_FAILURES as exc:  # a demoted or unreachable Redis: its lease runs out instead
+                    log.warning("could not sign the worker off (its lease will run out): %s", exc)
         finally:
             with anyio.CancelScope(shield=True):
                 if link is not None:

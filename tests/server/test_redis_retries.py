@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -206,3 +207,59 @@ def test_a_pull_pipelined_behind_an_ack_and_lost_with_it_is_answered_by_the_next
         got = deliveries(c.call("PULL", handle, "COUNT", 5))
         assert [d["payload"] for d in got] == ["b", "c"], got
         assert c.call("ACK", handle, first[0]["tag"]) == 0, "the ACK ran: it settles nothing twice"
+
+
+def _resetting_listener() -> socket.socket:
+    """A node dying as it is reached: every connection is accepted, then reset (RST) at once."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_node_that_resets_each_connection_as_it_is_made_is_a_redis_failure_never_sent(loop: str) -> None:
+    # Under uvloop, writing the handshake on a transport the peer has just reset raised RuntimeError
+    # ("the handler is closed") in about half of these: outside every Redis failure a door or a
+    # background loop catches, it ended the worker (a Cluster master killed under it).
+    import asyncio
+
+    import uvloop
+
+    from fencemq.fences.redis_errors import REDIS_FAILURES
+    from fencemq.fences.redis_servers import FenceClusterConnection, FenceConnection, NotSent, no_command_retries
+
+    listener = _resetting_listener()
+    port = listener.getsockname()[1]
+
+    async def attempts() -> dict[str, int]:
+        seen: dict[str, int] = {}
+        for kind in (FenceClusterConnection, FenceConnection):
+            for _ in range(40 if kind is FenceClusterConnection else 4):
+                conn = kind(host="127.0.0.1", port=port, protocol=3, retry=no_command_retries())  # as the worker's
+                if kind is FenceConnection:
+                    conn.patience_s = 0.2  # (a single server's 5 s, shortened: every attempt is reset alike)
+                try:
+                    await conn.send_command("PING")
+                    await conn.read_response()
+                except REDIS_FAILURES as exc:
+                    seen[type(exc).__name__] = seen.get(type(exc).__name__, 0) + 1
+                    assert isinstance(exc, NotSent), exc
+                finally:
+                    await conn.disconnect()
+        return seen
+
+    try:
+        seen = uvloop.run(attempts()) if loop == "uvloop" else asyncio.run(attempts())
+    finally:
+        listener.close()
+    assert seen == {"NotSent": 44}
