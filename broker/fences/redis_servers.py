@@ -68,8 +68,9 @@ class NotSent(RedisConnectionError):
     """Redis could not be reached: the command never left the worker, so sending it again is safe."""
 
 
-class ResetBeforeWrite(NotSent):
-    """The server reset the connection before a command was written on it (under uvloop)."""
+class ClosedBeforeWrite(NotSent):
+    """The connection closed before a command was written on it: reset by the server, or closed by
+    another task (the Cluster client drops a failed node's connections, those in use included)."""
 
 
 class _Patient:
@@ -83,9 +84,9 @@ class _Patient:
             try:
                 return await super().connect()  # type: ignore[misc]
             except NotSent as exc:
-                if not isinstance(exc, ResetBeforeWrite):  # a connection of its own gave up already
+                if not isinstance(exc, ClosedBeforeWrite):  # a connection of its own gave up already
                     raise
-                failed: Exception = exc  # reset during the handshake: not made, tried again like a refusal
+                failed: Exception = exc  # closed during the handshake: not made, tried again like a refusal
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 failed = exc
             if time.monotonic() + delay >= deadline:
@@ -109,7 +110,13 @@ class _Patient:
             # loop raises ConnectionResetError; it checks before writing anything, so nothing was sent.
             if "closed" not in str(exc):
                 raise
-            raise ResetBeforeWrite(f"the connection to Redis closed before the command was written: {exc}") from exc
+            raise ClosedBeforeWrite(f"the connection to Redis closed before the command was written: {exc}") from exc
+        except AttributeError as exc:
+            # closed by another task between the check above and the write (redis-py's write, run as a
+            # task of its own, then finds no writer): nothing was sent
+            if getattr(self, "_writer", True) is not None:
+                raise
+            raise ClosedBeforeWrite("the connection to Redis was closed before the command was written") from exc
 
     def pack_command(self, *args: Any) -> list[bytes]:
         return pack(args)

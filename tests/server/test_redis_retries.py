@@ -263,3 +263,45 @@ def test_a_node_that_resets_each_connection_as_it_is_made_is_a_redis_failure_nev
     finally:
         listener.close()
     assert seen == {"NotSent": 44}
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_connection_closed_by_another_task_at_any_step_of_its_handshake_is_a_redis_failure(loop: str) -> None:
+    # The Cluster client drops a failed node's connections, those in use included. A close landing
+    # between redis-py's check and its write raised AttributeError (no writer) and ended the worker.
+    import asyncio
+    from collections import Counter
+
+    import uvloop
+
+    from fencemq.fences.redis_errors import REDIS_FAILURES
+    from fencemq.fences.redis_servers import FenceClusterConnection, NotSent, no_command_retries
+
+    async def closed_after(turns: int, port: int, nowait: bool) -> str:
+        # (a read the close cuts short waits out its socket timeout: shortened here)
+        conn = FenceClusterConnection(host="127.0.0.1", port=port, protocol=3, retry=no_command_retries(),
+                                      socket_timeout=0.5)
+
+        async def close_it() -> None:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            await conn.disconnect(nowait=nowait)
+
+        closing = asyncio.ensure_future(close_it())
+        try:
+            await conn.connect()
+            return "connected"
+        except REDIS_FAILURES as exc:
+            assert isinstance(exc, NotSent), exc
+            return "not sent"
+        finally:
+            await closing
+            await conn.disconnect()
+
+    async def sweep(port: int) -> Counter[str]:
+        # a close at every turn of the event loop the handshake takes, and after it
+        return Counter([await closed_after(turns, port, nowait) for nowait in (False, True) for turns in range(100)])
+
+    with EmbeddedRedis() as redis_server:
+        seen = uvloop.run(sweep(redis_server.port)) if loop == "uvloop" else asyncio.run(sweep(redis_server.port))
+    assert seen["connected"] > 0 and seen["not sent"] > 0, seen
