@@ -252,6 +252,8 @@ class FenceContext:
                 await self.set_scores(self.shards.keys_of(shard)[0], scores, "LT")
             except REDIS_FAILURES as exc:  # the lease intent listed the queue; the session's lease expiry returns them too
                 log.warning("could not schedule the sweep of %d queues: %s", len(scores), exc)
+            except Exception:  # a bug must not end the worker (this runs in its task group): the intent stands
+                log.exception("scheduling the sweep of %d queues failed", len(scores))
 
 
 def opt(value: object) -> object:

@@ -216,6 +216,8 @@ class MemoryGuard:
                 if not self._failing:
                     log.warning("could not sample the memory of the broker's Redis: %s", exc)
                 self._failing = True
+            except Exception:  # a bug (or a client library's surprise) must not end the worker: the next sample
+                log.exception("sampling the memory of the broker's Redis failed")
 
     async def _judge_memory(self, n: NodeMemory) -> None:
         name = f"{MEMORY}@{n.node}"

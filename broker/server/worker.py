@@ -278,6 +278,8 @@ class Worker:
                 await self._still_here()
             except REDIS_FAILURES as exc:
                 log.warning("could not refresh the worker's lease: %s", exc)
+            except Exception:  # a bug (or a client library's surprise) must not end the worker: the next round
+                log.exception("refreshing the worker's lease failed")
             await anyio.sleep(self.config.session_lease_ms / 3000)
 
     async def _keep_alive(self) -> None:
@@ -314,5 +316,8 @@ class Worker:
                         conn.cut()
             except REDIS_FAILURES as exc:
                 log.warning("could not refresh session leases: %s", exc)
+                pause = 0.2
+            except Exception:  # a bug (or a client library's surprise) must not end the worker: the next round
+                log.exception("refreshing session leases failed")
                 pause = 0.2
             await anyio.sleep(pause)

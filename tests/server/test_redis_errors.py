@@ -185,3 +185,32 @@ def test_an_ack_pipelined_with_a_pull_on_a_shard_gone_dark_answers_both_with_try
         replies = c.replies(3, timeout=60)
         assert [code(r) for r in replies[:2]] == ["TRYAGAIN", "TRYAGAIN"], replies
         assert replies[2] == "PONG"
+
+
+@pytest.mark.parametrize("loop", ["session keep-alive", "worker lease", "memory watch"])
+def test_a_background_loop_that_meets_a_surprise_logs_it_and_goes_on_and_the_worker_serves_on(
+        redis_url: str, caplog, loop: str) -> None:
+    # redis-py has raised RuntimeError and AttributeError outside every Redis failure while a Cluster
+    # node died (now translated where they start); one escaping a loop ended the whole worker.
+    with worker(redis_url, session_lease_ms=600, memory_sample_ms=50) as w, RespConn(w.port) as c:
+        c.hello(3, "alice")
+        services = w.worker.services
+        owner, name = {"session keep-alive": (services.sessions, "keep_alive"),
+                       "worker lease": (w.worker, "_still_here"),
+                       "memory watch": (services.core.ctx.memory, "sample")}[loop]
+        real = getattr(owner, name)
+        calls = []
+
+        async def surprised_once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise AttributeError("'NoneType' object has no attribute 'writelines'")
+            return await real(*args, **kwargs)
+
+        with caplog.at_level(logging.ERROR):
+            setattr(owner, name, surprised_once)
+            wait_for(lambda: len(calls) >= 3, 10)  # the loop went on after the surprise
+        assert any(r.levelno == logging.ERROR and r.exc_info for r in caplog.records), caplog.text
+        assert c.call("PING") == "PONG"
+        assert as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]  # served, with its session
+    # (leaving the block raises the worker's error, had it ended on one)
