@@ -4,8 +4,9 @@ checked as if alone, acknowledged with its own reason code, stored once or not a
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import SlotNotCoveredError
 
-from fencemq.protocol.mqtt.packets import MQTT_5, MQTT_311, Puback, Publish, Pubrec
+from fencemq.protocol.mqtt.packets import MQTT_5, MQTT_311, Disconnect, Puback, Publish, Pubrec
 from tests.helpers import worker
 from tests.server.mqtt.clients import RawClient
 from tests.server.test_pipelined_runs import stored
@@ -58,3 +59,29 @@ def test_a_version_5_client_refused_a_publish_keeps_its_connection(w, redis_url)
     assert acks(c, 1) == [(2, 0)]
     c.close()
     assert stored(redis_url, "runs/d") == 1
+
+
+@pytest.mark.parametrize("failure", [OSError(111, "Connection refused"),
+                                     SlotNotCoveredError("slot 5 not covered: a shard gone dark")],
+                         ids=["socket", "cluster"])
+def test_a_publish_meeting_a_redis_failure_outside_redis_error_is_answered_server_busy_and_the_worker_serves_on(
+        w, redis_url, monkeypatch, failure):
+    # the MQTT door catches what fences.redis_errors.REDIS_FAILURES names, not redis-py's RedisError alone
+    shared = w.worker.core.shared
+    real = shared.publish_many
+
+    async def dark(*_args, **_kwargs):
+        raise failure
+
+    monkeypatch.setattr(shared, "publish_many", dark)
+    c = RawClient(w.worker.mqtt_port, "runs-dark", level=MQTT_5)
+    c.send(Publish("runs/e", b"m", qos=1, packet_id=1))
+    told = c.next()
+    assert isinstance(told, Disconnect) and told.reason_code == 0x89, told  # Server busy: send it again
+    c.close()
+    monkeypatch.setattr(shared, "publish_many", real)
+    again = RawClient(w.worker.mqtt_port, "runs-dark", level=MQTT_5)
+    again.send(Publish("runs/e", b"m", qos=1, packet_id=1))
+    assert acks(again, 1) == [(1, 0)]
+    again.close()
+    assert stored(redis_url, "runs/e") == 1
