@@ -120,6 +120,11 @@ class WorkerThread:
                 log.error("the worker's thread ended on an error", exc_info=exc)
             self._ready.set()
 
+    @property
+    def error(self) -> BaseException | None:
+        """What ended the worker's thread, if an error did (logged when it happened)."""
+        return self._error
+
     def start(self) -> "WorkerThread":
         self._thread.start()
         self._ready.wait(30)

@@ -56,6 +56,7 @@ def cluster_worker(cluster: list[EmbeddedRedis]) -> Any:
         yield w
     finally:
         w.stop()
+    assert w.error is None, f"the worker ended on an error: {w.error!r}"
 
 
 def test_the_worker_serves_queues_on_every_master(cluster: list[EmbeddedRedis], cluster_worker: WorkerThread) -> None:
