@@ -192,7 +192,7 @@ def test_a_background_loop_that_meets_a_surprise_logs_it_and_goes_on_and_the_wor
         redis_url: str, caplog, loop: str) -> None:
     # redis-py has raised RuntimeError and AttributeError outside every Redis failure while a Cluster
     # node died (now translated where they start); one escaping a loop ended the whole worker.
-    with worker(redis_url, session_lease_ms=600, memory_sample_ms=50) as w, RespConn(w.port) as c:
+    with worker(redis_url, session_lease_ms=1500, memory_sample_ms=50) as w, RespConn(w.port) as c:
         c.hello(3, "alice")
         services = w.worker.services
         owner, name = {"session keep-alive": (services.sessions, "keep_alive"),
