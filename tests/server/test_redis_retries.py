@@ -299,9 +299,18 @@ def test_a_connection_closed_by_another_task_at_any_step_of_its_handshake_is_a_r
             await conn.disconnect()
 
     async def sweep(port: int) -> Counter[str]:
-        # a close at every turn of the event loop the handshake takes, and after it
-        return Counter([await closed_after(turns, port, nowait) for nowait in (False, True) for turns in range(100)])
+        # a close at every turn of the event loop the handshake takes (however many its replies take),
+        # until closes land after it: five connections in a row made whole
+        seen: Counter[str] = Counter()
+        for nowait in (False, True):
+            turns = whole = 0
+            while whole < 5 and turns < 5000:
+                outcome = await closed_after(turns, port, nowait)
+                seen[outcome] += 1
+                whole = whole + 1 if outcome == "connected" else 0
+                turns += 1
+        return seen
 
     with EmbeddedRedis() as redis_server:
         seen = uvloop.run(sweep(redis_server.port)) if loop == "uvloop" else asyncio.run(sweep(redis_server.port))
-    assert seen["connected"] > 0 and seen["not sent"] > 0, seen
+    assert seen["not sent"] > 0 and seen["connected"] >= 10, seen  # closes landed inside the handshake and after it
