@@ -130,7 +130,7 @@ for i = 1, #tags do
 end
 if journaling then journal_batch(now, 'ack', g, m, ids, id_tags, nil, epoch, nil, true) end
 if #settled > 0 then
-  remove_checkouts(K, g, m, settled, singles, batches, order, size)
+  remove_checkouts(K, g, m, settled, settled_ids, singles, batches, order, size)
   tally(K, 'acked', #settled)
   forget_below_first(K, settled_ids)
   trim_log(K, #settled + 100, A.keep == '1', maxlen, maxage, maxbytes, now)

@@ -6,9 +6,10 @@
 -- KEYS[2] checkouts
 -- KEYS[3] deadlines
 -- KEYS[4] owned           (a checkout renewed apart from its lease batch takes a lease of its own)
--- KEYS[5] wake
--- KEYS[6] totals          the broker's totals (lib/totals.lua: a suspicion cleared)
--- KEYS[7] backlogs
+-- KEYS[5] held            (and its holding entry)
+-- KEYS[6] wake
+-- KEYS[7] totals          the broker's totals (lib/totals.lua: a suspicion cleared)
+-- KEYS[8] backlogs
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] lock_ms         0 = the member's or the queue's

@@ -41,6 +41,7 @@ for i = 1, #due_leases, 2 do
   local tags = tags_of_leases(K, {lease})
   if #tags == 0 then  -- nothing left under it (a batch whose last checkout went another way)
     redis.call('ZREM', K.deadlines, lease)
+    redis.call('ZREM', K.held, lease)
     if string.sub(lease, 1, 1) == 'b' then redis.call('HDEL', K.checkouts, lease) end
   end
   for _, tag in ipairs(tags) do

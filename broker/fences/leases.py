@@ -88,7 +88,7 @@ ACK = fence("ack", "meta checkouts deadlines owned held ready delayed log dedup 
 NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs priority",
              "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
-RENEW = fence("renew", "meta checkouts deadlines owned wake totals backlogs", "group member lock_ms default_lock_ms", argv_rest="tags")
+RENEW = fence("renew", "meta checkouts deadlines owned held wake totals backlogs", "group member lock_ms default_lock_ms", argv_rest="tags")
 SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled totals backlogs", "limit")
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 

@@ -1,7 +1,11 @@
 -- lib/leases.lua: checkouts, their leases, and the ready and delayed sets.
--- A checkout is a record (K.checkouts: tag -> record), a lease, and its message
--- id (K.held: tag scored by id), so the lowest id still checked out is found in
--- O(log n) (lib/retention.lua). A lease is a deadline (K.deadlines: scored by
+-- A checkout is a record (K.checkouts: tag -> record), a lease, and a holding
+-- entry (K.held) scored by the lowest message id it holds, so the lowest id
+-- still checked out is found in O(log n) (lib/retention.lua): a checkout with
+-- a lease of its own is there by its tag; a lease batch whose ids rise with
+-- its tags (any batch but a priority queue's) by its key, its score moved to
+-- its next checkout's id when the lowest goes (batch_low_gone); any other
+-- batch by each of its tags. A lease is a deadline (K.deadlines: scored by
 -- ms, absent while it waits in a push mailbox) and an ownership entry (K.owned,
 -- lex: group NUL member NUL lease), so a member's checkouts are found in O(its
 -- own). The lease of a checkout alone is its tag. The checkouts one PULL makes
@@ -57,13 +61,38 @@ local function deadline_of(K, c)
   return redis.call('ZSCORE', K.deadlines, lease_of(c))
 end
 
+-- Batch `key` (not emptied) lost its checkout at tag `gone`, the one whose id
+-- scored its holding entry: its ids rise with its tags, so its lowest is now
+-- that of the first tag above `gone` whose record still names the batch.
+-- Scores only rise, so a batch's tags are scanned about once over its life.
+local function batch_low_gone(K, key, gone)
+  local first, span = string.match(key, '^b(%d+)%+(%d+)$')
+  local from, last = tonumber(gone) + 1, tonumber(first) + tonumber(span)
+  while from <= last do
+    local range = int_strs(from, math.min(16, last - from + 1))
+    local recs = redis.call('HMGET', K.checkouts, unpack(range))
+    for j, rec in ipairs(recs) do
+      local c = rec and parse_checkout(range[j], rec)
+      if c and c.batch == key then
+        redis.call('ZADD', K.held, 'XX', int_str(c.id), key)
+        return
+      end
+    end
+    from = from + #range
+  end
+end
+
 -- `k` checkouts of batch `key` (group g, member m) are gone: the batch counts
--- them off, and its lease goes with its last.
-local function leave_batch(K, key, g, m, k)
+-- them off, and its lease and holding entry go with its last. `c` (when k is
+-- 1) is the one gone: if it was the batch's lowest, the entry moves up.
+local function leave_batch(K, key, g, m, k, c)
   if redis.call('HINCRBY', K.checkouts, key, -k) <= 0 then
     redis.call('HDEL', K.checkouts, key)
     redis.call('ZREM', K.deadlines, key)
     redis.call('ZREM', K.owned, g .. SEP .. m .. SEP .. key)
+    redis.call('ZREM', K.held, key)
+  elseif c and tonumber(redis.call('ZSCORE', K.held, key) or '-1') == c.id then
+    batch_low_gone(K, key, c.tag)
   end
 end
 
@@ -97,7 +126,7 @@ end
 -- holds, `order` its keys in the order met). `size` is K.checkouts' length
 -- before. When they and their batches' counts are all the hash has, the four
 -- keys go whole (a listpack deletes field by field, each a scan).
-local function remove_checkouts(K, g, m, tags, singles, batches, order, size)
+local function remove_checkouts(K, g, m, tags, ids, singles, batches, order, size)
   add_total(K, OUT, -#tags)
   local emptied, left = {}, {}
   if #order > 0 then
@@ -128,7 +157,29 @@ local function remove_checkouts(K, g, m, tags, singles, batches, order, size)
     redis.call('ZREM', K.deadlines, unpack(leases))
     redis.call('ZREM', K.owned, unpack(owned))
   end
-  redis.call('ZREM', K.held, unpack(tags))
+  -- Holding entries: a single checkout's goes by its tag, and so does each of a batch that has one per
+  -- checkout (a priority queue's, or one an older worker made); a batch's own goes with the batch, or
+  -- moves up when its lowest was settled here (a group holds an id once: that tag is the batch's).
+  local per_tag, lows = #singles > 0, {}
+  if #order > 0 then
+    local scores, tag_of = redis.call('ZMSCORE', K.held, unpack(order)), nil
+    local still = {}
+    for _, key in ipairs(left) do still[key] = true end
+    for i, key in ipairs(order) do
+      if not scores[i] then per_tag = true
+      elseif still[key] then
+        if not tag_of then
+          tag_of = {}
+          for j, id in ipairs(ids) do tag_of[id] = tags[j] end
+        end
+        local gone = tag_of[tonumber(scores[i])]
+        if gone then lows[#lows + 1] = {key, gone} end
+      end
+    end
+  end
+  if per_tag then redis.call('ZREM', K.held, unpack(tags)) end
+  if #emptied > 0 then redis.call('ZREM', K.held, unpack(emptied)) end
+  for _, low in ipairs(lows) do batch_low_gone(K, low[1], low[2]) end
 end
 
 -- Remove a checkout (record, deadline, ownership). Returns it, or nil if the
@@ -139,12 +190,12 @@ local function take_checkout(K, tag)
   local c = parse_checkout(tag, rec)
   if not c then return nil end
   redis.call('HDEL', K.checkouts, tag)
-  if c.batch then leave_batch(K, c.batch, c.group, c.member, 1)
+  if c.batch then leave_batch(K, c.batch, c.group, c.member, 1, c)
   else
     redis.call('ZREM', K.deadlines, tag)
     redis.call('ZREM', K.owned, c.group .. SEP .. c.member .. SEP .. tag)
   end
-  redis.call('ZREM', K.held, tag)
+  redis.call('ZREM', K.held, tag)  -- (a batch's checkout has an entry of its own if an older worker made it)
   add_total(K, OUT, -1)
   return c
 end
@@ -153,12 +204,13 @@ end
 -- yet, as a mailbox entry waits): its record drops its place in the batch,
 -- which counts it off.
 local function lease_alone(K, c, due)
-  leave_batch(K, c.batch, c.group, c.member, 1)
+  leave_batch(K, c.batch, c.group, c.member, 1, c)
   c.batch = nil
   redis.call('HSET', K.checkouts, c.tag, c.group .. SEP .. c.member .. SEP .. int_str(c.id) .. SEP .. int_str(c.epoch)
     .. SEP .. int_str(c.acq) .. SEP .. int_str(c.fail))
   if due then redis.call('ZADD', K.deadlines, due, c.tag) end
   redis.call('ZADD', K.owned, 0, c.group .. SEP .. c.member .. SEP .. c.tag)
+  redis.call('ZADD', K.held, int_str(c.id), c.tag)
 end
 
 -- The tags of the checkouts under the leases `leases` (tags, or batch keys,
@@ -182,6 +234,30 @@ local function tags_of_leases(K, leases)
     end
   end
   return tags
+end
+
+-- Is message `id` checked out, by any group? Only the holding entries at or
+-- below `id` can hold it: a tag's (its score is its id), a batch's (looked up
+-- in its records). Asked only
+-- of the rare message below the log's head (lib/retention.lua,
+-- forget_below_first). O(those leases' spans).
+local function is_checked_out(K, id)
+  local leases = redis.call('ZRANGEBYSCORE', K.held, '-inf', id, 'WITHSCORES')
+  for i = 1, #leases, 2 do
+    local lease = leases[i]
+    local first, span = string.match(lease, '^b(%d+)%+(%d+)$')
+    if not span then
+      if tonumber(leases[i + 1]) == id then return true end
+    else
+      local range = int_strs(tonumber(first), tonumber(span) + 1)
+      local recs = redis.call('HMGET', K.checkouts, unpack(range))
+      for j, rec in ipairs(recs) do
+        local c = rec and parse_checkout(range[j], rec)
+        if c and c.batch == lease and c.id == id then return true end
+      end
+    end
+  end
+  return false
 end
 
 local function ready_member(g, id, acq, fail)
@@ -320,6 +396,7 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos, as_batch
   local ep_text = SEP .. int_str(ep) .. SEP
   local first_tail = ep_text .. '1' .. SEP .. '0'  -- a first delivery: one acquisition, no failure
   local records, deadlines, owned, held, n = {}, {}, {}, {}, 0
+  local lowest, prev, rising = nil, nil, true  -- a batch's first id; whether its ids rise with its tags
   -- a lease batch spans the call's tags (a QoS 0 one among them has no record)
   local batch = as_batch and deadline and n_taken > 1 and member_qos ~= 0 and batch_key(base + 1, n_taken - 1)
   local batch_tail = batch and SEP .. batch
@@ -344,7 +421,11 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos, as_batch
       records[n - 1] = tag
       if t[3] == 1 and t[5] == 0 then records[n] = gm .. t[6] .. first_tail
       else records[n] = gm .. t[6] .. ep_text .. int_str(t[3]) .. SEP .. int_str(t[5]) end
-      if batch then records[n] = records[n] .. batch_tail
+      if batch then
+        records[n] = records[n] .. batch_tail
+        if not lowest then lowest = t[2]
+        elseif t[2] <= prev then rising = false end
+        prev = t[2]
       else
         deadlines[n - 1] = due
         deadlines[n] = tag
@@ -380,12 +461,14 @@ local function lease_out(K, g, m, taken, ep, now, deadline, member_qos, as_batch
     redis.call('HSET', K.checkouts, unpack(records))
     redis.call('ZADD', K.deadlines, due, batch)
     redis.call('ZADD', K.owned, 0, gm .. batch)
+    if rising then redis.call('ZADD', K.held, int_str(lowest), batch)
+    else redis.call('ZADD', K.held, unpack(held)) end
   else
     redis.call('HSET', K.checkouts, unpack(records))
     if deadline then redis.call('ZADD', K.deadlines, unpack(deadlines)) end
     redis.call('ZADD', K.owned, unpack(owned))
+    redis.call('ZADD', K.held, unpack(held))
   end
-  redis.call('ZADD', K.held, unpack(held))
   return taken
 end
 

@@ -7,8 +7,8 @@
 --@include lib/seek.lua
 
 -- The lowest id some group may still be given: each group's cursor, its
--- returned (ready) and delayed messages, and every checkout (K.held, the
--- ids of all groups' checkouts). nil: keep everything — the queue has no
+-- returned (ready) and delayed messages, and every checkout (K.held: each
+-- lease of any group at the lowest id it was made with). nil: keep everything — the queue has no
 -- group yet (its messages wait for the first subscriber), a group rewinds
 -- to the earliest message when it is preempted (lite ON-PREEMPT earliest),
 -- or more delayed messages than one call may look at.
@@ -107,7 +107,8 @@ end
 -- Settled messages below `first`: a dead letter replayed after its message
 -- was trimmed brought its body back below the head (replay_dead.lua); once
 -- settled, it goes, unless another group still holds it. `ids` as numbers.
--- Cost: O(ids below first · (groups + log n)), nothing for the others.
+-- Cost: O(ids below first · (groups + log n + the leases at or below them)),
+-- nothing for the others.
 local function forget_below_first(K, ids)
   local below = {}
   local first = tonumber(read_meta(K.meta, {'first'})[1] or '1')
@@ -119,7 +120,7 @@ local function forget_below_first(K, ids)
   local list = groups and split(groups, '\n') or {}
   local delayed = redis.call('ZCARD', K.delayed) > 0 and redis.call('ZRANGE', K.delayed, 0, 999) or {}
   for _, id in ipairs(below) do
-    local needed = #redis.call('ZRANGEBYSCORE', K.held, id, id, 'LIMIT', 0, 1) > 0
+    local needed = is_checked_out(K, id)
     local padded = SEP .. pad(id) .. SEP
     for _, g in ipairs(list) do
       if needed then break end

@@ -10,6 +10,7 @@ compared with Redis's own clock, the one the fences use.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 
@@ -22,7 +23,8 @@ from fencemq.sdk.client import Client
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.model.records import Checkout, JournalBatch, journal_events
 from tests import helpers
-from tests.helpers import RespConn, as_map, checkout_records, client, deliveries, in_cluster_mode, wait_for, worker
+from tests.helpers import (RespConn, as_map, checkout_records, client, deliveries, honour_priority, in_cluster_mode,
+                           wait_for, worker)
 
 KEYS = Keyspace()
 ORDERS = KEYS.queue(QueueRef("orders"))
@@ -195,6 +197,60 @@ def test_renewing_every_checkout_left_in_a_batch_moves_its_one_deadline(w, direc
     assert c.execute_command("RENEW", h, got[1]["tag"], got[2]["tag"], got[2]["tag"]) == 3  # as one by one
     ((still, after),) = lease_state(direct)[0]
     assert still == lease and after > before  # the batch moved whole: no lease of its own for either
+
+
+def held_low_and_log(direct) -> tuple[int | None, list[int]]:
+    """The lowest score in the orders queue's holding index, and the ids its log holds, in order."""
+    low = direct.zrange(ORDERS.held, 0, 0, withscores=True)
+    return (int(low[0][1]) if low else None), sorted(int(i) for i in direct.hkeys(ORDERS.log))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("shape", ["plain", "priority", "made by an older worker"])
+def test_the_log_keeps_exactly_from_the_lowest_message_checked_out_whatever_order_its_batches_are_settled_in(
+        redis_url, direct, shape, seed):
+    # One group, no retention policy: a settled message goes at once, so the log runs from the lowest id still
+    # checked out to the last. A lease batch holds its place by one entry at its lowest id, moved up as that goes;
+    # a priority queue's batch (ids out of tag order) and one an older worker made keep an entry per checkout.
+    if shape == "priority":
+        honour_priority(redis_url, "orders")
+    rng = random.Random(seed)
+    with worker(redis_url) as w:
+        c = client(w.port, 2, "settler")
+        h = join(c, "GROUP", "g", "LOCK", 60_000)
+        for i in range(12):
+            c.execute_command("PUB", "orders", f"m{i}", *(("PRIORITY", rng.randrange(10)) if shape == "priority" else ()))
+        held = take(c, h, 7) + take(c, h, 10)  # two batches
+        assert len(held) == 12
+        if shape == "made by an older worker":  # its holding entries: one per checkout, each at its id
+            direct.delete(ORDERS.held)
+            direct.zadd(ORDERS.held, {d["tag"]: int(d["id"]) for d in held})
+        returned: set[int] = set()  # NACKed (each once: no dead letters), back in the ready set
+        nacked: set[int] = set()
+        while held or returned:
+            move = rng.choice(["ack one", "ack some", "renew one apart", "nack one"] if held else ["pull back"])
+            if move == "renew one apart":
+                d = rng.choice(held)
+                assert c.execute_command("RENEW", h, d["tag"], "LOCK", 90_000) == 1
+            elif move == "nack one" and any(int(d["id"]) not in nacked for d in held):
+                d = rng.choice([d for d in held if int(d["id"]) not in nacked])
+                assert c.execute_command("NACK", h, d["tag"]) == 1
+                held.remove(d)
+                nacked.add(int(d["id"]))
+                returned.add(int(d["id"]))
+            elif move == "pull back":
+                back = take(c, h, 10)
+                assert {int(d["id"]) for d in back} == returned
+                held, returned = back, set()
+            elif move != "nack one":
+                some = rng.sample(held, 1 if move == "ack one" else min(len(held), rng.randint(2, 4)))
+                assert c.execute_command("ACK", h, *[d["tag"] for d in some]) == len(some)
+                held = [d for d in held if d not in some]
+            low_held = min((int(d["id"]) for d in held), default=None)
+            unsettled = {int(d["id"]) for d in held} | returned
+            kept = list(range(min(unsettled), 13)) if unsettled else []
+            assert held_low_and_log(direct) == (low_held, kept), move
+        assert direct.exists(ORDERS.held) == 0
 
 
 @pytest.mark.parametrize("mix", ["first deliveries", "a redelivery among them", "QoS 0 among them"])
