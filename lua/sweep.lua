@@ -48,6 +48,8 @@ for i = 1, #due_leases, 2 do
     expired[#expired + 1] = tag
     due_of[tag] = tonumber(due_leases[i + 1])
   end
+  -- a batch goes back whole: its holding entry goes now, not moved up tag by tag as each leaves it
+  if #tags > 0 and string.sub(lease, 1, 1) == 'b' then redis.call('ZREM', K.held, lease) end
 end
 table.sort(expired, function(a, b) return due_of[a] < due_of[b] or (due_of[a] == due_of[b] and a < b) end)
 local by_member, order = {}, {}

@@ -179,6 +179,8 @@ def test_a_lease_batch_expires_as_a_unit_and_a_checkout_renewed_apart_keeps_a_le
     assert len(lease_state(direct)[0]) == 2  # the batch's deadline, and b's own
     notice = wait_expired(c, h, [got[2]["tag"], got[3]["tag"]])  # c and d, at the batch's one deadline
     assert sorted(notice["tags"]) == sorted([got[2]["tag"], got[3]["tag"]])
+    # the holding index: b's own entry at its id; the batch's went with it
+    assert direct.zrange(ORDERS.held, 0, -1, withscores=True) == [(got[1]["tag"].encode(), float(got[1]["id"]))]
     back = take(other, ho, 10)
     assert payloads(back) == ["c", "d"] and [d["deliveries"] for d in back] == [2, 2]
     assert c.execute_command("ACK", h, got[2]["tag"], got[3]["tag"]) == 0  # late: settles nothing
