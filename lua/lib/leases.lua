@@ -238,9 +238,8 @@ end
 
 -- Is message `id` checked out, by any group? Only the holding entries at or
 -- below `id` can hold it: a tag's (its score is its id), a batch's (looked up
--- in its records). Asked only
--- of the rare message below the log's head (lib/retention.lua,
--- forget_below_first). O(those leases' spans).
+-- in its records). Asked only of the rare message below the log's head
+-- (lib/retention.lua, forget_below_first). O(those leases' spans).
 local function is_checked_out(K, id)
   local leases = redis.call('ZRANGEBYSCORE', K.held, '-inf', id, 'WITHSCORES')
   for i = 1, #leases, 2 do

@@ -7,8 +7,9 @@
 --@include lib/seek.lua
 
 -- The lowest id some group may still be given: each group's cursor, its
--- returned (ready) and delayed messages, and every checkout (K.held: each
--- lease of any group at the lowest id it was made with). nil: keep everything — the queue has no
+-- returned (ready) and delayed messages, and every checkout (K.held, the
+-- holding index of all groups' checkouts: lib/leases.lua). nil: keep
+-- everything — the queue has no
 -- group yet (its messages wait for the first subscriber), a group rewinds
 -- to the earliest message when it is preempted (lite ON-PREEMPT earliest),
 -- or more delayed messages than one call may look at.

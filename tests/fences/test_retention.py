@@ -66,6 +66,38 @@ def test_a_discarded_or_dead_lettered_message_is_settled_and_a_replayed_dead_let
         assert kept(direct, "jobs") == []  # the replayed message left again once settled
 
 
+def test_a_replayed_dead_letter_below_the_head_stays_while_another_groups_lease_batch_holds_it(
+        redis_url, direct) -> None:
+    # Both groups dead-letter message 2, so the log drops it; both replay it. Group h2 then pulls it in one
+    # lease batch with a newer message: the batch's one holding entry stands for it, and h1 settling its
+    # own copy must not delete the body h2 still holds.
+    from typer.testing import CliRunner
+
+    from fencemq.cli.main import app
+
+    with worker(redis_url, max_failures=1) as w:
+        c = client(w.port, 2, "alice")
+        h1, h2 = sub(c, "jobs", "GROUP", "g1"), sub(c, "jobs", "GROUP", "g2")
+        c.execute_command("MPUB", "jobs", 3, b"a", b"b", b"c")
+        for h in (h1, h2):
+            got = pull(c, h)
+            assert c.execute_command("NACK", h, got[1]["tag"]) == 1  # max_failures 1: dead-lettered
+            assert ack(c, h, [got[0], got[2]]) == 2
+        assert kept(direct, "jobs") == []
+        replayed = CliRunner().invoke(app, ["dlq", "replay", "jobs", "--count", "2", "--yes", "--json",
+                                            "--redis-url", redis_url])
+        assert replayed.exit_code == 0, replayed.stdout + replayed.stderr
+        c.execute_command("PUB", "jobs", b"d")
+        held = pull(c, h2)
+        assert [(d["id"], d["payload"]) for d in held] == [("2", "b"), ("4", "d")]
+        assert ack(c, h1, pull(c, h1)) == 2
+        assert kept(direct, "jobs") == [2, 4], "g2 holds both: neither goes"
+        assert ack(c, h2, held[1:]) == 1
+        assert kept(direct, "jobs") == [2, 4], "the log's head waits for the lowest id still checked out"
+        assert ack(c, h2, held[:1]) == 1
+        assert kept(direct, "jobs") == []
+
+
 def test_a_topic_with_a_retention_policy_keeps_what_was_consumed_up_to_its_count(redis_url, direct) -> None:
     direct.hset(KEYS.retention, "audit", "5 0 0")  # what `fencemq retention set audit --count 5` writes
     with worker(redis_url) as w:
