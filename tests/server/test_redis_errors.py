@@ -16,7 +16,7 @@ import pytest
 import redis
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
-from fencemq.model.keys import Keyspace
+from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.model.slots import key_slot
 from fencemq.server.embedded import EmbeddedRedis
 from tests.helpers import Err, RespConn, as_map, pipeline, wait_for, worker
@@ -214,3 +214,32 @@ def test_a_background_loop_that_meets_a_surprise_logs_it_and_goes_on_and_the_wor
         assert c.call("PING") == "PONG"
         assert as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]  # served, with its session
     # (leaving the block raises the worker's error, had it ended on one)
+
+
+def test_a_sweep_schedule_flush_that_meets_a_surprise_logs_it_and_the_next_flush_writes(redis_url: str, direct,
+                                                                                        caplog) -> None:
+    # The flush runs in the worker's task group, spawned by a PULL's lease: a surprise escaping it ended the worker.
+    with worker(redis_url) as w, RespConn(w.port) as c:
+        c.hello(3, "alice")
+        ctx = w.worker.services.core.ctx
+        real, calls = ctx.set_scores, []
+        qid = QueueRef("orders").qid
+        schedule = ctx.shards.keys_of(ctx.shards.shard_of(qid))[0]
+
+        async def surprised_once(index, scores, *args, **kwargs):
+            if index == schedule:  # not the sessions' or the worker's lease rounds, which also set scores
+                calls.append(dict(scores))
+                if len(calls) == 1:
+                    raise AttributeError("'NoneType' object has no attribute 'writelines'")
+            return await real(index, scores, *args, **kwargs)
+
+        handle = as_map(c.call("SUB", "orders", "GROUP", "g"))["handle"]
+        with caplog.at_level(logging.ERROR):
+            ctx.set_scores = surprised_once
+            for payload in ("a", "b"):
+                c.call("PUB", "orders", payload)
+                assert len(c.call("PULL", handle)) == 1
+                wait_for(lambda: len(calls) >= (1 if payload == "a" else 2), 10)  # each lease's flush ran
+        assert any(r.levelno == logging.ERROR and r.exc_info for r in caplog.records), caplog.text
+        assert qid in calls[1] and direct.zscore(schedule, qid) is not None, "the next flush listed the queue"
+        assert c.call("PING") == "PONG"
