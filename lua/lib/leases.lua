@@ -61,25 +61,32 @@ local function deadline_of(K, c)
   return redis.call('ZSCORE', K.deadlines, lease_of(c))
 end
 
+-- The first checkout still in batch `key`, from tag `from` up, for which
+-- `stop(c)` is true (nil: none), its records read 16 at a time.
+local function scan_batch(K, key, from, stop)
+  local first, span = string.match(key, '^b(%d+)%+(%d+)$')
+  local last = tonumber(first) + tonumber(span)
+  from = from or tonumber(first)
+  while from <= last do
+    local range = int_strs(from, math.min(16, last - from + 1))
+    for j, rec in ipairs(redis.call('HMGET', K.checkouts, unpack(range))) do
+      local c = rec and parse_checkout(range[j], rec)
+      if c and c.batch == key and stop(c) then return c end
+    end
+    from = from + #range
+  end
+  return nil
+end
+
+local function any_checkout() return true end
+
 -- Batch `key` (not emptied) lost its checkout at tag `gone`, the one whose id
 -- scored its holding entry: its ids rise with its tags, so its lowest is now
 -- that of the first tag above `gone` whose record still names the batch.
 -- Scores only rise, so a batch's tags are scanned about once over its life.
 local function batch_low_gone(K, key, gone)
-  local first, span = string.match(key, '^b(%d+)%+(%d+)$')
-  local from, last = tonumber(gone) + 1, tonumber(first) + tonumber(span)
-  while from <= last do
-    local range = int_strs(from, math.min(16, last - from + 1))
-    local recs = redis.call('HMGET', K.checkouts, unpack(range))
-    for j, rec in ipairs(recs) do
-      local c = rec and parse_checkout(range[j], rec)
-      if c and c.batch == key then
-        redis.call('ZADD', K.held, 'XX', int_str(c.id), key)
-        return
-      end
-    end
-    from = from + #range
-  end
+  local c = scan_batch(K, key, tonumber(gone) + 1, any_checkout)
+  if c then redis.call('ZADD', K.held, 'XX', int_str(c.id), key) end
 end
 
 -- `k` checkouts of batch `key` (group g, member m) are gone: the batch counts
@@ -162,8 +169,7 @@ local function remove_checkouts(K, g, m, tags, ids, singles, batches, order, siz
   -- moves up when its lowest was settled here (a group holds an id once: that tag is the batch's).
   local per_tag, lows = #singles > 0, {}
   if #order > 0 then
-    local scores, tag_of = redis.call('ZMSCORE', K.held, unpack(order)), nil
-    local still = {}
+    local scores, tag_of, still = redis.call('ZMSCORE', K.held, unpack(order)), nil, {}
     for _, key in ipairs(left) do still[key] = true end
     for i, key in ipairs(order) do
       if not scores[i] then per_tag = true
@@ -242,18 +248,14 @@ end
 -- (lib/retention.lua, forget_below_first). O(those leases' spans).
 local function is_checked_out(K, id)
   local leases = redis.call('ZRANGEBYSCORE', K.held, '-inf', id, 'WITHSCORES')
+  local function reached(c) return c.id >= id end  -- a batch with an entry of its own: its ids rise with its tags
   for i = 1, #leases, 2 do
     local lease = leases[i]
-    local first, span = string.match(lease, '^b(%d+)%+(%d+)$')
-    if not span then
+    if string.sub(lease, 1, 1) ~= 'b' then
       if tonumber(leases[i + 1]) == id then return true end
     else
-      local range = int_strs(tonumber(first), tonumber(span) + 1)
-      local recs = redis.call('HMGET', K.checkouts, unpack(range))
-      for j, rec in ipairs(recs) do
-        local c = rec and parse_checkout(range[j], rec)
-        if c and c.batch == lease and c.id == id then return true end
-      end
+      local c = scan_batch(K, lease, nil, reached)
+      if c and c.id == id then return true end
     end
   end
   return false
