@@ -16,7 +16,11 @@ from a real publish, pull and ack, then replayed), without the lease intent
 and schedule writes around them, which are other slots and other calls.
 
 Scenarios: a plain topic with its journal (the default), the same with the
-journal off, and an lmq (journal off by default; at rest between batches).
+journal off, an lmq (journal off by default; at rest between batches), and a
+push subscription (``push``: one member with a mailbox of 1,000, as an MQTT
+subscriber or a non-shared filter's; its publish is two calls, the publish
+and the ``dispatch`` that fills the mailbox, and its PULL takes from the
+mailbox).
 Then the subscribe fence when it preempts (``preempt``): two clients take 50
 lmqs from each other, four times. Writes ``fence_cost.json``.
 """
@@ -47,11 +51,12 @@ from fencemq.fences.registry import SPECS
 from fencemq.model.handles import Handle
 from fencemq.server.embedded import EmbeddedRedis, find_server_binary, free_port
 
-FENCES = ("publish", "pull", "ack")
+FENCES = ("publish", "dispatch", "pull", "ack")  # dispatch: only where the publish fills a mailbox
 SCENARIOS: dict[str, dict[str, Any]] = {
     "topic": {"lmq": None, "config": {}},
     "topic_journal_off": {"lmq": None, "config": {"journal_cap": 0}},
     "lmq": {"lmq": "session-1", "config": {}},
+    "push": {"lmq": None, "config": {}, "sub": {"capacity": 1000}},
 }
 
 
@@ -63,7 +68,7 @@ class Calls:
 
     @classmethod
     async def record(cls, url: str, config: Config, sync: redis.Redis, topic: str, lmq: str | None,
-                     batch: int, size: int) -> Calls:
+                     batch: int, size: int, sub: dict[str, Any] | None = None) -> Calls:
         shas = load_scripts(sync)
         conn = redis.asyncio.Redis.from_url(url)
         recorded: dict[str, tuple[list[str], list[Any]]] = {}
@@ -76,14 +81,19 @@ class Calls:
                 return await real(name, keys, args)
 
             core.fences.call = recording  # type: ignore[method-assign]
-            sub = await core.subscriptions.subscribe("bench-fence-cost", topic, lmq=lmq, group="g")
-            handle = Handle.decode(sub.handle)
+            joined = await core.subscriptions.subscribe("bench-fence-cost", topic, lmq=lmq, group="g", **(sub or {}))
+            handle = Handle.decode(joined.handle)
             await core.publishing.publish(topic, [b"x" * size] * batch, lmq=lmq)
             pulled = await core.leases.pull(handle, batch)
             await core.leases.ack(handle, [d.tag for d in pulled.deliveries])
         finally:
             await conn.aclose()
         return cls(shas, recorded)
+
+    @property
+    def fences(self) -> tuple[str, ...]:
+        """The fences a round calls, in FENCES' order."""
+        return tuple(f for f in FENCES if f in self.recorded)
 
     def command(self, name: str, tags: list[bytes] | None = None) -> list[Any]:
         keys, args = self.recorded[name]
@@ -101,9 +111,13 @@ def tags_of(pull_reply: list[Any]) -> list[bytes]:
 
 
 def one_round(r: redis.Redis, calls: Calls, after: Any) -> int:
-    """Publish, pull and ack one batch; ``after(name)`` runs after each call. Returns the messages pulled."""
+    """Publish (and dispatch), pull and ack one batch; ``after(name)`` runs after each call. Returns the
+    messages pulled."""
     r.execute_command(*calls.command("publish"))
     after("publish")
+    if "dispatch" in calls.recorded:
+        r.execute_command(*calls.command("dispatch"))
+        after("dispatch")
     pulled = r.execute_command(*calls.command("pull"))
     after("pull")
     tags = tags_of(pulled)
@@ -178,9 +192,10 @@ def count_instructions(scenario: dict[str, Any], rounds: int, batch: int, size: 
     try:
         config = Config(redis_url=grind.url, **scenario["config"])
         r = redis.Redis.from_url(grind.url)
-        calls = asyncio.run(Calls.record(grind.url, config, r, "bench-fence-cost", scenario["lmq"], batch, size))
+        calls = asyncio.run(Calls.record(grind.url, config, r, "bench-fence-cost", scenario["lmq"], batch, size,
+                                         scenario.get("sub")))
         one_round(r, calls, lambda name: None)  # warm: Lua compiled, keys created
-        totals = dict.fromkeys(FENCES, 0)
+        totals = dict.fromkeys(calls.fences, 0)
         grind.zero()
 
         def count(name: str) -> None:
@@ -188,10 +203,10 @@ def count_instructions(scenario: dict[str, Any], rounds: int, batch: int, size: 
 
         pulled = sum(one_round(r, calls, count) for _ in range(rounds))
         r.close()
-        per_call = {f: totals[f] / rounds for f in FENCES}
+        per_call = {f: totals[f] / rounds for f in calls.fences}
         return {"rounds": rounds, "pulled": pulled,
-                "instructions_per_msg": {f: round(per_call[f] / batch) for f in FENCES},
-                "instructions_per_call": {f: round(per_call[f]) for f in FENCES}}
+                "instructions_per_msg": {f: round(per_call[f] / batch) for f in calls.fences},
+                "instructions_per_call": {f: round(per_call[f]) for f in calls.fences}}
     finally:
         grind.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -232,10 +247,11 @@ def time_evalsha(scenario: dict[str, Any], rounds: int, batch: int, size: int) -
     with EmbeddedRedis() as server:
         r = server.client()
         config = Config(redis_url=server.url, **scenario["config"])
-        calls = asyncio.run(Calls.record(server.url, config, r, "bench-fence-cost", scenario["lmq"], batch, size))
+        calls = asyncio.run(Calls.record(server.url, config, r, "bench-fence-cost", scenario["lmq"], batch, size,
+                                         scenario.get("sub")))
         one_round(r, calls, lambda name: None)
         meter = RedisMeter(redis.Redis.from_url(server.url))
-        usec = dict.fromkeys(FENCES, 0)
+        usec = dict.fromkeys(calls.fences, 0)
 
         def timed(name: str) -> None:
             usec[name] += meter.read()["evalsha_usec"]
@@ -246,7 +262,7 @@ def time_evalsha(scenario: dict[str, Any], rounds: int, batch: int, size: int) -
             one_round(r, calls, timed)
         machine = machine_info(server, r)
         r.close()
-    return {"rounds": rounds, "evalsha_us_per_msg": {f: round(usec[f] / (rounds * batch), 3) for f in FENCES},
+    return {"rounds": rounds, "evalsha_us_per_msg": {f: round(usec[f] / (rounds * batch), 3) for f in usec},
             "machine": machine}
 
 
