@@ -16,11 +16,12 @@ from a real publish, pull and ack, then replayed), without the lease intent
 and schedule writes around them, which are other slots and other calls.
 
 Scenarios: a plain topic with its journal (the default), the same with the
-journal off, an lmq (journal off by default; at rest between batches), and a
-push subscription (``push``: one member with a mailbox of 1,000, as an MQTT
-subscriber or a non-shared filter's; its publish is two calls, the publish
-and the ``dispatch`` that fills the mailbox, and its PULL takes from the
-mailbox).
+journal off, an lmq (journal off by default; at rest between batches), and push subscriptions:
+``push``, one exclusive member with a mailbox of 1,000 (an MQTT subscriber, a
+non-shared filter's), and ``push_shared``, a shared group's one member (its
+mailbox filled by the group's strategy, unleased while it is alone). A push
+subscription's publish is two calls, the publish and the ``dispatch`` that
+fills the mailbox, and its PULL takes from the mailbox.
 Then the subscribe fence when it preempts (``preempt``): two clients take 50
 lmqs from each other, four times. Writes ``fence_cost.json``.
 """
@@ -56,7 +57,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "topic": {"lmq": None, "config": {}},
     "topic_journal_off": {"lmq": None, "config": {"journal_cap": 0}},
     "lmq": {"lmq": "session-1", "config": {}},
-    "push": {"lmq": None, "config": {}, "sub": {"capacity": 1000}},
+    "push": {"lmq": None, "config": {}, "sub": {"capacity": 1000, "mode": "exclusive"}},
+    "push_shared": {"lmq": None, "config": {}, "sub": {"capacity": 1000, "mode": "shared"}},
 }
 
 

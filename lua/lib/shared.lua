@@ -2,40 +2,64 @@
 -- a shared group goes to exactly one of its members, by the group's strategy.
 --@include lib/mailbox.lua
 
--- Who gets each of the next messages under round-robin or sticky, known before
--- they are read: a list of members (one per message) and, for round-robin, the
--- pointer after each pick. Sticky may switch the group's member first.
-local function plan_picks(K, g, strategy, members, state, rr, sticky)
+-- The sticky member keeps the group until it leaves or ends; while its mailbox
+-- is full the group waits (that is what keeps the order). When it is gone,
+-- the first member with room takes the group over. Returns the member (nil:
+-- none has room).
+local function current_sticky(K, g, members, state, sticky)
+  local gone = not sticky or redis.call('HEXISTS', K.meta, mf(g, sticky, DELIVERED)) == 0
+    or redis.call('HEXISTS', K.meta, mf(g, sticky, ENDED)) == 1
+  if gone then
+    sticky = nil
+    for _, m in ipairs(members) do if state[m].room > 0 then sticky = m; break end end
+    if sticky then redis.call('HSET', K.meta, gf(g, STICKY), sticky) end
+  end
+  return sticky
+end
+
+-- How many messages round-robin or sticky can hand out now: the room of every
+-- member, or the sticky member's.
+local function room_of_group(strategy, members, state, sticky)
+  if strategy == 'sticky' then
+    local s = sticky and state[sticky]
+    return s and math.max(s.room, 0) or 0
+  end
+  local total = 0
+  for _, m in ipairs(members) do
+    if state[m].room > 0 then total = total + state[m].room end
+  end
+  return total
+end
+
+-- Who gets each of the next `limit` messages under round-robin or sticky: a
+-- list of members (one per message) and, for round-robin, the pointer after
+-- each pick. Planned for the messages taken, not for the group's whole room:
+-- members with room for a thousand cost a thousand picks per call otherwise
+-- (a quarter of a dispatch of 100, measured). A plan's first k picks are
+-- those of any longer plan, so the limit changes no pick.
+local function plan_picks(strategy, members, state, rr, sticky, limit)
   local picks, pointer_after = {}, {}
   if strategy == 'sticky' then
-    -- The sticky member keeps the group until it leaves or ends; while its
-    -- mailbox is full the group waits (that is what keeps the order).
-    local gone = not sticky or redis.call('HEXISTS', K.meta, mf(g, sticky, DELIVERED)) == 0
-      or redis.call('HEXISTS', K.meta, mf(g, sticky, ENDED)) == 1
-    if gone then
-      sticky = nil
-      for _, m in ipairs(members) do if state[m].room > 0 then sticky = m; break end end
-      if sticky then redis.call('HSET', K.meta, gf(g, STICKY), sticky) end
-    end
     if sticky and state[sticky] then
-      for i = 1, state[sticky].room do picks[i] = sticky end
+      for i = 1, math.min(limit, state[sticky].room) do picks[i] = sticky end
     end
-    return picks, pointer_after, sticky
+    return picks, pointer_after
   end
-  local n, room, at = #members, {}, rr
+  local n, room, at, k = #members, {}, rr, 0
   for _, m in ipairs(members) do room[m] = state[m].room end
-  while true do
+  while k < limit do
     local pick
     for step = 1, n do
       local i = ((at + step - 1) % n) + 1
       if room[members[i]] > 0 then pick = members[i]; at = i; break end
     end
     if not pick then break end
-    picks[#picks + 1] = pick
-    pointer_after[#picks] = at  -- the pointer moves only past a member that was actually served
+    k = k + 1
+    picks[k] = pick
+    pointer_after[k] = at  -- the pointer moves only past a member that was actually served
     room[pick] = room[pick] - 1
   end
-  return picks, pointer_after, sticky
+  return picks, pointer_after
 end
 
 -- Shared group dispatch: each message goes to exactly one member, chosen by
@@ -120,9 +144,10 @@ local function dispatch_group(K, g, boxes, now, default_lock)
   else
     -- a sticky member ended by its MAX hands the group over: another pass, at most one per member
     for _ = 1, n do
-      local picks, pointer_after
-      picks, pointer_after, sticky = plan_picks(K, g, strategy, members, state, rr, sticky)
-      local taken = take_next(K, g, #picks, now)
+      if strategy == 'sticky' then sticky = current_sticky(K, g, members, state, sticky) end
+      local wanted = room_of_group(strategy, members, state, sticky)
+      local taken = take_next(K, g, wanted, now)
+      local picks, pointer_after = plan_picks(strategy, members, state, rr, sticky, #taken)
       if #taken > 0 and pointer_after[#taken] then rr = pointer_after[#taken] end
       local shares, order = {}, {}
       for i, t in ipairs(taken) do
@@ -134,7 +159,7 @@ local function dispatch_group(K, g, boxes, now, default_lock)
       for _, m in ipairs(order) do
         if hand_out(m, shares[m]) then ended = true end
       end
-      if not (strategy == 'sticky' and ended and #taken == #picks) then break end
+      if not (strategy == 'sticky' and ended and #taken == wanted) then break end
     end
   end
   if strategy == 'round-robin' then redis.call('HSET', K.meta, gf(g, RR_POINTER), rr) end
