@@ -430,7 +430,7 @@ class RespConn:
 
 def checkout_records(r: redis.Redis, k: Any) -> dict[str, bytes]:
     """A queue's checkout records by tag, read straight from Redis (each lease batch's count, kept in
-    the same hash, left out: lua/lib/leases.lua)."""
+    the same hash, left out: lua/lib/checkouts.lua)."""
     return {t.decode(): v for t, v in r.hgetall(k.checkouts).items() if not is_batch_key(t)}
 
 

@@ -8,7 +8,7 @@ nack.lua, renew.lua); a sweep returns the expired ones and marks their
 holders suspected (lua/sweep.lua). The queues to sweep are found through a
 global schedule (another slot than the queues', so written beside the fence:
 ``ZADD LT``, an entry that is too early only costs an empty sweep).
-Lua side: lua/lib/leases.lua. Protocol: docs/protocol.md, "Leases".
+Lua side: lua/lib/leases.lua, lua/lib/checkouts.lua. Protocol: docs/protocol.md, "Leases".
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ async def queue_leases(redis: Any, k: QueueKeys) -> tuple[int, int]:
 
 async def tags_of_leases(redis: Any, k: QueueKeys, leases: list[str]) -> list[str]:
     """The delivery tags under these leases (as the ownership index names them: a tag, or a lease
-    batch's key, whose checkouts are its records in its range that still name it; lua/lib/leases.lua
+    batch's key, whose checkouts are its records in its range that still name it; lua/lib/checkouts.lua
     tags_of_leases)."""
     batches = [lease for lease in leases if is_batch_key(lease)]
     if not batches:

@@ -13,7 +13,7 @@ is written, whichever door it came through. A publish with ``delay_ms`` or ``at_
 scheduled (fences/schedule.py): stored at once, appended to the log when due.
 A message with a TTL (``PUB … TTL ms``, MQTT's Message Expiry Interval) carries its
 deadline (:func:`expiry_deadline`, the one rule of every door) and is settled
-unsent by the fences once it has passed (lua/lib/leases.lua).
+unsent by the fences once it has passed (lua/lib/expiry.lua).
 Protocol: docs/protocol.md, "Publishing", "Scheduled messages", "Message expiry".
 """
 

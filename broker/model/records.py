@@ -1,6 +1,7 @@
 """Every record the fences store, each with its one codec: ``encode`` and ``decode``.
 
-The Lua fences write these (lua/lib/leases.lua, lua/lib/journal.lua, lua/lib/mailbox.lua, lua/nack.lua;
+The Lua fences write these (lua/lib/checkouts.lua, lua/lib/leases.lua, lua/lib/journal.lua,
+lua/lib/mailbox.lua, lua/nack.lua;
 docs/data-model.md); Python reads them here and nowhere else: the operator
 views, the snapshot, the CLI and the benchmarks. Pure: no I/O. ``decode``
 takes bytes or str (redis-py gives either), ``encode`` gives bytes byte for
@@ -57,7 +58,7 @@ BATCH = "b"  # a lease batch's key starts so: 'b<first tag>+<span>' (no delivery
 
 def is_batch_key(field: bytes | str) -> bool:
     """Is this field of the checkouts hash (or member of the deadlines zset, last field of an owned
-    entry) a lease batch's key rather than a delivery tag? (lua/lib/leases.lua)"""
+    entry) a lease batch's key rather than a delivery tag? (lua/lib/checkouts.lua)"""
     return text(field)[:1] == BATCH
 
 

@@ -229,7 +229,7 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         "delayed": int(delayed),
         "scheduled": int(scheduled),  # published for later, not in the log yet (fences/schedule.py)
         # settled unsent because they had expired (PUB … TTL, MQTT Message Expiry), once per group that met
-        # them; the entry's (a lite topic's: all its lmqs'), from the totals (lua/lib/leases.lua)
+        # them; the entry's (a lite topic's: all its lmqs'), from the totals (lua/lib/expiry.lua)
         "expired": figures["expired"],
         "dead_letters": int(dead),
         "push_members": [f"{g}/{m}" for g, m in decode_push_members(fields.get(meta.PUSH))],
