@@ -482,6 +482,25 @@ def test_a_mailbox_message_s_lease_starts_when_it_is_taken_not_when_it_is_dispat
         assert c.execute_command("ACK", h, got[0]["tag"], got[1]["tag"]) == 0
 
 
+def test_a_message_taken_from_a_mailbox_comes_out_field_for_field_as_a_pull_gives_it(redis_url) -> None:
+    """A mailbox entry is the stored body behind its tag, id, acquisitions and epoch, and TAKE and
+    a push member's PULL read the body back from where those end (lib/mailbox.lua): each message
+    must come out of the mailbox as a pull group's PULL gives it, ts, headers and producer too."""
+    with worker(redis_url) as w:
+        pusher, puller, producer = (client(w.port, 2, name) for name in ("pusher", "puller", "producer"))
+        hp = sub(pusher, "fields", "GROUP", "push", "PUSH", "CAPACITY", 10)
+        hq = sub(puller, "fields", "GROUP", "pull")
+        producer.execute_command("PUB", "fields", b"plain")
+        producer.execute_command("PUB", "fields", b"a\x00nul:and:colons", "HDR", "k", "v", "HDR", "k2", "")
+        producer.execute_command("MPUB", "fields", 2, b"", b"x" * 300)
+        fields = ("id", "ts", "topic", "payload", "headers", "producer")
+        pulled = [{f: d.get(f) for f in fields} for d in deliveries(puller.execute_command("PULL", hq, "COUNT", 10))]
+        taken = [{f: d.get(f) for f in fields} for d in (take(pusher, hp), take(pusher, hp))]
+        taken += [{f: d.get(f) for f in fields} for d in deliveries(pusher.execute_command("PULL", hp, "COUNT", 10))]
+        assert len(pulled) == 4 and taken == pulled
+        assert pulled[1]["payload"] == "a\x00nul:and:colons" and pulled[1]["headers"] == ["k", "v", "k2", ""]
+
+
 # -- the SDK -----------------------------------------------------------------------------------
 
 
