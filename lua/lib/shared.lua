@@ -39,10 +39,8 @@ end
 -- those of any longer plan, so the limit changes no pick.
 local function plan_picks(strategy, members, state, rr, sticky, limit)
   local picks, pointer_after = {}, {}
-  if strategy == 'sticky' then
-    if sticky and state[sticky] then
-      for i = 1, math.min(limit, state[sticky].room) do picks[i] = sticky end
-    end
+  if strategy == 'sticky' then  -- (limit is at most its room: none without a sticky member)
+    for i = 1, limit do picks[i] = sticky end
     return picks, pointer_after
   end
   local n, room, at, k = #members, {}, rr, 0
