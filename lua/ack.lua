@@ -21,6 +21,7 @@
 -- KEYS[14] totals         the broker's totals (lib/totals.lua)
 -- KEYS[15] backlogs
 -- KEYS[16] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[17] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] idle_ttl_ms     of an lmq (0 = a plain topic)
@@ -36,6 +37,7 @@
 --   what every group has now settled, at most tags + 100 messages a call.
 -- Errors, in full: BADARG when a retention limit is not an integer.
 -- Cost: O(tags · log n + groups · log n), in a dozen Redis calls whatever the batch size.
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local maxlen = int_arg(A.maxlen, 'MAXLEN')
 local maxage = int_arg(A.maxage_ms, 'MAXAGE')
 local maxbytes = int_arg(A.maxbytes, 'MAXBYTES')

@@ -15,7 +15,8 @@
 -- KEYS[11] totals         the broker's totals (lib/totals.lua)
 -- KEYS[12] backlogs
 -- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
--- KEYS[14..] mailboxes    one per member named in ARGV, in the same order
+-- KEYS[14] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
+-- KEYS[15..] mailboxes    one per member named in ARGV, in the same order
 -- ARGV[1] default_lock_ms  the lease of a shared group's mailbox entries (lib/shared.lua)
 -- ARGV[2] intent_at       the lease intent this call runs under (lua/lease_intent.lua)
 -- ARGV[3] intent_ms       how old that intent may be
@@ -30,6 +31,7 @@
 -- Errors: BADARG when the mailboxes do not match the members; STALE when the
 --   lease intent is too old (nothing done).
 -- Cost: O(messages dispatched · members of their group).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local boxes, who = K.mailboxes, A.members
 if #who ~= 2 * #boxes then raise('BADARG', 'dispatch needs one mailbox key per (group, member)') end
 local default_lock = int_arg(A.default_lock_ms, 'default lock', 1)

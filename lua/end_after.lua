@@ -16,6 +16,7 @@
 -- KEYS[12] totals         the broker's totals (lib/totals.lua)
 -- KEYS[13] backlogs
 -- KEYS[14] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[15] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] max
@@ -25,6 +26,7 @@
 -- by evict-offer in this same call; a pull member's PULLs return empty.
 -- Errors: NOTFOUND (not subscribed), BADARG (n < 0).
 -- Cost: O(messages dispatched).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local mb, g, m = K.mailbox, A.group, A.member
 local n = int_arg(A.max, 'MAX')

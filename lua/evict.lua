@@ -13,6 +13,7 @@
 -- KEYS[9] journal
 -- KEYS[10] totals         the broker's totals (lib/totals.lua)
 -- KEYS[11] backlogs
+-- KEYS[12] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] by              who evicts (written in the marker)
@@ -23,6 +24,7 @@
 -- again or its session ends) and its checkouts go back to the queue.
 -- Errors: none of its own.
 -- Cost: O(the member's checkouts).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local g, m = A.group, A.member
 if redis.call('HEXISTS', K.meta, mf(g, m, DELIVERED)) == 0 then return -1 end

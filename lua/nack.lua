@@ -18,6 +18,7 @@
 -- KEYS[12] totals         the broker's totals (lib/totals.lua)
 -- KEYS[13] backlogs
 -- KEYS[14] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[15] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] delay_ms        0 = now
@@ -44,6 +45,7 @@
 -- message (replay_dead.lua puts it back).
 -- Errors, in full: BADARG when DELAY or a retention limit is not an integer of 0 or more.
 -- Cost: O(tags + groups · log n).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local g, m = A.group, A.member
 local delay = int_arg(A.delay_ms, 'DELAY')
 local maxlen = int_arg(A.maxlen, 'MAXLEN')

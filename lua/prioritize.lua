@@ -8,6 +8,7 @@
 -- KEYS[3] priority       the queue's index of levels (lib/priority.lua)
 -- KEYS[4] totals         the broker's totals (lib/totals.lua)
 -- KEYS[5] backlogs
+-- KEYS[6] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] on             1: honour priority; 0: do not
 -- Returns: 1 when the setting changed, 0 when it was so already.
 -- Only while the queue's log is empty (a new topic, or one whose every message was consumed and
@@ -16,6 +17,7 @@
 -- queue, like a first SUB). Each group's level cursors go: its levels read from its cursor.
 -- Errors: NOPRIORITY when the log holds messages (nothing changed); BADARG when on is not 0 or 1.
 -- Cost: O(groups).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local on = int_arg(A.on, 'on', 0, 1)
 local was = redis.call('HGET', K.meta, 'prio') == '1'
 if was == (on == 1) then return 0 end

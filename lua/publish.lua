@@ -26,6 +26,7 @@
 -- KEYS[17] totals         the broker's totals (lib/totals.lua)
 -- KEYS[18] backlogs
 -- KEYS[19] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[20] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] maxlen          messages kept at most, whatever their state (0 = no limit)
 -- ARGV[2] maxage_ms       (0 = no limit)
 -- ARGV[3] dedup_window_ms
@@ -68,6 +69,7 @@
 -- Then the log's head is trimmed (lib/retention.lua): without a policy, what
 --   every group has settled; past the limits, whatever its state.
 -- Cost: O(n + trimmed + groups · log n), trimming at most n + 100 old entries per call.
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local maxlen = int_arg(A.maxlen, 'MAXLEN')
 local maxage = int_arg(A.maxage_ms, 'MAXAGE')

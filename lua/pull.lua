@@ -20,6 +20,7 @@
 -- KEYS[13] totals         the broker's totals (lib/totals.lua)
 -- KEYS[14] backlogs
 -- KEYS[15] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[16] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] count
@@ -49,6 +50,7 @@
 --   STALE when the lease intent is too old (nothing done).
 -- Cost: O(count + due delayed) — returned messages first, in id order, then
 --   new ones from the cursor.
+local woke = wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local g, m = A.group, A.member
 local count = int_arg(A.count, 'COUNT', 1)
 check_intent(A.intent_at, A.intent_ms)
@@ -63,6 +65,7 @@ local function reply(ep, deadline, status, refill, taken, since)
     out[#out + 1] = t[4]
   end
   flush_journal(K)
+  if woke then put_to_rest(K) end  -- an empty poll of an lmq at rest leaves it at rest
   return out
 end
 

@@ -17,6 +17,7 @@
 -- KEYS[11] totals         the broker's totals (lib/totals.lua)
 -- KEYS[12] backlogs
 -- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[14] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] idle_ttl_ms     of an lmq (0 = a plain topic)
 -- Returns, in full: {seq, {group, cursor before, unread dropped, returned dropped,
 --   delayed dropped, checkouts left, ...}} (six entries per group, in the
@@ -34,6 +35,7 @@
 -- An lmq left with nothing to read and no owner gets its idle TTL.
 -- Errors, in full: NOTFOUND when the queue does not exist.
 -- Cost: O(groups · log n + returned and delayed messages of the queue).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local ttl = int_arg(A.idle_ttl_ms, 'idle TTL')
 if redis.call('EXISTS', K.meta) == 0 then raise('NOTFOUND', 'no such queue; list them with `fencemq queues`') end

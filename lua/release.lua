@@ -20,6 +20,7 @@
 -- KEYS[13] totals         the broker's totals (lib/totals.lua)
 -- KEYS[14] backlogs
 -- KEYS[15] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[16] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] upto            release what is due at or before this ms (the sweeper's look at the
 --                         schedule, which fanned these messages out first), and not after now
 -- ARGV[2] limit           at most this many messages per call
@@ -38,6 +39,7 @@
 -- cancellable. Idempotent: several sweepers may release one queue at once, each message once.
 -- Errors, in full: BADARG when a number is not an integer.
 -- Cost: O(released · log n + trimmed).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local upto = int_arg(A.upto, 'upto')
 local limit = int_arg(A.limit, 'limit', 1)
 local maxlen = int_arg(A.maxlen, 'MAXLEN')

@@ -10,6 +10,7 @@
 -- KEYS[6] wake
 -- KEYS[7] totals          the broker's totals (lib/totals.lua: a suspicion cleared)
 -- KEYS[8] backlogs
+-- KEYS[9] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] lock_ms         0 = the member's or the queue's
@@ -19,6 +20,7 @@
 --   member renews nothing. Renewing anything clears suspicion.
 -- Errors: BADARG when LOCK is not an integer.
 -- Cost: O(tags · log n).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local g, m = A.group, A.member
 local lock = int_arg(A.lock_ms, 'LOCK')
 if lock == 0 then

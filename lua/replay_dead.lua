@@ -18,6 +18,7 @@
 -- KEYS[11] totals         the broker's totals (lib/totals.lua)
 -- KEYS[12] backlogs
 -- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[14] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] count           replay at most this many
 -- ARGV[2] scan_limit      examine at most this many dead letters, from the head (the oldest)
 -- ARGV[3] idle_ttl_ms     of an lmq (0 = a plain topic)
@@ -43,6 +44,7 @@
 -- message already in the ready set of its group is not added twice. One
 -- 'replay' journal event each (extra = acquisitions). Skipped dead letters
 -- keep their place; the walk goes past them, so they never block a replay.
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local count = int_arg(A.count, 'count')
 local limit = int_arg(A.scan_limit, 'scan limit')

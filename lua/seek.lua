@@ -18,6 +18,7 @@
 -- KEYS[11] totals         the broker's totals (lib/totals.lua)
 -- KEYS[12] backlogs
 -- KEYS[13] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[14] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member          who seeks: it must be the group's active member
 -- ARGV[3] operator        1: an operator's seek, which needs no membership
@@ -35,6 +36,7 @@
 --   standby of an exclusive or single-active group), BADARG (bad target).
 --   Nothing is changed then.
 -- Cost: O(the group's checkouts + delayed messages of the queue + log2 n).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local g, kind, arg = A.group, A.kind, A.target
 local f = read_meta(K.meta, {gf(g, MODE), 'seq', 'first'})
 if not f[1] then raise('NOTFOUND', 'no subscription ' .. g .. ' on this queue; SUB first') end

@@ -13,7 +13,8 @@
 -- KEYS[9] journal
 -- KEYS[10] scheduled     messages published for later (lib/schedule.lua): counted
 -- KEYS[11] priority      a priority queue's index of levels (lib/priority.lua): counted per level
--- KEYS[12..] mailboxes    push mailboxes (`<meta>:mb:<group>:<member>`), any number:
+-- KEYS[12] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
+-- KEYS[13..] mailboxes    push mailboxes (`<meta>:mb:<group>:<member>`), any number:
 --   the caller names those of the members that have a `cap` field (it learns
 --   them from an earlier snapshot of the queue) and checks them against this
 --   call's meta; see broker/ops/snapshot.py
@@ -61,7 +62,9 @@ local now = now_ms()
 
 -- meta as if expanded: a snapshot never shows the compact form of an lmq at rest
 local meta, f = {}, {}
-local stored, omitted = redis.call('HGETALL', K.meta), omitted_fields(K.meta)
+local rested = rested_meta(K)  -- an lmq at rest, read where it rests: this fence writes nothing
+local stored = rested or redis.call('HGETALL', K.meta)
+local omitted = rested and omitted_in(rested) or omitted_fields(K.meta)
 local compact_only = {}
 if omitted then
   compact_only.z = true

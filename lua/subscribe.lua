@@ -25,6 +25,7 @@
 -- KEYS[14] totals         the broker's totals (lib/totals.lua)
 -- KEYS[15] backlogs
 -- KEYS[16] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[17] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] mode            asked for ('' = the group's, or default_mode for a new group)
@@ -49,6 +50,7 @@
 --   BUSY instead. Subscribing again clears the caller's own marker and
 --   suspicion. The epoch never goes down: a client that knows a higher one
 --   raises the server's to it, so it never filters everything out.
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local g, m = A.group, A.member
 -- Everything is validated before the first write: Redis does not roll back a
 -- script that fails half-way.
@@ -164,6 +166,9 @@ if owner then redis.call('HSET', K.meta, gf(g, OWNER), owner, 'jcap', A.journal_
 else redis.call('HSET', K.meta, 'jcap', A.journal_cap) end
 journal(now, 'sub', g, m, cur, nil, epoch, mode)
 flush_journal(K)
-if A.lite == '1' then compact_meta(K.meta) end
+if A.lite == '1' then
+  compact_meta(K.meta)
+  put_to_rest(K)
+end
 if returned > 0 then redis.call('SPUBLISH', K.wake, 'preempt') end
 return {mode, epoch, owner or '', evicted, returned, cur, f[8] and 0 or 1}

@@ -15,6 +15,7 @@
 -- KEYS[11] scheduled       messages published for later: when the first is due (the sweeper releases it)
 -- KEYS[12] totals         the broker's totals (lib/totals.lua)
 -- KEYS[13] backlogs
+-- KEYS[14] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] limit           at most this many expired checkouts per call
 -- Returns: {next due (-1 = nothing pending), returned,
 --           {{group, member, {expired tags}, new active member or '', 1 if newly suspected}, ...},
@@ -27,6 +28,7 @@
 -- Idempotent: several workers may sweep the same queue at once.
 -- Errors: none of its own.
 -- Cost: O(expired · log n + due delayed); never a scan of live checkouts.
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local limit = int_arg(A.limit, 'limit')
 local now = now_ms()

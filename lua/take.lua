@@ -18,6 +18,7 @@
 -- KEYS[12] totals         the broker's totals (lib/totals.lua)
 -- KEYS[13] backlogs
 -- KEYS[14] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[15] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] default_lock_ms
@@ -36,6 +37,7 @@
 -- Errors, in full: NOTFOUND (not subscribed), BADARG (not a push subscription), STALE
 --   (the lease intent is too old: nothing done).
 -- Cost: O(skipped + messages topped up).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local g, m = A.group, A.member
 check_intent(A.intent_at, A.intent_ms)
 local now = now_ms()

@@ -21,6 +21,7 @@
 -- KEYS[15] totals         the broker's totals (lib/totals.lua)
 -- KEYS[16] backlogs
 -- KEYS[17] priority       a priority queue's index of levels (lib/priority.lua)
+-- KEYS[18] rest           the slot's rest hash: an lmq at rest keeps its meta there (lib/meta.lua)
 -- ARGV[1] group
 -- ARGV[2] member
 -- ARGV[3] how             'cancel' (UNSUB: a push member's mailbox is cleared and
@@ -36,6 +37,7 @@
 -- The group itself, with its cursor and epoch, stays: it is durable.
 -- Errors, in full: none of its own.
 -- Cost: O(the member's checkouts + members of the group).
+wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 expand_meta(K.meta)  -- this fence writes meta: no field may be left to a default
 local mb, g, m = K.mailbox, A.group, A.member
 local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER), mf(g, m, DELIVERED), mf(g, m, CAPACITY), mf(g, m, ENDED))

@@ -81,15 +81,15 @@ async def tags_of_leases(redis: Any, k: QueueKeys, leases: list[str]) -> list[st
     return tags
 
 
-PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake totals backlogs priority",
+PULL = fence("pull", f"{_LEASE_KEYS} journal mailbox waiters wake totals backlogs priority rest",
              "group member count default_lock_ms intent_at intent_ms look wid since wait_ms")
-ACK = fence("ack", "meta checkouts deadlines owned held ready delayed log dedup dedup_ids dead journal wake totals backlogs priority",
+ACK = fence("ack", "meta checkouts deadlines owned held ready delayed log dedup dedup_ids dead journal wake totals backlogs priority rest",
             "group member idle_ttl_ms keep maxlen maxage_ms maxbytes", argv_rest="tags")
-NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs priority",
+NACK = fence("nack", f"{_LEASE_KEYS} dead wake journal totals backlogs priority rest",
              "group member delay_ms discard max_failures release keep maxlen maxage_ms maxbytes",
              argv_rest="tags")
-RENEW = fence("renew", "meta checkouts deadlines owned held wake totals backlogs", "group member lock_ms default_lock_ms", argv_rest="tags")
-SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled totals backlogs", "limit")
+RENEW = fence("renew", "meta checkouts deadlines owned held wake totals backlogs rest", "group member lock_ms default_lock_ms", argv_rest="tags")
+SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled totals backlogs rest", "limit")
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 

@@ -21,7 +21,7 @@ from fencemq.fences.registry import fence
 from fencemq.model.handles import Handle
 from fencemq.model.values import text
 
-EVICT = fence("evict", "meta log checkouts deadlines owned held ready wake journal totals backlogs", "group member by")
+EVICT = fence("evict", "meta log checkouts deadlines owned held ready wake journal totals backlogs rest", "group member by")
 LITE_HOLD = fence("lite_hold", "counts", "topic quota", keys_rest="buckets", argv_rest="entries")
 LITE_RELEASE = fence("lite_release", "bucket counts", "entry older topic")
 

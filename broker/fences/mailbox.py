@@ -20,10 +20,10 @@ from fencemq.model.values import text
 
 _LEASE_KEYS = "meta log checkouts deadlines owned held ready delayed"
 
-TAKE = fence("take", f"{_LEASE_KEYS} wake journal mailbox totals backlogs priority", "group member default_lock_ms intent_at intent_ms")
-DISPATCH = fence("dispatch", f"{_LEASE_KEYS} wake journal totals backlogs priority", "default_lock_ms intent_at intent_ms", keys_rest="mailboxes",
+TAKE = fence("take", f"{_LEASE_KEYS} wake journal mailbox totals backlogs priority rest", "group member default_lock_ms intent_at intent_ms")
+DISPATCH = fence("dispatch", f"{_LEASE_KEYS} wake journal totals backlogs priority rest", "default_lock_ms intent_at intent_ms", keys_rest="mailboxes",
                  argv_rest="members")
-END_AFTER = fence("end_after", f"{_LEASE_KEYS} wake journal mailbox totals backlogs priority", "group member max")
+END_AFTER = fence("end_after", f"{_LEASE_KEYS} wake journal mailbox totals backlogs priority rest", "group member max")
 
 EOS = "EOS"
 

@@ -18,7 +18,7 @@ from fencemq.model import meta
 from fencemq.model.keys import QueueKeys, QueueRef
 from fencemq.model.values import text
 
-PRIORITIZE = fence("prioritize", "meta log priority totals backlogs", "on")
+PRIORITIZE = fence("prioritize", "meta log priority totals backlogs rest", "on")
 LEVELS = 10
 LEVEL_SPAN = 2**48  # a priority queue's message ids stay below it (lua/lib/priority.lua)
 

@@ -60,7 +60,7 @@ def expiry_deadline(now_ms: int, ttl_ms: int, delay_ms: int | None = None, at_ms
 
 PUBLISH = fence("publish",
                 "meta log dedup dedup_ids wake dead journal checkouts deadlines owned held ready delayed waiters "
-                "scheduled scheduled_bodies totals backlogs priority",
+                "scheduled scheduled_bodies totals backlogs priority rest",
                 "maxlen maxage_ms dedup_window_ms idle_ttl_ms journal_cap keep maxbytes spans intent_at intent_ms "
                 "default_lock_ms delay_ms at_ms max_delay_ms priority clock_ids local_wids", argv_rest="messages")
 

@@ -24,9 +24,9 @@ from fencemq.model.keys import QueueKeys, QueueRef
 from fencemq.model.values import text
 
 RELEASE = fence("release", "meta log scheduled scheduled_bodies held ready delayed journal wake dedup dedup_ids dead "
-                "totals backlogs priority",
+                "totals backlogs priority rest",
                 "upto limit maxlen maxage_ms maxbytes keep idle_ttl_ms journal_cap clock_ids")
-UNPUB = fence("unpub", "meta scheduled scheduled_bodies journal totals backlogs", "", argv_rest="sids")
+UNPUB = fence("unpub", "meta scheduled scheduled_bodies journal totals backlogs rest", "", argv_rest="sids")
 
 _SCHEDULE_ID = re.compile(r"s\d+(?:p\d)?")
 

@@ -14,7 +14,7 @@ from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
 from fencemq.model.handles import Handle
 
-SEEK = fence("seek", "meta log checkouts deadlines owned held ready delayed wake journal totals backlogs priority", "group member operator kind target")
+SEEK = fence("seek", "meta log checkouts deadlines owned held ready delayed wake journal totals backlogs priority rest", "group member operator kind target")
 TARGETS = ("earliest", "latest", "id", "time")
 
 

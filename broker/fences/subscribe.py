@@ -28,15 +28,15 @@ from fencemq.model.values import text
 
 SUBSCRIBE = fence(
     "subscribe", "meta log checkouts deadlines owned held ready wake delayed dedup dedup_ids dead journal totals backlogs "
-    "priority",
+    "priority rest",
     "group member mode default_mode policy from_kind from_arg lock_ms epoch max capacity qos on_preempt journal_cap"
     " strategy offline lite",
 )
 UNSUBSCRIBE = fence("unsubscribe",
-                    "meta log checkouts deadlines owned held ready delayed wake dedup dedup_ids dead journal mailbox totals backlogs priority",
+                    "meta log checkouts deadlines owned held ready delayed wake dedup dedup_ids dead journal mailbox totals backlogs priority rest",
                     "group member how idle_ttl_ms")
-PRESENCE = fence("presence", "meta journal", "group member online")
-DROP_IF_EMPTY = fence("drop_if_empty", "meta totals backlogs", "", keys_rest="others")
+PRESENCE = fence("presence", "meta journal rest", "group member online")
+DROP_IF_EMPTY = fence("drop_if_empty", "meta totals backlogs rest", "", keys_rest="others")
 
 MODES = ("exclusive", "shared", "single-active")
 POLICIES = ("preempt", "reject")

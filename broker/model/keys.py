@@ -149,6 +149,11 @@ class QueueKeys:
     # broker on a single server; on a Cluster the pair of the queue's slot (slot_totals, slot_backlogs)
     totals: str  # hash: figures and events, broker-wide and per entry
     backlogs: str  # zset: entry (a topic, a lite topic, a filter queue) -> messages ready
+    # An lmq at rest without a key of its own (docs/data-model.md, "Lmqs at rest"): the hash of
+    # the lmq's slot that holds it, field ``rest_field``, while its meta key does not exist; a
+    # queue that is not an lmq never rests, and names its meta here (same slot, never read as rest)
+    rest: str
+    rest_field: str  # the queue id: the meta key's hash tag
 
     @property
     def slot_totals(self) -> str:
@@ -222,7 +227,19 @@ class Keyspace:
             priority=base + ":pri",
             totals=self.totals,
             backlogs=self.backlogs,
+            rest=slot_key(self.rest_base, base) if qid.startswith("l:") else base,
+            rest_field=qid,
         )
+
+    @property
+    def rest_base(self) -> str:
+        """``<prefix>:rest``: its slot's copy, ``<prefix>:{<slot tag>}:rest``, holds the lmqs of that
+        slot at rest (QueueKeys.rest); :meth:`rest_keys` names them all."""
+        return f"{self.prefix}:rest"
+
+    def rest_keys(self, slots: Iterable[int] | None = None) -> list[str]:
+        """The rest hashes of the slots ``slots`` (default: every slot), in that order."""
+        return self.slot_keys("rest_base", slots)
 
     @property
     def totals(self) -> str:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from fencemq.model.records import decode_names
 from fencemq.model.values import text
 
@@ -170,6 +172,16 @@ def _defaults(group: str, owner: str, seq: int) -> dict[str, str]:
         g(ON_PREEMPT): "keep", GROUPS: group, g(MEMBERS): owner, m(DELIVERED): "0", m(QOS): "1", m(ONLINE): "1",
         JOURNAL_CAP: "0", g(CURSOR): str(seq + 1),
     }
+
+
+def from_rest(packed: bytes | None) -> dict[str, str]:
+    """The meta hash of an lmq at rest without a key of its own, from its field in its slot's rest
+    hash (keys.QueueKeys.rest; lua/lib/meta.lua, ``put_to_rest``): msgpack of the hash's flat
+    field, value… list (a value that is a decimal integer packed as an integer), always a compact hash (read it through :func:`expand`). ``{}`` for None."""
+    if packed is None:
+        return {}
+    flat = msgpack.unpackb(packed, raw=True)
+    return {text(k): str(v) if isinstance(v, int) else text(v) for k, v in zip(flat[0::2], flat[1::2], strict=True)}
 
 
 def expand(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:

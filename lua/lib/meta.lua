@@ -39,19 +39,17 @@ local LITE_GROUP = 'default'  -- a lite SUB's group when it names none
 -- kept (false: not compact) until expand_meta or compact_meta changes the
 -- form: a fence never writes a compact hash otherwise, so it cannot go stale.
 local OMITTED = {}
-local function omitted_fields(meta)
-  local known = OMITTED[meta]
-  if known ~= nil then return known or nil end
-  local z = redis.call('HGET', meta, 'z')
-  if not z then
-    OMITTED[meta] = false
-    return nil
-  end
+
+-- What the compact hash whose fields `get` reads (HMGET-like: a list of names
+-- in, their values or false out) stands for but does not hold, or nil.
+local function omitted_by(get)
+  local z = get({'z'})[1]
+  if not z then return nil end
   local bar = string.find(z, '|', 1, true)
   local g, m = LITE_GROUP, z
   if bar then g, m = string.sub(z, 1, bar - 1), string.sub(z, bar + 1) end
   local out, kept = {gf(g, OWNER), m}, {}
-  local short = redis.call('HMGET', meta, unpack(SHORT_NAMES))
+  local short = get(SHORT_NAMES)
   for i, name in ipairs(long_names(g, m)) do
     local v = short[i]
     if v then
@@ -62,7 +60,7 @@ local function omitted_fields(meta)
     end
   end
   local names = compact_names(g, m)
-  local have = redis.call('HMGET', meta, unpack(names))
+  local have = get(names)
   local defaults = compact_defaults(g, m, tonumber(kept.seq or '0'))
   for i, name in ipairs(names) do
     if not have[i] and not kept[name] then
@@ -70,8 +68,26 @@ local function omitted_fields(meta)
       out[#out + 1] = defaults[i]
     end
   end
-  OMITTED[meta] = out
   return out
+end
+
+local function omitted_fields(meta)
+  local known = OMITTED[meta]
+  if known ~= nil then return known or nil end
+  local out = omitted_by(function(names) return redis.call('HMGET', meta, unpack(names)) end)
+  OMITTED[meta] = out or false
+  return out
+end
+
+-- The same, of a hash given as its flat field, value list (an lmq at rest).
+local function omitted_in(flat)
+  local value = {}
+  for i = 1, #flat, 2 do value[flat[i]] = flat[i + 1] end
+  return omitted_by(function(names)
+    local out = {}
+    for i, name in ipairs(names) do out[i] = value[name] or false end
+    return out
+  end)
 end
 
 -- HMGET of meta fields, everything filled in when the hash is compact.
@@ -135,6 +151,75 @@ local function compact_meta(meta)
   redis.call('HDEL', meta, unpack(longs))
   redis.call('HSET', meta, unpack(short))
   OMITTED[meta] = nil
+end
+
+-- An lmq at rest without a key of its own (docs/data-model.md, "Lmqs at rest").
+-- A key costs Redis ~120 B whatever it holds, more than a compact hash's
+-- fields, so an lmq with one owner, nothing checked out and nothing in its
+-- log keeps its compact hash as one field of its slot's rest hash (K.rest,
+-- `<prefix>:{<slot tag>}:rest`; field: the queue id) and has no meta key.
+-- Any fence that touches an lmq first puts the hash back (wake_from_rest):
+-- the exact hash that rested, so nothing else in a fence needs to know. A
+-- queue that is not an lmq names its own meta as K.rest: it never rests.
+-- The value is cmsgpack of the hash's flat field, value list (a value that is
+-- an integer in its canonical decimal form packed as one); one longer than
+-- hash-max-listpack-value's default (64) would turn the whole rest hash of the
+-- slot into a hashtable, so such an lmq keeps its key.
+local REST_VALUE_MAX = 64
+-- What the lmq may hold besides its meta and still rest: nothing in any of
+-- these (those the fence declares; a fence that touches the lmq later wakes
+-- it whatever else it holds, so one it cannot see is never lost).
+local REST_EMPTY = {'log', 'checkouts', 'deadlines', 'owned', 'held', 'ready', 'delayed', 'dead', 'journal',
+                    'scheduled', 'waiters', 'priority'}
+
+local function rest_field(meta)
+  return string.sub(meta, string.find(meta, '{', 1, true) + 1, -2)
+end
+
+-- The rested hash's flat field, value list, or nil when the lmq has its key
+-- (or does not exist). Reads only: the snapshot fence's view of it.
+local function rested_meta(K)
+  if not K.rest or K.rest == K.meta or redis.call('EXISTS', K.meta) == 1 then return nil end
+  local packed = redis.call('HGET', K.rest, rest_field(K.meta))
+  if not packed then return nil end
+  local flat = cmsgpack.unpack(packed)
+  for i = 2, #flat, 2 do
+    if type(flat[i]) == 'number' then flat[i] = int_str(flat[i]) end
+  end
+  return flat
+end
+
+-- Returns whether it woke the lmq (a fence that then changes nothing puts it
+-- back: put_to_rest).
+local function wake_from_rest(K)
+  local flat = rested_meta(K)
+  if not flat then return false end
+  redis.call('HSET', K.meta, unpack(flat))
+  redis.call('HDEL', K.rest, rest_field(K.meta))
+  OMITTED[K.meta] = nil
+  return true
+end
+
+-- Called where an lmq may have come to rest: after compact_meta, once the
+-- reclaim TTL is decided (an lmq armed to be reclaimed expires as a key).
+local function put_to_rest(K)
+  if not K.rest or K.rest == K.meta then return end
+  if redis.call('HEXISTS', K.meta, 'z') == 0 or redis.call('PTTL', K.meta) ~= -1 then return end
+  local others = {}
+  for _, name in ipairs(REST_EMPTY) do
+    if K[name] then others[#others + 1] = K[name] end
+  end
+  if #others > 0 and redis.call('EXISTS', unpack(others)) > 0 then return end
+  local flat = redis.call('HGETALL', K.meta)
+  for i = 2, #flat, 2 do  -- an integer packs in 1 to 9 bytes: a 16-digit id or tag in 9, not 17
+    local n = string.match(flat[i], '^[1-9]%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$') and tonumber(flat[i])
+    if n or flat[i] == '0' then flat[i] = n or 0 end
+  end
+  local packed = cmsgpack.pack(flat)
+  if #packed > REST_VALUE_MAX then return end
+  redis.call('HSET', K.rest, rest_field(K.meta), packed)
+  redis.call('DEL', K.meta)
+  OMITTED[K.meta] = nil
 end
 
 -- A group's members, in arrival order.

@@ -5,7 +5,10 @@ rest") leaves out every meta field that holds its default once an lmq has one
 group whose only member is its owner. The property test runs the same random
 lite-queue operations twice — through the real fences, and through the same
 fences with compaction switched off — and requires the same replies and the
-same state at every step, so the compact form can never change behaviour.
+same state at every step, so the compact form can never change behaviour. An
+lmq at rest also gives up its meta key (``put_to_rest``: the hash moves into a
+field of its slot's rest hash, and the next fence puts it back); the reference
+never rests, so the same comparison holds resting to the same replies and state.
 """
 
 from __future__ import annotations
@@ -117,9 +120,13 @@ class TwoBrokers:
                 p.zrange(k.owned, 0, -1)
                 p.zrange(k.ready, 0, -1)
                 p.pttl(k.meta)
+                p.hget(k.rest, k.rest_field)
                 return await p.execute()
 
-        meta, co, own, rd, ttl = self.loop.run_until_complete(read())
+        meta, co, own, rd, ttl, rested = self.loop.run_until_complete(read())
+        if rested is not None:  # at rest without a key (only the compacting broker's lmq rests)
+            assert not meta and prefix == "c", "an lmq's meta is its key or its rest field, never both"
+            meta, ttl = compact_meta.from_rest(rested), -1
         expanded = {f: ("<since>" if f.endswith("|sus") else churn_counts(v) if f.endswith("|ch") else v)
                     for f, v in compact_meta.expand(meta).items() if f not in TIMESTAMPS}
         def number(t: str) -> str:  # a tag's, or a lease batch's first tag's ('b<first>+<span>')
@@ -286,14 +293,30 @@ def lite(redis_url: str):
 
 
 def raw_meta(b: TwoBrokers) -> dict[str, str]:
-    raw = b.loop.run_until_complete(b.redis.hgetall(Keyspace("c").queue(REF).meta))
-    return {k.decode(): v.decode() for k, v in raw.items()}
+    """The compacting broker's meta hash as stored: its key, or its field in the rest hash."""
+    k = Keyspace("c").queue(REF)
+    raw = b.loop.run_until_complete(b.redis.hgetall(k.meta))
+    return {k.decode(): v.decode() for k, v in raw.items()} or compact_meta.from_rest(
+        b.loop.run_until_complete(b.redis.hget(k.rest, k.rest_field)))
+
+
+def at_rest(b: TwoBrokers) -> bool:
+    """Whether the compacting broker's lmq is at rest without a key of its own."""
+    k = Keyspace("c").queue(REF)
+    exists, rested = b.loop.run_until_complete(_key_and_field(b.redis, k))
+    assert not (exists and rested), "an lmq's meta is its key or its rest field, never both"
+    return bool(rested)
+
+
+async def _key_and_field(redis: Redis, k: Any) -> tuple[int, int]:
+    return await redis.exists(k.meta), await redis.hexists(k.rest, k.rest_field)
 
 
 def test_a_freshly_subscribed_lmq_keeps_only_its_group_owner_and_creation_second(lite) -> None:
     lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
     meta = raw_meta(lite)
     assert set(meta) == {"C", "z"} and meta["z"] == "A", "the lite default group goes without saying"
+    assert at_rest(lite), "nothing to deliver, one owner: no key of its own"
     assert abs(int(meta["C"]) - lite.loop.run_until_complete(lite.redis.time())[0]) <= 2
 
 
@@ -302,7 +325,9 @@ def test_an_lmq_comes_back_to_rest_compact_after_its_last_ack(lite) -> None:
     lite.both(lambda q: q.publishing.publish(TOPIC, [b"x"], lmq=LMQ))
     pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 5))
     assert "z" not in raw_meta(lite), "a checkout spells the hash out"
+    assert not at_rest(lite)
     lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
+    assert at_rest(lite)
     meta = raw_meta(lite)
     assert meta["z"] == "A"
     assert {f: meta[f] for f in ("S", "N")} == {"S": "1", "N": "1"}, "seq, delivered"
@@ -316,6 +341,28 @@ def test_an_empty_poll_of_an_lmq_at_rest_writes_nothing(lite) -> None:
         result, _ = lite.both(lambda q: q.leases.pull(handle("A"), 10))
         assert result.status == "ok" and result.deliveries == []
     assert raw_meta(lite) == before
+    assert at_rest(lite), "woken to be read, and put back"
+
+
+def test_a_publish_wakes_an_lmq_at_rest_and_its_last_ack_puts_it_back(lite) -> None:
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"x", b"y"], lmq=LMQ))
+    assert not at_rest(lite), "a message to deliver: the lmq has its key"
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 1))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
+    assert not at_rest(lite), "one message still unread"
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 5))
+    assert [d.payload for d in pulled.deliveries] == [b"y"]
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
+    assert at_rest(lite) and raw_meta(lite)["S"] == raw_meta(lite)["T"][:0] + "2"
+
+
+def test_an_lmq_set_to_be_reclaimed_expires_as_a_key_and_never_rests(lite) -> None:
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.subscriptions.unsubscribe(handle("A"), session_over=True))
+    k = Keyspace("c").queue(REF)
+    assert not at_rest(lite)
+    assert lite.loop.run_until_complete(lite.redis.pttl(k.meta)) > 0, "no owner: it waits out its idle TTL"
 
 
 def test_a_preemption_of_an_lmq_at_rest_marks_the_old_owner_and_leaves_the_hash_spelled_out(lite) -> None:
