@@ -76,8 +76,10 @@ class Templates:
     layout whatever it becomes, and send exactly what the broker sends.
     """
 
-    def __init__(self, shas: dict[str, str], calls: dict[str, tuple[list[str], list[Any]]], topic: str) -> None:
-        self.shas, self.calls, self.topic = shas, calls, topic
+    def __init__(self, shas: dict[str, str], calls: dict[str, tuple[list[str], list[Any]]], topic: str,
+                 keyspace: Keyspace) -> None:
+        self.shas, self.calls, self.topic, self.keyspace = shas, calls, topic, keyspace
+        self.template_rest = keyspace.queue(QueueRef(topic, TEMPLATE_LMQ)).rest
 
     @classmethod
     async def record(cls, url: str, config: Config, r: redis.Redis, topic: str) -> Templates:
@@ -99,17 +101,21 @@ class Templates:
             pulled = await queues.leases.pull(handle, 1)
             await queues.leases.ack(handle, [pulled.deliveries[0].tag])
             keys = Keyspace(config.prefix)
-            await conn.delete(*keys.queue(QueueRef(topic, TEMPLATE_LMQ)).all_keys(),
+            template = keys.queue(QueueRef(topic, TEMPLATE_LMQ))
+            await conn.hdel(template.rest, template.rest_field)  # at rest after its ack
+            await conn.delete(*template.all_keys(),
                               keys.session_handles(TEMPLATE_CLIENT), keys.session_lite_counts(TEMPLATE_CLIENT),
                               *session_index.bucket_keys(keys, TEMPLATE_CLIENT))
             await conn.zrem(keys.schedule, QueueRef(topic, TEMPLATE_LMQ).qid)
         finally:
             await conn.aclose()
-        return cls(shas, calls, topic)
+        return cls(shas, calls, topic, Keyspace(config.prefix))
 
     def call(self, name: str, lmq: str, client: str, tag: str | None = None) -> list[Any]:
         keys, args = self.calls[name]
-        keys = [k.replace(TEMPLATE_LMQ, lmq) for k in keys]
+        # the rest hash is the lmq's slot's, not named after it (fencemq.model.keys, QueueKeys.rest)
+        rest = self.keyspace.queue(QueueRef(self.topic, lmq)).rest
+        keys = [rest if k == self.template_rest else k.replace(TEMPLATE_LMQ, lmq) for k in keys]
         out: list[Any] = []
         for a in args:
             if a == TEMPLATE_CLIENT:

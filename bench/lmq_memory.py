@@ -49,6 +49,7 @@ from fencemq.fences import session_index
 from fencemq.config import Config
 from fencemq.server.embedded import EmbeddedRedis
 from fencemq.model.keys import Keyspace, QueueRef
+from fencemq.model.meta import from_rest
 from fencemq.model.handles import Handle
 from fencemq.fences.core import Core
 
@@ -121,7 +122,17 @@ def sample_breakdown(r: redis.Redis, config: Config, i: int, per_client: int) ->
                 "encoding": r.object("encoding", key).decode(), "memory_usage": r.memory_usage(key, samples=0),
                 "items": {"hash": r.hlen, "list": r.llen, "set": r.scard, "zset": r.zcard}[r.type(key).decode()](key),
             }
-    fields = {f.decode(): v.decode("utf-8", "replace") for f, v in r.hgetall(k.meta).items()}
+    fields = stored_meta(r, k)
+    packed = r.hget(k.rest, k.rest_field)
+    if packed is not None:  # at rest without a key: its share of its slot's rest hash
+        entries = r.hlen(k.rest)
+        usage = r.memory_usage(k.rest, samples=0)
+        out["keys"]["rest"] = {
+            "key": k.rest, "key_name_bytes": len(k.rest), "type": "hash",
+            "encoding": r.object("encoding", k.rest).decode(), "entries": entries,
+            "rest_field_bytes": len(k.rest_field), "rest_value_bytes": len(packed),
+            "memory_usage": usage / entries, "hash_memory_usage": usage,
+        }
     out["meta_fields"] = {f: {"value": v if len(v) <= 40 else v[:40] + "…", "field_bytes": len(f),
                               "value_bytes": len(v)} for f, v in fields.items()}
     out["meta_field_name_bytes"] = sum(len(f) for f in fields)
@@ -140,6 +151,14 @@ def sample_breakdown(r: redis.Redis, config: Config, i: int, per_client: int) ->
                                        + out["session_index"]["per_lmq"]
                                        + out["session_lite_counts"]["per_lmq"] + out["session_hash"]["per_lmq"])
     return out
+
+
+def stored_meta(r: redis.Redis, k: Any) -> dict[str, str]:
+    """An lmq's meta hash as stored: its key's fields, or those it keeps at rest (compact either way)."""
+    raw = r.hgetall(k.meta)
+    if raw:
+        return {f.decode(): v.decode("utf-8", "replace") for f, v in raw.items()}
+    return from_rest(r.hget(k.rest, k.rest_field))
 
 
 def session_index_breakdown(r: redis.Redis, keys: Keyspace, client: str) -> dict[str, Any]:
@@ -180,8 +199,9 @@ async def check_layout(url: str, config: Config, r: redis.Redis, per_client: int
         bulk = keys.queue(QueueRef(TOPIC, lmq_name(0)))
 
         def shape(k: Any, client: str) -> dict[str, Any]:
-            fields = sorted(f.decode().replace(client, "<client>") for f in r.hkeys(k.meta))
+            fields = sorted(f.replace(client, "<client>") for f in stored_meta(r, k))
             present = sorted(n for n in ("meta", "log", "journal") if r.exists(getattr(k, n)))
+            present += ["rest"] if r.hexists(k.rest, k.rest_field) else []
             return {"fields": fields, "keys": present}
 
         a, b = shape(real, "c-check"), shape(bulk, client_name(0, per_client))

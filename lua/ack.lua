@@ -142,4 +142,5 @@ end
 -- Any settle attempt shows the consumer is alive: it is no longer suspected,
 -- even when every tag it holds had expired (else it could never recover).
 if clear_suspicion(K, g, m) then redis.call('SPUBLISH', K.wake, 'alive') end
+put_to_rest(K)  -- the last write: an lmq this ack (or nothing) left at rest gives up its key
 return #settled

@@ -82,4 +82,5 @@ end
 if #groups == 0 then journal(now, 'purge', nil, nil, seq + 1, nil, nil, 0) end
 reclaim_if_idle(K, ttl)
 flush_journal(K)
+put_to_rest(K)
 return {seq, out}

@@ -121,4 +121,5 @@ if #gone > 0 then
   redis.call('SPUBLISH', K.wake, 'replay')
 end
 flush_journal(K)
+put_to_rest(K)
 return {replayed, skipped, redis.call('LLEN', K.dead), examined}

@@ -60,4 +60,5 @@ redis.call('SPUBLISH', K.wake, 'leave')
 journal(now_ms(), 'leave', g, m, nil, nil, nil, A.how)
 flush_journal(K)
 reclaim_if_idle(K, tonumber(A.idle_ttl_ms))
+put_to_rest(K)
 return {returned, owner or '', 1, 0}

@@ -129,7 +129,6 @@ local function reclaim_if_idle(K, ttl_ms, keep)
       if idle then redis.call('PEXPIRE', key, ttl_ms) else redis.call('PERSIST', key) end
     end
   end
-  if settled and not idle then put_to_rest(K) end
 end
 
 -- A write that gives the queue an owner or a message revives it: no key may

@@ -200,8 +200,9 @@ local function wake_from_rest(K)
   return true
 end
 
--- Called where an lmq may have come to rest: after compact_meta, once the
--- reclaim TTL is decided (an lmq armed to be reclaimed expires as a key).
+-- The last write of a fence that may leave an lmq at rest (after compact_meta,
+-- the reclaim TTL and the journal: nothing may read or write the meta key
+-- after it). An lmq armed to be reclaimed expires as a key.
 local function put_to_rest(K)
   if not K.rest or K.rest == K.meta then return end
   if redis.call('HEXISTS', K.meta, 'z') == 0 or redis.call('PTTL', K.meta) ~= -1 then return end
@@ -212,8 +213,9 @@ local function put_to_rest(K)
   if #others > 0 and redis.call('EXISTS', unpack(others)) > 0 then return end
   local flat = redis.call('HGETALL', K.meta)
   for i = 2, #flat, 2 do  -- an integer packs in 1 to 9 bytes: a 16-digit id or tag in 9, not 17
-    local n = string.match(flat[i], '^[1-9]%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$') and tonumber(flat[i])
-    if n or flat[i] == '0' then flat[i] = n or 0 end
+    local v = flat[i]
+    local n = #v <= 16 and string.match(v, '^[1-9]%d*$') and tonumber(v)
+    if n and n <= MAX_INT then flat[i] = n elseif v == '0' then flat[i] = 0 end
   end
   local packed = cmsgpack.pack(flat)
   if #packed > REST_VALUE_MAX then return end
