@@ -245,3 +245,29 @@ def test_every_key_a_fence_touches_is_in_its_keys() -> None:
     # a helper's key counts too: ack's checkouts go through remove_checkouts, which deletes K.held
     files = _broken("ack.lua", "-- KEYS[5] held\n", "-- KEYS[5] kept\n")
     assert any("lua/ack.lua uses K.held" in p for p in undeclared_keys(files))
+
+
+def rest_problems(files: dict[str, str]) -> list[str]:
+    """An lmq at rest has no meta key (lua/lib/meta.lua, put_to_rest): a fence that declares the key but
+    not the rest hash, or does not wake the lmq before anything else, would take it for a queue that
+    does not exist. The snapshot, which writes nothing, reads it where it rests instead."""
+    problems = []
+    for name, src in sorted(fence_files(files).items()):
+        header = parse_header(src, f"lua/{name}.lua")
+        if "meta" not in header.keys:
+            continue
+        if "rest" not in header.keys:
+            problems.append(f"lua/{name}.lua declares meta but not rest")
+        body = [line for line in src.splitlines() if line.strip() and not line.startswith(("--", "#!"))]
+        first = body[0] if body else ""
+        if not re.match(r"(local woke = )?wake_from_rest\(K\)", first) and "rested_meta(K)" not in src:
+            problems.append(f"lua/{name}.lua does not wake an lmq at rest first (its first line: {first!r})")
+    return problems
+
+
+def test_every_fence_that_declares_a_meta_key_wakes_an_lmq_at_rest_before_anything_else() -> None:
+    assert rest_problems(_raw_files()) == []
+    files = _broken("renew.lua", "wake_from_rest(K)  --", "-- (no wake) --")
+    assert any("lua/renew.lua does not wake" in p for p in rest_problems(files))
+    files = _broken("presence.lua", "-- KEYS[3] rest", "-- KEYS[3] rested")
+    assert any("lua/presence.lua declares meta but not rest" in p for p in rest_problems(files))
