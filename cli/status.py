@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
 import redis
@@ -36,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fencemq.fences import session_index
+from fencemq.fences import at_rest, session_index
 from fencemq.fences.memory import decode_alarms, node_memory
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace
@@ -99,17 +100,20 @@ def collect(client: redis.Redis, prefix: str = "fmq", limit: int = 1000) -> dict
             })
     sessions.sort(key=lambda s: s["client"])
 
-    metas: set[bytes] = set()
+    qids: set[str] = set()
     truncated_queues = False
-    for key in client.scan_iter(match=keys.queue_pattern(), count=1000, _type="HASH"):
-        if key in metas:
-            continue  # SCAN may return a key twice
-        if len(metas) >= limit:
+    # the queues' meta keys, then the lmqs at rest, which have none (fences/at_rest.py)
+    found = (Keyspace.qid_from_meta_key(text(key))
+             for key in client.scan_iter(match=keys.queue_pattern(), count=1000, _type="HASH"))
+    for qid in chain(found, at_rest.rested_qids_sync(client, keys)):
+        if qid in qids:
+            continue  # SCAN may return a key twice; an lmq may come to rest meanwhile
+        if len(qids) >= limit:
             truncated_queues = True
             break
-        metas.add(key)
+        qids.add(qid)
     queues: list[dict[str, Any]] = []
-    ordered = sorted(metas)
+    ordered = sorted(qids)
     for start in range(0, len(ordered), PIPELINE_CHUNK):
         queues.extend(_queues(client, keys, ordered[start : start + PIPELINE_CHUNK], now))
     queues.sort(key=lambda q: (q["topic"], q["lmq"] or ""))
@@ -131,12 +135,11 @@ def collect(client: redis.Redis, prefix: str = "fmq", limit: int = 1000) -> dict
     }
 
 
-def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -> Iterable[dict[str, Any]]:
-    qids = [Keyspace.qid_from_meta_key(text(m)) for m in metas]
+def _queues(client: redis.Redis, keys: Keyspace, qids: list[str], now: int) -> Iterable[dict[str, Any]]:
     with client.pipeline(transaction=False) as pipe:
         for qid in qids:
             k = keys.queue_by_id(qid)
-            pipe.hgetall(k.meta)
+            at_rest.pipe_meta(pipe, k)
             pipe.zrange(k.deadlines, 0, -1, withscores=True)
             pipe.zcard(k.ready)
             pipe.zcard(k.delayed)
@@ -145,7 +148,8 @@ def _queues(client: redis.Redis, keys: Keyspace, metas: list[bytes], now: int) -
 
     parsed = []
     for i, qid in enumerate(qids):
-        raw_meta, leases, ready, delayed, dead = replies[5 * i : 5 * i + 5]
+        *rest, leases, ready, delayed, dead = replies[6 * i : 6 * i + 6]
+        raw_meta = at_rest.queue_meta(rest)
         if not raw_meta:
             continue  # reclaimed between SCAN and now
         parsed.append((qid, parse_meta(raw_meta), [text(lease) for lease, _ in leases], leases[:1], ready, delayed,

@@ -25,7 +25,8 @@
 -- dead-letter limit. Each member that lost a lease becomes suspected. An
 -- active single-active member that times out has all its checkouts returned
 -- and the next member in arrival order that is not suspected takes over.
--- Idempotent: several workers may sweep the same queue at once.
+-- Idempotent: several workers may sweep the same queue at once. An lmq left
+-- with nothing checked out is compacted and put to rest (lib/meta.lua).
 -- Errors: none of its own.
 -- Cost: O(expired · log n + due delayed); never a scan of live checkouts.
 wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
@@ -108,4 +109,12 @@ end
 flush_journal(K)
 if #expired > 0 or moved > 0 then redis.call('SPUBLISH', K.wake, 'sweep') end
 local s = redis.call('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
-return {next_due(K), #expired, notices, s[2] and tonumber(s[2]) or -1}
+local due = next_due(K)
+-- An lmq's last call after its traffic is usually this sweep, of a lease its
+-- ACK already settled: one with nothing checked out comes back to rest here
+-- (compact, and without a key when it may: lib/meta.lua), as its ACK left it.
+if K.rest ~= K.meta and redis.call('HLEN', K.checkouts) == 0 then
+  compact_meta(K.meta)
+  put_to_rest(K)
+end
+return {due, #expired, notices, s[2] and tonumber(s[2]) or -1}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fencemq.errors import LimitExceeded
-from fencemq.fences import session_index
+from fencemq.fences import at_rest, session_index
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
 from fencemq.model.handles import Handle
@@ -56,8 +56,10 @@ class Lite:
         """Who evicted each member (its eviction marker), None where unmarked."""
         async with self.ctx.redis.pipeline(transaction=False) as pipe:
             for h in handles:
-                pipe.hget(self.ctx.keys.queue(h.queue).meta, marker_field(h))
-            return [None if v is None else text(v) for v in await pipe.execute()]
+                at_rest.pipe_fields(pipe, self.ctx.keys.queue(h.queue), [marker_field(h)])
+            replies = await pipe.execute()
+        marks = [at_rest.queue_fields(replies[2 * i : 2 * i + 2], [marker_field(h)])[0] for i, h in enumerate(handles)]
+        return [None if v is None else text(v) for v in marks]
 
     async def hold(self, handle: Handle) -> bool:
         """The client takes hold of a lite subscription (lua/lite_hold.lua): within its quota of

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from fencemq.fences import at_rest
 from fencemq.fences.context import FenceContext
 from fencemq.fences.registry import fence
+from fencemq.model import meta
 from fencemq.model.keys import QueueRef
 from fencemq.model.handles import Handle
 from fencemq.model.messages import Delivery, unpack_delivery
@@ -35,7 +37,7 @@ class Mailboxes:
         self.on_member_gone: Callable[[Handle], Awaitable[None]] | None = None
 
     async def push_members(self, ref: QueueRef) -> list[tuple[str, str]]:
-        raw = await self.ctx.redis.hget(self.ctx.keys.queue(ref).meta, "push")
+        (raw,) = await at_rest.meta_fields(self.ctx.redis, self.ctx.keys.queue(ref), [meta.PUSH])
         return parse_push_members(raw)
 
     async def dispatch(self, ref: QueueRef, members: list[tuple[str, str]]) -> list[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from fencemq.errors import BadArgument, PriorityOff
+from fencemq.fences import at_rest
 from fencemq.fences.registry import fence
 from fencemq.model import meta
 from fencemq.model.keys import QueueKeys, QueueRef
@@ -42,7 +43,7 @@ def level_range(level: int) -> tuple[int, int]:
 async def level_counts(redis: Any, k: QueueKeys) -> dict[str, Any] | None:
     """A priority queue's messages per level (held in its log), and each group's unread per level;
     None when the queue does not honour priority. O(levels · (groups + 1) · log n)."""
-    raw = await redis.hgetall(k.meta)
+    raw = await at_rest.meta_hash(redis, k)
     fields = {text(f): text(v) for f, v in raw.items()}
     if fields.get(meta.PRIORITY) != "1":
         return None

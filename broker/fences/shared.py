@@ -25,6 +25,7 @@ import logging
 import anyio
 
 from fencemq.errors import BadArgument, FenceMQError
+from fencemq.fences import at_rest
 from fencemq.fences.context import FenceContext
 from fencemq.fences.filter_registry import FilterRegistry
 from fencemq.fences.memory import is_oom
@@ -64,7 +65,7 @@ class Shared:
         await self.registry.unregister(ref)
         # A subscriber may have created the queue again between the drop and
         # the unregistering: then it must stay registered.
-        if await self.redis.exists(self.keys.queue(ref).meta):
+        if await at_rest.exists(self.redis, self.keys.queue(ref)):
             owner = ref.owner or ""
             share = owner[len(SHARE_PREFIX):] if owner.startswith(SHARE_PREFIX) else None
             await self.registry.register(ref, share, None if share else owner)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fencemq.fences import at_rest
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace
 from fencemq.model.values import integer as _int
@@ -46,10 +47,11 @@ async def queue_looks(redis: Any, keys: Keyspace, qids: list[str]) -> dict[str, 
     off (``flagged``); a queue that is gone is left out. (The figures come from the counters.)"""
     async with redis.pipeline(transaction=False) as pipe:
         for qid in qids:
-            pipe.hgetall(keys.queue_by_id(qid).meta)
-        metas = await pipe.execute() if qids else []
+            at_rest.pipe_meta(pipe, keys.queue_by_id(qid))
+        replies = await pipe.execute() if qids else []
     out = {}
-    for qid, raw in zip(qids, metas, strict=True):
+    for i, qid in enumerate(qids):
+        raw = at_rest.queue_meta(replies[2 * i : 2 * i + 2])
         if not raw:
             continue
         fields, groups = parse_meta(raw)

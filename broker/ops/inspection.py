@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 
+from fencemq.fences import at_rest
 from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.fences import session_index
@@ -179,6 +180,7 @@ async def inspect_queue(redis: Any, keys: Keyspace, ref: QueueRef, *, limit: int
         pipe.hget(keys.retention, ref.topic)
         pipe.zcard(k.scheduled)
         log_len, ready, delayed, dead, journal, ttl, policy, scheduled = await pipe.execute()
+    ttl = at_rest.no_key_ttl(ttl, True)  # found: an lmq at rest has no meta key, nor a TTL
     _, leased = await queue_leases(redis, k)
     seq, first = _int(fields.get(meta.SEQ)), _int(fields.get(meta.FIRST), 1)
     entry = entry_of(ref.qid)
@@ -358,7 +360,7 @@ async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int
     decoded = [h for h in shown if isinstance(h, Handle)]
     async with redis.pipeline(transaction=False) as pipe:
         for h in decoded:
-            pipe.hgetall(keys.queue(h.queue).meta)  # whole: an lmq at rest is compact (fencemq.model.meta)
+            at_rest.pipe_meta(pipe, keys.queue(h.queue))  # whole: an lmq at rest is compact (fencemq.model.meta)
             pipe.zrangebylex(keys.queue(h.queue).owned, *lex_range(h.group, h.member))
         pipe.hgetall(keys.session_lite_counts(client))
         pipe.lrange(keys.session_notices(client), 0, max(limit - 1, 0))
@@ -370,7 +372,7 @@ async def inspect_session(redis: Any, keys: Keyspace, client: str, *, limit: int
         if not isinstance(h, Handle):
             subs.append({"handle": h, "error": "not a handle"})
             continue
-        state = meta.decode(next(states))
+        state = meta.decode(at_rest.queue_meta((next(states), next(states))))
         g, f = state.groups.get(h.group, {}), state.members.get((h.group, h.member), {})
         n, mk, own = f.get(meta.DELIVERED), f.get(meta.MARKER), g.get(meta.OWNER)
         (held,) = await leases_held(redis, keys.queue(h.queue), [[OwnedEntry.decode(o).tag for o in next(states)]])

@@ -30,6 +30,7 @@ from fencemq.ops.operations import (
     queue_rows,
     scan_queues,
 )
+from fencemq.fences import at_rest
 from fencemq.fences.core import Core
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.operator import PURGE, REPLAY_DEAD
@@ -98,7 +99,7 @@ async def sweep(redis: Any, keys: Keyspace, qids: list[str] | None = None, *, ma
     results: list[dict[str, Any]] = []
     if qids is not None:
         for qid in qids:
-            if not await redis.exists(keys.queue_by_id(qid).meta):
+            if not await at_rest.exists(redis, keys.queue_by_id(qid)):
                 raise NotFound(f"no queue {qid!r} under prefix {keys.prefix!r} (ids as `fencemq queues` prints them)")
     due_mode = qids is None
     todo = list(qids or [])
@@ -258,7 +259,7 @@ async def replay_dead(redis: Any, keys: Keyspace, ref: QueueRef, *, count: int =
     skipped = [{"position": int(skipped_flat[i]), "id": _int(skipped_flat[i + 1], None),
                 "group": _s(skipped_flat[i + 2]), "reason": _s(skipped_flat[i + 3])}
                for i in range(0, len(skipped_flat), 4)]
-    if replayed and await redis.exists(k.meta):
+    if replayed and await at_rest.exists(redis, k):
         await _redispatch(q, ref)
     return {**queue_info(ref.qid), "queue": display_name(ref), "replayed": replayed, "skipped": skipped,
             "examined": examined, "dead_letters_left": left}
@@ -279,6 +280,7 @@ class TopState:
 
 JOURNAL_TAIL = 2000
 RATE_EVENTS = ("pub", "out", "ack", "nack", "timeout", "dead")
+COUNTERS = [meta.SEQ, meta.TAG, meta.AT_REST[meta.SEQ], meta.AT_REST[meta.TAG]]
 
 
 async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int = 20, scan_limit: int = 10_000,
@@ -296,10 +298,11 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
         chunk = qids[start : start + PIPELINE_CHUNK * 5]
         async with redis.pipeline(transaction=False) as pipe:
             for qid in chunk:
-                # seq and tag, or the names an lmq at rest keeps them under
-                pipe.hmget(keys.queue_by_id(qid).meta, meta.SEQ, meta.TAG, meta.AT_REST[meta.SEQ],
-                           meta.AT_REST[meta.TAG])
-            for qid, (seq, tag, rest_seq, rest_tag) in zip(chunk, await pipe.execute(), strict=True):
+                # seq and tag, or the names an lmq at rest keeps them under (in its key or its slot's rest hash)
+                at_rest.pipe_fields(pipe, keys.queue_by_id(qid), COUNTERS)
+            replies = await pipe.execute()
+            for i, qid in enumerate(chunk):
+                seq, tag, rest_seq, rest_tag = at_rest.queue_fields(replies[2 * i : 2 * i + 2], COUNTERS)
                 seq, tag = seq if seq is not None else rest_seq, tag if tag is not None else rest_tag
                 if seq is not None or tag is not None:
                     counters[qid] = (_int(seq), _int(tag))
@@ -319,14 +322,14 @@ async def top_sample(redis: Any, keys: Keyspace, state: TopState, *, limit: int 
     async with redis.pipeline(transaction=False) as pipe:
         for qid in chosen:
             pipe.lrange(keys.queue_by_id(qid).journal, -JOURNAL_TAIL, -1)
-            pipe.hgetall(keys.queue_by_id(qid).meta)
+            at_rest.pipe_meta(pipe, keys.queue_by_id(qid))
         replies = await pipe.execute() if chosen else []
     out_rows = []
     suspects = []
     for i, qid in enumerate(chosen):
         if qid not in rows:
             continue
-        tail, raw_meta = replies[2 * i], replies[2 * i + 1]
+        tail, raw_meta = replies[3 * i], at_rest.queue_meta(replies[3 * i + 1 : 3 * i + 3])
         row = rows[qid]
         since = state.journal_marks.get(qid)
         events: dict[str, int] = dict.fromkeys(RATE_EVENTS, 0)

@@ -1,7 +1,8 @@
 """Snapshots: every queue's whole state, one atomic fence call per queue, as Parquet.
 
 ``take_snapshot`` walks the queues (SCAN for their meta hashes, on every
-master of a Cluster), runs ``lua/snapshot.lua`` on each (pipelined, ``batch``
+master of a Cluster, then the lmqs at rest in their slots' rest hashes:
+fences/at_rest.py), runs ``lua/snapshot.lua`` on each (pipelined, ``batch``
 queues per round trip) and writes one Parquet file per table plus
 ``manifest.json`` (written last: a directory without it is not a finished
 snapshot).
@@ -44,6 +45,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
+from fencemq.fences import at_rest
 from fencemq.fences.operator import SNAPSHOT
 from fencemq.fences.lua_sources import sources
 from fencemq.model.keys import Keyspace
@@ -252,15 +254,26 @@ async def take_snapshot(
             progress(done, None)
 
     async def batches():
+        listed: set[str] = set()  # an lmq that came to rest after its key was read is not read twice
+        pending: list[str] = []
         for node in nodes:
-            pending: list[str] = []
             async for qids in _scan(redis, node, keyspace.queue_pattern(), 1000):
+                listed.update(qids)
                 pending.extend(qids)
                 while len(pending) >= batch:
                     yield pending[:batch]
                     pending = pending[batch:]
             if pending:
                 yield pending
+                pending = []
+        # the lmqs at rest have no meta key: their slots' rest hashes name them (the fence reads the rest)
+        async for qids in at_rest.rested_qids(redis, keyspace):
+            pending.extend(q for q in qids if q not in listed)
+            while len(pending) >= batch:
+                yield pending[:batch]
+                pending = pending[batch:]
+        if pending:
+            yield pending
 
     # One batch in flight while the previous one is decoded: Redis runs the fences of the next
     # batch while Python turns the last one into rows.

@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 from redis.exceptions import RedisClusterException, RedisError
 
+from fencemq.fences import at_rest
 from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace, queue_ref
@@ -293,20 +294,23 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
     ``{"totals": {...}, "entries": {entry: {...}}}``, events aside (they are not held anywhere else)."""
     totals: dict[str, int] = dict.fromkeys(FIGURES + QUEUES, 0)
     entries: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(FIGURES + ("lmqs",), 0))
-    metas: list[str] = []
+    qids: list[str] = []
     for node in await primaries(redis):
         cursor = 0
         while True:
             cursor, batch = await scan_step(redis, node, cursor, keys.queue_pattern(), 1000)
-            metas += [text(k) for k in batch]
+            qids += [Keyspace.qid_from_meta_key(text(k)) for k in batch]
             if cursor == 0:
                 break
-    for start in range(0, len(metas), PIPELINE_CHUNK):
-        chunk = metas[start : start + PIPELINE_CHUNK]
+    async for rested in at_rest.rested_qids(redis, keys):  # the lmqs at rest, which have no meta key
+        qids += rested
+    qids = list(dict.fromkeys(qids))  # once each: SCAN may repeat a key, an lmq may have come to rest meanwhile
+    for start in range(0, len(qids), PIPELINE_CHUNK):
+        chunk = qids[start : start + PIPELINE_CHUNK]
         async with redis.pipeline(transaction=False) as pipe:
-            for key in chunk:
-                k = keys.queue_by_id(Keyspace.qid_from_meta_key(key))
-                pipe.hgetall(k.meta)
+            for qid in chunk:
+                k = keys.queue_by_id(qid)
+                at_rest.pipe_meta(pipe, k)
                 pipe.pttl(k.meta)
                 pipe.hlen(k.checkouts)
                 pipe.zrange(k.deadlines, 0, -1)
@@ -315,10 +319,11 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
                 pipe.llen(k.dead)
                 pipe.zcard(k.scheduled)
             replies = await pipe.execute()
-        for i, key in enumerate(chunk):
-            raw, ttl, size, leases, ready, delayed, dead, scheduled = replies[8 * i : 8 * i + 8]
+        for i, qid in enumerate(chunk):
+            raw, packed, ttl, size, leases, ready, delayed, dead, scheduled = replies[9 * i : 9 * i + 9]
+            raw = at_rest.queue_meta((raw, packed))
+            ttl = at_rest.no_key_ttl(ttl, bool(raw))
             out = checkouts_in(int(size), leases)  # each lease batch's count left out
-            qid = Keyspace.qid_from_meta_key(key)
             e = entry_of(qid)
             fields, groups = parse_meta(raw)
             first = _int(fields.get(meta.FIRST) or 1)

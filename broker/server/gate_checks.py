@@ -13,7 +13,7 @@ from typing import Any
 
 from fencemq.config import Config
 from fencemq.errors import LimitExceeded, NoPermission
-from fencemq.fences import session_index
+from fencemq.fences import at_rest, session_index
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace, QueueRef
 from fencemq.model.handles import Handle
@@ -93,8 +93,8 @@ class SessionChecks:
         is also a member, NOPERM unless ``user`` holds ``action`` (seek) on the queue's topic."""
         if user is None or user.may(action, queue.topic) or group.startswith("~"):
             return
-        mark, members = await self.redis.hmget(self.keys.queue(queue).meta, meta.COMPACT_MARK,
-                                               meta.group_field(group, meta.MEMBERS))
+        mark, members = await at_rest.meta_fields(self.redis, self.keys.queue(queue),
+                                                  [meta.COMPACT_MARK, meta.group_field(group, meta.MEMBERS)])
         names = decode_names(members)
         if mark is not None:  # an lmq at rest: its group's only member is its owner
             held_by, bar, owner = text(mark).partition("|")

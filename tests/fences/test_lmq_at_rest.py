@@ -357,6 +357,27 @@ def test_a_publish_wakes_an_lmq_at_rest_and_its_last_ack_puts_it_back(lite) -> N
     assert at_rest(lite) and raw_meta(lite)["S"] == raw_meta(lite)["T"][:0] + "2"
 
 
+def test_the_sweep_after_an_lmqs_traffic_leaves_it_at_rest_as_its_ack_did(lite) -> None:
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"x"], lmq=LMQ))
+    pulled, _ = lite.both(lambda q: q.leases.pull(handle("A"), 5))
+    lite.both(lambda q: q.leases.ack(handle("A"), lite.reals(q, [d.tag for d in pulled.deliveries])))
+    settled = raw_meta(lite)
+    lite.both(lambda q: q.leases.sweep(REF.qid))  # the sweeper, at the settled lease's deadline
+    assert at_rest(lite) and raw_meta(lite) == settled, "woken to be swept, then compact and at rest again"
+    assert lite.state("c") == lite.state("p")
+
+
+def test_a_swept_lmq_whose_lease_expired_keeps_its_key_until_the_message_is_settled(lite) -> None:
+    lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
+    lite.both(lambda q: q.publishing.publish(TOPIC, [b"x"], lmq=LMQ))
+    lite.both(lambda q: q.leases.pull(handle("A"), 5))
+    swept = expire_every_lease(lite)
+    assert swept[0] == swept[1] and swept[0][0] == 1, "one message back to the queue"
+    assert not at_rest(lite), "a message to deliver again"
+    assert lite.state("c") == lite.state("p")
+
+
 def test_an_lmq_set_to_be_reclaimed_expires_as_a_key_and_never_rests(lite) -> None:
     lite.both(lambda q: q.subscriptions.subscribe("A", TOPIC, lmq=LMQ))
     lite.both(lambda q: q.subscriptions.unsubscribe(handle("A"), session_over=True))
