@@ -322,6 +322,8 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
         for i, qid in enumerate(chunk):
             raw, packed, ttl, size, leases, ready, delayed, dead, scheduled = replies[9 * i : 9 * i + 9]
             raw = at_rest.queue_meta((raw, packed))
+            if not raw:  # gone since the SCAN found it (an lmq reclaimed meanwhile): nothing to count
+                continue
             ttl = at_rest.no_key_ttl(ttl, bool(raw))
             out = checkouts_in(int(size), leases)  # each lease batch's count left out
             e = entry_of(qid)
