@@ -41,6 +41,7 @@ from fencemq.fences import at_rest, session_index
 from fencemq.fences.memory import decode_alarms, node_memory
 from fencemq.model import meta
 from fencemq.model.keys import Keyspace
+from fencemq.ops import listing
 from fencemq.ops.operations import parse_meta
 from fencemq.model.keys import queue_ref
 from fencemq.model.records import OwnedEntry, held_under, is_batch_key, lex_range
@@ -102,10 +103,10 @@ def collect(client: redis.Redis, prefix: str = "fmq", limit: int = 1000) -> dict
 
     qids: set[str] = set()
     truncated_queues = False
-    # the queues' meta keys, then the lmqs at rest, which have none (fences/at_rest.py)
+    # the queues' meta keys, then the lmqs at rest, which have none (ops/listing.py)
     found = (Keyspace.qid_from_meta_key(text(key))
              for key in client.scan_iter(match=keys.queue_pattern(), count=1000, _type="HASH"))
-    for qid in chain(found, at_rest.rested_qids_sync(client, keys)):
+    for qid in chain(found, listing.rested_qids_sync(client, keys)):
         if qid in qids:
             continue  # SCAN may return a key twice; an lmq may come to rest meanwhile
         if len(qids) >= limit:

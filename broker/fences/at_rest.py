@@ -9,13 +9,10 @@ hash reads it through here, so an lmq at rest reads like any other queue.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fencemq.model import meta
-from fencemq.model.keys import Keyspace, QueueKeys
-from fencemq.model.slots import SLOTS
-from fencemq.model.values import text
+from fencemq.model.keys import QueueKeys
 
 # A fence may move the hash between the two reads (rest -> key or key -> rest, each in one step):
 # reading again finds it in its new place.
@@ -105,79 +102,3 @@ async def meta_fields(redis: Any, k: QueueKeys, names: list[str]) -> list[Any]:
             return queue_fields((values, packed), names)
         # gone, or woken between the two reads: read again
     return [None] * len(names)
-
-
-# -- which lmqs are at rest: the rest hashes, slot after slot -----------------------------------
-# A listing walks them in slot order and each one's fields (queue ids) sorted, so a page can end
-# between two fields and the next start after the last it listed (ops/operations.py, scan_queues).
-
-REST_CHUNK = 1024  # rest hashes looked for in one round trip (16 for every slot)
-
-
-async def rested_slots(redis: Any, keys: Keyspace, start: int = 0) -> AsyncIterator[int]:
-    """The slots from ``start`` on whose rest hash holds some lmq, ascending."""
-    for low in range(start, SLOTS, REST_CHUNK):
-        slots = range(low, min(low + REST_CHUNK, SLOTS))
-        async with redis.pipeline(transaction=False) as pipe:
-            for key in keys.rest_keys(slots):
-                pipe.exists(key)
-            found = await pipe.execute()
-        for slot, there in zip(slots, found, strict=True):
-            if there:
-                yield slot
-
-
-async def rested_in_slot(redis: Any, keys: Keyspace, slot: int, match: str = "*") -> list[str]:
-    """The ids of the lmqs at rest in ``slot`` that the glob ``match`` accepts, sorted (each once:
-    HSCAN may return a field twice)."""
-    (key,) = keys.rest_keys([slot])
-    found: set[str] = set()
-    cursor = 0
-    while True:
-        cursor, batch = await redis.hscan(key, cursor, match=match, count=1000)
-        found.update(text(f) for f in batch)
-        if int(cursor) == 0:
-            return sorted(found)
-
-
-async def rested_qids(redis: Any, keys: Keyspace, match: str = "*") -> AsyncIterator[list[str]]:
-    """The ids of every lmq at rest that ``match`` accepts, one slot's (sorted) at a time."""
-    async for slot in rested_slots(redis, keys):
-        qids = await rested_in_slot(redis, keys, slot, match)
-        if qids:
-            yield qids
-
-
-def rested_qids_sync(client: Any, keys: Keyspace, match: str = "*") -> Iterator[str]:
-    """:func:`rested_qids` for a blocking client (``fencemq status``), one id at a time."""
-    for low in range(0, SLOTS, REST_CHUNK):
-        rest = keys.rest_keys(range(low, min(low + REST_CHUNK, SLOTS)))
-        with client.pipeline(transaction=False) as pipe:
-            for key in rest:
-                pipe.exists(key)
-            found = pipe.execute()
-        for key, there in zip(rest, found, strict=True):
-            if there:
-                yield from sorted({text(f) for f, _ in client.hscan_iter(key, match=match, count=1000)})
-
-
-async def rested_page(redis: Any, keys: Keyspace, match: str, start: tuple[int, str], room: int,
-                      accepts: Any = None) -> tuple[list[str], tuple[int, str] | None, int]:
-    """Up to ``room`` ids of lmqs at rest (those ``accepts`` keeps, of those the glob ``match`` does)
-    in walk order from ``start`` = (slot, the last id listed in it, or ""): the ids, where the next
-    page starts (None: no slot is left) and how many ids were read. A page ends between two ids of
-    one slot when the slot holds more than its room, so no id is listed twice in one walk."""
-    slot, after = start
-    found: list[str] = []
-    read = 0
-    async for s in rested_slots(redis, keys, slot):
-        qids = await rested_in_slot(redis, keys, s, match)
-        read += len(qids)
-        qids = [q for q in qids if (s != slot or q > after) and (accepts is None or accepts(q))]
-        if len(qids) > room - len(found):
-            found += qids[: room - len(found)]
-            return found, (s, found[-1] if found else after), read
-        found += qids
-        if len(found) >= room:
-            return found, ((s + 1, "") if s + 1 < SLOTS else None), read
-    return found, None, read

@@ -2,7 +2,7 @@
 
 Listing is SCAN-based (``MATCH`` on the queues' meta hashes, ``TYPE hash``),
 one master after another on a Cluster, then walks the lmqs at rest, which have
-no meta key (the rest hashes, slot after slot: fences/at_rest.py); a page
+no meta key (the rest hashes, slot after slot: below); a page
 stops at ``limit`` queues and returns the cursor to continue from (``"<n>"`` on
 one server, ``"<host:port>/<n>"`` on a Cluster: which master, and its SCAN
 cursor; ``"rest:<slot>:<the last lmq listed in it>"`` among the lmqs at rest).
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from fencemq.errors import BadArgument
-from fencemq.fences import at_rest
 from fencemq.model.keys import Keyspace, escape, queue_ref
+from fencemq.model.slots import SLOTS, key_slot
 from fencemq.model.values import text as _s
 
 Progress = Callable[[int, "int | None"], None]
@@ -196,7 +196,7 @@ async def scan_queues(
     the page it is asked again from the same cursor with a smaller COUNT, down
     to one hash bucket, which then starts the next page; only a single bucket
     holding more matches than a whole page makes a page longer than ``limit``.
-    Among the lmqs at rest a page ends exactly at ``limit`` (fences/at_rest.py, ``rested_page``).
+    Among the lmqs at rest a page ends exactly at ``limit`` (``rested_page``, below).
     """
     if limit < 1:
         raise BadArgument("limit must be at least 1")
@@ -261,10 +261,86 @@ async def _rested(redis: Any, keys: Keyspace, flt: QueueFilter, match: str | Non
     if len(found) >= limit:
         return Page(found, f"rest:{start[0]}:{start[1]}", scanned, len(nodes), pattern)
     # an lmq may have come to rest since the SCAN listed its key on this page: listed once
-    rested, nxt, read = await at_rest.rested_page(redis, keys, match, start, limit - len(found),
+    rested, nxt, read = await rested_page(redis, keys, match, start, limit - len(found),
                                                   lambda qid: qid not in seen and flt.accepts(qid))
     found += rested
     if progress is not None:
         progress(len(found), None)
     cursor = None if nxt is None else f"rest:{nxt[0]}:{nxt[1]}"
     return Page(found, cursor, scanned + read, len(nodes), pattern)
+
+
+# -- which lmqs are at rest: the rest hashes, slot after slot -----------------------------------
+# A listing walks them in slot order and each one's fields (queue ids) sorted, so a page can end
+# between two fields and the next start after the last it listed (scan_queues, above). The rest
+# hashes are found by a SCAN of each master (their names: `<prefix>:{<4-char slot tag>}:rest`), so a
+# walk costs what the keyspace holds, never a read of all 16,384 slots.
+
+
+def rest_pattern(keys: Keyspace) -> str:
+    return f"{keys.prefix}:{{????}}:rest"
+
+
+async def rested_slots(redis: Any, keys: Keyspace, start: int = 0) -> list[int]:
+    """The slots from ``start`` on whose rest hash holds some lmq, ascending."""
+    found: set[int] = set()
+    pattern = rest_pattern(keys)
+    for node in await primaries(redis):
+        cursor = 0
+        while True:
+            cursor, batch = await scan_step(redis, node, cursor, pattern, SCAN_COUNT)
+            found.update(key_slot(_s(k)) for k in batch)
+            if cursor == 0:
+                break
+    return sorted(slot for slot in found if slot >= start)
+
+
+async def rested_in_slot(redis: Any, keys: Keyspace, slot: int, match: str = "*") -> list[str]:
+    """The ids of the lmqs at rest in ``slot`` that the glob ``match`` accepts, sorted (each once:
+    HSCAN may return a field twice)."""
+    (key,) = keys.rest_keys([slot])
+    found: set[str] = set()
+    cursor = 0
+    while True:
+        cursor, batch = await redis.hscan(key, cursor, match=match, count=1000)
+        found.update(_s(f) for f in batch)
+        if int(cursor) == 0:
+            return sorted(found)
+
+
+async def rested_qids(redis: Any, keys: Keyspace, match: str = "*") -> AsyncIterator[list[str]]:
+    """The ids of every lmq at rest that ``match`` accepts, one slot's (sorted) at a time."""
+    for slot in await rested_slots(redis, keys):
+        qids = await rested_in_slot(redis, keys, slot, match)
+        if qids:
+            yield qids
+
+
+def rested_qids_sync(client: Any, keys: Keyspace, match: str = "*") -> Iterator[str]:
+    """:func:`rested_qids` for a blocking client (``fencemq status``), one id at a time."""
+    slots = sorted({key_slot(_s(k)) for k in client.scan_iter(match=rest_pattern(keys), count=SCAN_COUNT,
+                                                              _type="HASH")})
+    for key in keys.rest_keys(slots):
+        yield from sorted({_s(f) for f, _ in client.hscan_iter(key, match=match, count=1000)})
+
+
+async def rested_page(redis: Any, keys: Keyspace, match: str, start: tuple[int, str], room: int,
+                      accepts: Any = None) -> tuple[list[str], tuple[int, str] | None, int]:
+    """Up to ``room`` ids of lmqs at rest (those ``accepts`` keeps, of those the glob ``match`` does)
+    in walk order from ``start`` = (slot, the last id listed in it, or ""): the ids, where the next
+    page starts (None: no slot is left) and how many ids were read. A page ends between two ids of
+    one slot when the slot holds more than its room, so no id is listed twice in one walk."""
+    slot, after = start
+    found: list[str] = []
+    read = 0
+    for s in await rested_slots(redis, keys, slot):
+        qids = await rested_in_slot(redis, keys, s, match)
+        read += len(qids)
+        qids = [q for q in qids if (s != slot or q > after) and (accepts is None or accepts(q))]
+        if len(qids) > room - len(found):
+            found += qids[: room - len(found)]
+            return found, (s, found[-1] if found else after), read
+        found += qids
+        if len(found) >= room:
+            return found, ((s + 1, "") if s + 1 < SLOTS else None), read
+    return found, None, read

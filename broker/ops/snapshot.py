@@ -2,7 +2,7 @@
 
 ``take_snapshot`` walks the queues (SCAN for their meta hashes, on every
 master of a Cluster, then the lmqs at rest in their slots' rest hashes:
-fences/at_rest.py), runs ``lua/snapshot.lua`` on each (pipelined, ``batch``
+ops/listing.py), runs ``lua/snapshot.lua`` on each (pipelined, ``batch``
 queues per round trip) and writes one Parquet file per table plus
 ``manifest.json`` (written last: a directory without it is not a finished
 snapshot).
@@ -45,11 +45,11 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from fencemq.fences import at_rest
 from fencemq.fences.operator import SNAPSHOT
 from fencemq.fences.lua_sources import sources
 from fencemq.model.keys import Keyspace
 from fencemq.model.values import text as _s
+from fencemq.ops import listing
 from fencemq.ops.journal_buckets import DEFAULT_BUCKETS
 from fencemq.ops.operations import is_cluster_client, primaries, scan_step
 from fencemq.ops.snapshot_tables import SCHEMA_VERSION, SCHEMAS, Manifest, TableWriter, decode_reply
@@ -267,7 +267,7 @@ async def take_snapshot(
                 yield pending
                 pending = []
         # the lmqs at rest have no meta key: their slots' rest hashes name them (the fence reads the rest)
-        async for qids in at_rest.rested_qids(redis, keyspace):
+        async for qids in listing.rested_qids(redis, keyspace):
             pending.extend(q for q in qids if q not in listed)
             while len(pending) >= batch:
                 yield pending[:batch]

@@ -34,6 +34,7 @@ from fencemq.model.keys import Keyspace, queue_ref
 from fencemq.model.records import checkouts_in
 from fencemq.model.slots import key_slot
 from fencemq.model.values import text
+from fencemq.ops import listing
 from fencemq.ops.operations import PIPELINE_CHUNK, is_cluster_client, parse_meta, primaries, scan_step
 
 FIGURES = ("ready", "out", "delayed", "dead", "scheduled")  # held: they go up and down
@@ -302,7 +303,7 @@ async def full_count(redis: Any, keys: Keyspace) -> dict[str, Any]:
             qids += [Keyspace.qid_from_meta_key(text(k)) for k in batch]
             if cursor == 0:
                 break
-    async for rested in at_rest.rested_qids(redis, keys):  # the lmqs at rest, which have no meta key
+    async for rested in listing.rested_qids(redis, keys):  # the lmqs at rest, which have no meta key
         qids += rested
     qids = list(dict.fromkeys(qids))  # once each: SCAN may repeat a key, an lmq may have come to rest meanwhile
     for start in range(0, len(qids), PIPELINE_CHUNK):
