@@ -20,8 +20,9 @@ from fencemq.model.keys import Keyspace, QueueKeys
 # lua/lib/meta.lua REST_EMPTY: what must hold nothing for an lmq to rest
 _EMPTY = ("log", "checkouts", "deadlines", "owned", "held", "ready", "delayed", "dead", "journal", "scheduled",
           "waiters", "priority")
-# lua/lib/meta.lua put_to_rest: a number of up to 15 digits packs as an integer
-_NUMBER = re.compile(rb"(?:[1-9]\d{0,14}|0)\Z")
+# lua/lib/meta.lua put_to_rest: a canonical decimal of up to 16 digits, at most 2^53 - 1, packs as an integer
+_NUMBER = re.compile(rb"(?:[1-9]\d{0,15}|0)\Z")
+_MAX_INT = 2**53 - 1
 
 
 def restable(r: Any, k: QueueKeys) -> bool:
@@ -36,7 +37,7 @@ def rest_by_hand(r: Any, k: QueueKeys) -> bool:
         return False
     flat: list[Any] = []
     for field, value in r.hgetall(k.meta).items():
-        flat += [field, int(value) if _NUMBER.match(value) else value]
+        flat += [field, int(value) if _NUMBER.match(value) and int(value) <= _MAX_INT else value]
     # strings as msgpack str, as Lua's cmsgpack packs them: it cannot read bin, msgpack-python's default for bytes
     r.hset(k.rest, k.rest_field, msgpack.packb(flat, use_bin_type=False))
     r.delete(k.meta)

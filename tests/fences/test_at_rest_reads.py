@@ -71,3 +71,13 @@ def test_an_lmq_reads_the_same_from_its_key_and_from_its_rest(redis_url: str) ->
     assert from_rest == from_key
     assert from_key["exists"] and from_key["pttl"] == -1 and from_key["fields"][0] == "c1"
     assert from_key["gone"] == ({}, False, -2, [None] * len(NAMES))
+
+
+def test_resting_by_hand_packs_exactly_what_the_fence_packs(redis_url: str) -> None:
+    asyncio.run(_subscribe(redis_url))  # its ACK rests the lmq, 16-digit ids and tag included
+    r = direct(redis_url)
+    k = Keyspace().queue(REF)
+    by_fence = r.hget(k.rest, k.rest_field)
+    assert by_fence is not None and not r.exists(k.meta), "the fence rested it"
+    assert wake_by_hand(r, k) and rest_by_hand(r, k)
+    assert r.hget(k.rest, k.rest_field) == by_fence
