@@ -53,7 +53,8 @@
 wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local g, m = A.group, A.member
 -- Everything is validated before the first write: Redis does not roll back a
--- script that fails half-way.
+-- script that fails half-way. (Waking an lmq at rest, above, changes where
+-- its hash lies, not what it holds.)
 local f = read_meta(K.meta, {gf(g, MODE), gf(g, POLICY), gf(g, OWNER), gf(g, EPOCH), gf(g, CURSOR),
   'seq', 'first', mf(g, m, DELIVERED), gf(g, STRATEGY), gf(g, ON_PREEMPT)})
 local existing_mode, existing_policy, owner = f[1], f[2], f[3]
