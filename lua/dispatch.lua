@@ -24,12 +24,12 @@
 -- Returns: {counts, deadline}: messages dispatched, one count per member (for a
 --   shared group the group's total is reported on its first member), and the
 --   earliest lease deadline made (-1 when none), for the sweep's schedule.
+-- Errors: BADARG when the mailboxes do not match the members; STALE when the
+--   lease intent is too old (nothing done).
 -- Never beyond a mailbox's capacity (a full mailbox is back-pressure, not
 -- loss) nor beyond the member's MAX; at MAX the sentinel is seated. Members
 -- of a shared group are served by the group's strategy (see lib/shared.lua),
 -- each message to exactly one of them.
--- Errors: BADARG when the mailboxes do not match the members; STALE when the
---   lease intent is too old (nothing done).
 -- Cost: O(messages dispatched · members of their group).
 wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local boxes, who = K.mailboxes, A.members
