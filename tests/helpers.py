@@ -208,11 +208,12 @@ def subprocess_worker(redis_url: str, port: int, *, file_limit: int | None = Non
 
     ``file_limit``: the process starts with this many open files at most (soft and hard limit);
     ``loop``: the event loop (fencemq.server.runner.LOOPS). The worker's log is ``proc.log``
-    (a file: a chatty worker never blocks on a full pipe)."""
+    (a file: a chatty worker never blocks on a full pipe); SIGUSR1 writes every thread's stack to it."""
     extra = "".join(f", {k}={v!r}" for k, v in settings.items())
     code = (
-        "import logging; from fencemq.server.runner import run, serve; from fencemq.config import Config; "
-        "logging.basicConfig(level=logging.INFO); "
+        "import faulthandler, logging, signal; from fencemq.server.runner import run, serve; "
+        "from fencemq.config import Config; "
+        "logging.basicConfig(level=logging.INFO); faulthandler.register(signal.SIGUSR1); "
         f"run(serve, Config(redis_url={redis_url!r}, port={port}{extra}), loop={loop!r})"
     )
 

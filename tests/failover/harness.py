@@ -270,6 +270,26 @@ class Workers:
             out += [line[:300] for line in lines if line.startswith(("WARNING", "ERROR"))][-limit:]
         return out
 
+    def post_mortem(self, lines: int = 80) -> list[str]:
+        """Why a client could not get through: each worker's exit code or, for one still running,
+        whether it answers PING and every thread's stack (SIGUSR1), with the end of its log."""
+        out = []
+        for proc, port in zip(self.procs, self.ports, strict=True):
+            if proc.poll() is None:
+                try:
+                    with RespConn(port, timeout=2) as c:
+                        state = f"running, PING: {c.call('PING')!r}"
+                except (OSError, Closed) as exc:
+                    state = f"running, PING: {exc!r}"
+                proc.send_signal(signal.SIGUSR1)
+                time.sleep(0.5)
+            else:
+                state = f"exited {proc.returncode}"
+            proc.log.seek(0)  # type: ignore[attr-defined]
+            log = proc.log.read().decode(errors="replace").splitlines()  # type: ignore[attr-defined]
+            out.append(f"worker on {port}: {state}\n" + "\n".join(line[:300] for line in log[-lines:]))
+        return out
+
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:

@@ -139,6 +139,12 @@ def test_a_primary_host_crash_behind_sentinel(durability: str, server: str | Non
             s.primary.start(_same_port=True)  # the old primary returns, with its AOF: Sentinel makes it a replica
             wait_for(lambda: role_of(s.primary) == "slave", 30, 0.1, what="Sentinel to make the old primary a replica")
             time.sleep(3.0)
+        except BaseException:
+            for text in workers.post_mortem():
+                print(text)
+            with figures.lock:
+                print("client errors:", figures.bad_errors[-10:])
+            raise
         finally:
             load.stop()
             exited = workers.exited()

@@ -14,6 +14,7 @@ from typing import Any
 from fencemq.config import Config
 from fencemq.fences import at_rest
 from fencemq.fences.core import Core
+from fencemq.fences.lite import marker_field
 from fencemq.fences.priority import level_counts
 from fencemq.model import meta
 from fencemq.model.handles import Handle
@@ -65,11 +66,14 @@ def test_an_lmq_reads_the_same_from_its_key_and_from_its_rest(redis_url: str) ->
     r = direct(redis_url)
     k = Keyspace().queue(REF)
     wake_by_hand(r, k)  # the fence may have rested it
+    # a marker and a push member, so that those reads have something to find in either place
+    r.hset(k.meta, mapping={marker_field(Handle(REF, meta.LITE_GROUP, "c1")): "c2", meta.PUSH: "g\tc3"})
     from_key = asyncio.run(_reads(redis_url))
     assert rest_by_hand(r, k) and not r.exists(k.meta)
     from_rest = asyncio.run(_reads(redis_url))
     assert from_rest == from_key
     assert from_key["exists"] and from_key["pttl"] == -1 and from_key["fields"][0] == "c1"
+    assert from_key["marker"] == ["c2"] and from_key["push"] == [("g", "c3")]
     assert from_key["gone"] == ({}, False, -2, [None] * len(NAMES))
 
 
