@@ -270,9 +270,10 @@ class Workers:
             out += [line[:300] for line in lines if line.startswith(("WARNING", "ERROR"))][-limit:]
         return out
 
-    def post_mortem(self, lines: int = 80) -> list[str]:
-        """Why a client could not get through: each worker's exit code or, for one still running,
-        whether it answers PING and every thread's stack (SIGUSR1), with the end of its log."""
+    def post_mortem(self, figures: Figures, lines: int = 80) -> None:
+        """Print why a client could not get through: each worker's exit code or, for one still
+        running, whether it answers PING and every thread's stack (SIGUSR1), with the end of its
+        log; then the clients' last errors."""
         out = []
         for proc, port in zip(self.procs, self.ports, strict=True):
             if proc.poll() is None:
@@ -288,7 +289,9 @@ class Workers:
             proc.log.seek(0)  # type: ignore[attr-defined]
             log = proc.log.read().decode(errors="replace").splitlines()  # type: ignore[attr-defined]
             out.append(f"worker on {port}: {state}\n" + "\n".join(line[:300] for line in log[-lines:]))
-        return out
+        with figures.lock:
+            out.append(f"the clients' last errors: {figures.bad_errors[-10:]}")
+        print("\n".join(out))
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -110,10 +110,7 @@ def test_masters_die_under_load_and_come_back_as_replicas(durability: str) -> No
                 wait_for(lambda: role(dead) == "slave", 30, 0.1, what="an old master to become a replica")
             time.sleep(3.0)
         except BaseException:
-            for text in workers.post_mortem():
-                print(text)
-            with figures.lock:
-                print("client errors:", figures.bad_errors[-10:])
+            workers.post_mortem(figures)
             raise
         finally:
             load.stop()

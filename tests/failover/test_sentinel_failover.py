@@ -140,10 +140,7 @@ def test_a_primary_host_crash_behind_sentinel(durability: str, server: str | Non
             wait_for(lambda: role_of(s.primary) == "slave", 30, 0.1, what="Sentinel to make the old primary a replica")
             time.sleep(3.0)
         except BaseException:
-            for text in workers.post_mortem():
-                print(text)
-            with figures.lock:
-                print("client errors:", figures.bad_errors[-10:])
+            workers.post_mortem(figures)
             raise
         finally:
             load.stop()
