@@ -130,8 +130,10 @@ class Load:
             if code not in RETRIABLE:
                 self.figures.bad_errors.append(f"{during}: {reply[:200]}")
 
-    def _connect(self, port: int, name: str | None = None) -> RespConn:
-        while True:
+    def _connect(self, port: int, name: str | None = None, until: threading.Event | None = None) -> RespConn | None:
+        """A connection to the worker on ``port``, tried again until one is made; None once ``until``
+        is set (a worker that never accepts again must not keep :meth:`stop` from ending the test)."""
+        while until is None or not until.is_set():
             try:
                 c = RespConn(port, timeout=15)
                 if name is not None:
@@ -141,9 +143,12 @@ class Load:
                 with self.figures.lock:
                     self.figures.bad_errors.append(f"connect to the worker on {port}: {exc!r}")
                 time.sleep(0.2)
+        return None
 
     def _produce(self, i: int) -> None:
-        c = self._connect(self.ports[i % len(self.ports)])
+        c = self._connect(self.ports[i % len(self.ports)], until=self.stopping)
+        if c is None:
+            return
         n = 0
         topic = TOPICS[i]
         while not self.stopping.is_set():
@@ -155,7 +160,9 @@ class Load:
                 except (OSError, Closed, TimeoutError) as exc:
                     with self.figures.lock:
                         self.figures.bad_errors.append(f"PUB: the worker's connection broke: {exc!r}")
-                    c = self._connect(self.ports[i % len(self.ports)])
+                    c = self._connect(self.ports[i % len(self.ports)], until=self.stopping)
+                    if c is None:
+                        return
                     continue
                 if isinstance(reply, Err):
                     self._error(reply, "PUB")
@@ -170,7 +177,9 @@ class Load:
     def _consume(self, i: int, topic: str) -> None:
         port = self.ports[(i + 1) % len(self.ports)]
         name = f"consumer-{topic}"
-        c = self._connect(port, name)
+        c = self._connect(port, name, until=self.draining)
+        if c is None:
+            return
         handle = None
         idle_since = None
         while True:
@@ -213,7 +222,9 @@ class Load:
             except (OSError, Closed, TimeoutError) as exc:
                 with self.figures.lock:
                     self.figures.bad_errors.append(f"consumer: the worker's connection broke: {exc!r}")
-                c = self._connect(port, name)
+                c = self._connect(port, name, until=self.draining)
+                if c is None:
+                    return
                 handle = None
 
     def _show_life(self, c: RespConn, handle: str) -> None:
