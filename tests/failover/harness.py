@@ -257,6 +257,12 @@ class Load:
         self.undrained = [t.name for t in self.threads[self.producers:] if t.is_alive()]
 
 
+def worker_log(proc: subprocess.Popen) -> str:
+    """All a worker process has logged so far (tests.helpers.subprocess_worker's ``proc.log``)."""
+    proc.log.seek(0)  # type: ignore[attr-defined]
+    return proc.log.read().decode(errors="replace")  # type: ignore[attr-defined]
+
+
 class Workers:
     """Worker processes on one Redis URL: whether each is still running is a figure."""
 
@@ -268,16 +274,14 @@ class Workers:
         out = []
         for proc in self.procs:
             if proc.poll() is not None:
-                proc.log.seek(0)  # type: ignore[attr-defined]
-                out.append(f"exit {proc.returncode}: {proc.log.read().decode(errors='replace')[-1500:]}")  # type: ignore[attr-defined]
+                out.append(f"exit {proc.returncode}: {worker_log(proc)[-1500:]}")
         return out
 
     def warnings(self, limit: int = 60) -> list[str]:
         """The last warnings and errors each worker logged."""
         out = []
         for proc in self.procs:
-            proc.log.seek(0)  # type: ignore[attr-defined]
-            lines = proc.log.read().decode(errors="replace").splitlines()  # type: ignore[attr-defined]
+            lines = worker_log(proc).splitlines()
             out += [line[:300] for line in lines if line.startswith(("WARNING", "ERROR"))][-limit:]
         return out
 
@@ -297,8 +301,7 @@ class Workers:
                 time.sleep(0.5)
             else:
                 state = f"exited {proc.returncode}"
-            proc.log.seek(0)  # type: ignore[attr-defined]
-            log = proc.log.read().decode(errors="replace").splitlines()  # type: ignore[attr-defined]
+            log = worker_log(proc).splitlines()
             out.append(f"worker on {port}: {state}\n" + "\n".join(line[:300] for line in log[-lines:]))
         with figures.lock:
             out.append(f"the clients' last errors: {figures.bad_errors[-10:]}")
