@@ -410,8 +410,9 @@ COMMANDS: dict[str, Command] = {
     "SELECT": _c(parse_simple("SELECT", 1, 1), "index", "Select database 0, the only one", "connection", "fast"),
     "CLIENT": _c(parse_simple("CLIENT", 1, 8),
                  "(SETNAME client-id | GETNAME | ID | INFO | LIST | SETINFO attr value | TAKEOVER "
-                 "| NO-EVICT ON|OFF | NO-TOUCH ON|OFF)",
-                 "Name the session, describe this connection, take the session over", "connection"),
+                 "| NO-EVICT ON|OFF | NO-TOUCH ON|OFF | DELIVERIES MAP|FLAT)",
+                 "Name the session, describe this connection, take the session over, shape its deliveries",
+                 "connection"),
     "COMMAND": _c(parse_simple("COMMAND", 0, 64), "[(COUNT | LIST | INFO [command...] | DOCS [command...])]",
                   "Describe FenceMQ's verbs", "server", "loading", "stale"),
     "INFO": _c(parse_simple("INFO", 0, 16), "[section...]",

@@ -20,7 +20,7 @@ from fencemq.errors import FenceMQError
 from fencemq.model.handles import Handle
 from fencemq.model.messages import Delivery
 from fencemq.sdk.connection import DEFAULT_URL, PipelinedConnection
-from fencemq.sdk.replies import ConnectionLost, EndOfStream, _map, _notice, _str
+from fencemq.sdk.replies import ConnectionLost, EndOfStream, _map, _notice, _str, _strs
 from fencemq.sdk.subscription import RELEASE_TIMEOUT_S, Subscription, _Epoch
 
 __all__ = [
@@ -120,7 +120,7 @@ class Client(PipelinedConnection):
             dedup_id = self._next_dedup_id()
         if dedup_id is not None:
             args += ["ID", dedup_id]
-        return await self._call(args + _when(delay_ms, at_ms, ttl_ms, priority), lambda raw: [_str(i) for i in raw],
+        return await self._call(args + _when(delay_ms, at_ms, ttl_ms, priority), _strs,
                                 resend=dedup_id is not None)
 
     async def unpublish(self, topic: str, ids: list[str], lmq: str | None = None) -> int:

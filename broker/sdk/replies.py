@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from fencemq.errors import ConnectionLost, EndOfStream, FenceMQError  # noqa: F401 (re-exported)
@@ -45,11 +47,41 @@ def _notice(raw: Any) -> dict[str, Any]:
 
 
 def _delivery(raw: Any) -> Delivery:
-    # The hot path of every PULL: fields looked up by their bytes names, not a str-keyed copy.
-    m = raw if isinstance(raw, dict) else (dict(zip(raw[::2], raw[1::2])) if isinstance(raw, list) else None)
-    if not m or not isinstance(next(iter(m)), bytes):
-        return _delivery_slowly(raw)
-    return WireDelivery(m)
+    # The hot path of every PULL and TAKE: fields looked up by their bytes names, not a str-keyed
+    # copy. One that is not as the worker writes it (str keys, a field missing) is read the slow way,
+    # which says what is wrong.
+    try:
+        if type(raw) is list:
+            return WireDelivery.flat(raw)
+        if type(raw) is dict:
+            return WireDelivery(raw)
+    except (KeyError, IndexError):
+        pass
+    return _delivery_slowly(raw)
+
+
+def _deliveries(raw: Any) -> list[Delivery]:
+    """A PULL reply's deliveries (none for a nil reply). The usual reply, all flat arrays (CLIENT
+    DELIVERIES FLAT, or RESP2) or all maps, is read with no Python step per message but the
+    delivery's own; any other, one by one."""
+    if not raw:
+        return []
+    try:
+        if all(map(isinstance, raw, repeat(list))):
+            return list(map(WireDelivery.flat, raw))
+        if all(map(isinstance, raw, repeat(dict))):
+            return list(map(WireDelivery, raw))
+    except (KeyError, IndexError):
+        pass
+    return [_delivery(r) for r in raw]
+
+
+def _strs(raw: Any) -> list[str]:
+    """A list of bytes (MPUB's ids) as str, each decoded as :func:`_str` does."""
+    try:
+        return [v.decode("utf-8", "replace") for v in raw]
+    except AttributeError:  # not all bytes: each by itself
+        return [_str(v) for v in raw]
 
 
 def _lazy(name: str, decode: Callable[[WireDelivery, dict[bytes, Any]], Any]) -> property:
@@ -61,7 +93,7 @@ def _lazy(name: str, decode: Callable[[WireDelivery, dict[bytes, Any]], Any]) ->
         try:
             return slot.__get__(self)
         except AttributeError:
-            value = decode(self, self._reply)
+            value = decode(self, self._fields())
             slot.__set__(self, value)
             return value
 
@@ -83,9 +115,30 @@ class WireDelivery(Delivery):
     __slots__ = ("_reply",)
 
     def __init__(self, reply: dict[bytes, Any]) -> None:
-        self._reply = reply
         self.tag = reply[b"tag"].decode()
-        self.epoch = int(reply[b"epoch"])
+        epoch = reply[b"epoch"]
+        self.epoch = epoch if type(epoch) is int else int(epoch)  # RESP3 gives an int, RESP2 its digits
+        self._reply = reply
+
+    @classmethod
+    def flat(cls, reply: list[Any]) -> WireDelivery:
+        """From a flat array of fields and values: the worker writes ``id``, ``tag`` and ``epoch``
+        first in every delivery, so those two are read by place (KeyError: not such an array)."""
+        if reply[2] != b"tag" or reply[4] != b"epoch":
+            raise KeyError(b"tag")
+        d = cls.__new__(cls)
+        d.tag = reply[3].decode()
+        epoch = reply[5]
+        d.epoch = epoch if type(epoch) is int else int(epoch)
+        d._reply = reply
+        return d
+
+    def _fields(self) -> dict[bytes, Any]:
+        """The reply as a map by field name, made from a flat array the first time a field is read."""
+        reply = self._reply
+        if type(reply) is list:
+            reply = self._reply = dict(zip(reply[::2], reply[1::2]))
+        return reply
 
     id = _lazy("id", lambda d, m: m[b"id"].decode())
     topic = _lazy("topic", lambda d, m: m[b"topic"].decode("utf-8", "replace"))
@@ -137,3 +190,14 @@ def _granted(tag: str) -> int:
 
 def _tag(t: str | bytes | Delivery) -> str | bytes:
     return t.tag if isinstance(t, Delivery) else t
+
+
+_TAG_OF, _EPOCH_OF = attrgetter("tag"), attrgetter("epoch")
+
+
+def _tags(given: tuple[str | bytes | Delivery, ...]) -> list[str | bytes]:
+    """The tags of what a settle was given: deliveries, tags, or both mixed (each element looked at
+    in C when they are all deliveries, the usual ACK of a pulled batch)."""
+    if all(map(isinstance, given, repeat(Delivery))):
+        return list(map(_TAG_OF, given))
+    return list(map(_tag, given))

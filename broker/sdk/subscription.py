@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from fencemq.sdk.replies import ConnectionLost, EndOfStream, _delivery, _str, _tag
+from fencemq.sdk.replies import _EPOCH_OF, _TAG_OF, ConnectionLost, EndOfStream, _deliveries, _delivery, _str, _tags
 from fencemq.errors import FenceMQError
 from fencemq.model.messages import Delivery
 from fencemq.sdk.renewal import LockRenewer
@@ -113,14 +113,14 @@ class Subscription:
 
     def _read_batch(self, raw: Any) -> list[Delivery]:
         """Runs in the reader, in wire order: decode, and learn a newer epoch at once."""
-        batch = [_delivery(r) for r in raw or ()]
+        batch = _deliveries(raw)
         if batch:
-            self._epoch.observe(max(d.epoch for d in batch))
+            self._epoch.observe(max(map(_EPOCH_OF, batch)))
         return batch
 
     def _fence(self, batch: list[Delivery]) -> list[Delivery]:
         """At hand-off: a batch older than the current epoch is dropped whole."""
-        if batch and min(d.epoch for d in batch) < self._epoch.value:
+        if batch and min(map(_EPOCH_OF, batch)) < self._epoch.value:
             self.dropped += len(batch)
             return []
         return batch
@@ -160,7 +160,7 @@ class Subscription:
         """With prefetch, a full batch is followed by the next once the caller settles all of it."""
         full = self.prefetch and count > 1 and len(batch) == count
         self._full_count = count if full else 0
-        self._unsettled = {d.tag for d in batch} if full else set()
+        self._unsettled = set(map(_TAG_OF, batch)) if full else set()
         return batch
 
     def _settling(self, tags: list[str | bytes]) -> None:
@@ -168,8 +168,11 @@ class Subscription:
         batch, the next PULL goes out behind it (the caller's next pull() takes the reply)."""
         if not self._full_count or self._prefetched is not None or self.closed:
             return
-        self._unsettled.difference_update(t.decode() if isinstance(t, bytes) else t for t in tags)
-        if self._unsettled:
+        unsettled = self._unsettled
+        unsettled.difference_update(tags)  # the usual tags, str (a bytes tag never matches one)
+        if unsettled and bytes in map(type, tags):
+            unsettled.difference_update(t.decode() for t in tags if isinstance(t, bytes))
+        if unsettled:
             return
         count, self._full_count = self._full_count, 0
         fut = asyncio.ensure_future(self._send(["PULL", self.handle, "COUNT", count], self._read_batch))
@@ -216,7 +219,7 @@ class Subscription:
         """ACK handle tag...: checkouts settled (a stale tag settles nothing)."""
         if not tags:
             return 0
-        settled = list(map(_tag, tags))
+        settled = _tags(tags)
         return await self._settle(["ACK", self.handle, *settled], settled)
 
     async def _settle(self, args: list[Any], tags: list[str | bytes]) -> int:
@@ -233,7 +236,7 @@ class Subscription:
         dead-letter limit; ``discard``: dropped; ``release``: handed back unprocessed, no failure counted."""
         if not tags:
             return 0
-        args: list[Any] = ["NACK", self.handle, *map(_tag, tags)]
+        args: list[Any] = ["NACK", self.handle, *_tags(tags)]
         if delay_ms is not None:
             args += ["DELAY", delay_ms]
         if discard:
@@ -246,7 +249,7 @@ class Subscription:
     async def renew(self, *tags: str | Delivery, lock_ms: int | None = None) -> int:
         if not tags:
             return 0
-        args: list[Any] = ["RENEW", self.handle, *map(_tag, tags)]
+        args: list[Any] = ["RENEW", self.handle, *_tags(tags)]
         if lock_ms is not None:
             args += ["LOCK", lock_ms]
         return int(await self._send(args))

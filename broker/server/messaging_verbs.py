@@ -240,7 +240,7 @@ class MessagingVerbs:
                 raise
         ledger.delivered(handle, result.deliveries)
         metrics.DELIVERED.inc(len(result.deliveries))
-        return Prebuilt(encode_deliveries(result.deliveries, session.proto))
+        return Prebuilt(encode_deliveries(result.deliveries, session.delivery_proto))
 
     @staticmethod
     def _ledger(session: Session) -> PullLedger:
@@ -300,7 +300,7 @@ class MessagingVerbs:
             return [acks[0], exc]
         ledger.delivered(handle, result.deliveries)
         metrics.DELIVERED.inc(len(result.deliveries))
-        return [acks[0], Prebuilt(encode_deliveries(result.deliveries, session.proto))]
+        return [acks[0], Prebuilt(encode_deliveries(result.deliveries, session.delivery_proto))]
 
     async def _outcome_alone(self, session: Session, request: Request) -> Any:
         """An admitted command's handler run on its own: its reply, or its refusal as the exception."""
@@ -320,7 +320,7 @@ class MessagingVerbs:
         if result is None:
             return None
         metrics.DELIVERED.inc()
-        return Prebuilt(encode_delivery(result, session.proto))
+        return Prebuilt(encode_delivery(result, session.delivery_proto))
 
     async def ack(self, session: Session, handle: str, tags: list[str]) -> Any:
         n = await self.services.core.leases.ack(session.own(handle), tags)

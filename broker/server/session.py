@@ -76,6 +76,9 @@ class Session:
         self.transaction: Transaction | None = None
         self.waiting = False  # a long poll is in progress (INFO's blocked_clients)
         self.proto = 2
+        # CLIENT DELIVERIES FLAT: each delivery as RESP2 writes it (a flat array of fields and values)
+        # whatever the protocol, which a RESP3 client parses several times faster than a map
+        self.flat_deliveries = False
         self.client_id: str | None = None
         self.anonymous = True
         self.bound = False  # this connection holds its session
@@ -272,9 +275,15 @@ class Session:
         """RESET: as a fresh connection (RESP2, no transaction, no session, authenticated only without a password)."""
         await self._let_go()
         self.client_id, self.anonymous, self.transaction, self.proto = None, True, None, 2
+        self.flat_deliveries = False
         self.authed = not self.services.config.needs_auth
         self.services.gate.admit(self.gate_pass, None)
         self.library = {}
+
+    @property
+    def delivery_proto(self) -> int:
+        """The protocol a delivery is written in: RESP2's flat array once CLIENT DELIVERIES FLAT asked."""
+        return 2 if self.flat_deliveries else self.proto
 
     def tell(self, notice: dict[str, Any]) -> bool:
         """Push a notice about this connection (not queued for HEARTBEAT); False if it could not go."""

@@ -227,8 +227,15 @@ class Verbs(MessagingVerbs):
             return OK
         if sub in ("NO-EVICT", "NO-TOUCH") and len(argv) == 2:
             return OK  # nothing of a worker is evicted or touched
+        if sub == "DELIVERIES" and len(argv) == 2:
+            shape = argv[1].decode("utf-8", "replace").upper()
+            if shape not in ("MAP", "FLAT"):
+                raise BadArgument("CLIENT DELIVERIES takes MAP (a map per delivery in RESP3, the default) or FLAT "
+                                  "(a flat array of fields and values, as RESP2 writes it)")
+            session.flat_deliveries = shape == "FLAT"
+            return OK
         raise BadArgument("CLIENT takes SETNAME id, GETNAME, ID, INFO, LIST, SETINFO attr value, TAKEOVER, "
-                          "NO-EVICT on|off or NO-TOUCH on|off")
+                          "NO-EVICT on|off, NO-TOUCH on|off or DELIVERIES map|flat")
 
     async def heartbeat(self, session: Session, sync: tuple[str, str, list[str]] | None = None) -> Any:
         client = await session.ensure()
