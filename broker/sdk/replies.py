@@ -124,7 +124,7 @@ class WireDelivery(Delivery):
     def flat(cls, reply: list[Any]) -> WireDelivery:
         """From a flat array of fields and values: the worker writes ``id``, ``tag`` and ``epoch``
         first in every delivery, so those two are read by place (KeyError: not such an array)."""
-        if reply[2] != b"tag" or reply[4] != b"epoch":
+        if len(reply) % 2 or reply[2] != b"tag" or reply[4] != b"epoch":
             raise KeyError(b"tag")
         d = cls.__new__(cls)
         d.tag = reply[3].decode()

@@ -18,6 +18,7 @@ import pytest
 
 from fencemq import Client
 from fencemq.config import Config
+from fencemq.errors import FenceMQError
 from fencemq.model.messages import Delivery
 from fencemq.sdk.replies import _deliveries, _delivery, _delivery_slowly
 from fencemq.server.runner import WorkerThread
@@ -94,6 +95,8 @@ def test_a_reply_not_as_the_worker_writes_it_is_read_the_slow_way_or_refused_as_
     assert _deliveries(mixed) == [_delivery_slowly(r) for r in mixed]
     with pytest.raises(KeyError):
         _delivery([b"id", b"5", b"tag", b"t1"])  # no epoch: refused, as the slow reader refuses it
+    with pytest.raises(FenceMQError):  # a field without its value: not a map, as the slow reader says
+        _delivery([b"id", b"5", b"tag", b"t1", b"epoch", 2, b"topic", b"t", b"payload", b"p", b"lmq"])
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
