@@ -11,6 +11,8 @@ import re
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from fencemq.model.keys import Keyspace
 from fencemq.ops.users import UserStore
@@ -87,7 +89,10 @@ def test_adding_granting_revoking_and_removing_a_user_is_confirmed_audited_and_d
         "audit: web UI user 'root' from 127.0.0.1: revoke publish on 'x' from 'alice'"]
     # a user removed from the UI is logged out of every door at once, as after `fencemq user del`
     with worker(url, users=True) as w:
-        c = redis.Redis(port=w.port, username="alice", password="alice-secret-1", socket_timeout=5)
+        # no retries: redis-py would reconnect and AUTH again and again, each failure delayed longer
+        # by the worker's throttle (up to 5 s), until an AUTH outlasts socket_timeout
+        c = redis.Redis(port=w.port, username="alice", password="alice-secret-1", socket_timeout=5,
+                        retry=Retry(NoBackoff(), 0))
         c.ping()
         http.post("/users/remove", data={"csrf": csrf, "user": "alice", "confirmed": "yes"})
         assert grants_of(url, "alice") is None
