@@ -157,17 +157,21 @@ class Link:
         # same write: hiredis builds a map ~5x slower. A worker that does not know CLIENT DELIVERIES
         # refuses it and sends maps, which the SDK reads as well.
         flat = self.conn.protocol in (3, "3")
+
+        async def reply() -> Any:  # the next reply, push frames skipped
+            while (raw := await conn.read_response(disable_decoding=True, push_request=True)) is PUSHED:
+                pass
+            return raw
+
         try:
             packed = conn.pack_command(*hello)
             if flat:
                 packed += conn.pack_command("CLIENT", "DELIVERIES", "FLAT")
             await conn.send_packed_command(packed, check_health=False)
-            while (raw := await conn.read_response(disable_decoding=True, push_request=True)) is PUSHED:
-                pass
+            raw = await reply()
             if flat:
                 with contextlib.suppress(ResponseError):
-                    while await conn.read_response(disable_decoding=True, push_request=True) is PUSHED:
-                        pass
+                    await reply()
         except ResponseError as exc:
             await conn.disconnect()
             raise from_reply(str(exc)) from None

@@ -116,8 +116,7 @@ class WireDelivery(Delivery):
 
     def __init__(self, reply: dict[bytes, Any]) -> None:
         self.tag = reply[b"tag"].decode()
-        epoch = reply[b"epoch"]
-        self.epoch = epoch if type(epoch) is int else int(epoch)  # RESP3 gives an int, RESP2 its digits
+        self.epoch = int(reply[b"epoch"])
         self._reply = reply
 
     @classmethod
@@ -128,8 +127,7 @@ class WireDelivery(Delivery):
             raise KeyError(b"tag")
         d = cls.__new__(cls)
         d.tag = reply[3].decode()
-        epoch = reply[5]
-        d.epoch = epoch if type(epoch) is int else int(epoch)
+        d.epoch = int(reply[5])
         d._reply = reply
         return d
 

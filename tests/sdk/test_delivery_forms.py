@@ -20,7 +20,7 @@ from fencemq import Client
 from fencemq.config import Config
 from fencemq.errors import FenceMQError
 from fencemq.model.messages import Delivery
-from fencemq.sdk.replies import _deliveries, _delivery, _delivery_slowly
+from fencemq.sdk.replies import _deliveries, _delivery, _delivery_slowly, _str, _strs, _tag, _tags
 from fencemq.server.runner import WorkerThread
 from tests.helpers import RespConn, as_map
 
@@ -119,3 +119,12 @@ def test_an_sdk_client_reads_every_field_of_a_delivery_in_either_protocol(worker
             assert isinstance(raw[0], list)
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_tags_and_ids_read_in_one_step_are_those_the_element_by_element_reading_gives():
+    batch = _deliveries([[b"id", b"%d" % i, b"tag", b"t%d" % i, b"epoch", 0, b"topic", b"t", b"payload", b"p"]
+                         for i in range(3)])
+    for given in (tuple(batch), ("t9", b"t8"), (batch[0], "t9", b"t8")):
+        assert _tags(given) == list(map(_tag, given))
+    for raw in ([b"1", b"2"], [b"1", "2", 3]):
+        assert _strs(raw) == [_str(v) for v in raw]
