@@ -192,14 +192,18 @@ class MemoryGuard:
                         ", ".join(unlimited), 100 * self.high, mib(self.nodes[unlimited[0]].total_system))
 
     async def sample(self) -> None:
-        """Read every node's memory and policy; raise and clear alarms accordingly."""
+        """Read every node's memory and policy; raise and clear alarms accordingly.
+
+        Every alarm is judged before any is written, and the exported figures follow at once: the
+        publish path's refusal (``check_publish``) and ``fencemq_alarm`` change together, not a
+        write to Redis per node apart (which a Cluster of three made a visible gap)."""
         nodes = await read_nodes(self.redis)
         self.nodes = {n.node: n for n in nodes}
-        for n in nodes:
-            await self._judge_memory(n)
-            await self._judge_policy(n)
+        records = [r for n in nodes for r in (*self._judge_memory(n), *self._judge_policy(n))]
         if self.on_sample is not None:
             self.on_sample(self)
+        for name, detail in records:
+            await self.fences.run(ALARM, None, extra_keys={"alarms": self.keys.alarms}, name=name, detail=detail)
 
     async def run(self) -> None:
         """Sample every ``memory_sample_ms`` (sooner when asked) for as long as the worker runs; a Redis
@@ -219,46 +223,44 @@ class MemoryGuard:
             except Exception:  # a bug (or a client library's surprise) must not end the worker: the next sample
                 log.exception("sampling the memory of the broker's Redis failed")
 
-    async def _judge_memory(self, n: NodeMemory) -> None:
+    # A judge changes the alarms this guard holds and says which records to write: (name, detail),
+    # detail "" to clear one. An alarm still on is written again: a record cleared elsewhere (or lost
+    # in a failover) comes back.
+
+    def _judge_memory(self, n: NodeMemory) -> list[tuple[str, str]]:
         name = f"{MEMORY}@{n.node}"
         limit = n.limit(self.config.memory_limit_bytes)
         if not limit:
-            return
+            return []
         on = name in self.alarms
         if not on and n.used >= self.high * limit:
             detail = (f"Redis at {n.node} is {100 * n.used / limit:.0f}% full ({mib(n.used)} of {mib(limit)}): "
                       f"publishing stops at {100 * self.high:.0f}% and resumes below {100 * self.low:.0f}%; "
                       "consume and ACK to drain it, or raise its maxmemory; retry later")
-            await self._raise(Alarm(MEMORY, n.node, int(time.time() * 1000), detail))
-        elif on and n.used < self.low * limit:
-            await self._clear(name, f"Redis at {n.node} is down to {100 * n.used / limit:.0f}% "
-                                    f"({mib(n.used)} of {mib(limit)}): publishing resumes")
-        elif on:
-            await self._record(self.alarms[name])  # a record cleared elsewhere (or lost) comes back
+            return self._raise(Alarm(MEMORY, n.node, int(time.time() * 1000), detail))
+        if on and n.used < self.low * limit:
+            return self._clear(name, f"Redis at {n.node} is down to {100 * n.used / limit:.0f}% "
+                                     f"({mib(n.used)} of {mib(limit)}): publishing resumes")
+        return [(name, self.alarms[name].detail)] if on else []
 
-    async def _judge_policy(self, n: NodeMemory) -> None:
+    def _judge_policy(self, n: NodeMemory) -> list[tuple[str, str]]:
         name = f"{EVICTION}@{n.node}"
         on = name in self.alarms
         if n.policy != SAFE_POLICY and not on:
-            await self._raise(Alarm(EVICTION, n.node, int(time.time() * 1000), evicting_message(n)))
-        elif n.policy == SAFE_POLICY and on:
-            await self._clear(name, f"Redis at {n.node} is back to maxmemory-policy noeviction: publishing resumes")
-        elif on:
-            await self._record(self.alarms[name])
+            return self._raise(Alarm(EVICTION, n.node, int(time.time() * 1000), evicting_message(n)))
+        if n.policy == SAFE_POLICY and on:
+            return self._clear(name, f"Redis at {n.node} is back to maxmemory-policy noeviction: publishing resumes")
+        return [(name, self.alarms[name].detail)] if on else []
 
-    async def _raise(self, alarm: Alarm) -> None:
+    def _raise(self, alarm: Alarm) -> list[tuple[str, str]]:
         self.alarms[alarm.name] = alarm
         log.error("%s alarm: %s", alarm.kind, alarm.detail)
-        await self._record(alarm)
+        return [(alarm.name, alarm.detail)]
 
-    async def _record(self, alarm: Alarm) -> None:
-        await self.fences.run(ALARM, None, extra_keys={"alarms": self.keys.alarms}, name=alarm.name,
-                              detail=alarm.detail)
-
-    async def _clear(self, name: str, why: str) -> None:
+    def _clear(self, name: str, why: str) -> list[tuple[str, str]]:
         alarm = self.alarms.pop(name)
         log.warning("%s alarm cleared: %s", alarm.kind, why)
-        await self.fences.run(ALARM, None, extra_keys={"alarms": self.keys.alarms}, name=name, detail="")
+        return [(name, "")]
 
 
 async def check_policy(redis: Any) -> None:

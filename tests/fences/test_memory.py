@@ -102,6 +102,31 @@ def test_above_the_high_watermark_publishes_get_full_until_memory_falls_below_th
         assert not alarm_on("memory")
 
 
+def test_the_exported_alarm_goes_up_and_down_with_the_refusal_before_any_alarm_record_is_written(
+        nodes, redis_url) -> None:
+    # the refusal went up with the first node's alarm and fencemq_alarm only after every node's record
+    # was written: a scrape (or a test) between saw FULL with no alarm (red in a Cluster run)
+    with worker(redis_url, memory_sample_ms=SAMPLE_MS, memory_high_watermark=0.9,
+                memory_low_watermark=0.8) as w:
+        guard = w.worker.services.core.ctx.memory
+        seen: list[tuple[bool, bool]] = []  # at each record written: (publishes refused, alarm exported)
+
+        class WatchedFences:
+            def __init__(self, fences) -> None:
+                self.fences = fences
+
+            async def run(self, *args, **kwargs):
+                seen.append((bool(guard.alarms), alarm_on("memory")))
+                return await self.fences.run(*args, **kwargs)
+
+        guard.fences = WatchedFences(guard.fences)
+        nodes.limit_at(0.95)
+        wait_for(lambda: (True, True) in seen, what="the alarm recorded")
+        nodes.limit_at(0.7)
+        wait_for(lambda: seen[-1] == (False, False), what="the alarm cleared")
+    assert all(refused == exported for refused, exported in seen), seen
+
+
 def test_at_maxmemory_itself_every_consuming_verb_works_and_only_publishing_is_refused(nodes, redis_url) -> None:
     with worker(redis_url, memory_sample_ms=SAMPLE_MS, sweep_interval_ms=50) as w:
         c = client(w.port, 2, "alice")
