@@ -47,6 +47,8 @@ _NO_MAINTENANCE: dict[str, Any] = (
 )
 
 PUSHED = object()  # what the parser returns for a push frame: "not a reply, read on"
+_MORE = object()  # what the link's own hiredis reader returns when a reply is not whole yet
+READ_SIZE = 65536  # bytes asked of the socket at a time (redis-py's default)
 
 # TCP keepalive: probes after 5 s of silence, every 2 s, 5 unanswered ones drop the connection
 KEEPALIVE: dict[int, int] = {opt: value for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2),
@@ -94,6 +96,9 @@ class Link:
     calls, exc)`` gets the calls left unanswered when the connection ends, once."""
 
     _numbers = iter(range(1, 1 << 62))
+    # Replies are read by the link's own hiredis reader (``_read_own``) where hiredis marks push frames;
+    # else (and in the tests that hold the two to each other) by redis-py's ``read_response``.
+    own_reader: bool = HIREDIS
 
     def __init__(self, target: Target, protocol: int, connect_timeout: float | None,
                  on_push: Callable[[Link, Any], None],
@@ -128,6 +133,7 @@ class Link:
         self.hello: dict[str, Any] = {}
         self._on_push, self._on_lost, self._on_idle = on_push, on_lost, on_idle
         self._reader: asyncio.Task[None] | None = None
+        self._hiredis: Any = None  # the link's own reply reader (own_reader)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -153,14 +159,25 @@ class Link:
             await conn.connect()
         except redis.exceptions.RedisError as exc:  # refused, timed out, TLS...: the builtin kind too
             raise ConnectionLost(f"cannot connect to {self.target.name}: {exc}") from exc
+        if self.own_reader:
+            # Every byte this connection receives goes through this reader: redis-py's parser
+            # (armed at connect) is never fed, so nothing it buffered can be lost between the two.
+            self._hiredis = hiredis.Reader(protocolError=redis.exceptions.InvalidResponse,
+                                           replyError=ResponseError, notEnoughData=_MORE)
         # In RESP3 the deliveries are asked for as flat arrays (docs/protocol.md, "Deliveries"), in the
         # same write: hiredis builds a map ~5x slower. A worker that does not know CLIENT DELIVERIES
         # refuses it and sends maps, which the SDK reads as well.
         flat = self.conn.protocol in (3, "3")
 
-        async def reply() -> Any:  # the next reply, push frames skipped
-            while (raw := await conn.read_response(disable_decoding=True, push_request=True)) is PUSHED:
-                pass
+        async def reply() -> Any:  # the next reply, push frames handed on
+            if not self.own_reader:
+                while (raw := await conn.read_response(disable_decoding=True, push_request=True)) is PUSHED:
+                    pass
+                return raw
+            while type(raw := await self._next()) is hiredis.PushNotification:
+                self._on_push(self, raw)
+            if type(raw) is ResponseError:
+                raise raw
             return raw
 
         try:
@@ -175,7 +192,7 @@ class Link:
         except ResponseError as exc:
             await conn.disconnect()
             raise from_reply(str(exc)) from None
-        except (redis.exceptions.ConnectionError, OSError) as exc:
+        except (redis.exceptions.ConnectionError, OSError, ConnectionLost) as exc:
             # e.g. a worker that wants a client certificate closes after the TLS handshake
             await conn.disconnect()
             raise ConnectionLost(f"{self.target.name} closed the connection before HELLO was answered: {exc}") from exc
@@ -232,38 +249,76 @@ class Link:
 
     # -- reading ------------------------------------------------------------------------
 
+    async def _next(self) -> Any:
+        """The next whole reply or push frame off the socket, through the link's own reader."""
+        gets = self._hiredis.gets
+        while (raw := gets(False)) is _MORE:
+            data = await self.conn._reader.read(READ_SIZE)
+            if not data:
+                raise ConnectionLost(f"{self.target.name} closed the connection")
+            self._hiredis.feed(data)
+        return raw
+
     async def _read_loop(self) -> None:
-        conn, pending = self.conn, self.pending
+        """Read replies into their calls' futures, push frames to the client, until the socket goes."""
         try:
-            while True:
-                try:
-                    raw = await conn.read_response(disable_decoding=True, push_request=True)
-                    error = None
-                except ResponseError as exc:
-                    raw, error = None, from_reply(str(exc))
-                if raw is PUSHED:
-                    continue
-                if not pending:
-                    raise ConnectionLost(f"reply without a request: {raw!r:.100}")
-                call = pending.popleft()
-                if error is None and call.convert is not None:
-                    try:
-                        raw = call.convert(raw)  # runs even if the caller went away: epochs must advance
-                    except Exception as exc:  # noqa: BLE001 - a bad reply fails its own call only
-                        error = exc if isinstance(exc, FenceMQError) else FenceMQError(f"bad reply: {exc!r}")
-                if not call.future.done():
-                    if error is not None:
-                        call.future.set_exception(error)
-                    else:
-                        call.future.set_result(raw)
-                if not pending and self.draining:
-                    self._on_idle(self)
+            await (self._read_own() if self.own_reader else self._read_through_redis_py())
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001
             lost = exc if isinstance(exc, ConnectionLost) else \
                 ConnectionLost(f"connection to {self.target.name} lost: {exc or type(exc).__name__}")
             self.fail(lost)
+
+    async def _read_own(self) -> None:
+        """Through the link's own hiredis reader: every reply already in its buffer is answered with
+        no await between (redis-py's read_response is four coroutines, a timeout check and a host
+        string a reply); each call gets what :meth:`_read_through_redis_py` gives it."""
+        stream, reader, answer = self.conn._reader, self._hiredis, self._answer
+        gets, feed, push = reader.gets, reader.feed, hiredis.PushNotification
+        while True:
+            raw = gets(False)
+            if raw is _MORE:
+                data = await stream.read(READ_SIZE)
+                if not data:
+                    raise ConnectionLost(f"connection to {self.target.name} lost: the worker closed it")
+                feed(data)
+            elif type(raw) is push:
+                self._on_push(self, raw)
+            elif type(raw) is ResponseError:
+                answer(None, from_reply(str(raw)))
+            else:
+                answer(raw, None)
+
+    async def _read_through_redis_py(self) -> None:
+        conn = self.conn
+        while True:
+            try:
+                raw = await conn.read_response(disable_decoding=True, push_request=True)
+            except ResponseError as exc:
+                self._answer(None, from_reply(str(exc)))
+                continue
+            if raw is not PUSHED:
+                self._answer(raw, None)
+
+    def _answer(self, raw: Any, error: BaseException | None) -> None:
+        """The oldest call unanswered gets this reply (converted) or error."""
+        pending = self.pending
+        if not pending:
+            raise ConnectionLost(f"reply without a request: {raw or error!r:.100}")
+        call = pending.popleft()
+        if error is None and call.convert is not None:
+            try:
+                raw = call.convert(raw)  # runs even if the caller went away: epochs must advance
+            except Exception as exc:  # noqa: BLE001 - a bad reply fails its own call only
+                error = exc if isinstance(exc, FenceMQError) else FenceMQError(f"bad reply: {exc!r}")
+        if not call.future.done():
+            if error is not None:
+                call.future.set_exception(error)
+            else:
+                call.future.set_result(raw)
+        if not pending and self.draining:
+            self._on_idle(self)
 
     def fail(self, exc: ConnectionLost) -> None:
         """The connection is gone: hand every unanswered call back, once, and let go of the socket."""

@@ -7,6 +7,9 @@ Three kinds of peer:
 * a scripted fake worker (``FakeWorker``): replies the real worker does not give
   yet (TAKE / EOS, UNSUB MAX, HEARTBEAT SYNC) and the exact wire form of every verb;
 * a real worker (``fencemq.server.runner.WorkerThread``) in front of that Redis.
+
+Every test runs twice: with the link's own reply reader and with redis-py's it replaces
+(``Link.own_reader``), which must give every call the same outcome.
 """
 
 from __future__ import annotations
@@ -24,9 +27,17 @@ from fencemq import Client, ConnectionLost, EndOfStream, Reconnect, SyncClient
 from fencemq.config import Config
 from fencemq.errors import BadArgument, FenceMQError, NoAuth, NoPermission, Stale
 from fencemq.model.messages import Delivery
+from fencemq.sdk.link import Link
 from fencemq.sdk.replies import _notice
-from fencemq.protocol.resp import NULL_ARRAY, Push, RequestParser, SimpleString, encode_many
+from fencemq.protocol.resp import NULL_ARRAY, ErrorReply, Push, RequestParser, SimpleString, encode_many
 from fencemq.server.runner import WorkerThread
+
+
+@pytest.fixture(autouse=True, scope="module", params=["own reader", "redis-py's reader"])
+def reply_reader(request: pytest.FixtureRequest) -> Iterator[str]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Link, "own_reader", request.param == "own reader")
+        yield request.param
 
 
 def run(coro: Any, timeout: float = 60) -> Any:
@@ -277,8 +288,9 @@ def test_closed_client(redis_url: str) -> None:
 class FakeWorker:
     """Answers each command with ``handler(args) -> reply``; records every command."""
 
-    def __init__(self, handler: Callable[[list[bytes]], Any]) -> None:
+    def __init__(self, handler: Callable[[list[bytes]], Any], pieces: int | None = None) -> None:
         self.handler = handler
+        self.pieces = pieces  # write every answer in pieces of this many bytes, each on its own
         self.commands: list[list[bytes]] = []
         self.proto = 2
         self.port = 0
@@ -305,7 +317,12 @@ class FakeWorker:
                         writer.close()
                         return
                     out.extend(reply if isinstance(reply, tuple) else [reply])
-                writer.write(encode_many(out, self.proto))
+                data = encode_many(out, self.proto)
+                for at in range(0, len(data), self.pieces or len(data) or 1):
+                    writer.write(data[at:at + (self.pieces or len(data))])
+                    if self.pieces:
+                        await writer.drain()
+                        await asyncio.sleep(0.001)  # the client reads what came so far
         finally:
             writer.close()
 
@@ -540,6 +557,38 @@ def test_worker_notices_pushed_between_replies() -> None:
     run(main())
 
 
+@pytest.mark.parametrize("pieces", [1, 3, 1000])
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_replies_errors_and_push_frames_cut_anywhere_are_read_whole_and_in_order(protocol: int, pieces: int) -> None:
+    notice = {"type": "unsubscribe", "handle": "hX", "reason": "preempted", "tags": ["t1"]}
+
+    def handler(cmd: list[bytes]) -> Any:
+        verb = cmd[0].upper()
+        if verb == b"PING":
+            return (Push(["notice", notice]), SimpleString("PONG")) if protocol == 3 else SimpleString("PONG")
+        if verb == b"ECHO":
+            return ErrorReply("BADARG no echo here")
+        return {b"SUB": SUB_REPLY, b"PULL": [delivery(i, 3) for i in range(20)], b"ACK": 20}[verb]
+
+    async def main() -> None:
+        async with FakeWorker(handler, pieces).running() as url, \
+                Client(url, client_id="me", protocol=protocol) as c:
+            sub = await c.subscribe("top")
+            pings = [asyncio.ensure_future(c.ping()) for _ in range(3)]
+            got = await sub.pull(count=20)
+            echo = asyncio.ensure_future(c.execute("ECHO", "x"))
+            assert await sub.ack(*[d.tag for d in got]) == 20
+            assert [await p for p in pings] == ["PONG"] * 3
+            with pytest.raises(BadArgument, match="no echo here"):
+                await echo
+            assert [(d.id, d.tag, d.payload) for d in got] == [(str(i), f"t{i}", b"p%d" % i) for i in range(20)]
+            assert await c.ping() == "PONG", "the connection still reads replies in step"
+            if protocol == 3:
+                assert [await anext(aiter(c.notices())) for _ in range(4)] == [notice] * 4
+
+    run(main())
+
+
 def test_heartbeat_notices_in_resp2() -> None:
     notice = {"type": "message_timeout", "handle": "hA", "tags": ["7"]}
 
@@ -585,9 +634,11 @@ def test_a_command_whose_connection_drops_every_time_is_given_up_after_max_sends
 
 
 @pytest.fixture(scope="module")
-def worker_url(redis_server: Any) -> Iterator[str]:
-    """One worker for the module (stopping one takes seconds); tests use their own names."""
-    with WorkerThread(Config(redis_url=redis_server.url, port=0)) as w:
+def worker_url(redis_server: Any, reply_reader: str) -> Iterator[str]:
+    """One worker for the module and reader (stopping one takes seconds), each reader's in a keyspace
+    of its own; tests use their own names."""
+    prefix = "fmq" if reply_reader == "own reader" else "fmq-redis-py-reader"
+    with WorkerThread(Config(redis_url=redis_server.url, port=0, prefix=prefix)) as w:
         yield f"redis://127.0.0.1:{w.port}"
 
 
