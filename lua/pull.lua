@@ -39,7 +39,9 @@
 -- Returns, in full: {epoch, deadline, status, refill, since, tag1, id1, acquisitions1, body1, ...}
 --   status 'ok' with 0..count deliveries, or a fence that yields none:
 --   'evicted' (preempted; its old checkouts go back to the queue),
---   'suspected' (a lease expired; settle or RENEW first), 'standby' (not the
+--   'suspected' (a lease expired; settle or RENEW first: the tags whose leases
+--   ran out, as the sweep's message_timeout named them, follow the head in place
+--   of deliveries, at most 100), 'standby' (not the
 --   active member), 'ended' (its MAX is reached, or a push member's end of
 --   stream). deadline is the new leases' deadline, -1 when none were made.
 --   A push member takes up to COUNT from its mailbox, as TAKE does one at a
@@ -58,6 +60,9 @@ local now = now_ms()
 
 local function reply(ep, deadline, status, refill, taken, since)
   local out = {ep, deadline, status, refill, since or ''}
+  if status == 'suspected' then  -- (no deliveries) the tags whose leases ran out, to tell it again
+    for tag in string.gmatch(redis.call('HGET', K.meta, mf(g, m, TIMED_OUT)) or '', '%S+') do out[#out + 1] = tag end
+  end
   for _, t in ipairs(taken) do
     out[#out + 1] = t[1]
     out[#out + 1] = t[2]

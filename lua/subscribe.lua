@@ -124,7 +124,7 @@ end
 -- Subscribing again clears the member's marker, suspicion and end; its
 -- settings are set or cleared: one HDEL and one HSET.
 local set, unset = {mf(g, m, ONLINE), 1}, marker_fields(g, m)
-unset[3], unset[4] = mf(g, m, SUSPECTED), mf(g, m, ENDED)
+unset[3], unset[4], unset[5] = mf(g, m, SUSPECTED), mf(g, m, ENDED), mf(g, m, TIMED_OUT)
 if not f[8] then set[3], set[4] = mf(g, m, DELIVERED), 0 end  -- a new member
 for field, value in pairs(settings) do
   if value then

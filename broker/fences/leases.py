@@ -17,6 +17,7 @@ import asyncio
 import logging
 
 from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fencemq.errors import BadArgument, FenceMQError, Stale
@@ -93,7 +94,8 @@ SWEEP = fence("sweep", f"{_LEASE_KEYS} wake journal scheduled totals backlogs re
 UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 
-# A PULL's reply (lua/pull.lua, Returns): epoch, deadline, status, refill, since, then 4 per delivery.
+# A PULL's reply (lua/pull.lua, Returns): epoch, deadline, status, refill, since, then 4 per delivery
+# (status suspected: the tags whose leases ran out instead).
 PULL_REPLY_HEAD = 5
 
 
@@ -103,6 +105,7 @@ class PullResult:
     status: str  # ok | evicted | suspected | standby | ended; a long poll's look: handed | left | released
     deliveries: list[Delivery] = field(default_factory=list)
     since: str = ""  # a long poll's first look registered it (lua/lib/waiters.lua): the queue's last tag then
+    timed_out: list[str] = field(default_factory=list)  # status suspected: the tags whose leases ran out
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,9 @@ class Leases:
     def __init__(self, ctx: FenceContext, mailboxes: Mailboxes) -> None:
         self.ctx = ctx
         self.mailboxes = mailboxes
+        # Told of each PULL a suspected member made, with the tags whose leases ran out: the worker
+        # tells the member again (server/sweeper.py), when the sweep's notice never reached it.
+        self.on_suspected: Callable[[Handle, list[str]], Awaitable[None]] | None = None
         # The looks of many subscriptions at once (an MQTT reconnect storm resumes thousands, each
         # looking at its queue as soon as it is back, then again at the same backoff): gathered into
         # one round trip of lease intents and one of PULLs, as :meth:`pull` one by one would make them.
@@ -206,6 +212,11 @@ class Leases:
     async def _pulled(self, handle: Handle, res: list[Any]) -> PullResult:
         """A PULL's reply (or a publish's hand-off to a long poll: the same layout) as a PullResult."""
         epoch, deadline, status, refill, since = int(res[0]), int(res[1]), text(res[2]), int(res[3]), text(res[4])
+        if status == "suspected":
+            timed_out = [text(tag) for tag in res[PULL_REPLY_HEAD:]]
+            if timed_out and self.on_suspected is not None:
+                await self.on_suspected(handle, timed_out)
+            return PullResult(epoch, status, [], since, timed_out)
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [
             unpack_delivery(topic, lmq, epoch, res[i], int(res[i + 1]), int(res[i + 2]), res[i + 3])

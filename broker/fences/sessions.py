@@ -109,6 +109,17 @@ def announce_many(packed: list[bytes]) -> bytes:
     return header + b"".join(packed)
 
 
+def timeout_notice(handle: Handle, tags: list[str], successor: str = "") -> dict[str, Any]:
+    """The ``message_timeout`` notice (docs/protocol.md, "Notices") of tags whose leases ran out."""
+    ref = handle.queue
+    notice: dict[str, Any] = {"type": "message_timeout", "handle": handle.encode(), "topic": ref.topic, "tags": tags}
+    if ref.lmq is not None:
+        notice["lmq"] = ref.lmq
+    if successor:
+        notice["replaced_by"] = successor
+    return notice
+
+
 class Sessions:
     def __init__(self, ctx: FenceContext, subscriptions: Subscriptions, lite: Lite, clock: RedisClock,
                  lease_ms: int) -> None:

@@ -60,6 +60,7 @@ DELIVERED = "n"
 MAX = "max"  # MAX n: end of stream after n deliveries in all
 LOCK = "lock"  # lease length, ms
 SUSPECTED_SINCE = "sus"  # ms; absent: not suspected
+TIMED_OUT = "to"  # with sus: the tags whose leases ran out (space-separated, at most 100), told again to its PULL
 MARKER = "mk"  # the eviction marker: who preempted (or evicted) this member
 MARKER_JOURNALED = "fj"  # the fenced pull of this marker is in the journal
 CAPACITY = "cap"  # a push member's mailbox capacity; absent: a pull member

@@ -35,6 +35,7 @@ from fencemq.fences.core import Core
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.operator import PURGE, REPLAY_DEAD
 from fencemq.fences.registry import Fences
+from fencemq.fences.sessions import timeout_notice
 from fencemq.model.keys import queue_ref
 from fencemq.model.records import DeadLetter, journal_events
 from fencemq.model.values import integer as _int
@@ -120,13 +121,7 @@ async def sweep(redis: Any, keys: Keyspace, qids: list[str] | None = None, *, ma
             await _redispatch(q, ref)
         notices = []
         for group, member, tags, successor in res.timeouts:
-            notice: dict[str, Any] = {"type": "message_timeout", "handle": Handle(ref, group, member).encode(),
-                                      "topic": ref.topic, "tags": tags}
-            if ref.lmq is not None:
-                notice["lmq"] = ref.lmq
-            if successor:
-                notice["replaced_by"] = successor
-            await sessions.notify(member, notice)
+            await sessions.notify(member, timeout_notice(Handle(ref, group, member), tags, successor))
             notices.append({"group": group, "member": member, "tags": tags, "replaced_by": successor or None})
         results.append({**queue_info(qid), "returned": res.returned, "next_due_ms": res.next_due if res.next_due >= 0
                         else None, "timeouts": notices})

@@ -4,12 +4,17 @@ Every worker runs one. It visits only queues whose earliest deadline has
 passed (the global schedule), so idle queues cost nothing, and every script it
 runs is idempotent, so a fleet of sweepers is safe. A lease comes back within
 ``sweep_interval_ms`` of its deadline.
+
+Each member that lost a lease is suspected and told (a ``message_timeout``
+notice); a notice can be lost (the sweep's reply, or the notice list, lost in a
+failover; the worker gone between the two), so the sweep keeps the tags with the
+suspicion and a suspected member's PULL tells it again, at most once per
+``REMIND_EVERY_S`` a handle (:meth:`Sweeper.remind`).
 """
 
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Callable
 
 import anyio
@@ -17,12 +22,16 @@ import anyio
 from fencemq.errors import FenceMQError
 from fencemq.fences.core import Core
 from fencemq.fences.redis_errors import REDIS_FAILURES
+from fencemq.fences.sessions import timeout_notice
 from fencemq.model.handles import Handle
 from fencemq.model.keys import queue_ref
 from fencemq.server import metrics
 from fencemq.server.mqtt.wills import Wills
 
 log = logging.getLogger(__name__)
+
+REMIND_EVERY_S = 1.0  # a suspected member polling is told again at most this often
+REMINDED_KEPT = 10_000  # handles remembered as told (past it, the memory starts again)
 
 
 class Sweeper:
@@ -35,6 +44,7 @@ class Sweeper:
         self.worker_id = worker_id
         self.attached = attached  # the sessions this worker's connections hold
         self._unreachable = False  # the last round failed for Redis (said once until a round succeeds)
+        self._reminded: dict[str, float] = {}  # handle -> when its member was last told again
 
     async def run(self) -> None:
         while True:
@@ -85,15 +95,20 @@ class Sweeper:
         metrics.SUSPICIONS.inc(len(result.newly_suspected))
         for group, member, tags, successor in result.timeouts:
             metrics.LEASE_TIMEOUTS.inc(len(tags))
-            notice = {
-                "type": "message_timeout",
-                "handle": Handle(ref, group, member).encode(),
-                "topic": ref.topic,
-                "tags": tags,
-            }
-            if ref.lmq is not None:
-                notice["lmq"] = ref.lmq
-            if successor:
-                notice["replaced_by"] = successor
-            await self.sessions.notify(member, notice)
+            await self.sessions.notify(member, timeout_notice(Handle(ref, group, member), tags, successor))
         return result.returned
+
+    async def remind(self, handle: Handle, tags: list[str]) -> None:
+        """A suspected member PULLed (Leases.on_suspected): tell it again which leases ran out, so
+        it can show life (RENEW) even when the sweep's notice was lost. A failure is logged: the
+        PULL was answered, and its next one tells it again."""
+        key, now = handle.encode(), anyio.current_time()
+        if now - self._reminded.get(key, -REMIND_EVERY_S) < REMIND_EVERY_S:
+            return
+        if len(self._reminded) >= REMINDED_KEPT:
+            self._reminded.clear()
+        self._reminded[key] = now
+        try:
+            await self.sessions.notify(handle.member, timeout_notice(handle, tags))
+        except (FenceMQError, *REDIS_FAILURES) as exc:
+            log.warning("telling %s again of its timed-out leases failed: %s", handle.member, exc)

@@ -96,7 +96,7 @@ end
 -- Returns true when the member was suspected: a long poll it has waiting
 -- may receive again (the caller wakes the queue's channel).
 local function clear_suspicion(K, g, m)
-  if redis.call('HDEL', K.meta, mf(g, m, SUSPECTED)) == 0 then return false end
+  if redis.call('HDEL', K.meta, mf(g, m, SUSPECTED), mf(g, m, TIMED_OUT)) == 0 then return false end
   tally(K, 'suspected', -1)
   return true
 end

@@ -143,6 +143,8 @@ class TwoBrokers:
             self.ordinal(prefix, t)
         if "tag" in expanded:
             expanded["tag"] = self.ordinal(prefix, expanded["tag"])
+        for f in [f for f in expanded if f.endswith("|to")]:  # a suspected member's timed-out tags
+            expanded[f] = " ".join(ordinal(t) for t in expanded[f].split())
         def record(r: bytes) -> bytes:  # a checkout of a lease batch names the batch last
             *fields, last = r.split(b"\0")
             return b"\0".join((*fields, ordinal(last.decode()).encode() if last.startswith(b"b") else last))
