@@ -26,7 +26,9 @@
 -- ARGV[5] intent_ms       how old that intent may be
 -- Returns, in full: {'msg', epoch, deadline, tag, id, acquisitions, body, refill},
 --   {'none', refill} when there is nothing the member may take (empty, or the
---   member is fenced off or suspected), or {'eos', gone} at the end of stream.
+--   member is fenced off or suspected: then the tags whose leases ran out, as
+--   the sweep's message_timeout named them, follow), or {'eos', gone} at the
+--   end of stream.
 --   After a MAX the member stays, ended (gone = 0, and every TAKE after it
 --   answers the same): its handle still settles (ACK, NACK, RENEW) what it
 --   took; those come back to the group only by lease expiry or the session's
@@ -48,5 +50,11 @@ local refill = redis.call('HGET', K.meta, gf(g, MODE)) == 'shared' and 1 or 0
 flush_journal(K)
 if (status == 'eos' or status == 'gone') and #taken == 0 then return {'eos', status == 'gone' and 1 or 0} end
 local t = taken[1]
-if not t then return {'none', refill} end
+if not t then
+  local none = {'none', refill}
+  if status == 'suspected' then  -- the tags whose leases ran out, to tell it again
+    for tag in string.gmatch(redis.call('HGET', K.meta, mf(g, m, TIMED_OUT)) or '', '%S+') do none[#none + 1] = tag end
+  end
+  return none
+end
 return {'msg', ep, deadline, t[1], t[2], t[3], t[4], refill}

@@ -17,7 +17,6 @@ import asyncio
 import logging
 
 from dataclasses import dataclass, field
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fencemq.errors import BadArgument, FenceMQError, Stale
@@ -133,9 +132,6 @@ class Leases:
     def __init__(self, ctx: FenceContext, mailboxes: Mailboxes) -> None:
         self.ctx = ctx
         self.mailboxes = mailboxes
-        # Told of each PULL a suspected member made, with the tags whose leases ran out: the worker
-        # tells the member again (server/sweeper.py), when the sweep's notice never reached it.
-        self.on_suspected: Callable[[Handle, list[str]], Awaitable[None]] | None = None
         # The looks of many subscriptions at once (an MQTT reconnect storm resumes thousands, each
         # looking at its queue as soon as it is back, then again at the same backoff): gathered into
         # one round trip of lease intents and one of PULLs, as :meth:`pull` one by one would make them.
@@ -214,8 +210,8 @@ class Leases:
         epoch, deadline, status, refill, since = int(res[0]), int(res[1]), text(res[2]), int(res[3]), text(res[4])
         if status == "suspected":
             timed_out = [text(tag) for tag in res[PULL_REPLY_HEAD:]]
-            if timed_out and self.on_suspected is not None:
-                await self.on_suspected(handle, timed_out)
+            if timed_out and self.ctx.on_suspected is not None:
+                await self.ctx.on_suspected(handle, timed_out)
             return PullResult(epoch, status, [], since, timed_out)
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [

@@ -74,10 +74,12 @@ class Mailboxes:
             if int(res[1]) and self.on_member_gone is not None:
                 await self.on_member_gone(handle)
             return EOS
-        if int(res[-1]):
+        if int(res[1] if kind == "none" else res[7]):
             # A shared group's member took one: the group's strategy refills.
             await self.dispatch_all(handle.queue)
         if kind == "none":
+            if len(res) > 2 and self.ctx.on_suspected is not None:  # suspected: the tags whose leases ran out
+                await self.ctx.on_suspected(handle, [text(tag) for tag in res[2:]])
             return None
         epoch, deadline, tag, msg_id, acq, body, _refill = res[1:]
         if int(deadline) >= 0:

@@ -8,7 +8,7 @@ runs is idempotent, so a fleet of sweepers is safe. A lease comes back within
 Each member that lost a lease is suspected and told (a ``message_timeout``
 notice); a notice can be lost (the sweep's reply, or the notice list, lost in a
 failover; the worker gone between the two), so the sweep keeps the tags with the
-suspicion and a suspected member's PULL tells it again, at most once per
+suspicion and a suspected member's PULL or TAKE tells it again, at most once per
 ``REMIND_EVERY_S`` a handle (:meth:`Sweeper.remind`).
 """
 
@@ -99,9 +99,9 @@ class Sweeper:
         return result.returned
 
     async def remind(self, handle: Handle, tags: list[str]) -> None:
-        """A suspected member PULLed (Leases.on_suspected): tell it again which leases ran out, so
-        it can show life (RENEW) even when the sweep's notice was lost. A failure is logged: the
-        PULL was answered, and its next one tells it again."""
+        """A suspected member polled (PULL or TAKE; FenceContext.on_suspected): tell it again which
+        leases ran out, so it can show life (RENEW) even when the sweep's notice was lost. A failure
+        is logged: the poll was answered, and the next one tells it again."""
         key, now = handle.encode(), anyio.current_time()
         if now - self._reminded.get(key, -REMIND_EVERY_S) < REMIND_EVERY_S:
             return

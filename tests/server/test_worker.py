@@ -488,24 +488,30 @@ def test_heartbeat_lists_a_message_timeout_notice_after_a_lease_expired(w, proto
     assert c.execute_command("HEARTBEAT") == []  # drained
 
 
-def test_a_suspected_member_whose_timeout_notice_was_lost_is_told_again_by_its_pull_and_can_show_life(
-        w, redis_url, proto):
+@pytest.mark.parametrize("verb", ["PULL", "TAKE"])
+def test_a_suspected_member_whose_timeout_notice_was_lost_is_told_again_when_it_polls_and_can_show_life(
+        w, redis_url, proto, verb):
     # A failover lost the notice (or the sweep's reply, or the worker that swept): without it a plain
     # client never knows to RENEW, and its PULLs came back empty for ever (CI: the Cluster failover)
+    def poll(h: str, n: int) -> list[dict]:
+        if verb == "PULL":
+            return pull(c, h, "COUNT", n)
+        return [as_map(r) for r in (c.execute_command("TAKE", h) for _ in range(n)) if r is not None]
+
     c = client(w.port, proto, "forgotten")
     c.execute_command("MPUB", "orders", 2, "a", "b")
-    h = sub(c, "orders", "LOCK", 200)
-    taken = pull(c, h, "COUNT", 2)
-    wait_for(lambda: redis.Redis.from_url(redis_url).exists(Keyspace().session_notices("forgotten")),
-             what="the sweep's notice")
-    redis.Redis.from_url(redis_url).delete(Keyspace().session_notices("forgotten"))  # lost
+    h = sub(c, "orders", "LOCK", 200, *(["PUSH"] if verb == "TAKE" else []))
+    taken = poll(h, 2)
+    r = redis.Redis.from_url(redis_url)
+    wait_for(lambda: r.exists(Keyspace().session_notices("forgotten")), what="the sweep's notice")
+    r.delete(Keyspace().session_notices("forgotten"))  # lost
     assert c.execute_command("HEARTBEAT") == []
-    assert pull(c, h) == []  # suspected: nothing, but told again
+    assert poll(h, 1) == []  # suspected: nothing, but told again
     (n,) = [as_map(n) for n in c.execute_command("HEARTBEAT")]
     assert n["type"] == "message_timeout" and n["handle"] == h and n["tags"] == [d["tag"] for d in taken]
-    assert pull(c, h) == [] and c.execute_command("HEARTBEAT") == []  # at most once a second a handle
+    assert poll(h, 1) == [] and c.execute_command("HEARTBEAT") == []  # at most once a second a handle
     assert c.execute_command("RENEW", h, *n["tags"]) == 0  # settles nothing, shows life
-    assert [d["payload"] for d in pull(c, h, "COUNT", 2)] == ["a", "b"]
+    assert [d["payload"] for d in poll(h, 2)] == ["a", "b"]
 
 
 def test_a_resp3_client_also_gets_the_timeout_notice_pushed(w):
