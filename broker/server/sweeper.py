@@ -93,9 +93,11 @@ class Sweeper:
         if result.returned:
             await self.core.mailboxes.dispatch_all(ref)
         metrics.SUSPICIONS.inc(len(result.newly_suspected))
-        for group, member, tags, successor in result.timeouts:
+        for _, _, tags, _ in result.timeouts:
             metrics.LEASE_TIMEOUTS.inc(len(tags))
-            await self.sessions.notify(member, timeout_notice(Handle(ref, group, member), tags, successor))
+        if result.timeouts:  # every member told in one round trip: one that fails keeps no other from it
+            await self.sessions.notify_all([(member, timeout_notice(Handle(ref, group, member), tags, successor))
+                                            for group, member, tags, successor in result.timeouts])
         return result.returned
 
     async def remind(self, handle: Handle, tags: list[str]) -> None:
