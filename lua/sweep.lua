@@ -83,7 +83,7 @@ for _, key in ipairs(order) do
       tally(K, 'suspected', 1)
       journal(now, 'suspect', g, m)
     end
-    -- kept with the suspicion, so the member's PULL tells them again (pull.lua) when the
+    -- kept with the suspicion, so the member's PULL or TAKE tells them again when the
     -- notice below never reaches it: a Redis failing over lost it, or the worker that swept
     redis.call('HSET', K.meta, mf(g, m, TIMED_OUT), table.concat(tags, ' ', 1, math.min(#tags, TIMED_OUT_KEPT)))
     local f = redis.call('HMGET', K.meta, gf(g, MODE), gf(g, OWNER))

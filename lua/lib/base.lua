@@ -90,5 +90,5 @@ local ON_PREEMPT, STRATEGY, QUEUE_OFFLINE, RR_POINTER, STICKY = 'onpre', 'strat'
 local DELIVERED, MAX, LOCK, SUSPECTED, MARKER, FENCE_LOGGED = 'n', 'max', 'lock', 'sus', 'mk', 'fj'
 local CAPACITY, QOS, ENDED, ONLINE, TIMED_OUT = 'cap', 'qos', 'end', 'on', 'to'
 local MEMBER_FIELDS = {DELIVERED, MAX, LOCK, SUSPECTED, MARKER, FENCE_LOGGED, CAPACITY, QOS, ENDED, ONLINE, TIMED_OUT}
--- A suspected member's PULL tells it again which of its leases ran out (at most this many)
+-- A suspected member's PULL or TAKE tells it again which of its leases ran out (at most this many)
 local TIMED_OUT_KEPT = 100
