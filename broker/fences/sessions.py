@@ -43,6 +43,7 @@ from fencemq.fences.gathering import Gathering
 from fencemq.fences.redis_client import pipeline_then_publish_all
 from fencemq.fences.subscribe import Subscriptions
 from fencemq.model.handles import Handle
+from fencemq.model.keys import QueueRef
 from fencemq.model.values import text
 
 MAX_QUEUED_NOTICES = 1000
@@ -352,6 +353,14 @@ class Sessions:
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
+
+    async def tell_timeouts(self, ref: QueueRef, timeouts: list[tuple[str, str, list[str], str]]) -> None:
+        """Each member a sweep took leases from (SweepResult.timeouts: group, member, tags, new active
+        member) gets its ``message_timeout`` notice, all in one round trip: one member's failing session
+        node keeps no other from its notice."""
+        if timeouts:
+            await self.notify_all([(member, timeout_notice(Handle(ref, group, member), tags, successor))
+                                   for group, member, tags, successor in timeouts])
 
     async def drain_notices(self, client: str) -> list[dict[str, Any]]:
         key = self.keys.session_notices(client)

@@ -35,7 +35,6 @@ from fencemq.fences.core import Core
 from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.operator import PURGE, REPLAY_DEAD
 from fencemq.fences.registry import Fences
-from fencemq.fences.sessions import timeout_notice
 from fencemq.model.keys import queue_ref
 from fencemq.model.records import DeadLetter, journal_events
 from fencemq.model.values import integer as _int
@@ -119,10 +118,9 @@ async def sweep(redis: Any, keys: Keyspace, qids: list[str] | None = None, *, ma
         res = await q.leases.sweep(qid, shard)
         if res.returned:
             await _redispatch(q, ref)
-        notices = []
-        for group, member, tags, successor in res.timeouts:
-            await sessions.notify(member, timeout_notice(Handle(ref, group, member), tags, successor))
-            notices.append({"group": group, "member": member, "tags": tags, "replaced_by": successor or None})
+        await sessions.tell_timeouts(ref, res.timeouts)
+        notices = [{"group": group, "member": member, "tags": tags, "replaced_by": successor or None}
+                   for group, member, tags, successor in res.timeouts]
         results.append({**queue_info(qid), "returned": res.returned, "next_due_ms": res.next_due if res.next_due >= 0
                         else None, "timeouts": notices})
         done += 1

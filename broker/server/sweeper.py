@@ -95,9 +95,7 @@ class Sweeper:
         metrics.SUSPICIONS.inc(len(result.newly_suspected))
         for _, _, tags, _ in result.timeouts:
             metrics.LEASE_TIMEOUTS.inc(len(tags))
-        if result.timeouts:  # every member told in one round trip: one that fails keeps no other from it
-            await self.sessions.notify_all([(member, timeout_notice(Handle(ref, group, member), tags, successor))
-                                            for group, member, tags, successor in result.timeouts])
+        await self.sessions.tell_timeouts(ref, result.timeouts)
         return result.returned
 
     async def remind(self, handle: Handle, tags: list[str]) -> None:

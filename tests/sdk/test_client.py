@@ -318,11 +318,13 @@ class FakeWorker:
                         return
                     out.extend(reply if isinstance(reply, tuple) else [reply])
                 data = encode_many(out, self.proto)
-                for at in range(0, len(data), self.pieces or len(data) or 1):
-                    writer.write(data[at:at + (self.pieces or len(data))])
-                    if self.pieces:
-                        await writer.drain()
-                        await asyncio.sleep(0.001)  # the client reads what came so far
+                if not self.pieces:
+                    writer.write(data)
+                    continue
+                for at in range(0, len(data), self.pieces):
+                    writer.write(data[at:at + self.pieces])
+                    await writer.drain()
+                    await asyncio.sleep(0.001)  # the client reads what came so far
         finally:
             writer.close()
 
