@@ -38,10 +38,11 @@
 -- ARGV[10] wait_ms        how long the record lives ('first'): the BLOCK left, and a margin
 -- Returns, in full: {epoch, deadline, status, refill, since, tag1, id1, acquisitions1, body1, ...}
 --   status 'ok' with 0..count deliveries, or a fence that yields none:
---   'evicted' (preempted; its old checkouts go back to the queue),
---   'suspected' (a lease expired; settle or RENEW first: the tags whose leases
---   ran out, as the sweep's message_timeout named them, follow the head in place
---   of deliveries, at most 100), 'standby' (not the
+--   'evicted' (preempted; its old checkouts go back to the queue; from its
+--   second poll after the eviction on, who took its place, as its unsubscribe
+--   notice named them, follows the head in place of deliveries), 'suspected' (a lease expired; settle or RENEW first: the tags
+--   whose leases ran out, as the sweep's message_timeout named them, follow the
+--   head in place of deliveries, at most 100; lib/members.lua, fenced_news), 'standby' (not the
 --   active member), 'ended' (its MAX is reached, or a push member's end of
 --   stream). deadline is the new leases' deadline, -1 when none were made.
 --   A push member takes up to COUNT from its mailbox, as TAKE does one at a
@@ -58,11 +59,10 @@ local count = int_arg(A.count, 'COUNT', 1)
 check_intent(A.intent_at, A.intent_ms)
 local now = now_ms()
 
+local polled_before = false  -- an evicted member had polled since its eviction (lib/members.lua, fenced_news)
 local function reply(ep, deadline, status, refill, taken, since)
   local out = {ep, deadline, status, refill, since or ''}
-  if status == 'suspected' then  -- (no deliveries) the tags whose leases ran out, to tell it again
-    for tag in string.gmatch(redis.call('HGET', K.meta, mf(g, m, TIMED_OUT)) or '', '%S+') do out[#out + 1] = tag end
-  end
+  for _, item in ipairs(fenced_news(K, g, m, status, polled_before)) do out[#out + 1] = item end  -- (no deliveries then)
   for _, t in ipairs(taken) do
     out[#out + 1] = t[1]
     out[#out + 1] = t[2]
@@ -75,14 +75,16 @@ local function reply(ep, deadline, status, refill, taken, since)
 end
 
 if read_meta(K.meta, {mf(g, m, CAPACITY)})[1] then
-  local taken, ep, deadline, status = take_from_mailbox(K, K.mailbox, g, m, count, now, A.default_lock_ms)
+  local taken, ep, deadline, status
+  taken, ep, deadline, status, polled_before = take_from_mailbox(K, K.mailbox, g, m, count, now, A.default_lock_ms)
   local refill = redis.call('HGET', K.meta, gf(g, MODE)) == 'shared' and 1 or 0
   if status == 'eos' or status == 'gone' then status = 'ended' end
   return reply(ep, deadline, #taken > 0 and 'ok' or status, refill, taken)
 end
 
 local look = A.look
-local status, ep, member, allowed = delivery_gate(K, g, m, count)
+local status, ep, member, allowed = delivery_gate(K, g, m, count, true)
+polled_before = member.polled_fenced
 if look ~= '' and look ~= 'first' then
   local rec = waiter_record(A.wid, g, m, count, A.since)
   if look == 'recover' then return reply(ep, -1, 'ok', 0, handed_since(K, g, m, A.since)) end

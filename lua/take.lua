@@ -26,9 +26,11 @@
 -- ARGV[5] intent_ms       how old that intent may be
 -- Returns, in full: {'msg', epoch, deadline, tag, id, acquisitions, body, refill},
 --   {'none', refill} when there is nothing the member may take (empty, or the
---   member is fenced off or suspected: then the tags whose leases ran out, as
---   the sweep's message_timeout named them, follow), or {'eos', gone} at the
---   end of stream.
+--   member is fenced off or suspected: then the fence, 'evicted' or
+--   'suspected', follows, and after it what its notice said: who took its
+--   place (from its second poll after the eviction on), or the tags whose
+--   leases ran out as the sweep's message_timeout named them; lib/members.lua,
+--   fenced_news), or {'eos', gone} at the end of stream.
 --   After a MAX the member stays, ended (gone = 0, and every TAKE after it
 --   answers the same): its handle still settles (ACK, NACK, RENEW) what it
 --   took; those come back to the group only by lease expiry or the session's
@@ -43,7 +45,7 @@ wake_from_rest(K)  -- an lmq at rest gets its meta key back first (lib/meta.lua)
 local g, m = A.group, A.member
 check_intent(A.intent_at, A.intent_ms)
 local now = now_ms()
-local taken, ep, deadline, status = take_from_mailbox(K, K.mailbox, g, m, 1, now, A.default_lock_ms)
+local taken, ep, deadline, status, polled_before = take_from_mailbox(K, K.mailbox, g, m, 1, now, A.default_lock_ms)
 -- Members of a shared group are refilled by the group's strategy (dispatch),
 -- never by their own TAKE: that would hand them other members' share.
 local refill = redis.call('HGET', K.meta, gf(g, MODE)) == 'shared' and 1 or 0
@@ -52,8 +54,10 @@ if (status == 'eos' or status == 'gone') and #taken == 0 then return {'eos', sta
 local t = taken[1]
 if not t then
   local none = {'none', refill}
-  if status == 'suspected' then  -- the tags whose leases ran out, to tell it again
-    for tag in string.gmatch(redis.call('HGET', K.meta, mf(g, m, TIMED_OUT)) or '', '%S+') do none[#none + 1] = tag end
+  local news = fenced_news(K, g, m, status, polled_before)  -- what its notice said, to tell it again
+  if #news > 0 then
+    none[3] = status
+    for _, item in ipairs(news) do none[#none + 1] = item end
   end
   return none
 end

@@ -54,9 +54,10 @@ class FenceContext:
     # wake-up message) hands them at once what a publish of this worker handed them (server/wakeups.py)
     local_wids: str = ""
     handed_here: Callable[[str, bytes], None] | None = None
-    # Set by a worker: told of each PULL or TAKE a suspected member made, with the tags whose leases ran
-    # out; it tells the member again (server/sweeper.py), when the sweep's notice never reached it.
-    on_suspected: Callable[[Handle, list[str]], Awaitable[None]] | None = None
+    # Set by a worker: told of each PULL or TAKE that a fence stopped, with the fence ('suspected',
+    # 'evicted') and what the member's notice said (the tags whose leases ran out; who took its place):
+    # it tells the member again (server/sweeper.py), when the notice never reached it.
+    on_fenced_poll: Callable[[Handle, str, list[str]], Awaitable[None]] | None = None
     _topic_kinds: dict[str, str] = field(init=False, default_factory=dict)
     _intents: dict[str, tuple[int, float]] = field(init=False, default_factory=dict)  # qid -> (Redis ms, monotonic)
     _due_soon: dict[str, int] = field(init=False, default_factory=dict)  # schedule writes not flushed yet

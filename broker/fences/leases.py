@@ -94,8 +94,9 @@ UNSCHEDULE = fence("unschedule", "schedule intents", "qid quiet_ms")
 
 
 # A PULL's reply (lua/pull.lua, Returns): epoch, deadline, status, refill, since, then 4 per delivery
-# (status suspected: the tags whose leases ran out instead).
+# (a fenced status: what the member's notice said instead, lib/members.lua fenced_news).
 PULL_REPLY_HEAD = 5
+FENCED_WITH_NEWS = frozenset({"suspected", "evicted"})
 
 
 @dataclass(slots=True)
@@ -105,6 +106,7 @@ class PullResult:
     deliveries: list[Delivery] = field(default_factory=list)
     since: str = ""  # a long poll's first look registered it (lua/lib/waiters.lua): the queue's last tag then
     timed_out: list[str] = field(default_factory=list)  # status suspected: the tags whose leases ran out
+    evicted_by: str = ""  # status evicted: who took its place (its eviction marker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +210,12 @@ class Leases:
     async def _pulled(self, handle: Handle, res: list[Any]) -> PullResult:
         """A PULL's reply (or a publish's hand-off to a long poll: the same layout) as a PullResult."""
         epoch, deadline, status, refill, since = int(res[0]), int(res[1]), text(res[2]), int(res[3]), text(res[4])
-        if status == "suspected":
-            timed_out = [text(tag) for tag in res[PULL_REPLY_HEAD:]]
-            if timed_out and self.ctx.on_suspected is not None:
-                await self.ctx.on_suspected(handle, timed_out)
-            return PullResult(epoch, status, [], since, timed_out)
+        if status in FENCED_WITH_NEWS:
+            news = [text(item) for item in res[PULL_REPLY_HEAD:]]
+            if news and self.ctx.on_fenced_poll is not None:
+                await self.ctx.on_fenced_poll(handle, status, news)
+            return PullResult(epoch, status, [], since, news if status == "suspected" else [],
+                              news[0] if status == "evicted" and news else "")
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [
             unpack_delivery(topic, lmq, epoch, res[i], int(res[i + 1]), int(res[i + 2]), res[i + 3])

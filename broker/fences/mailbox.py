@@ -78,8 +78,8 @@ class Mailboxes:
             # A shared group's member took one: the group's strategy refills.
             await self.dispatch_all(handle.queue)
         if kind == "none":
-            if len(res) > 2 and self.ctx.on_suspected is not None:  # suspected: the tags whose leases ran out
-                await self.ctx.on_suspected(handle, [text(tag) for tag in res[2:]])
+            if len(res) > 3 and self.ctx.on_fenced_poll is not None:  # fenced: what its notice said, to say again
+                await self.ctx.on_fenced_poll(handle, text(res[2]), [text(item) for item in res[3:]])
             return None
         epoch, deadline, tag, msg_id, acq, body, _refill = res[1:]
         if int(deadline) >= 0:

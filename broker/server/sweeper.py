@@ -9,7 +9,8 @@ Each member that lost a lease is suspected and told (a ``message_timeout``
 notice); a notice can be lost (the sweep's reply, or the notice list, lost in a
 failover; the worker gone between the two), so the sweep keeps the tags with the
 suspicion and a suspected member's PULL or TAKE tells it again, at most once per
-``REMIND_EVERY_S`` a handle (:meth:`Sweeper.remind`).
+``REMIND_EVERY_S`` a handle (:meth:`Sweeper.remind`); an evicted member's poll is
+told again of its ``unsubscribe`` the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import anyio
 from fencemq.errors import FenceMQError
 from fencemq.fences.core import Core
 from fencemq.fences.redis_errors import REDIS_FAILURES
+from fencemq.fences.lite import unsubscribe_notice
 from fencemq.fences.sessions import timeout_notice
 from fencemq.model.handles import Handle
 from fencemq.model.keys import queue_ref
@@ -30,7 +32,7 @@ from fencemq.server.mqtt.wills import Wills
 
 log = logging.getLogger(__name__)
 
-REMIND_EVERY_S = 1.0  # a suspected member polling is told again at most this often
+REMIND_EVERY_S = 1.0  # a fenced member polling is told again at most this often
 REMINDED_KEPT = 10_000  # handles remembered as told (past it, the memory starts again)
 
 
@@ -98,17 +100,19 @@ class Sweeper:
         await self.sessions.tell_timeouts(ref, result.timeouts)
         return result.returned
 
-    async def remind(self, handle: Handle, tags: list[str]) -> None:
-        """A suspected member polled (PULL or TAKE; FenceContext.on_suspected): tell it again which
-        leases ran out, so it can show life (RENEW) even when the sweep's notice was lost. A failure
-        is logged: the poll was answered, and the next one tells it again."""
+    async def remind(self, handle: Handle, fence: str, news: list[str]) -> None:
+        """A fenced member polled (PULL or TAKE; FenceContext.on_fenced_poll): tell it again what its
+        notice said, even when that notice was lost: a suspected one which leases ran out, so it can
+        show life (RENEW); an evicted one who took its place (``unsubscribe``, marked ``resent``), so it
+        stops polling. A failure is logged: the poll was answered, and the next one tells it again."""
         key, now = handle.encode(), anyio.current_time()
         if now - self._reminded.get(key, -REMIND_EVERY_S) < REMIND_EVERY_S:
             return
         if len(self._reminded) >= REMINDED_KEPT:
             self._reminded.clear()
         self._reminded[key] = now
+        notice = timeout_notice(handle, news) if fence == "suspected" else unsubscribe_notice(handle, news[0], resent=True)
         try:
-            await self.sessions.notify(handle.member, timeout_notice(handle, tags))
+            await self.sessions.notify(handle.member, notice)
         except (FenceMQError, *REDIS_FAILURES) as exc:
-            log.warning("telling %s again of its timed-out leases failed: %s", handle.member, exc)
+            log.warning("telling %s again of its %s notice failed: %s", handle.member, notice["type"], exc)

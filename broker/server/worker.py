@@ -97,7 +97,7 @@ class Worker:
             self.verbs = Verbs(services)
             sweeper = Sweeper(services.core, self.config.sweep_interval_ms, self.id, self.attached_clients,
                               Wills(services))
-            services.core.ctx.on_suspected = sweeper.remind
+            services.core.ctx.on_fenced_poll = sweeper.remind
             listener: Any = await anyio.create_tcp_listener(local_host=self.config.host, local_port=self.config.port)
             self.port = listener.extra(SocketAttribute.local_port)
             listener = shedding(listener, spare, b"" if self.tls is not None else RESP_REFUSAL)

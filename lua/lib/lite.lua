@@ -56,17 +56,29 @@ local function marker_fields(g, m)
   return {mf(g, m, MARKER), mf(g, m, FENCE_LOGGED)}
 end
 
--- A marked member tries to receive: whatever it still holds goes back, and
--- the attempt is journaled once per eviction (a client polling in a loop must
--- not flood the journal and push the preempt event itself out of it).
-local function fenced_off(K, g, m, ep, by)
+-- A marked member tries to receive (its own poll, or a delivery meant for it:
+-- a publish filling its mailbox, a group's dispatch, a hand-off to its long
+-- poll): whatever it still holds goes back, and the attempt is journaled once
+-- per eviction (a client polling in a loop must not flood the journal and push
+-- the preempt event itself out of it). FENCE_LOGGED holds FENCED_TRIED once
+-- journaled, FENCED_POLLED once the member has polled itself. Returns whether
+-- it had polled since the eviction before this call (lib/members.lua,
+-- fenced_news: only such a member has surely missed its notice).
+local FENCED_TRIED, FENCED_POLLED = '1', '2'
+local function fenced_off(K, g, m, ep, by, polling)
   return_member_checkouts(K, g, m)
   expand_meta(K.meta)
-  if redis.call('HSETNX', K.meta, mf(g, m, FENCE_LOGGED), 1) == 1 then
+  local seen = redis.call('HGET', K.meta, mf(g, m, FENCE_LOGGED))
+  if not seen then
     local now = now_ms()
     journal(now, 'fenced', g, m, nil, nil, ep, by)
     count_churn(K, g, CHURN_FENCED, now, {m})
   end
+  if seen == FENCED_POLLED then return true end
+  if polling or not seen then
+    redis.call('HSET', K.meta, mf(g, m, FENCE_LOGGED), polling and FENCED_POLLED or FENCED_TRIED)
+  end
+  return false
 end
 
 -- Every key an lmq can have but mailboxes: what reclaiming it expires.

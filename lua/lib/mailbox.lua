@@ -102,7 +102,8 @@ end
 -- epoch, the leases' deadline (-1 when none) and a status: 'ok', 'evicted',
 -- 'suspected', 'eos' when the end-of-stream sentinel of a MAX was reached (the
 -- member stays, ended, so what it took can still be settled) or 'gone' at the
--- sentinel of an UNSUB (the member is removed).
+-- sentinel of an UNSUB (the member is removed); 'evicted' comes with whether
+-- the member had polled since its eviction before (fenced_off).
 -- Cost: O(entries popped + messages topped up).
 local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
   local f = read_meta(K.meta, {mf(g, m, DELIVERED), mf(g, m, CAPACITY), mf(g, m, LOCK), gf(g, EPOCH),
@@ -118,9 +119,9 @@ local function take_from_mailbox(K, mb, g, m, count, now, default_lock)
   -- leaves) where it must answer EOS.
   local cancelled = f[7] == 'unsub'
   if f[5] and not cancelled then
-    fenced_off(K, g, m, ep, f[5])
+    local polled_before = fenced_off(K, g, m, ep, f[5], true)
     redis.call('DEL', mb)
-    return {}, ep, -1, 'evicted'
+    return {}, ep, -1, 'evicted', polled_before
   end
   if f[6] and not cancelled then
     local head = f[7] and redis.call('LINDEX', mb, 0)

@@ -46,8 +46,9 @@ end
 
 -- May member m of group g receive messages now, and how many at most?
 -- Returns status ('ok' or the fence that stops it), epoch, the member's
--- state fields, and the count allowed by its MAX.
-local function delivery_gate(K, g, m, count)
+-- state fields, and the count allowed by its MAX. `polling`: the member asks
+-- itself (a PULL), not a delivery meant for it.
+local function delivery_gate(K, g, m, count, polling)
   local f = read_meta(K.meta, {gf(g, MODE), gf(g, EPOCH), gf(g, OWNER), mf(g, m, DELIVERED),
     mf(g, m, MAX), mf(g, m, MARKER), mf(g, m, SUSPECTED), mf(g, m, LOCK), mf(g, m, CAPACITY), mf(g, m, ENDED),
     mf(g, m, QOS), mf(g, m, ONLINE)})
@@ -57,7 +58,7 @@ local function delivery_gate(K, g, m, count)
                   qos = tonumber(f[11] or '1'), online = f[12] ~= '0'}
   if f[6] then
     -- Evicted: whatever it still holds goes back for the new owner.
-    fenced_off(K, g, m, ep, f[6])
+    member.polled_fenced = fenced_off(K, g, m, ep, f[6], polling)
     return 'evicted', ep, member, 0
   end
   if f[7] then return 'suspected', ep, member, 0 end
@@ -81,6 +82,25 @@ local function delivery_gate(K, g, m, count)
     if left < count then count = left end
   end
   return 'ok', ep, member, count
+end
+
+-- What a poll (PULL, TAKE) that a fence stopped answers besides nothing, so
+-- the worker can tell the member again what its notice said: a notice can be
+-- lost (a failover, a worker's death), and a member that never hears it polls
+-- empty for ever. Suspected: the tags whose leases ran out, as the sweep's
+-- message_timeout named them (at most TIMED_OUT_KEPT); evicted: who took its
+-- place, as its unsubscribe notice named them (the marker) — but not to its
+-- first poll after the eviction (`polled_before`, from fenced_off): a client
+-- that heard the notice may still have had that poll in flight, and only one
+-- that polls on has missed it. Reads only.
+local function fenced_news(K, g, m, status, polled_before)
+  local out = {}
+  if status == 'suspected' then
+    for tag in string.gmatch(redis.call('HGET', K.meta, mf(g, m, TIMED_OUT)) or '', '%S+') do out[#out + 1] = tag end
+  elseif status == 'evicted' and polled_before then
+    out[1] = redis.call('HGET', K.meta, mf(g, m, MARKER))
+  end
+  return out
 end
 
 -- An act on the whole subscription (SEEK, UNSUB … MAX) is a member's, and

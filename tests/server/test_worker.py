@@ -514,6 +514,47 @@ def test_a_suspected_member_whose_timeout_notice_was_lost_is_told_again_when_it_
     assert [d["payload"] for d in poll(h, 2)] == ["a", "b"]
 
 
+@pytest.mark.parametrize("verb", ["PULL", "TAKE"])
+def test_a_preempted_member_whose_unsubscribe_notice_was_lost_is_told_again_when_it_polls_on(
+        w, redis_url, proto, verb):
+    # Its polls are fenced, not refused: without the notice a plain client polls empty for ever and
+    # never learns why. Its first poll after the preemption tells it nothing more (it may have had
+    # that poll in flight when the notice came); polling on, it has missed it.
+    def poll(h: str) -> list:
+        if verb == "PULL":
+            return pull(a, h, "COUNT", 1)
+        taken = a.execute_command("TAKE", h)
+        return [] if taken is None else [taken]
+
+    def told() -> list[dict]:
+        return [as_map(n) for n in a.execute_command("HEARTBEAT")]
+
+    push = ["PUSH"] if verb == "TAKE" else []
+    a, b = client(w.port, proto, "ousted"), client(w.port, proto, "usurper")
+    h = sub(a, "ledger", "GROUP", "g", "MODE", "exclusive", *push)
+    sub(b, "ledger", "GROUP", "g", "MODE", "exclusive", *push)
+    r = redis.Redis.from_url(redis_url)
+    wait_for(lambda: r.exists(Keyspace().session_notices("ousted")), what="the preemption's notice")
+    r.delete(Keyspace().session_notices("ousted"))  # lost
+    b.execute_command("PUB", "ledger", "for the usurper")
+    assert poll(h) == [] and told() == []
+    assert poll(h) == []
+    (n,) = told()
+    assert n["type"] == "unsubscribe" and n["reason"] == "preempted"
+    assert n["handle"] == h and n["topic"] == "ledger" and n["by"] == "usurper" and n["resent"] in (True, 1)
+    assert poll(h) == [] and told() == []  # at most once a second a handle
+    time.sleep(1.1)
+    assert poll(h) == [] and [n["by"] for n in told()] == ["usurper"]
+
+
+def test_a_preempted_member_that_heard_its_notice_is_not_told_twice_by_its_last_poll(w, proto):
+    a, b = client(w.port, proto, "heard"), client(w.port, proto, "taker")
+    h = sub(a, "ledger", "GROUP", "g", "MODE", "exclusive")
+    sub(b, "ledger", "GROUP", "g", "MODE", "exclusive")
+    assert pull(a, h) == []  # a poll in flight as the notice came
+    assert [as_map(n)["by"] for n in a.execute_command("HEARTBEAT")] == ["taker"]
+
+
 def test_a_resp3_client_also_gets_the_timeout_notice_pushed(w):
     with RespConn(w.port) as c:
         c.hello(3, "pushed")
