@@ -40,9 +40,10 @@
 --   status 'ok' with 0..count deliveries, or a fence that yields none:
 --   'evicted' (preempted; its old checkouts go back to the queue; from its
 --   second poll after the eviction on, who took its place, as its unsubscribe
---   notice named them, follows the head in place of deliveries), 'suspected' (a lease expired; settle or RENEW first: the tags
---   whose leases ran out, as the sweep's message_timeout named them, follow the
---   head in place of deliveries, at most 100; lib/members.lua, fenced_news), 'standby' (not the
+--   notice named them, follows the head in place of deliveries), 'suspected'
+--   (a lease expired; settle or RENEW first: the tags whose leases ran out, as
+--   the sweep's message_timeout named them, follow the head in place of
+--   deliveries, at most 100; lib/members.lua, fenced_news), 'standby' (not the
 --   active member), 'ended' (its MAX is reached, or a push member's end of
 --   stream). deadline is the new leases' deadline, -1 when none were made.
 --   A push member takes up to COUNT from its mailbox, as TAKE does one at a

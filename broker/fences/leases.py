@@ -106,7 +106,6 @@ class PullResult:
     deliveries: list[Delivery] = field(default_factory=list)
     since: str = ""  # a long poll's first look registered it (lua/lib/waiters.lua): the queue's last tag then
     timed_out: list[str] = field(default_factory=list)  # status suspected: the tags whose leases ran out
-    evicted_by: str = ""  # status evicted: who took its place (its eviction marker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,8 +213,7 @@ class Leases:
             news = [text(item) for item in res[PULL_REPLY_HEAD:]]
             if news and self.ctx.on_fenced_poll is not None:
                 await self.ctx.on_fenced_poll(handle, status, news)
-            return PullResult(epoch, status, [], since, news if status == "suspected" else [],
-                              news[0] if status == "evicted" and news else "")
+            return PullResult(epoch, status, [], since, news if status == "suspected" else [])
         topic, lmq = handle.queue.topic, handle.queue.lmq
         deliveries = [
             unpack_delivery(topic, lmq, epoch, res[i], int(res[i + 1]), int(res[i + 2]), res[i + 3])
