@@ -30,8 +30,10 @@ def _process_gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     # A zombie still answers kill(0); /proc tells us it is no longer running.
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "zombie" in status.read_text()
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):  # reaped between the two looks (ESRCH reading /proc)
+        return True
 
 
 def _port_free(port: int) -> bool:
